@@ -1,0 +1,128 @@
+"""The Python API for sweeps written in Python::
+
+    from jobs import submit, wait, status
+
+    ids = [submit(["train.py", "--seed", str(s)], gpus=1, mem="4G") for s in range(8)]
+    for record in wait(ids):
+        print(record.id, record.state.value, record.exit_code)
+
+Everything here works through the state directory; a daemon is started when none is running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from jobs import spool
+from jobs.errors import DaemonError
+from jobs.model import JobRecord, Mode
+from jobs.statedir import StateDir
+from jobs.store import Queue
+from jobs.submission import make_spec
+
+
+def _state(home: str | os.PathLike[str] | None) -> StateDir:
+    return StateDir(Path(home).absolute()) if home is not None else StateDir.from_env()
+
+
+def submit(
+    command: str | Sequence[str],
+    *,
+    gpus: int = 1,
+    mem: str | int | None = None,
+    name: str = "",
+    priority: int = 0,
+    time_limit: str | float | None = None,
+    mode: str | Mode = Mode.SINGLE,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> int:
+    """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
+
+    The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one).
+    """
+    words = command.split() if isinstance(command, str) else list(command)
+    spec = make_spec(
+        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
+        name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {},
+    )  # fmt: skip
+    state = _state(home)
+    job_id = Queue(state).submit(spec)
+    ensure_daemon(state)
+    return job_id
+
+
+def status(job_ids: Iterable[int] | None = None, *, home: str | os.PathLike[str] | None = None) -> list[JobRecord]:
+    """The records of ``job_ids``, or of every job in the queue."""
+    queue = Queue(_state(home))
+    if job_ids is None:
+        return queue.records()
+    return [queue.get(job_id) for job_id in job_ids]
+
+
+def cancel(job_ids: Iterable[int], *, home: str | os.PathLike[str] | None = None) -> list[int]:
+    state = _state(home)
+    cancelled = Queue(state).cancel(job_ids)
+    ensure_daemon(state)
+    return cancelled
+
+
+def wait(
+    job_ids: Iterable[int] | None = None,
+    *,
+    timeout: float | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> list[JobRecord]:
+    """Block until the jobs (default: every job active now) have finished; return their records.
+
+    Raises TimeoutError after ``timeout`` seconds. Restarts the daemon if it dies while we wait.
+    """
+    state = _state(home)
+    queue = Queue(state)
+    ids = [r.id for r in queue.records(active_only=True)] if job_ids is None else list(job_ids)
+    for job_id in ids:
+        queue.get(job_id)  # unknown ids fail now, not after a long wait
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        wanted = set(ids)
+        records = [r for r in queue.records() if r.id in wanted]
+        if all(r.state.finished for r in records):
+            return records
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"jobs still active after {timeout}s")
+        ensure_daemon(state)
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+def ensure_daemon(state: StateDir) -> bool:
+    """Wake the daemon, starting one if none runs. True if one was started."""
+    if spool.poke(state):
+        return False
+    start_daemon(state)
+    return True
+
+
+def start_daemon(state: StateDir) -> None:
+    """Start a daemon for ``state`` in its own session, detached from this process.
+
+    The daemon lives in ``launcher.daemon``; we start it as a process, not an import, so that ``jobs``
+    stays free of the launcher (and its NVML and psutil). If another client raced us, the loser finds
+    the lock taken and exits quietly.
+    """
+    state.ensure()
+    with state.daemon_log.open("ab") as log:
+        try:
+            subprocess.Popen(
+                [sys.executable, "-m", "launcher.daemon", "--home", str(state.root)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
+            )  # fmt: skip
+        except OSError as err:
+            raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None

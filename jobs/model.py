@@ -1,0 +1,244 @@
+"""What a job is: its frozen spec, its states and outcomes, and the record the queue keeps.
+
+Plain data with JSON round-trips and no disk access; ``jobs.store`` decides where it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import signal as _signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.errors import BadInput
+
+SCHEMA_VERSION = 1
+
+
+class Mode(str, enum.Enum):
+    """How a job uses the GPUs it was given."""
+
+    SINGLE = "single"  # one process (sees all its GPUs; usually it has one)
+    DATAPARALLEL = "dataparallel"  # one process that sees all its GPUs, e.g. nn.DataParallel
+    TORCHRUN = "torchrun"  # one process per GPU, started by torchrun on a port gpuq chose
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    LOST = "lost"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the submitter asked for, captured at submit time. Immutable once queued.
+
+    ``command`` is what the user typed; ``python`` is the interpreter captured for ``*.py`` commands.
+    ``env`` is the submitter's environment: kept out of ``repr`` because it holds tokens and passwords.
+    """
+
+    command: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str] = field(repr=False, default_factory=dict)
+    gpus: int = 1
+    mem_per_gpu: int | None = None  # bytes on each GPU; None = whole GPUs
+    name: str = ""
+    priority: int = 0
+    time_limit: float | None = None  # seconds
+    mode: Mode = Mode.SINGLE
+    python: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
+        if self.gpus < 0:
+            raise BadInput(f"--gpus must be 0 or more, not {self.gpus}")
+        if self.gpus == 0 and self.mem_per_gpu is not None:
+            raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
+        if self.mode is Mode.TORCHRUN and self.gpus == 0:
+            raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
+
+    @property
+    def whole_gpus(self) -> bool:
+        return self.gpus > 0 and self.mem_per_gpu is None
+
+    @property
+    def display_name(self) -> str:
+        return self.name or _basename(self.command[0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": list(self.command),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "gpus": self.gpus,
+            "mem_per_gpu": self.mem_per_gpu,
+            "name": self.name,
+            "priority": self.priority,
+            "time_limit": self.time_limit,
+            "mode": self.mode.value,
+            "python": self.python,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Rebuild a spec, refusing wrong types: request files come from users and may be anything."""
+        try:
+            command = data["command"]
+            env = data.get("env") or {}
+            if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+                raise BadInput("command must be a list of strings")
+            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise BadInput("env must map strings to strings")
+            return cls(
+                command=tuple(command),
+                cwd=_typed(data["cwd"], str, "cwd"),
+                env=env,
+                gpus=_typed(data.get("gpus", 1), int, "gpus"),
+                mem_per_gpu=_optional(data.get("mem_per_gpu"), int, "mem_per_gpu"),
+                name=_typed(data.get("name", ""), str, "name"),
+                priority=_typed(data.get("priority", 0), int, "priority"),
+                time_limit=_optional(data.get("time_limit"), float, "time_limit"),
+                mode=Mode(data.get("mode", "single")),
+                python=_optional(data.get("python"), str, "python"),
+            )
+        except KeyError as missing:
+            raise BadInput(f"job spec lacks {missing}") from None
+        except ValueError as bad:
+            raise BadInput(f"job spec has a bad value: {bad}") from None
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BadInput(f"{name} must be {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _optional(value: Any, kind: type, name: str) -> Any:
+    return None if value is None else _typed(value, kind, name)
+
+
+def _basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended. Build one with the constructors below, never by hand."""
+
+    state: JobState
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+
+    @classmethod
+    def succeeded(cls) -> Outcome:
+        return cls(JobState.SUCCEEDED, exit_code=0)
+
+    @classmethod
+    def failed(cls, exit_code: int, reason: str = "") -> Outcome:
+        return cls(JobState.FAILED, exit_code=exit_code, reason=reason or f"exit code {exit_code}")
+
+    @classmethod
+    def failed_to_spawn(cls, reason: str) -> Outcome:
+        return cls(JobState.FAILED, reason=f"could not start: {reason}")
+
+    @classmethod
+    def killed(cls, signum: int, reason: str = "") -> Outcome:
+        return cls(JobState.FAILED, signal=signum, reason=reason or f"killed by {signal_name(signum)}")
+
+    @classmethod
+    def timeout(cls, limit: float, signum: int | None) -> Outcome:
+        return cls(JobState.TIMEOUT, signal=signum, reason=f"time limit of {limit:g}s reached")
+
+    @classmethod
+    def cancelled(cls, by: str, signum: int | None = None) -> Outcome:
+        return cls(JobState.CANCELLED, signal=signum, reason=f"cancelled by {by}")
+
+    @classmethod
+    def lost(cls, reason: str) -> Outcome:
+        return cls(JobState.LOST, reason=reason)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job as the queue knows it: the spec plus who, where, when and how it ended."""
+
+    id: int
+    spec: JobSpec
+    uid: int
+    user: str
+    state: JobState
+    submitted_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
+    log: str = ""
+
+    def replace(self, **changes: Any) -> JobRecord:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The public view (``gpuq status --json``). Leaves out the environment: it may hold secrets."""
+        return {
+            "id": self.id,
+            "name": self.spec.display_name,
+            "user": self.user,
+            "uid": self.uid,
+            "state": self.state.value,
+            "command": list(self.spec.command),
+            "cwd": self.spec.cwd,
+            "mode": self.spec.mode.value,
+            "priority": self.spec.priority,
+            "time_limit": self.spec.time_limit,
+            "gpus_requested": self.spec.gpus,
+            "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
+            "mem_per_gpu": self.spec.mem_per_gpu,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "peak_mem": self.peak_mem,
+            "log": self.log,
+        }
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launcher needs to find a running job again after a restart."""
+
+    shim_pid: int
+    shim_start: float  # the shim's process start time: with the pid it names one process, never a reused pid
+    boot_id: str  # a different boot id means the machine restarted under the job
+    port: int | None = None  # torchrun's master port
+    cancel_by: str | None = None  # set when a cancel was sent, so the exit is recorded as a cancel

@@ -1,0 +1,215 @@
+"""The drop box between clients and the daemon: one request file per submit or cancel.
+
+A client writes a request to a temp name and renames it in; the daemon reads it, acts on it in one
+transaction, and only then deletes it, so a request is never lost and, because ingesting is idempotent
+(job ids are assigned by the client), never acted on twice. Who sent a request is the file's owner,
+as the OS reports it, never a field inside the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import BadInput, StateDirError
+from jobs.model import SCHEMA_VERSION, JobSpec
+from jobs.statedir import StateDir, write_atomic
+
+MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    path: Path
+    uid: int
+    job_id: int
+    spec: JobSpec
+    submitted_at: float
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    path: Path
+    uid: int
+    job_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A file in the spool that is not a request we can act on; the daemon sets it aside."""
+
+    path: Path
+    reason: str
+
+
+Request = SubmitRequest | CancelRequest | BadRequest
+
+
+def allocate_ids(state: StateDir, count: int = 1) -> int:
+    """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
+    try:
+        fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise StateDirError(f"cannot open {state.next_id}: {err.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 64, 0).strip()
+        first = int(raw) if raw.isdigit() else 1
+        # The daemon may have seen ids beyond the counter (a counter restored from backup, say).
+        first = max(first, _highest_spooled_id(state) + 1)
+        data = f"{first + count}\n".encode()
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return first
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StateDirError(f"no space left in {state.root}: free some disk space and try again") from None
+        raise StateDirError(f"cannot update {state.next_id}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _highest_spooled_id(state: StateDir) -> int:
+    highest = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(state.spool):
+            if entry.name.startswith("submit-") and entry.name.endswith(".json"):
+                with contextlib.suppress(ValueError):
+                    highest = max(highest, int(entry.name[7:-5]))
+    return highest
+
+
+def write_submit(state: StateDir, job_id: int, spec: JobSpec, submitted_at: float) -> Path:
+    path = state.submit_request(job_id)
+    body = {
+        "schema": SCHEMA_VERSION,
+        "kind": "submit",
+        "id": job_id,
+        "submitted_at": submitted_at,
+        "spec": spec.to_json(),
+    }
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
+    path = state.cancel_request(secrets.token_hex(8))
+    body = {"schema": SCHEMA_VERSION, "kind": "cancel", "ids": job_ids}
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def poke(state: StateDir) -> bool:
+    """Wake the daemon. False when no daemon is listening (nobody holds the FIFO open for reading)."""
+    try:
+        fd = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno in (errno.ENXIO, errno.ENOENT):
+            return False
+        raise StateDirError(f"cannot reach the daemon through {state.wake}: {err.strerror}") from None
+    try:
+        os.write(fd, b"!")
+    except BlockingIOError:
+        pass  # the FIFO is full of wake-ups already: the daemon will wake
+    finally:
+        os.close(fd)
+    return True
+
+
+def scan(state: StateDir) -> list[Request]:
+    """Every request in the spool, submits in id order first, then cancels."""
+    try:
+        names = sorted(e.name for e in os.scandir(state.spool) if not e.name.startswith(".") and e.name != "rejected")
+    except OSError as err:
+        raise StateDirError(f"cannot read the spool {state.spool}: {err.strerror}") from None
+    requests = [read_request(state.spool / name) for name in names]
+    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), r.path.name))
+
+
+def read_request(path: Path) -> Request:
+    """Read one spool file defensively: it may be anything a user (or a disk error) put there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return BadRequest(path, "is a symbolic link")
+        return BadRequest(path, f"cannot be opened: {err.strerror}")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return BadRequest(path, "is not a regular file")
+        if info.st_nlink != 1:
+            return BadRequest(path, "has several hard links (a planted link, not a request)")
+        if info.st_size > MAX_REQUEST_BYTES:
+            return BadRequest(path, f"is {info.st_size} bytes, more than a request can be")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            raw = handle.read(MAX_REQUEST_BYTES + 1)
+        return _parse(path, info.st_uid, raw)
+    finally:
+        os.close(fd)
+
+
+def _parse(path: Path, uid: int, raw: bytes) -> Request:
+    try:
+        body: Any = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return BadRequest(path, f"is not JSON ({err})")
+    if not isinstance(body, dict):
+        return BadRequest(path, "is not a JSON object")
+    if body.get("schema") != SCHEMA_VERSION:
+        return BadRequest(path, f"has schema {body.get('schema')!r}; this gpuq reads {SCHEMA_VERSION}")
+    kind = body.get("kind")
+    try:
+        if kind == "submit" and path.name.startswith("submit-"):
+            job_id, submitted_at = body.get("id"), body.get("submitted_at")
+            if not isinstance(job_id, int) or job_id <= 0 or path.name != f"submit-{job_id:012d}.json":
+                return BadRequest(path, "has an id that does not match its file name")
+            if not isinstance(submitted_at, (int, float)):
+                return BadRequest(path, "lacks a submit time")
+            spec_json = body.get("spec")
+            if not isinstance(spec_json, dict):
+                return BadRequest(path, "lacks a job spec")
+            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), float(submitted_at))
+        if kind == "cancel" and path.name.startswith("cancel-"):
+            ids = body.get("ids")
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                return BadRequest(path, "has ids that are not a list of integers")
+            return CancelRequest(path, uid, tuple(ids))
+    except BadInput as err:
+        return BadRequest(path, str(err))
+    return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:
+    """Submits the daemon has not ingested yet, so readers can show them before it wakes."""
+    for request in scan(state):
+        if isinstance(request, SubmitRequest):
+            yield request
+
+
+def remove(request: Request) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(request.path)
+
+
+def set_aside(state: StateDir, bad: BadRequest) -> Path:
+    """Move a bad request out of the way (never delete what a user wrote) with a note saying why."""
+    target = state.rejected / f"{bad.path.name}.{secrets.token_hex(4)}"
+    try:
+        os.rename(bad.path, target)
+        write_atomic(target.with_name(target.name + ".why"), (bad.reason + "\n").encode(), durable=False)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(bad.path)  # cannot move it (cross-device?): removing it keeps the daemon going
+    return target

@@ -1,0 +1,161 @@
+"""The only code that knows the names of files inside the state directory.
+
+$GPUQ_HOME/
+  daemon.lock      held by the daemon for its whole life; probing it tells whether one runs
+  daemon.pid       the daemon's pid, for `gpuq daemon stop`
+  daemon.log       the daemon's own log
+  wake.fifo        clients write a byte here after a request; the daemon sleeps on it
+  next_id          the id counter, advanced under flock by submitting clients
+  spool/           one request file per submit or cancel (written to a temp name, renamed in)
+  spool/rejected/  request files that could not be read, set aside with a note
+  jobs.db          the job table (SQLite, WAL), written by the daemon only
+  gpus.json        the last GPU inventory the daemon saw (lets `gpuq submit` check --gpus without NVML)
+  run/<id>.exit    written by a job's shim when the job ends: the outcome survives a daemon crash
+  run/<id>.pid     the job's own pid and start time, written by its shim
+  logs/<id>.log    the job's stdout and stderr
+  events.jsonl     append-only journal of state transitions
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.errors import StateDirError
+
+
+def default_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("GPUQ_HOME"):
+        return Path(env["GPUQ_HOME"]).expanduser()
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "gpuq"
+
+
+@dataclass(frozen=True)
+class StateDir:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> StateDir:
+        return cls(default_home().absolute())
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "daemon.lock"
+
+    @property
+    def pid(self) -> Path:
+        return self.root / "daemon.pid"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "daemon.log"
+
+    @property
+    def wake(self) -> Path:
+        return self.root / "wake.fifo"
+
+    @property
+    def next_id(self) -> Path:
+        return self.root / "next_id"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def rejected(self) -> Path:
+        return self.spool / "rejected"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "jobs.db"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "gpus.json"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    def submit_request(self, job_id: int) -> Path:
+        return self.spool / f"submit-{job_id:012d}.json"
+
+    def cancel_request(self, token: str) -> Path:
+        return self.spool / f"cancel-{token}.json"
+
+    def exit_file(self, job_id: int) -> Path:
+        return self.run / f"{job_id}.exit"
+
+    def pid_file(self, job_id: int) -> Path:
+        return self.run / f"{job_id}.pid"
+
+    def log(self, job_id: int) -> Path:
+        return self.logs / f"{job_id}.log"
+
+    def exists(self) -> bool:
+        return self.spool.is_dir()
+
+    def ensure(self) -> None:
+        """Create the directory tree (private to the user) and the wake FIFO if they are missing."""
+        try:
+            for directory in (self.root, self.spool, self.rejected, self.run, self.logs):
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkfifo(self.wake, 0o600)
+        except OSError as err:
+            raise StateDirError(
+                f"cannot set up the state directory {self.root}: {err.strerror}; "
+                "set GPUQ_HOME to a directory you can write"
+            ) from None
+        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+            raise StateDirError(
+                f"the state directory {self.root} is not writable by you; set GPUQ_HOME to a directory you can write"
+            )
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to a temp name beside ``path`` and rename it in, so readers see all or nothing.
+
+    ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
+    On failure (a full disk, say) the temp file is removed and nothing is left half-written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if durable:
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StateDirError(
+                f"no space left to write {path}: free some disk space under {path.parent} and try again"
+            ) from None
+        raise StateDirError(f"cannot write {path}: {err.strerror}") from None

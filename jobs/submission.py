@@ -1,0 +1,128 @@
+"""Turning what a user typed into a JobSpec: parse, resolve, check, capture. Refuses before anything is written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jobs.errors import BadInput
+from jobs.model import JobSpec, Mode
+from jobs.units import format_size, parse_duration, parse_size
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What the submitter can check a request against: the total memory of each GPU, by index."""
+
+    totals: tuple[int, ...]
+
+    def check(self, spec: JobSpec) -> None:
+        count = len(self.totals)
+        if spec.gpus > count:
+            raise BadInput(
+                f"--gpus {spec.gpus} asks for more GPUs than this machine has ({count}); "
+                f"ask for at most {count}, or --gpus 0 for a CPU job"
+            )
+        if spec.mem_per_gpu is not None and spec.gpus:
+            fitting = sum(1 for total in self.totals if total >= spec.mem_per_gpu)
+            if fitting < spec.gpus:
+                biggest = max(self.totals)
+                raise BadInput(
+                    f"--mem {format_size(spec.mem_per_gpu)} per GPU: only {fitting} GPU(s) here have that much "
+                    f"(the largest has {format_size(biggest)}); ask for less memory or fewer GPUs"
+                )
+
+
+def make_spec(
+    command: Sequence[str],
+    *,
+    environ: Mapping[str, str],
+    cwd: str | None = None,
+    gpus: int = 1,
+    mem: str | int | None = None,
+    name: str = "",
+    priority: int = 0,
+    time_limit: str | float | None = None,
+    mode: str | Mode = Mode.SINGLE,
+    env: Mapping[str, str] | Sequence[str] = (),
+) -> JobSpec:
+    """Capture a submission: the caller's cwd and environment (plus ``env`` overrides), the interpreter
+    for a ``*.py`` command, and parsed limits. Raises BadInput with a one-line message on anything wrong."""
+    workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    if not os.path.isdir(workdir):
+        raise BadInput(f"--cwd {workdir}: no such directory")
+    captured = dict(environ)
+    captured.update(_env_pairs(env))
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise BadInput(f"--mode {mode!r}: choose single, dataparallel or torchrun") from None
+    if not command or not command[0]:
+        raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
+    program = command[0]
+    python = None
+    if program.endswith(".py"):
+        _require_file(program, workdir)
+        python = find_python(captured)
+    elif mode is Mode.TORCHRUN:
+        raise BadInput(f"--mode torchrun runs a Python script (*.py), not {program!r}")
+    else:
+        _require_program(program, workdir, captured.get("PATH", os.defpath))
+    return JobSpec(
+        command=tuple(command),
+        cwd=workdir,
+        env=captured,
+        gpus=gpus,
+        mem_per_gpu=parse_size(mem) if isinstance(mem, str) else mem,
+        name=name,
+        priority=priority,
+        time_limit=parse_duration(time_limit) if isinstance(time_limit, str) else time_limit,
+        mode=mode,
+        python=python,
+    )
+
+
+def find_python(environ: Mapping[str, str]) -> str:
+    """The interpreter the submitter would get by typing ``python``: the active venv's, conda's, or PATH's.
+
+    Not ``sys.executable``: gpuq may be installed with pipx, apart from the packages the script needs.
+    """
+    for prefix in (environ.get("VIRTUAL_ENV"), environ.get("CONDA_PREFIX")):
+        if prefix:
+            candidate = os.path.join(prefix, "bin", "python")
+            if os.access(candidate, os.X_OK):
+                return candidate
+    path = environ.get("PATH", os.defpath)
+    found = shutil.which("python3", path=path) or shutil.which("python", path=path)
+    if found is None:
+        raise BadInput("no python found on PATH to run the script: activate an environment or give its full path")
+    return found
+
+
+def _env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+    if isinstance(env, Mapping):
+        return dict(env)
+    pairs = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r}: write it as KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def _require_file(script: str, workdir: str) -> None:
+    path = os.path.join(workdir, script)
+    if not os.path.isfile(path):
+        raise BadInput(f"no such script: {script} (looked in {workdir}); check the path")
+
+
+def _require_program(program: str, workdir: str, path: str) -> None:
+    if "/" in program:
+        full = os.path.join(workdir, program)
+        if not (os.path.isfile(full) and os.access(full, os.X_OK)):
+            raise BadInput(f"{program} is not an executable file (looked in {workdir}); check the path or chmod +x it")
+    elif shutil.which(program, path=path) is None:
+        raise BadInput(f"command not found: {program}; check the name or give its full path")

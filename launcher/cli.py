@@ -1,0 +1,275 @@
+"""The ``gpuq`` command: each subcommand is a few lines over ``jobs`` and ``launcher``.
+
+Library code raises GpuqError; ``main`` turns it into one line on stderr and exit code 2, with the
+traceback only under ``--debug``. Heavy modules (NVML, psutil, sqlite for writers) load only in the
+commands that need them, so ``gpuq submit`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from jobs.errors import GpuqError
+from jobs.model import JobRecord, JobSpec, JobState
+from jobs.statedir import StateDir
+from jobs.store import Queue
+
+
+class Context:
+    def __init__(self, debug: bool) -> None:
+        self.debug = debug
+        self.state = StateDir.from_env()
+        self.queue = Queue(self.state)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def gpuq(ctx: click.Context, debug: bool) -> None:
+    """A GPU job queue for one workstation: submit runs, and a daemon places them on free GPUs."""
+    ctx.obj = Context(debug)
+
+
+@gpuq.command(context_settings={"allow_interspersed_args": False})
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
+@click.option("--mem", help="Memory needed on each GPU (20G, 20GiB, 512M); without it the job gets whole GPUs.")
+@click.option("--name", default="", help="A name to show in status (default: the command).")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--time", "time_limit", help="Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.")
+@click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
+@click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
+@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": N}.')
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+def submit(
+    ctx: Context, gpus: int, mem: str | None, name: str, priority: int, time_limit: str | None, mode: str,
+    env: tuple[str, ...], cwd: str | None, wait_: bool, as_json: bool, command: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python."""
+    from jobs.api import ensure_daemon
+    from jobs.submission import make_spec
+
+    spec = make_spec(
+        command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
+        time_limit=time_limit, mode=mode, env=env,
+    )  # fmt: skip
+    if ctx.queue.inventory() is None:
+        _check_live_inventory(spec)
+    job_id = ctx.queue.submit(spec)
+    ensure_daemon(ctx.state)
+    click.echo(json.dumps({"id": job_id}) if as_json else f"submitted job {job_id}")
+    if wait_:
+        sys.exit(_exit_code(_wait(ctx, [job_id])[0]))
+
+
+def _check_live_inventory(spec: JobSpec) -> None:
+    """No daemon has recorded the GPUs here yet: look at them ourselves (once per state directory)."""
+    from jobs.submission import Inventory
+    from launcher.gpus import open_source
+
+    source = open_source()
+    try:
+        Inventory(tuple(g.total for g in source.snapshot())).check(spec)
+    finally:
+        source.close()
+
+
+@gpuq.command()
+@click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
+@pass_ctx
+def status(ctx: Context, show_all: bool, as_json: bool) -> None:
+    """What is queued, running and recently done, and which GPUs each job got."""
+    from launcher.views import status_table
+
+    records = ctx.queue.records() if show_all else _active_and_recent(ctx.queue)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records], indent=1))
+    elif records:
+        click.echo(status_table(records))
+    else:
+        click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+
+
+def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
+    active = queue.records(active_only=True)
+    done = [r for r in queue.records(limit=recent + len(active)) if r.state.finished][-recent:]
+    return sorted([*done, *active], key=lambda r: r.id)
+
+
+@gpuq.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def show(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Everything gpuq knows about one job."""
+    from launcher.views import show as show_view
+
+    record = ctx.queue.get(job_id)
+    click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
+
+
+@gpuq.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@pass_ctx
+def logs(ctx: Context, job_id: int, follow: bool) -> None:
+    """Print a job's output (stdout and stderr)."""
+    record = ctx.queue.get(job_id)
+    path = Path(record.log)
+    offset = 0
+    while True:
+        offset = _copy_from(path, offset)
+        if not follow or ctx.queue.get(job_id).state.finished:
+            _copy_from(path, offset)
+            return
+        time.sleep(0.1)
+
+
+def _copy_from(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return offset + len(data)
+
+
+@gpuq.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
+    from jobs.api import ensure_daemon
+
+    active = ctx.queue.cancel(job_ids)
+    if active:
+        ensure_daemon(ctx.state)
+    for job_id in job_ids:
+        click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
+
+
+@gpuq.command("wait")
+@click.argument("job_ids", type=int, nargs=-1)
+@pass_ctx
+def wait_command(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Block until these jobs (default: all active ones) end. Exit 0 only if all succeeded."""
+    records = _wait(ctx, list(job_ids) if job_ids else None)
+    failed = [r for r in records if r.state is not JobState.SUCCEEDED]
+    for record in failed:
+        click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+def _wait(ctx: Context, job_ids: list[int] | None) -> list[JobRecord]:
+    from jobs.api import wait
+
+    return wait(job_ids, home=ctx.state.root)
+
+
+def _exit_code(record: JobRecord) -> int:
+    if record.exit_code is not None:
+        return record.exit_code
+    if record.signal is not None:
+        return 128 + record.signal
+    return 0 if record.state is JobState.SUCCEEDED else 1
+
+
+@gpuq.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def gpus(ctx: Context, as_json: bool) -> None:
+    """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
+    from launcher import processes
+    from launcher.gpus import open_source
+    from launcher.views import gpu_rows, gpu_table
+
+    table = ctx.queue.table()
+    running = table.running()
+    table.close()
+    ours = {pid for _, launch in running for pid in processes.tree_pids(launch.shim_pid)}
+    source = open_source()
+    try:
+        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours)
+    finally:
+        source.close()
+    if as_json:
+        click.echo(json.dumps([row.to_json() for row in rows], indent=1))
+    else:
+        click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
+
+
+@gpuq.group()
+def daemon() -> None:
+    """Start, stop or inspect the daemon for this state directory."""
+
+
+@daemon.command("start")
+@pass_ctx
+def daemon_start(ctx: Context) -> None:
+    from launcher import daemon as lifetime
+
+    click.echo(f"daemon running (pid {lifetime.start(ctx.state)}) for {ctx.state.root}")
+
+
+@daemon.command("stop")
+@pass_ctx
+def daemon_stop(ctx: Context) -> None:
+    from launcher import daemon as lifetime
+
+    pid = lifetime.stop(ctx.state)
+    click.echo("no daemon was running" if pid is None else f"daemon {pid} stopped; running jobs carry on")
+
+
+@daemon.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def daemon_status(ctx: Context, as_json: bool) -> None:
+    from launcher import daemon as lifetime
+
+    pid = lifetime.running_pid(ctx.state)
+    if pid is not None and pid < 0:
+        pid = None
+    running = lifetime.running_pid(ctx.state) is not None
+    if as_json:
+        click.echo(json.dumps({"running": running, "pid": pid}))
+    else:
+        click.echo(f"daemon running, pid {pid}, for {ctx.state.root}" if running else "no daemon running")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        gpuq.main(args=argv, prog_name="gpuq", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except GpuqError as err:
+        if debug:
+            raise
+        click.echo(f"gpuq: {err}", err=True)
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The daemon's lifetime: one per state directory (a lock), signals, the wake-up FIFO, the loop.
+
+Run it in the foreground with ``python -m launcher.daemon --home DIR`` (what ``gpuq daemon start``
+and auto-start do, detached, and what a systemd unit would run). SIGTERM or SIGINT stops it
+between ticks; running jobs keep running under their shims and are adopted by the next daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from jobs.errors import DaemonError, GpuqError
+from jobs.statedir import StateDir, write_atomic
+
+log = logging.getLogger("gpuq.daemon")
+
+
+def running_pid(state: StateDir) -> int | None:
+    """The pid of the daemon holding this state directory's lock, or None if none does."""
+    try:
+        fd = os.open(state.lock, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        try:
+            return int(state.pid.read_text().strip())
+        except (OSError, ValueError):
+            return -1  # held, but its pid file is not written yet
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def start(state: StateDir, timeout: float = 15.0) -> int:
+    """Start a detached daemon (if none runs) and wait until it holds the lock. Returns its pid."""
+    from jobs.api import start_daemon
+
+    pid = running_pid(state)
+    if pid is not None and pid > 0:
+        return pid
+    start_daemon(state)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = running_pid(state)
+        if pid is not None and pid > 0:
+            return pid
+        time.sleep(0.02)
+    raise DaemonError(f"the daemon did not start within {timeout:.0f}s; see {state.daemon_log}")
+
+
+def stop(state: StateDir, timeout: float = 15.0) -> int | None:
+    """Stop the daemon (its jobs keep running). Returns the pid stopped, or None if none ran."""
+    pid = running_pid(state)
+    if pid is None or pid <= 0:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running_pid(state) is None:
+            return pid
+        time.sleep(0.02)
+    raise DaemonError(f"daemon {pid} did not stop within {timeout:.0f}s; `kill -9 {pid}` is safe: jobs survive it")
+
+
+class _Wakeups:
+    """The FIFO clients and shims poke, plus our own signals, as one thing to sleep on."""
+
+    def __init__(self, state: StateDir) -> None:
+        self.stopping = False
+        self.fifo = os.open(state.wake, os.O_RDONLY | os.O_NONBLOCK)
+        # Holding a writer open ourselves keeps the FIFO from reporting EOF (readable forever) between pokes.
+        self._keepalive = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
+        self._signals, signal_write = os.pipe()
+        os.set_blocking(signal_write, False)
+        os.set_blocking(self._signals, False)
+        signal.set_wakeup_fd(signal_write)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a shim exited: wake up and reap it
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def wait(self, timeout: float) -> None:
+        ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
+        for fd in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(fd, 4096):
+                    pass
+
+
+def serve(state: StateDir, *, burst: bool = False) -> int:
+    """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty)."""
+    from filelock import FileLock, Timeout
+
+    from launcher.gpus import open_source
+    from launcher.placement import Policy
+    from launcher.scheduler import Scheduler
+
+    state.ensure()
+    lock = FileLock(str(state.lock))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("another daemon already serves %s; exiting", state.root)
+        return 0
+    try:
+        write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False)
+        wakeups = _Wakeups(state)
+        grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
+        scheduler = Scheduler(state, open_source(), Policy(cpu_slots=os.cpu_count()), grace=grace)
+        log.info("daemon %d serving %s", os.getpid(), state.root)
+        try:
+            while not wakeups.stopping:
+                try:
+                    scheduler.tick(time.time())
+                except GpuqError as err:  # a bad fake inventory file, a full disk: say so, keep serving
+                    log.error("%s", err)
+                    time.sleep(0.5)
+                except Exception:  # a bug must not take the queue down with it: log it and go on
+                    log.exception("tick failed; continuing")
+                    time.sleep(0.5)
+                if burst and scheduler.idle:
+                    break
+                wakeups.wait(scheduler.next_wakeup(time.time()))
+        finally:
+            scheduler.close()
+        log.info("daemon %d stopped", os.getpid())
+        return 0
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(state.pid)
+        lock.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.daemon", description="Run the gpuq daemon.")
+    parser.add_argument("--home", type=Path, help="state directory (default: $GPUQ_HOME or ~/.local/state/gpuq)")
+    parser.add_argument("--burst", action="store_true", help="exit once no job is pending or running")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    state = StateDir(args.home.absolute()) if args.home else StateDir.from_env()
+    try:
+        return serve(state, burst=args.burst)
+    except GpuqError as err:
+        log.error("%s", err)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

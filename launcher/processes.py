@@ -1,0 +1,254 @@
+"""Spawn, supervise and stop a job's process tree.
+
+Every job runs under a *shim*: a fork of the daemon in its own session that starts the job (in the
+job's own process group), waits for it, enforces its time limit and cancellation (SIGTERM to the
+group, SIGKILL after a grace period), and writes the outcome to ``run/<id>.exit`` before waking the
+daemon. The daemon can die at any moment: the shim keeps going, and the outcome is on disk for the
+next daemon to collect. Forking the already-running daemon costs about a millisecond, where starting
+a fresh interpreter as the shim would cost tens, on every job.
+
+The shim does not start the job until the daemon has recorded it as running and says "go" over a
+pipe. If the daemon dies before that, the pipe reaches EOF and the shim exits without starting
+anything: the job is still pending, and is never launched twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.model import JobSpec, Mode
+from jobs.statedir import write_atomic
+
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a shim needs, fixed before the fork."""
+
+    job_id: int
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    log: Path
+    exit_file: Path
+    pid_file: Path
+    wake: Path
+    time_limit: float | None
+    grace: float
+
+
+def job_argv(spec: JobSpec, port: int | None) -> list[str]:
+    """The command line the job's process runs with."""
+    command = list(spec.command)
+    if spec.mode is Mode.TORCHRUN:
+        assert spec.python is not None and port is not None
+        return [
+            spec.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.gpus),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), *command,
+        ]  # fmt: skip
+    if spec.python is not None:
+        return [spec.python, *command]
+    return command
+
+
+def job_env(spec: JobSpec, job_id: int, gpus: Sequence[int], uuids: Sequence[str], home: Path) -> dict[str, str]:
+    """The submitter's captured environment plus what tells the job which GPUs are its own."""
+    env = dict(spec.env)
+    visible = ",".join(str(i) for i in gpus)
+    env.update(
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",  # CUDA's default order is "fastest first", not NVML's indices
+        CUDA_VISIBLE_DEVICES=visible,  # "" hides every GPU from a CPU job
+        GPUQ_JOB_ID=str(job_id),
+        GPUQ_JOB_NAME=spec.display_name,
+        GPUQ_GPUS=visible,
+        GPUQ_GPU_UUIDS=",".join(uuids),
+        GPUQ_MEM_PER_GPU="" if spec.mem_per_gpu is None else str(spec.mem_per_gpu),
+        GPUQ_MODE=spec.mode.value,
+        GPUQ_HOME=str(home),
+    )
+    return env
+
+
+def free_port(avoid: set[int]) -> int:
+    """A TCP port nothing listens on now and no other running torchrun job of ours was given."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise OSError(errno.EADDRINUSE, "no free port found for torchrun")
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def start_time(pid: int) -> float | None:
+    """A process's start time, which with its pid names one process even after pids are reused."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def is_alive(pid: int, started: float | None) -> bool:
+    now_started = start_time(pid)
+    return now_started is not None and started is not None and abs(now_started - started) < 0.05
+
+
+def tree_pids(pid: int) -> list[int]:
+    """The pids of a process and all its descendants (a shim, its job, torchrun's workers...)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+class Shim:
+    """A forked supervisor waiting for the daemon's go."""
+
+    def __init__(self, launch: Launch) -> None:
+        read_end, self._go = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into the daemon's code
+            code = 70
+            try:
+                os.close(self._go)
+                code = _supervise(launch, read_end)
+            finally:
+                os._exit(code)
+        os.close(read_end)
+
+    def go(self) -> None:
+        """Tell the shim the job is recorded as running: it may start it now."""
+        try:
+            os.write(self._go, b"1")
+        finally:
+            os.close(self._go)
+
+    def abandon(self) -> None:
+        """Close the pipe without a go: the shim exits and the job never starts."""
+        with contextlib.suppress(OSError):
+            os.close(self._go)
+
+
+def _supervise(launch: Launch, go: int) -> int:
+    os.setsid()
+    for signum in _RESET_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.closerange(3, go)  # the daemon's lock, database and FIFO: a shim must not keep them open
+    os.closerange(go + 1, 65536)
+    if os.read(go, 1) != b"1":
+        return 0  # the daemon died before recording the launch: leave the job pending
+    os.close(go)
+
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a cancel: handled in the loop below via the wake-up fd
+
+    log_fd = os.open(launch.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        job = subprocess.Popen(
+            list(launch.argv), env=dict(launch.env), cwd=launch.cwd, stdin=subprocess.DEVNULL,
+            stdout=log_fd, stderr=log_fd, start_new_session=True,
+        )  # fmt: skip
+    except OSError as err:
+        os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
+        _finish(launch, {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"})
+        return 0
+    finally:
+        os.close(log_fd)
+    started = time.time()
+    write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
+
+    reason, kill_at = "", None
+    deadline = None if launch.time_limit is None else started + launch.time_limit
+    pidfd = os.pidfd_open(job.pid)
+    while True:
+        now = time.time()
+        due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
+        timeout = max(0.0, min(due) - now) if due else None
+        ready, _, _ = select.select([pidfd, wake_read], [], [], timeout)
+        if pidfd in ready:
+            break
+        now = time.time()
+        if wake_read in ready and signal.SIGTERM in os.read(wake_read, 64) and not reason:
+            reason = "cancel"
+        elif deadline is not None and now >= deadline and not reason:
+            reason = "timeout"
+        elif kill_at is not None and now >= kill_at:
+            _signal_group(job.pid, signal.SIGKILL)
+            kill_at = None
+            continue
+        else:
+            continue
+        _signal_group(job.pid, signal.SIGTERM)
+        kill_at = now + launch.grace
+    returncode = job.wait()
+    _signal_group(job.pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
+    _finish(launch, {
+        "started": True,
+        "exit_code": returncode if returncode >= 0 else None,
+        "signal": -returncode if returncode < 0 else None,
+        "reason": reason,
+    })  # fmt: skip
+    return 0
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _finish(launch: Launch, outcome: dict[str, object]) -> None:
+    outcome["job"] = launch.job_id
+    outcome["ended_at"] = time.time()
+    write_atomic(launch.exit_file, json.dumps(outcome).encode())
+    with contextlib.suppress(OSError):
+        fd = os.open(launch.wake, os.O_WRONLY | os.O_NONBLOCK)
+        with contextlib.suppress(OSError):
+            os.write(fd, b"!")
+        os.close(fd)
+
+
+def signal_shim(pid: int, started: float | None) -> bool:
+    """Ask a shim to stop its job (it escalates to SIGKILL itself). False if that shim is gone."""
+    if not is_alive(pid, started):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        return True
+    return False
+
+
+def ancestors(pid: int) -> list[int]:
+    """A process's parent, grandparent and so on, up to init."""
+    import psutil
+
+    try:
+        return [parent.pid for parent in psutil.Process(pid).parents()]
+    except psutil.Error:
+        return []

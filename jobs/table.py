@@ -8,6 +8,7 @@ transaction that recorded it, so that transaction must be on disk first (fsync c
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -55,22 +56,20 @@ _COLUMNS = (
 class JobTable:
     def __init__(self, path: Path, *, create: bool = False) -> None:
         self.path = path
-        if not create and not path.exists():
+        if create and not path.exists():
+            _create(path)
+        if not path.exists():
             self._db = sqlite3.connect(":memory:", isolation_level=None)
             self._db.executescript(_SCHEMA)  # an empty queue: nothing was ever submitted here
             return
         try:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
-            self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version > TABLE_VERSION:
                 raise StateDirError(
                     f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
                 )
-            if create and version < TABLE_VERSION:
-                self._db.executescript(_SCHEMA)
-                self._db.execute(f"PRAGMA user_version={TABLE_VERSION}")
         except sqlite3.DatabaseError as err:
             raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
 
@@ -189,6 +188,20 @@ class JobTable:
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _create(path: Path) -> None:
+    """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    db = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")  # recorded in the file: every later connection uses WAL
+        db.executescript(_SCHEMA)
+        db.execute(f"PRAGMA user_version={TABLE_VERSION}")
+    finally:
+        db.close()
+    os.replace(tmp, path)
 
 
 class _Transaction:

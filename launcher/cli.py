@@ -258,8 +258,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         gpuq.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
+    except click.UsageError as err:
+        hint = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
+        click.echo(f"gpuq: {err.format_message()}{hint}", err=True)
+        sys.exit(2)
     except click.ClickException as err:
-        err.show()
+        click.echo(f"gpuq: {err.format_message()}", err=True)
         sys.exit(2)
     except click.Abort:
         click.echo("aborted", err=True)

@@ -103,7 +103,10 @@ def parse_fake_spec(spec: str) -> list[GpuSnapshot]:
         if not match:
             raise BadInput(f"GPUQ_FAKE_GPUS={spec!r}: write it like 4x80GiB or 2x24GiB,2x48GiB")
         count = int(match.group(1) or 1)
-        total = parse_size(match.group(2))
+        try:
+            total = parse_size(match.group(2))
+        except BadInput as err:
+            raise BadInput(f"GPUQ_FAKE_GPUS={spec!r}: {err}; write it like 4x80GiB or 2x24GiB,2x48GiB") from None
         gpus.extend(_fake(len(gpus), "Fake GPU", total) for _ in range(count))
     return gpus
 

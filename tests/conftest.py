@@ -1,0 +1,124 @@
+"""Shared fixtures: a real state directory (with a space in its path), fake GPUs, and the real CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPORT = FIXTURES / "report.py"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll with a deadline instead of sleeping a fixed time."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+@dataclass
+class Gpuq:
+    """The real `gpuq` command against one state directory."""
+
+    home: Path
+    env: dict[str, str]
+    cwd: Path
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "launcher.cli", *args], env=self.env, cwd=self.cwd,
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"gpuq {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+        return result
+
+    def submit(self, *args: str) -> int:
+        return int(json.loads(self.run("submit", "--json", *args).stdout)["id"])
+
+    def status(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.run("status", "--all", "--json").stdout))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return dict(json.loads(self.run("show", "--json", str(job_id)).stdout))
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 60) -> dict[str, Any]:
+        return dict(
+            wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout, f"job {job_id} {states}")
+        )
+
+    def daemon_pid(self) -> int | None:
+        info = json.loads(self.run("daemon", "status", "--json").stdout)
+        return info["pid"] if info["running"] else None
+
+    def kill_daemon(self) -> None:
+        pid = self.daemon_pid()
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: self.daemon_pid() is None, 10, "the daemon to die")
+
+    def cleanup(self) -> None:
+        """Stop the daemon and every job it left, so tests never leak processes."""
+        with contextlib.suppress(Exception):
+            self.run("daemon", "stop", check=False, timeout=30)
+        run = self.home / "run"
+        if run.is_dir():
+            for pid_file in run.glob("*.pid"):
+                with contextlib.suppress(Exception):
+                    os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            import sqlite3
+
+            db = sqlite3.connect(self.home / "jobs.db")
+            for (pid,) in db.execute("SELECT shim_pid FROM jobs WHERE state='running'"):
+                with contextlib.suppress(Exception):
+                    os.kill(pid, signal.SIGKILL)
+            db.close()
+
+
+def make_env(home: Path, fake: str | None = "4x80GiB", **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env["GPUQ_HOME"] = str(home)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["GPUQ_KILL_GRACE"] = "2"
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", os.defpath)  # `.py` jobs run with this interpreter
+    if fake is not None:
+        env["GPUQ_FAKE_GPUS"] = fake
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def gpuq(tmp_path: Path) -> Iterator[Gpuq]:
+    home = tmp_path / "state dir 'quoted'"
+    work = tmp_path / "work dir"
+    work.mkdir()
+    client = Gpuq(home, make_env(home), work)
+    yield client
+    client.cleanup()
+
+
+def read_reports(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,80 @@
+"""Bad input: one clear line, exit code 2, and nothing written to the queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import Gpuq
+
+
+def _spooled(gpuq: Gpuq) -> list[str]:
+    spool = gpuq.home / "spool"
+    return sorted(p.name for p in spool.iterdir() if p.is_file()) if spool.is_dir() else []
+
+
+BAD_SUBMITS = [
+    (["--gpus", "-1", "true"], "--gpus must be 0 or more"),
+    (["--gpus", "5", "true"], "more GPUs than this machine has (4)"),
+    (["--mem", "20", "true"], "write a number and a unit"),
+    (["--mem", "20Q", "true"], "unknown size unit"),
+    (["--mem", "100G", "true"], "only 0 GPU(s) here have that much"),
+    (["--gpus", "0", "--mem", "1G", "true"], "cannot ask for it"),
+    (["--time", "soon", "true"], "cannot read duration"),
+    (["--time", "0s", "true"], "must be more than zero"),
+    (["--mode", "magic", "true"], "'magic' is not one of"),
+    (["--mode", "torchrun", "true"], "runs a Python script"),
+    (["--env", "NOEQUALS", "true"], "write it as KEY=VALUE"),
+    (["--cwd", "/no/such/dir", "true"], "no such directory"),
+    (["missing_script.py"], "no such script: missing_script.py"),
+    (["no-such-program-anywhere"], "command not found: no-such-program-anywhere"),
+    (["./not-here.sh"], "is not an executable file"),
+    (["--gpus", "many", "true"], "'many' is not a valid integer"),
+    ([], "Missing argument 'COMMAND"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_SUBMITS, ids=[" ".join(a) or "no-command" for a, _ in BAD_SUBMITS])
+def test_bad_submit_is_one_line_exit_2_and_records_nothing(gpuq: Gpuq, args: list[str], message: str) -> None:
+    gpuq.run("daemon", "start")  # so the GPU inventory is known, as on any machine that has run a job
+    result = gpuq.run("submit", *args, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuq: ") and message in lines[0], result.stderr
+    assert _spooled(gpuq) == []
+    assert gpuq.status() == []
+    assert not (gpuq.home / "next_id").exists()
+
+
+@pytest.mark.parametrize("command", [["show", "999"], ["logs", "999"], ["cancel", "999"], ["wait", "999"]])
+def test_unknown_job_id_is_one_line_exit_2(gpuq: Gpuq, command: list[str]) -> None:
+    gpuq.submit("true")
+    result = gpuq.run(*command, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "gpuq: no job 999 in this queue; `gpuq status --all` lists the known ids"
+    assert not [name for name in _spooled(gpuq) if name.startswith("cancel-")]
+
+
+def test_non_numeric_job_id_is_a_usage_error(gpuq: Gpuq) -> None:
+    result = gpuq.run("show", "seventeen", check=False)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unusable_state_directory_says_what_to_do(gpuq: Gpuq) -> None:
+    gpuq.env["GPUQ_HOME"] = "/etc/hostname/gpuq"  # under a regular file: cannot be created, even by root
+    result = gpuq.run("submit", "true", check=False)
+    assert result.returncode == 2
+    assert "set GPUQ_HOME to a directory you can write" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_fake_inventory_is_one_line(gpuq: Gpuq) -> None:
+    gpuq.env["GPUQ_FAKE_GPUS"] = "lots"
+    result = gpuq.run("submit", "true", check=False)
+    assert result.returncode == 2 and "GPUQ_FAKE_GPUS" in result.stderr
+    assert _spooled(gpuq) == []
+
+
+def test_debug_shows_the_traceback(gpuq: Gpuq) -> None:
+    result = gpuq.run("--debug", "show", "999", check=False)
+    assert result.returncode != 0 and "Traceback" in result.stderr

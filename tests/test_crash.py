@@ -1,0 +1,61 @@
+"""kill -9 of the daemon in the middle of a run: every job runs exactly once, nothing is over-committed."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from tests.conftest import REPORT, Gpuq, read_reports
+from tests.invariants import check_exactly_once, check_no_overcommit
+
+SHAPES = [
+    ("--gpus", "1"),
+    ("--gpus", "2"),
+    ("--gpus", "1", "--mem", "30G"),
+    ("--gpus", "2", "--mem", "50G"),
+    ("--gpus", "1", "--mem", "20G"),
+]
+
+
+def test_forty_mixed_jobs_survive_repeated_kill_9_of_the_daemon(gpuq: Gpuq) -> None:
+    rng = random.Random(7)
+    report = gpuq.cwd / "seen.jsonl"
+    job_ids: list[int] = []
+    kills = 0
+    for i in range(40):
+        shape = SHAPES[i % len(SHAPES)]
+        job_ids.append(gpuq.submit(*shape, str(REPORT), str(report), f"{rng.uniform(0.3, 1.2):.2f}"))
+        if i % 8 == 7:  # kill while requests are still arriving: some are ingested, some wait in the spool
+            gpuq.kill_daemon()
+            kills += 1
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and kills < 12:
+        if {job["state"] for job in gpuq.status()} <= {"succeeded", "failed", "cancelled", "timeout", "lost"}:
+            break
+        gpuq.run("daemon", "start")
+        time.sleep(rng.uniform(0.1, 0.8))
+        gpuq.kill_daemon()
+        kills += 1
+        time.sleep(rng.uniform(0.0, 0.5))  # jobs end while no daemon runs: their outcomes wait on disk
+    assert kills >= 8
+    assert gpuq.run("wait", *map(str, job_ids), timeout=240).returncode == 0
+
+    reports = read_reports(report)
+    check_exactly_once(reports, job_ids)
+    check_no_overcommit(reports, {gpu: 80 << 30 for gpu in range(4)})
+    records = {job["id"]: job for job in gpuq.status()}
+    for line in reports:
+        assert line["cvd"] == ",".join(map(str, records[line["job"]]["gpus"]))
+    assert all(job["state"] == "succeeded" for job in records.values())
+
+
+def test_kill_9_between_launch_and_exit_keeps_the_outcome(gpuq: Gpuq) -> None:
+    report = gpuq.cwd / "seen.jsonl"
+    job_id = gpuq.submit(str(REPORT), str(report), "1", "5")
+    gpuq.wait_state(job_id, "running")
+    gpuq.kill_daemon()
+    time.sleep(1.5)  # the job ends while no daemon runs
+    assert read_reports(report)
+    gpuq.run("daemon", "start")
+    record = gpuq.wait_state(job_id, "failed")
+    assert record["exit_code"] == 5

@@ -1,0 +1,206 @@
+"""End to end: the real CLI, a real daemon, real job processes, fake GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import REPORT, Gpuq, read_reports, wait_for
+
+
+def test_jobs_see_exactly_their_gpus_and_run_in_their_cwd(gpuq: Gpuq) -> None:
+    report = gpuq.cwd / "seen.jsonl"
+    single = gpuq.submit("--gpus", "1", str(REPORT), str(report), "0.2")
+    double = gpuq.submit("--gpus", "2", "--mode", "dataparallel", str(REPORT), str(report), "0.2")
+    packed = gpuq.submit("--gpus", "1", "--mem", "10G", str(REPORT), str(report), "0.2")
+    cpu = gpuq.submit("--gpus", "0", str(REPORT), str(report), "0.1")
+    assert gpuq.run("wait", str(single), str(double), str(packed), str(cpu)).returncode == 0
+
+    seen = {line["job"]: line for line in read_reports(report)}
+    assert set(seen) == {single, double, packed, cpu}
+    for job_id, count in ((single, 1), (double, 2), (packed, 1)):
+        record = gpuq.job(job_id)
+        assert seen[job_id]["cvd"] == ",".join(map(str, record["gpus"]))
+        assert len(record["gpus"]) == count and len(record["gpu_uuids"]) == count
+        assert seen[job_id]["order"] == "PCI_BUS_ID"
+    assert seen[cpu]["cvd"] == ""
+    assert seen[packed]["mem"] == str(10 << 30)
+    assert all(line["cwd"] == str(gpuq.cwd) for line in seen.values())
+
+
+def test_status_json_has_the_documented_fields(gpuq: Gpuq) -> None:
+    job_id = gpuq.submit("--name", "tiny", "--gpus", "1", "--mem", "1G", "true")
+    gpuq.run("wait", str(job_id))
+    (record,) = gpuq.status()
+    for key in ("id", "name", "user", "state", "command", "gpus", "gpu_uuids", "mem_per_gpu", "submitted_at",
+                "started_at", "ended_at", "exit_code", "signal", "reason", "log"):  # fmt: skip
+        assert key in record
+    assert record["name"] == "tiny" and record["state"] == "succeeded" and record["exit_code"] == 0
+    assert record["mem_per_gpu"] == 1 << 30
+    assert record["submitted_at"] <= record["started_at"] <= record["ended_at"]
+    assert "env" not in record  # environments may hold secrets
+
+
+def test_submit_wait_exits_with_the_jobs_exit_code_and_records_the_failure(gpuq: Gpuq) -> None:
+    result = gpuq.run("submit", "--wait", str(REPORT), str(gpuq.cwd / "r.jsonl"), "0", "3", check=False)
+    assert result.returncode == 3
+    (record,) = gpuq.status()
+    assert record["state"] == "failed" and record["exit_code"] == 3
+
+
+def test_environment_and_env_overrides_are_captured_at_submit_time(gpuq: Gpuq) -> None:
+    gpuq.env["MY_SETTING"] = "from submit time"
+    out = gpuq.cwd / "env.txt"
+    job_id = gpuq.submit("--env", "EXTRA=x=y", "sh", "-c", f'echo "$MY_SETTING|$EXTRA" > "{out}"')
+    gpuq.run("wait", str(job_id))
+    assert out.read_text().strip() == "from submit time|x=y"
+
+
+def test_python_script_runs_with_the_submitters_python(gpuq: Gpuq) -> None:
+    script = gpuq.cwd / "which.py"
+    script.write_text("import sys\nprint(sys.executable)\n")
+    job_id = gpuq.submit("--gpus", "0", "which.py")
+    gpuq.run("wait", str(job_id))
+    record = gpuq.job(job_id)
+    logged = Path(record["log"]).read_text().strip()
+    assert os.path.realpath(logged) == os.path.realpath(sys.executable)
+
+
+def test_cancel_stops_a_running_job_and_a_pending_one(gpuq: Gpuq) -> None:
+    running = gpuq.submit("--gpus", "4", "sleep", "60")
+    pending = gpuq.submit("--gpus", "4", "sleep", "60")
+    gpuq.wait_state(running, "running")
+    gpuq.run("cancel", str(running), str(pending))
+    ended = gpuq.wait_state(running, "cancelled")
+    assert ended["reason"].startswith("cancelled by ") and ended["signal"] == 15
+    assert gpuq.wait_state(pending, "cancelled")["started_at"] is None
+    assert gpuq.run("wait", str(running), check=False).returncode == 1
+
+
+def test_time_limit_terminates_the_job_with_a_timeout_outcome(gpuq: Gpuq) -> None:
+    job_id = gpuq.submit("--time", "1s", "sleep", "30")
+    record = gpuq.wait_state(job_id, "timeout", timeout=30)
+    assert "time limit" in record["reason"]
+    assert record["ended_at"] - record["started_at"] < 10
+
+
+def test_sigterm_ignoring_job_is_killed_after_the_grace_period(gpuq: Gpuq) -> None:
+    script = gpuq.cwd / "stubborn.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    job_id = gpuq.submit("--gpus", "0", "--time", "1s", "stubborn.py")
+    record = gpuq.wait_state(job_id, "timeout", timeout=30)
+    assert record["signal"] == 9
+
+
+def test_cuda_oom_in_the_log_becomes_the_reason(gpuq: Gpuq) -> None:
+    script = gpuq.cwd / "oom.py"
+    script.write_text(
+        "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.3 GiB total capacity)')\n"
+    )
+    job_id = gpuq.submit("oom.py")
+    record = gpuq.wait_state(job_id, "failed")
+    assert record["reason"] == "CUDA out of memory (exit code 1)"
+
+
+def test_missing_program_at_launch_time_fails_to_spawn(gpuq: Gpuq) -> None:
+    program = gpuq.cwd / "vanishing"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    blocker = gpuq.submit("--gpus", "4", "sleep", "1")
+    job_id = gpuq.submit("--gpus", "4", "./vanishing")
+    program.unlink()
+    record = gpuq.wait_state(job_id, "failed", timeout=30)
+    assert record["reason"].startswith("could not start")
+    assert gpuq.job(blocker)["state"] == "succeeded"
+
+
+def test_logs_prints_the_job_output_and_follows_until_it_ends(gpuq: Gpuq) -> None:
+    job_id = gpuq.submit("--gpus", "0", "sh", "-c", "echo one; sleep 0.5; echo two >&2")
+    followed = gpuq.run("logs", "-f", str(job_id))
+    assert followed.stdout.split() == ["one", "two"]
+
+
+def test_gpus_command_shows_reservations_and_holders(gpuq: Gpuq) -> None:
+    job_id = gpuq.submit("--gpus", "1", "--mem", "20G", "sleep", "30")
+    gpuq.wait_state(job_id, "running")
+    rows = json.loads(gpuq.run("gpus", "--json").stdout)
+    assert len(rows) == 4
+    (held,) = [row for row in rows if row["jobs"]]
+    assert held["jobs"] == [job_id] and held["reserved_by_gpuq"] == 20 << 30
+    assert held["free"] == held["total"] - (20 << 30)
+    gpuq.run("cancel", str(job_id))
+
+
+def test_external_memory_use_is_respected(tmp_path: Path, gpuq: Gpuq) -> None:
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps({"gpus": [{"total": "80GiB", "used": "70GiB"}, {"total": "80GiB"}]}))
+    gpuq.env["GPUQ_FAKE_GPUS"] = str(inventory)
+    report = gpuq.cwd / "r.jsonl"
+    ids = [gpuq.submit("--mem", "20G", str(REPORT), str(report), "0.3") for _ in range(3)]
+    gpuq.run("wait", *map(str, ids))
+    assert {line["cvd"] for line in read_reports(report)} == {"1"}  # GPU 0 has only 10 GiB left
+
+
+def test_lost_gpu_gets_nothing_new_and_the_queue_goes_on(tmp_path: Path, gpuq: Gpuq) -> None:
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps([{"total": "80GiB", "lost": True}, {"total": "80GiB"}]))
+    gpuq.env["GPUQ_FAKE_GPUS"] = str(inventory)
+    report = gpuq.cwd / "r.jsonl"
+    ids = [gpuq.submit("--gpus", "1", str(REPORT), str(report), "0.1") for _ in range(3)]
+    gpuq.run("wait", *map(str, ids))
+    assert {line["cvd"] for line in read_reports(report)} == {"1"}
+    states = {row["index"]: row["state"] for row in json.loads(gpuq.run("gpus", "--json").stdout)}
+    assert states[0].startswith("lost") and states[1] == "ok"
+
+
+def test_torchrun_mode_starts_one_process_per_gpu_on_a_port_gpuq_chose(gpuq: Gpuq) -> None:
+    script = gpuq.cwd / "ranks.py"
+    script.write_text(
+        "import os\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'port', os.environ['MASTER_PORT'],"
+        " 'cvd', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+    )
+    jobs = [gpuq.submit("--gpus", "2", "--mode", "torchrun", "ranks.py") for _ in range(2)]
+    assert gpuq.run("wait", *map(str, jobs), timeout=180).returncode == 0
+    ports = set()
+    for job_id in jobs:
+        record = gpuq.job(job_id)
+        lines = [line.split() for line in Path(record["log"]).read_text().splitlines() if line.startswith("rank")]
+        assert sorted(line[1] for line in lines) == ["0", "1"]
+        assert {line[7] for line in lines} == {",".join(map(str, record["gpus"]))}
+        ports |= {line[5] for line in lines}
+    assert len(ports) == 2
+
+
+def test_status_shows_why_a_job_waits(gpuq: Gpuq) -> None:
+    blocker = gpuq.submit("--gpus", "4", "sleep", "30")
+    gpuq.wait_state(blocker, "running")
+    waiting = gpuq.submit("--gpus", "2", "--mem", "40G", "true")
+    record = wait_for(lambda: (r := gpuq.job(waiting))["reason"] and r, 10, "a waiting reason")
+    assert record["state"] == "pending" and "waiting for 2 GPUs with 40.0G free each" in record["reason"]
+    gpuq.run("cancel", str(blocker), str(waiting))
+
+
+def test_daemon_start_stop_status(gpuq: Gpuq) -> None:
+    assert gpuq.daemon_pid() is None
+    gpuq.run("daemon", "start")
+    pid = gpuq.daemon_pid()
+    assert pid
+    gpuq.run("daemon", "start")  # idempotent
+    assert gpuq.daemon_pid() == pid
+    assert "stopped" in gpuq.run("daemon", "stop").stdout
+    assert gpuq.daemon_pid() is None
+
+
+def test_jobs_keep_running_while_the_daemon_is_stopped(gpuq: Gpuq) -> None:
+    report = gpuq.cwd / "r.jsonl"
+    job_id = gpuq.submit(str(REPORT), str(report), "1.5")
+    gpuq.wait_state(job_id, "running")
+    gpuq.run("daemon", "stop")
+    time.sleep(2)
+    assert read_reports(report)  # it finished with no daemon around
+    gpuq.run("daemon", "start")
+    assert gpuq.wait_state(job_id, "succeeded")["exit_code"] == 0

@@ -1,10 +1,31 @@
 """What a job is and where it is written; the Python API for submitting and waiting.
 
 This package never imports NVML, psutil or click: it is the light path ``gpuq submit`` takes.
+The API names load on first use (PEP 562), so ``import jobs.errors`` costs no more than that module.
 """
 
-from jobs.api import cancel, status, submit, wait
-from jobs.errors import GpuqError
-from jobs.model import JobRecord, JobSpec, JobState, Mode, Outcome
+from __future__ import annotations
 
-__all__ = ["GpuqError", "JobRecord", "JobSpec", "JobState", "Mode", "Outcome", "cancel", "status", "submit", "wait"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "submit": "jobs.api",
+    "wait": "jobs.api",
+    "status": "jobs.api",
+    "cancel": "jobs.api",
+    "GpuqError": "jobs.errors",
+    "JobRecord": "jobs.model",
+    "JobSpec": "jobs.model",
+    "JobState": "jobs.model",
+    "Mode": "jobs.model",
+    "Outcome": "jobs.model",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -12,13 +12,16 @@ import pwd
 import time
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from jobs import spool
 from jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
 from jobs.submission import Inventory
-from jobs.table import JobTable
+
+if TYPE_CHECKING:
+    from jobs.table import JobTable
 
 
 @lru_cache(maxsize=256)
@@ -73,6 +76,8 @@ class Queue:
     # -- reads ------------------------------------------------------------------------------------
 
     def table(self) -> JobTable:
+        from jobs.table import JobTable  # sqlite3 costs ~10 ms to import: only readers pay for it
+
         return JobTable(self.state.db)
 
     def get(self, job_id: int) -> JobRecord:

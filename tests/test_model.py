@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobs.errors import BadInput
+from jobs.model import JobSpec, JobState, Mode, Outcome
+
+specs = st.builds(
+    JobSpec,
+    command=st.lists(st.text(min_size=1), min_size=1, max_size=4).map(tuple),
+    cwd=st.text(min_size=1),
+    env=st.dictionaries(st.text(), st.text(), max_size=4),
+    gpus=st.integers(1, 8),
+    mem_per_gpu=st.none() | st.integers(1, 1 << 40),
+    name=st.text(max_size=20),
+    priority=st.integers(-100, 100),
+    time_limit=st.none() | st.floats(1, 1e6),
+    mode=st.sampled_from([Mode.SINGLE, Mode.DATAPARALLEL]),
+    python=st.none() | st.text(min_size=1),
+)
+
+
+@given(specs)
+def test_spec_round_trips_through_json(spec: JobSpec) -> None:
+    assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_spec_is_frozen_and_keeps_secrets_out_of_its_repr() -> None:
+    spec = JobSpec(command=("train.py",), cwd="/w", env={"WANDB_API_KEY": "s3cret"})
+    assert "s3cret" not in repr(spec)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.gpus = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"cwd": "/w"}, {"command": "ls", "cwd": "/w"}, {"command": ["ls"], "cwd": 5}, {"command": ["ls"], "cwd": "/",
+     "gpus": "2"}, {"command": ["ls"], "cwd": "/", "gpus": True}, {"command": ["ls"], "cwd": "/", "mode": "x"},
+     {"command": [], "cwd": "/"}, {"command": ["ls"], "cwd": "/", "env": {"A": 1}}],
+)  # fmt: skip
+def test_spec_from_bad_json_is_refused(data: dict[str, object]) -> None:
+    with pytest.raises(BadInput):
+        JobSpec.from_json(data)
+
+
+def test_outcomes_carry_their_facts() -> None:
+    assert Outcome.succeeded() == Outcome(JobState.SUCCEEDED, exit_code=0)
+    assert Outcome.failed(3).reason == "exit code 3"
+    assert Outcome.killed(9).reason == "killed by SIGKILL"
+    assert Outcome.timeout(60, 15).state is JobState.TIMEOUT
+    assert Outcome.cancelled("alice").reason == "cancelled by alice"
+    assert Outcome.failed_to_spawn("x: No such file").reason == "could not start: x: No such file"
+    assert JobState.LOST.finished and not JobState.RUNNING.finished

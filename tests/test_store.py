@@ -1,0 +1,72 @@
+"""The queue without a daemon: durable submits, concurrent id allocation, upgrade-safe reads."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import NotPermitted, StateDirError, UnknownJob
+from jobs.model import JobSpec, JobState
+from jobs.statedir import StateDir
+from jobs.store import Queue
+from jobs.table import TABLE_VERSION, JobTable
+
+
+def _spec() -> JobSpec:
+    return JobSpec(command=("true",), cwd="/")
+
+
+def _submit_many(home: str, count: int) -> list[int]:
+    queue = Queue(StateDir(Path(home)))
+    return [queue.submit(_spec()) for _ in range(count)]
+
+
+def test_submit_without_a_daemon_is_visible_at_once(tmp_path: Path) -> None:
+    queue = Queue(StateDir(tmp_path))
+    job_id = queue.submit(_spec())
+    record = queue.get(job_id)
+    assert record.state is JobState.PENDING and record.uid == os.getuid()
+    assert [r.id for r in queue.records()] == [job_id]
+
+
+def test_concurrent_submitters_never_share_an_id(tmp_path: Path) -> None:
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        batches = pool.starmap(_submit_many, [(str(tmp_path), 50)] * 4)
+    ids = [i for batch in batches for i in batch]
+    assert sorted(ids) == list(range(1, 201))
+
+
+def test_cancel_of_another_users_job_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    queue = Queue(StateDir(tmp_path))
+    job_id = queue.submit(_spec())
+    with pytest.raises(NotPermitted, match="only"):
+        queue.cancel([job_id], uid=os.getuid() + 4242 if os.getuid() else 4242)
+    assert not list((tmp_path / "spool").glob("cancel-*"))
+
+
+def test_unknown_ids_are_refused(tmp_path: Path) -> None:
+    queue = Queue(StateDir(tmp_path))
+    queue.submit(_spec())
+    with pytest.raises(UnknownJob):
+        queue.get(77)
+    with pytest.raises(UnknownJob):
+        queue.cancel([1, 77])
+
+
+def test_a_table_from_a_newer_gpuq_is_refused_with_advice(tmp_path: Path) -> None:
+    JobTable(tmp_path / "jobs.db", create=True).close()
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    db.execute(f"PRAGMA user_version={TABLE_VERSION + 1}")
+    db.close()
+    with pytest.raises(StateDirError, match="upgrade gpuq"):
+        JobTable(tmp_path / "jobs.db")
+
+
+def test_a_corrupt_table_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "jobs.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StateDirError, match="cannot read the job table"):
+        JobTable(tmp_path / "jobs.db").records()

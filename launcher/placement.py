@@ -7,7 +7,8 @@ Rules, in order:
   NVML sees in use, ``reserved`` what gpuq promised its running jobs (from launch, before their CUDA
   contexts exist, until they end), ``external`` what processes outside gpuq use. Taking the larger of
   the two views means neither a job still warming up nor a teammate's notebook can be over-committed.
-* **Fit.** A ``--mem`` job fits a GPU whose headroom is at least its memory. A whole-GPU job needs a GPU
+* **Fit.** A ``--mem`` job fits a GPU whose headroom is at least its memory plus a per-process overhead
+  (the CUDA context, which PyTorch's memory cap does not cover). A whole-GPU job needs a GPU
   with no gpuq job and only negligible external use, and then holds all of it.
 * **Order.** Jobs are considered in the order given (priority, then submission). The first job that
   cannot start is the *head*: it claims the GPUs it will start on (those that free up soonest), and
@@ -70,7 +71,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class Policy:
-    margin: int = 512 * MiB  # kept free on every GPU: CUDA contexts and allocator slack live here
+    margin: int = 512 * MiB  # kept free on every GPU: allocator slack and NVML's rounding live here
+    overhead: int = 512 * MiB  # added to each --mem job's reservation: its CUDA context sits outside --mem
     negligible: int = 1 * GiB  # external use below this still leaves a GPU "free" for a whole-GPU job
     cpu_slots: int | None = None  # how many --gpus 0 jobs run at once (None: no limit)
 
@@ -104,7 +106,7 @@ class _Gpu:
             return False
         if request.mem_per_gpu is None:
             return self.jobs == 0 and self.view.external <= policy.negligible and self.headroom > policy.margin
-        return self.headroom - policy.margin >= request.mem_per_gpu
+        return self.headroom - policy.margin >= request.mem_per_gpu + policy.overhead
 
     def could_ever_fit(self, request: Request, policy: Policy) -> bool:
         """Would the request fit once every gpuq job here has ended (external use staying as it is)?"""
@@ -112,7 +114,7 @@ class _Gpu:
             return False
         if request.mem_per_gpu is None:
             return self.view.external <= policy.negligible
-        return self.view.total - self.view.external - policy.margin >= request.mem_per_gpu
+        return self.view.total - self.view.external - policy.margin >= request.mem_per_gpu + policy.overhead
 
     def free_at(self, request: Request, policy: Policy, now: float) -> float:
         """When the request could start here, if every holding ends by its time limit (inf if unknown)."""
@@ -120,14 +122,14 @@ class _Gpu:
             return now
         return max((math.inf if end is None else end for end in self.ends), default=now)
 
-    def take(self, request: Request, now: float) -> None:
+    def hold(self, mem_per_gpu: int | None, ends_by: float | None, policy: Policy) -> None:
         self.jobs += 1
-        self.ends.append(None if request.time_limit is None else now + request.time_limit)
-        if request.mem_per_gpu is None:
+        self.ends.append(ends_by)
+        if mem_per_gpu is None:
             self.whole = True
             self.reserved = self.view.total
         else:
-            self.reserved += request.mem_per_gpu
+            self.reserved += mem_per_gpu + policy.overhead
 
 
 @dataclass
@@ -145,7 +147,8 @@ class _Claim:
             return True  # ends before the head could start: backfill cannot delay it
         if self.head.mem_per_gpu is None or request.mem_per_gpu is None:
             return False
-        return gpu.headroom - policy.margin - request.mem_per_gpu >= self.head.mem_per_gpu
+        after = gpu.headroom - policy.margin - request.mem_per_gpu - policy.overhead
+        return after >= self.head.mem_per_gpu + policy.overhead
 
 
 def place(
@@ -164,13 +167,7 @@ def place(
             gpu = state.get(index)
             if gpu is None:
                 continue  # a GPU that vanished from the snapshot: nothing to place there anyway
-            gpu.jobs += 1
-            gpu.ends.append(holding.ends_by)
-            if holding.mem_per_gpu is None:
-                gpu.whole = True
-                gpu.reserved = gpu.view.total
-            else:
-                gpu.reserved += holding.mem_per_gpu
+            gpu.hold(holding.mem_per_gpu, holding.ends_by, policy)
 
     plan = Plan()
     claim: _Claim | None = None
@@ -195,8 +192,9 @@ def place(
         ]  # fmt: skip
         if len(fitting) >= request.gpus:
             chosen = _choose(request, fitting, distance)
+            ends_by = None if request.time_limit is None else now + request.time_limit
             for gpu in chosen:
-                gpu.take(request, now)
+                gpu.hold(request.mem_per_gpu, ends_by, policy)
             plan.decisions.append(Decision(request.job_id, tuple(sorted(g.view.index for g in chosen))))
             continue
         if claim is None:

@@ -11,6 +11,7 @@ from typing import Any
 from jobs.model import JobRecord, JobState
 from jobs.units import format_duration, format_size
 from launcher.gpus import GpuSnapshot
+from launcher.placement import Policy
 
 
 def runtime(record: JobRecord, now: float) -> float | None:
@@ -100,15 +101,18 @@ class GpuRow:
         }  # fmt: skip
 
 
-def gpu_rows(snapshot: Sequence[GpuSnapshot], running: Sequence[JobRecord], ours: set[int]) -> list[GpuRow]:
+def gpu_rows(
+    snapshot: Sequence[GpuSnapshot], running: Sequence[JobRecord], ours: set[int], overhead: int = Policy().overhead
+) -> list[GpuRow]:
     """Per GPU: what outside processes use, what gpuq reserved for its jobs, what is left, and who holds it.
 
-    ``ours`` are the pids of gpuq's jobs, so their usage is not mistaken for a teammate's.
+    ``ours`` are the pids of gpuq's jobs, so their usage is not mistaken for a teammate's. A --mem job's
+    reservation includes the per-process overhead placement adds for its CUDA context.
     """
     rows = []
     for gpu in snapshot:
         holders = [r for r in running if gpu.index in r.gpus]
-        reserved = sum(gpu.total if r.spec.mem_per_gpu is None else r.spec.mem_per_gpu for r in holders)
+        reserved = sum(gpu.total if r.spec.mem_per_gpu is None else r.spec.mem_per_gpu + overhead for r in holders)
         if gpu.processes is None:
             external = max(0, gpu.used - reserved)
         else:

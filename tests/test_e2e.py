@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.placement import Policy
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
 
 
@@ -129,8 +130,9 @@ def test_gpus_command_shows_reservations_and_holders(gpuq: Gpuq) -> None:
     rows = json.loads(gpuq.run("gpus", "--json").stdout)
     assert len(rows) == 4
     (held,) = [row for row in rows if row["jobs"]]
-    assert held["jobs"] == [job_id] and held["reserved_by_gpuq"] == 20 << 30
-    assert held["free"] == held["total"] - (20 << 30)
+    reserved = (20 << 30) + Policy().overhead  # what it asked for plus room for its CUDA context
+    assert held["jobs"] == [job_id] and held["reserved_by_gpuq"] == reserved
+    assert held["free"] == held["total"] - reserved
     gpuq.run("cancel", str(job_id))
 
 

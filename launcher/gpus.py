@@ -128,7 +128,10 @@ def _bytes(value: Any, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str):
-        return 0 if value.strip() in ("0", "") else parse_size(value)
+        try:
+            return 0 if value.strip() in ("0", "") else parse_size(value)
+        except BadInput as err:
+            raise BadInput(f"GPUQ_FAKE_GPUS={where}: {err}") from None
     raise BadInput(f"GPUQ_FAKE_GPUS={where}: {value!r} is not a size")
 
 

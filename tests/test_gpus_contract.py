@@ -1,0 +1,82 @@
+"""One contract for every GPU source: the fake inventory here, real NVML on a lent GPU machine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import BadInput
+from launcher.gpus import FakeGpus, GpuSource, NvmlGpus, open_source
+
+
+def _nvml_gpus() -> int:
+    source = NvmlGpus()
+    try:
+        return len(source.snapshot())
+    finally:
+        source.close()
+
+
+@pytest.fixture(params=["fake-spec", "fake-json", pytest.param("nvml", marks=pytest.mark.gpu)])
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuSource]:
+    if request.param == "fake-spec":
+        made: GpuSource = FakeGpus("2x24GiB,2x48GiB")
+    elif request.param == "fake-json":
+        path = tmp_path / "gpus.json"
+        path.write_text(json.dumps({"gpus": [{"name": "A", "total": "80GiB", "used": "10GiB"}, {"total": 1 << 30}]}))
+        made = FakeGpus(str(path))
+    else:
+        if not _nvml_gpus():
+            pytest.skip("no NVIDIA GPU here (NVML found none); runs on a lent GPU machine")
+        made = NvmlGpus()
+    yield made
+    made.close()
+
+
+def test_snapshot_contract(source: GpuSource) -> None:
+    snapshot = source.snapshot()
+    assert snapshot, "a source with GPUs reports them"
+    assert [gpu.index for gpu in snapshot] == list(range(len(snapshot)))
+    assert len({gpu.uuid for gpu in snapshot}) == len(snapshot)
+    for gpu in snapshot:
+        assert gpu.uuid.startswith("GPU-") and gpu.name
+        assert gpu.total > 0 and 0 <= gpu.used <= gpu.total
+        assert gpu.processes is None or all(pid > 0 and used >= 0 for pid, used in gpu.processes.items())
+        assert not gpu.lost and gpu.error == ""
+    assert source.snapshot() == snapshot or [g.uuid for g in source.snapshot()] == [g.uuid for g in snapshot]
+
+
+def test_distance_contract(source: GpuSource) -> None:
+    count = len(source.snapshot())
+    for a in range(count):
+        for b in range(count):
+            distance = source.distance(a, b)
+            assert distance is None or distance >= 0
+
+
+def test_fake_inventory_is_reread_so_a_teammate_can_fill_a_gpu(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps([{"total": "80GiB"}, {"total": "80GiB"}]))
+    source = open_source({"GPUQ_FAKE_GPUS": str(path)})
+    assert [gpu.used for gpu in source.snapshot()] == [0, 0]
+    path.write_text(json.dumps([{"total": "80GiB", "used": "70GiB"}, {"total": "80GiB", "lost": True}]))
+    first, second = source.snapshot()
+    assert first.used == 70 << 30 and not first.lost
+    assert second.lost and "lost" in second.error
+
+
+@pytest.mark.parametrize("spec", ["4x", "x80G", "4x80", "0x80GiB,", "lots"])
+def test_bad_fake_spec_names_the_variable(spec: str) -> None:
+    with pytest.raises(BadInput, match="GPUQ_FAKE_GPUS"):
+        FakeGpus(spec)
+
+
+def test_bad_fake_json_names_the_variable(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.json"
+    for body in ("{", "[1, 2]", '{"gpus": [{"name": "no total"}]}', '[{"total": "eighty"}]'):
+        path.write_text(body)
+        with pytest.raises(BadInput, match="GPUQ_FAKE_GPUS"):
+            FakeGpus(str(path))

@@ -13,7 +13,6 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ def write_submit(state: StateDir, job_id: int, spec: JobSpec, submitted_at: floa
 
 
 def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
-    path = state.cancel_request(secrets.token_hex(8))
+    path = state.cancel_request(os.urandom(8).hex())
     body = {"schema": SCHEMA_VERSION, "kind": "cancel", "ids": job_ids}
     write_atomic(path, json.dumps(body).encode())
     return path
@@ -205,7 +204,7 @@ def remove(request: Request) -> None:
 
 def set_aside(state: StateDir, bad: BadRequest) -> Path:
     """Move a bad request out of the way (never delete what a user wrote) with a note saying why."""
-    target = state.rejected / f"{bad.path.name}.{secrets.token_hex(4)}"
+    target = state.rejected / f"{bad.path.name}.{os.urandom(4).hex()}"
     try:
         os.rename(bad.path, target)
         write_atomic(target.with_name(target.name + ".why"), (bad.reason + "\n").encode(), durable=False)

@@ -95,7 +95,7 @@ class _Gpu:
     reserved: int = 0
     jobs: int = 0
     whole: bool = False
-    ends: list[float | None] = field(default_factory=list)
+    holds: list[tuple[int, float]] = field(default_factory=list)  # (bytes reserved, ends by; inf if unknown)
 
     @property
     def headroom(self) -> int:
@@ -115,24 +115,37 @@ class _Gpu:
         """Would the request fit once every gpuq job here has ended (external use staying as it is)?"""
         if not self.view.available:
             return False
+        room = self.view.total - self.view.external - policy.margin
         if request.mem_per_gpu is None:
-            return self.view.external <= policy.negligible
-        return self.view.total - self.view.external - policy.margin >= request.mem_per_gpu + policy.overhead
+            return self.view.external <= policy.negligible and room > 0
+        return room >= request.mem_per_gpu + policy.overhead
 
     def free_at(self, request: Request, policy: Policy, now: float) -> float:
-        """When the request could start here, if every holding ends by its time limit (inf if unknown)."""
+        """When the request could start here if holdings end by their time limits (inf if that is unknown).
+
+        A whole-GPU request waits for every holding; a --mem request only until enough of them have ended.
+        """
         if self.fits(request, policy):
             return now
-        return max((math.inf if end is None else end for end in self.ends), default=now)
+        if request.mem_per_gpu is None:
+            return max((end for _, end in self.holds), default=now)
+        need = request.mem_per_gpu + policy.overhead
+        reserved = sum(size for size, _ in self.holds)
+        for size, end in sorted(self.holds, key=lambda hold: hold[1]):
+            reserved -= size
+            if self.view.total - reserved - self.view.external - policy.margin >= need:
+                return end
+        return math.inf
 
     def hold(self, mem_per_gpu: int | None, ends_by: float | None, policy: Policy) -> None:
         self.jobs += 1
-        self.ends.append(ends_by)
+        size = self.view.total if mem_per_gpu is None else mem_per_gpu + policy.overhead
+        self.holds.append((size, math.inf if ends_by is None else ends_by))
         if mem_per_gpu is None:
             self.whole = True
             self.reserved = self.view.total
         else:
-            self.reserved += mem_per_gpu + policy.overhead
+            self.reserved += size
 
 
 @dataclass
@@ -141,12 +154,12 @@ class _Claim:
 
     head: Request
     gpus: set[int]
-    starts_by: float  # inf when some blocker has no time limit
+    starts_by: float  # inf when a blocker has no time limit: then no time limit is short enough
 
     def allows(self, request: Request, gpu: _Gpu, policy: Policy, now: float) -> bool:
         if gpu.view.index not in self.gpus:
             return True
-        if request.time_limit is not None and now + request.time_limit <= self.starts_by:
+        if request.time_limit is not None and now + request.time_limit <= self.starts_by < math.inf:
             return True  # ends before the head could start: backfill cannot delay it
         if self.head.mem_per_gpu is None or request.mem_per_gpu is None:
             return False

@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
                     "seconds": round(time.perf_counter() - started, 3),
                 },
             )
+    # Tear down together: a rank that destroys its gloo group while rank 0 is still evaluating can
+    # abort in gloo's teardown ("terminate called without an active exception", seen in CI).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -93,6 +93,13 @@ class Queue:
             records.setdefault(record.id, record)
         return [records[i] for i in sorted(records)]
 
+    def rejected(self) -> int:
+        """How many spool files the daemon set aside as unreadable."""
+        try:
+            return sum(1 for entry in os.scandir(self.state.rejected) if entry.name.endswith(".why"))
+        except OSError:
+            return 0
+
     def inventory(self) -> Inventory | None:
         """The GPUs the daemon last saw (from ``gpus.json``), or None if it has never run here."""
         try:

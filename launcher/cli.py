@@ -101,6 +101,13 @@ def status(ctx: Context, show_all: bool, as_json: bool) -> None:
         click.echo(status_table(records))
     else:
         click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+    rejected = ctx.queue.rejected()
+    if rejected and not as_json:
+        click.echo(
+            f"note: {rejected} request file(s) could not be read and were set aside in {ctx.state.rejected}"
+            " (each has a .why file beside it)",
+            err=True,
+        )
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:

@@ -206,3 +206,16 @@ def test_jobs_keep_running_while_the_daemon_is_stopped(gpuq: Gpuq) -> None:
     assert read_reports(report)  # it finished with no daemon around
     gpuq.run("daemon", "start")
     assert gpuq.wait_state(job_id, "succeeded")["exit_code"] == 0
+
+
+def test_every_transition_lands_in_the_event_journal(gpuq: Gpuq) -> None:
+    done = gpuq.submit("--gpus", "1", "true")
+    failed = gpuq.submit("--gpus", "0", "false")
+    gpuq.run("wait", str(done), str(failed), check=False)
+    events = [json.loads(line) for line in (gpuq.home / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e.get("job") == done] == ["submitted", "started", "succeeded"]
+    assert [e["event"] for e in events if e.get("job") == failed] == ["submitted", "started", "failed"]
+    started = next(e for e in events if e.get("job") == done and e["event"] == "started")
+    assert started["gpus"] == gpuq.job(done)["gpus"]
+    stamps = [e["t"] for e in events if e.get("job") == done]
+    assert stamps == sorted(stamps)

@@ -40,6 +40,7 @@ def test_corrupt_and_foreign_spool_files_are_set_aside_and_the_queue_goes_on(gpu
         assert phrase in why
     assert gpuq.daemon_pid() is not None
     assert {job["id"] for job in gpuq.status()} == {first, second}
+    assert "11 request file(s) could not be read" in gpuq.run("status").stderr
 
 
 def test_a_request_ingested_before_a_crash_is_not_run_twice(gpuq: Gpuq) -> None:

@@ -201,6 +201,10 @@ class JobRecord:
     reason: str = ""
     peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
     log: str = ""
+    array_id: int | None = None  # the array this job is a member of (`gpuq submit --array`)
+    array_index: int | None = None  # its index in that array ({index} in the command, GPUQ_ARRAY_INDEX)
+    attempt: int = 1  # 1 for the first run, 2 for the first retry...
+    held: bool = False  # held jobs stay pending until released
 
     def replace(self, **changes: Any) -> JobRecord:
         return dataclasses.replace(self, **changes)
@@ -230,6 +234,10 @@ class JobRecord:
             "reason": self.reason,
             "peak_mem": self.peak_mem,
             "log": self.log,
+            "array_id": self.array_id,
+            "array_index": self.array_index,
+            "attempt": self.attempt,
+            "held": self.held,
         }
 
 

@@ -42,14 +42,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     shim_start REAL,
     boot_id TEXT,
     port INTEGER,
-    cancel_by TEXT
+    cancel_by TEXT,
+    array_id INTEGER,
+    array_index INTEGER,
+    attempt INTEGER NOT NULL DEFAULT 1,
+    held INTEGER NOT NULL DEFAULT 0,
+    not_before REAL
 );
+CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
 
 _COLUMNS = (
     "id, state, uid, user, priority, spec, submitted_at, started_at, ended_at, gpus, gpu_uuids, "
-    "exit_code, signal, reason, peak_mem, log"
+    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held"
 )
 
 
@@ -84,11 +90,11 @@ class JobTable:
             known = self._existing({r.id for r in records})
             fresh = [r for r in records if r.id not in known]
             self._db.executemany(
-                "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log)"
-                " VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log, array_id,"
+                " array_index, held) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (r.id, r.uid, r.user, r.spec.priority, _spec_json(r.spec), json.dumps(dict(r.spec.env)),
-                     r.submitted_at, r.log)
+                     r.submitted_at, r.log, r.array_id, r.array_index, int(r.held))
                     for r in fresh
                 ],
             )  # fmt: skip
@@ -240,4 +246,8 @@ def _record(row: Sequence[Any], env: str | None = None) -> JobRecord:
         reason=row[13],
         peak_mem=row[14],
         log=row[15],
+        array_id=row[16],
+        array_index=row[17],
+        attempt=row[18],
+        held=bool(row[19]),
     )

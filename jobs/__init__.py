@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "submit": "jobs.api",
+    "array": "jobs.api",
     "wait": "jobs.api",
     "status": "jobs.api",
     "cancel": "jobs.api",

@@ -15,12 +15,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from jobs import spool
-from jobs.errors import DaemonError
+from jobs.errors import BadInput, DaemonError
 from jobs.model import JobRecord, Mode
+from jobs.spool import ArrayPlan
 from jobs.statedir import StateDir
 from jobs.store import Queue
 from jobs.submission import make_spec
@@ -42,15 +44,23 @@ def submit(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
+    after: Sequence[int] = (),
+    after_any: bool = False,
+    retries: int = 0,
+    oom_retry: bool = False,
+    notify: str | None = None,
 ) -> int:
     """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
+
+    Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry`` and ``notify``, as the CLI does.
 
     The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one).
     """
     words = command.split() if isinstance(command, str) else list(command)
     spec = make_spec(
         words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
-        name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {},
+        name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {}, after=after,
+        after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify,
     )  # fmt: skip
     state = _state(home)
     job_id = Queue(state).submit(spec)
@@ -73,26 +83,53 @@ def cancel(job_ids: Iterable[int], *, home: str | os.PathLike[str] | None = None
     return cancelled
 
 
+def array(
+    command: str | Sequence[str],
+    indices: Iterable[int],
+    *,
+    throttle: int | None = None,
+    home: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> tuple[int, list[int]]:
+    """Queue an array: one member per index, ``{index}`` in the command replaced by it, at most
+    ``throttle`` running at once. Takes the options of ``submit``. Returns (array id, member ids)."""
+    words = command.split() if isinstance(command, str) else list(command)
+    plan = ArrayPlan(tuple(sorted(set(indices))), throttle)
+    if not plan.indices:
+        raise BadInput("an array needs at least one index")
+    cwd = options.pop("cwd", None)
+    extra_env = options.pop("env", None) or {}
+    spec = make_spec(words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options)
+    state = _state(home)
+    array_id = Queue(state).submit(spec, array=plan)
+    ensure_daemon(state)
+    return array_id, list(plan.member_ids(array_id))
+
+
 def wait(
     job_ids: Iterable[int] | None = None,
     *,
     timeout: float | None = None,
     home: str | os.PathLike[str] | None = None,
+    on_progress: Callable[[list[JobRecord]], None] | None = None,
 ) -> list[JobRecord]:
     """Block until the jobs (default: every job active now) have finished; return their records.
 
-    Raises TimeoutError after ``timeout`` seconds. Restarts the daemon if it dies while we wait.
+    An array id stands for all its members. Raises TimeoutError after ``timeout`` seconds. Restarts the
+    daemon if it dies while we wait. ``on_progress`` gets the records each time they are read.
     """
     state = _state(home)
     queue = Queue(state)
-    ids = [r.id for r in queue.records(active_only=True)] if job_ids is None else list(job_ids)
-    for job_id in ids:
-        queue.get(job_id)  # unknown ids fail now, not after a long wait
+    # Unknown ids fail now, not after a long wait.
+    chosen = queue.records(active_only=True) if job_ids is None else queue.resolve(job_ids)
+    ids = [r.id for r in chosen]
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.01
+    wanted = set(ids)
     while True:
-        wanted = set(ids)
         records = [r for r in queue.records() if r.id in wanted]
+        if on_progress is not None:
+            on_progress(records)
         if all(r.state.finished for r in records):
             return records
         if deadline is not None and time.monotonic() > deadline:

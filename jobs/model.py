@@ -60,6 +60,11 @@ class JobSpec:
     time_limit: float | None = None  # seconds
     mode: Mode = Mode.SINGLE
     python: str | None = None
+    after: tuple[int, ...] = ()  # job or array ids that must end first
+    after_any: bool = False  # False: they must succeed; True: however they ended
+    retries: int = 0  # runs again up to this many times after a failure, with backoff
+    oom_retry: bool = False  # after CUDA out of memory, retry with twice the memory (or a whole GPU)
+    notify: str | None = None  # a shell command run when the job (or its whole array) ends
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -70,6 +75,10 @@ class JobSpec:
             raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
         if self.mode is Mode.TORCHRUN and self.gpus == 0:
             raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
+        if self.retries < 0:
+            raise BadInput(f"--retries must be 0 or more, not {self.retries}")
+        if any(dep <= 0 for dep in self.after):
+            raise BadInput("--after takes job ids, which are positive numbers")
 
     @property
     def whole_gpus(self) -> bool:
@@ -91,6 +100,11 @@ class JobSpec:
             "time_limit": self.time_limit,
             "mode": self.mode.value,
             "python": self.python,
+            "after": list(self.after),
+            "after_any": self.after_any,
+            "retries": self.retries,
+            "oom_retry": self.oom_retry,
+            "notify": self.notify,
         }
 
     @classmethod
@@ -114,6 +128,11 @@ class JobSpec:
                 time_limit=_optional(data.get("time_limit"), float, "time_limit"),
                 mode=Mode(data.get("mode", "single")),
                 python=_optional(data.get("python"), str, "python"),
+                after=tuple(_typed(dep, int, "after") for dep in _typed(data.get("after", []), list, "after")),
+                after_any=_typed(data.get("after_any", False), bool, "after_any"),
+                retries=_typed(data.get("retries", 0), int, "retries"),
+                oom_retry=_typed(data.get("oom_retry", False), bool, "oom_retry"),
+                notify=_optional(data.get("notify"), str, "notify"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -124,6 +143,10 @@ class JobSpec:
 def _typed(value: Any, kind: type, name: str) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise BadInput(f"{name} must be true or false, not {type(value).__name__}")
+        return value
     if not isinstance(value, kind) or isinstance(value, bool):
         raise BadInput(f"{name} must be {kind.__name__}, not {type(value).__name__}")
     return value
@@ -222,6 +245,9 @@ class JobRecord:
             "mode": self.spec.mode.value,
             "priority": self.spec.priority,
             "time_limit": self.spec.time_limit,
+            "after": list(self.spec.after),
+            "after_any": self.spec.after_any,
+            "retries": self.spec.retries,
             "gpus_requested": self.spec.gpus,
             "gpus": list(self.gpus),
             "gpu_uuids": list(self.gpu_uuids),
@@ -250,3 +276,19 @@ class Launch:
     boot_id: str  # a different boot id means the machine restarted under the job
     port: int | None = None  # torchrun's master port
     cancel_by: str | None = None  # set when a cancel was sent, so the exit is recorded as a cancel
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """An array of jobs submitted together (`gpuq submit --array`); members share its environment."""
+
+    id: int
+    uid: int
+    user: str
+    name: str
+    size: int
+    throttle: int | None
+    env: Mapping[str, str] = field(repr=False, default_factory=dict)
+    notify: str | None = None
+    submitted_at: float = 0.0
+    notified: bool = False

@@ -27,12 +27,38 @@ MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment
 
 
 @dataclass(frozen=True)
+class ArrayPlan:
+    """An array submit: its members' indices and how many may run at once (None: no limit).
+
+    The array takes the request's id; member k takes id + 1 + k.
+    """
+
+    indices: tuple[int, ...]
+    throttle: int | None = None
+
+    def member_ids(self, array_id: int) -> range:
+        return range(array_id + 1, array_id + 1 + len(self.indices))
+
+
+@dataclass(frozen=True)
 class SubmitRequest:
     path: Path
     uid: int
     job_id: int
     spec: JobSpec
     submitted_at: float
+    array: ArrayPlan | None = None
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """hold, release, update, drain, resume-gpu, pause, resume: small changes to queued jobs or the queue."""
+
+    path: Path
+    uid: int
+    action: str
+    ids: tuple[int, ...]
+    values: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -50,7 +76,9 @@ class BadRequest:
     reason: str
 
 
-Request = SubmitRequest | CancelRequest | BadRequest
+Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
+
+CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause")
 
 
 def allocate_ids(state: StateDir, count: int = 1) -> int:
@@ -63,8 +91,6 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 64, 0).strip()
         first = int(raw) if raw.isdigit() else 1
-        # The daemon may have seen ids beyond the counter (a counter restored from backup, say).
-        first = max(first, _highest_spooled_id(state) + 1)
         data = f"{first + count}\n".encode()
         if os.pwrite(fd, data, 0) != len(data):
             raise OSError(errno.ENOSPC, "short write")
@@ -79,25 +105,43 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
         os.close(fd)
 
 
-def _highest_spooled_id(state: StateDir) -> int:
-    highest = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(state.spool):
-            if entry.name.startswith("submit-") and entry.name.endswith(".json"):
-                with contextlib.suppress(ValueError):
-                    highest = max(highest, int(entry.name[7:-5]))
-    return highest
+def raise_counter(state: StateDir, minimum: int) -> None:
+    """Make sure the next id handed out is at least ``minimum`` (the daemon knows every id in use; a
+    counter restored from a backup or deleted by hand must not hand one out again)."""
+    fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 64, 0).strip()
+        if raw.isdigit() and int(raw) >= minimum:
+            return
+        data = f"{minimum}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def write_submit(state: StateDir, job_id: int, spec: JobSpec, submitted_at: float) -> Path:
+def write_submit(
+    state: StateDir, job_id: int, spec: JobSpec, submitted_at: float, array: ArrayPlan | None = None
+) -> Path:
     path = state.submit_request(job_id)
-    body = {
+    body: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "kind": "submit",
         "id": job_id,
         "submitted_at": submitted_at,
         "spec": spec.to_json(),
     }
+    if array is not None:
+        body["array"] = {"indices": list(array.indices), "throttle": array.throttle}
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> Path:
+    path = state.control_request(os.urandom(8).hex())
+    body = {"schema": SCHEMA_VERSION, "kind": "control", "action": action, "ids": ids, "values": values or {}}
     write_atomic(path, json.dumps(body).encode())
     return path
 
@@ -179,15 +223,45 @@ def _parse(path: Path, uid: int, raw: bytes) -> Request:
             spec_json = body.get("spec")
             if not isinstance(spec_json, dict):
                 return BadRequest(path, "lacks a job spec")
-            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), float(submitted_at))
+            array = _array(body.get("array"))
+            if isinstance(array, str):
+                return BadRequest(path, array)
+            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), float(submitted_at), array)
         if kind == "cancel" and path.name.startswith("cancel-"):
             ids = body.get("ids")
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 return BadRequest(path, "has ids that are not a list of integers")
             return CancelRequest(path, uid, tuple(ids))
+        if kind == "control" and path.name.startswith("control-"):
+            action, ids, values = body.get("action"), body.get("ids"), body.get("values")
+            if action not in CONTROL_ACTIONS:
+                return BadRequest(path, f"asks for an unknown action {action!r}")
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                return BadRequest(path, "has ids that are not a list of integers")
+            if not isinstance(values, dict):
+                return BadRequest(path, "has values that are not an object")
+            return ControlRequest(path, uid, str(action), tuple(ids), values)
     except BadInput as err:
         return BadRequest(path, str(err))
     return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+def _array(data: Any) -> ArrayPlan | str | None:
+    """The array part of a submit request, or a string saying what is wrong with it."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        return "has an array that is not an object"
+    indices, throttle = data.get("indices"), data.get("throttle")
+    if (
+        not isinstance(indices, list)
+        or not indices
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)
+    ):
+        return "has array indices that are not a list of numbers"
+    if throttle is not None and (not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1):
+        return "has an array throttle that is not a positive number"
+    return ArrayPlan(tuple(indices), throttle)
 
 
 def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:

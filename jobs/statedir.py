@@ -97,6 +97,9 @@ class StateDir:
     def cancel_request(self, token: str) -> Path:
         return self.spool / f"cancel-{token}.json"
 
+    def control_request(self, token: str) -> Path:
+        return self.spool / f"control-{token}.json"
+
     def exit_file(self, job_id: int) -> Path:
         return self.run / f"{job_id}.exit"
 

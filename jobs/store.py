@@ -18,7 +18,7 @@ from jobs import spool
 from jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
-from jobs.submission import Inventory
+from jobs.submission import Inventory, member_spec
 
 if TYPE_CHECKING:
     from jobs.table import JobTable
@@ -40,15 +40,54 @@ class Queue:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, *, now: float | None = None) -> int:
-        """Queue one job durably and return its id. The daemon is not needed for this to succeed."""
+    def submit(self, spec: JobSpec, *, array: spool.ArrayPlan | None = None, now: float | None = None) -> int:
+        """Queue one job (or an array: its id, then one id per member) durably and return its id.
+
+        The daemon is not needed for this to succeed. Dependencies must name jobs or arrays that exist.
+        """
         self.state.ensure()
         inventory = self.inventory()
         if inventory is not None:
             inventory.check(spec)
-        job_id = spool.allocate_ids(self.state)
-        spool.write_submit(self.state, job_id, spec, time.time() if now is None else now)
+        if spec.after:
+            self.resolve(spec.after)
+        count = 1 if array is None else 1 + len(array.indices)
+        job_id = spool.allocate_ids(self.state, count)
+        spool.write_submit(self.state, job_id, spec, time.time() if now is None else now, array)
         return job_id
+
+    def control(
+        self, action: str, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None
+    ) -> list[JobRecord]:
+        """hold, release or update jobs (an array id stands for its members). Owner or admin only.
+
+        Returns the pending jobs the request applies to; refuses before writing anything.
+        """
+        uid = os.getuid() if uid is None else uid
+        records = self.resolve(list(ids))
+        for record in records:
+            if uid not in (0, record.uid):
+                raise NotPermitted(
+                    f"job {record.id} belongs to {record.user}; only {record.user} or an admin can {action} it"
+                )
+        pending = [r for r in records if r.state is JobState.PENDING]
+        if pending:
+            spool.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
+        return pending
+
+    def control_queue(self, action: str, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:
+        """drain/undrain GPUs, pause/unpause the queue: for whoever runs the daemon, or root."""
+        uid = os.getuid() if uid is None else uid
+        self.state.ensure()
+        owner = self.state.root.stat().st_uid
+        if uid not in (0, owner):
+            raise NotPermitted(f"only {user_name(owner)} (who runs this queue) or root can {action} it")
+        inventory = self.inventory()
+        for gpu in gpus:
+            if gpu < 0 or (inventory is not None and gpu >= len(inventory.totals)):
+                count = "?" if inventory is None else len(inventory.totals) - 1
+                raise BadInput(f"no GPU {gpu} here; GPUs are numbered 0 to {count} (`gpuq gpus` lists them)")
+        spool.write_control(self.state, action, list(gpus))
 
     def cancel(self, job_ids: Iterable[int], *, uid: int | None = None) -> list[int]:
         """Ask the daemon to cancel jobs. Refuses unknown ids and other users' jobs before writing anything.
@@ -58,7 +97,7 @@ class Queue:
         uid = os.getuid() if uid is None else uid
         ids = list(dict.fromkeys(job_ids))
         active = []
-        for record in self._records(ids):
+        for record in self.resolve(ids):
             if uid not in (0, record.uid):
                 raise NotPermitted(
                     f"job {record.id} belongs to {record.user}; only {record.user} or an admin can cancel it"
@@ -83,6 +122,32 @@ class Queue:
     def get(self, job_id: int) -> JobRecord:
         return self._records([job_id])[0]
 
+    def resolve(self, ids: Iterable[int]) -> list[JobRecord]:
+        """The jobs named by ``ids``, where an array's id stands for all its members."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return []
+        table = self.table()
+        try:
+            arrays = table.arrays(wanted)
+            members = {a: table.members(a) for a in arrays}
+        finally:
+            table.close()
+        spooled_arrays: dict[int, list[JobRecord]] = {}
+        if any(i not in arrays for i in wanted):
+            for record in self._spooled():
+                if record.array_id is not None:
+                    spooled_arrays.setdefault(record.array_id, []).append(record)
+        found: list[JobRecord] = []
+        plain = [i for i in wanted if i not in arrays and i not in spooled_arrays]
+        for job_id in wanted:
+            if job_id in arrays:
+                found.extend(members[job_id])
+            elif job_id in spooled_arrays:
+                found.extend(spooled_arrays[job_id])
+        found.extend(self._records(plain) if plain else [])
+        return found
+
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
         table = self.table()
         try:
@@ -92,6 +157,13 @@ class Queue:
         for record in self._spooled():
             records.setdefault(record.id, record)
         return [records[i] for i in sorted(records)]
+
+    def array_names(self) -> dict[int, str]:
+        table = self.table()
+        try:
+            return {array_id: info.name for array_id, info in table.arrays().items()}
+        finally:
+            table.close()
 
     def rejected(self) -> int:
         """How many spool files the daemon set aside as unreadable."""
@@ -130,15 +202,24 @@ class Queue:
     def _spooled(self) -> list[JobRecord]:
         if not self.state.spool.is_dir():
             return []
+        return [record for request in spool.pending_submits(self.state) for record in expand(self.state, request)]
+
+
+def expand(state: StateDir, request: spool.SubmitRequest) -> list[JobRecord]:
+    """The job records a submit request stands for: one job, or every member of an array."""
+    user = user_name(request.uid)
+    if request.array is None:
         return [
             JobRecord(
-                id=request.job_id,
-                spec=request.spec,
-                uid=request.uid,
-                user=user_name(request.uid),
-                state=JobState.PENDING,
-                submitted_at=request.submitted_at,
-                log=str(self.state.log(request.job_id)),
+                id=request.job_id, spec=request.spec, uid=request.uid, user=user, state=JobState.PENDING,
+                submitted_at=request.submitted_at, log=str(state.log(request.job_id)),
             )
-            for request in spool.pending_submits(self.state)
-        ]
+        ]  # fmt: skip
+    return [
+        JobRecord(
+            id=member_id, spec=member_spec(request.spec, index), uid=request.uid, user=user, state=JobState.PENDING,
+            submitted_at=request.submitted_at, log=str(state.log(member_id)), array_id=request.job_id,
+            array_index=index,
+        )
+        for member_id, index in zip(request.array.member_ids(request.job_id), request.array.indices, strict=True)
+    ]  # fmt: skip

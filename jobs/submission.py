@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,11 @@ def make_spec(
     time_limit: str | float | None = None,
     mode: str | Mode = Mode.SINGLE,
     env: Mapping[str, str] | Sequence[str] = (),
+    after: Sequence[int] = (),
+    after_any: bool = False,
+    retries: int = 0,
+    oom_retry: bool = False,
+    notify: str | None = None,
 ) -> JobSpec:
     """Capture a submission: the caller's cwd and environment (plus ``env`` overrides), the interpreter
     for a ``*.py`` command, and parsed limits. Raises BadInput with a one-line message on anything wrong."""
@@ -64,7 +70,8 @@ def make_spec(
     program = command[0]
     python = None
     if program.endswith(".py"):
-        _require_file(program, workdir)
+        if "{index}" not in program:  # a per-member script is checked when that member starts
+            _require_file(program, workdir)
         python = find_python(captured)
     elif mode is Mode.TORCHRUN:
         raise BadInput(f"--mode torchrun runs a Python script (*.py), not {program!r}")
@@ -81,6 +88,11 @@ def make_spec(
         time_limit=parse_duration(time_limit) if isinstance(time_limit, str) else time_limit,
         mode=mode,
         python=python,
+        after=tuple(after),
+        after_any=after_any,
+        retries=retries,
+        oom_retry=oom_retry,
+        notify=notify or None,
     )
 
 
@@ -126,3 +138,54 @@ def _require_program(program: str, workdir: str, path: str) -> None:
             raise BadInput(f"{program} is not an executable file (looked in {workdir}); check the path or chmod +x it")
     elif shutil.which(program, path=path) is None:
         raise BadInput(f"command not found: {program}; check the name or give its full path")
+
+
+MAX_ARRAY = 100_000
+
+
+def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
+    """``0-49%8`` -> (0..49, 8); ``1,3,7`` -> (1, 3, 7); ``0-20:5`` -> (0, 5, 10, 15, 20). Sorted, unique."""
+    body, _, throttle_text = text.partition("%")
+    throttle = None
+    if throttle_text:
+        if not throttle_text.isdigit() or int(throttle_text) < 1:
+            raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
+        throttle = int(throttle_text)
+    indices: set[int] = set()
+    for part in body.split(","):
+        span, _, step_text = part.strip().partition(":")
+        first, dash, last = span.partition("-")
+        try:
+            start = int(first)
+            stop = int(last) if dash else start
+            step = int(step_text) if step_text else 1
+        except ValueError:
+            hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
+            raise BadInput(f"--array {text!r}: {hint}") from None
+        if start < 0 or stop < start or step < 1:
+            raise BadInput(f"--array {text!r}: ranges go from a smaller to a larger index, both 0 or more")
+        if (stop - start) // step + len(indices) >= MAX_ARRAY:
+            raise BadInput(f"--array {text!r}: at most {MAX_ARRAY} members in one array")
+        indices.update(range(start, stop + 1, step))
+    return tuple(sorted(indices)), throttle
+
+
+def member_spec(template: JobSpec, index: int) -> JobSpec:
+    """One array member: ``{index}`` in the command and name replaced by its index."""
+    return dataclasses.replace(
+        template,
+        command=tuple(word.replace("{index}", str(index)) for word in template.command),
+        name=template.name.replace("{index}", str(index)) if template.name else "",
+        notify=None,  # an array notifies once, when every member has ended
+    )
+
+
+def parse_ids(text: str) -> tuple[int, ...]:
+    """``12,13`` -> (12, 13): job or array ids for --after."""
+    try:
+        ids = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13") from None
+    if not ids or any(i <= 0 for i in ids):
+        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13")
+    return ids

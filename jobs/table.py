@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from jobs.errors import StateDirError
-from jobs.model import JobRecord, JobSpec, JobState, Launch, Outcome
+from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
 
 TABLE_VERSION = 1
 
@@ -50,11 +50,27 @@ CREATE TABLE IF NOT EXISTS jobs (
     not_before REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS arrays (
+    id INTEGER PRIMARY KEY,
+    uid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    throttle INTEGER,
+    env TEXT NOT NULL,
+    notify TEXT,
+    submitted_at REAL NOT NULL,
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
 
+_ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
+_JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
+
 _COLUMNS = (
-    "id, state, uid, user, priority, spec, submitted_at, started_at, ended_at, gpus, gpu_uuids, "
+    "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
     "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held"
 )
 
@@ -84,16 +100,27 @@ class JobTable:
 
     # -- writes (daemon only) ------------------------------------------------------------------
 
-    def insert_pending(self, records: Sequence[JobRecord]) -> list[int]:
-        """Record new jobs as pending in one transaction; ids already present are skipped (idempotent)."""
+    def insert_pending(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = ()) -> list[int]:
+        """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
+
+        Array members keep no environment of their own: they share their array's, stored once.
+        """
         with self._transaction():
             known = self._existing({r.id for r in records})
             fresh = [r for r in records if r.id not in known]
+            known_arrays = {row[0] for row in self._db.execute("SELECT id FROM arrays")} if arrays else set()
+            self._db.executemany(
+                "INSERT INTO arrays (id, uid, user, name, size, throttle, env, notify, submitted_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(a.id, a.uid, a.user, a.name, a.size, a.throttle, json.dumps(dict(a.env)), a.notify, a.submitted_at)
+                 for a in arrays if a.id not in known_arrays],
+            )  # fmt: skip
             self._db.executemany(
                 "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log, array_id,"
                 " array_index, held) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (r.id, r.uid, r.user, r.spec.priority, _spec_json(r.spec), json.dumps(dict(r.spec.env)),
+                    (r.id, r.uid, r.user, r.spec.priority, _spec_json(r.spec),
+                     "" if r.array_id is not None else json.dumps(dict(r.spec.env)),
                      r.submitted_at, r.log, r.array_id, r.array_index, int(r.held))
                     for r in fresh
                 ],
@@ -121,14 +148,20 @@ class JobTable:
             )
         return cursor.rowcount == 1
 
-    def requeue(self, job_id: int, reason: str) -> None:
-        """Put a job that never started back in the queue (its launch was interrupted before the go)."""
+    def requeue(self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None) -> None:
+        """Put a job back in the queue: a launch interrupted before its go, or a retry (a new attempt)."""
         with self._transaction():
             self._db.execute(
-                "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, shim_pid=NULL,"
-                " shim_start=NULL, boot_id=NULL, port=NULL, cancel_by=NULL, reason=? WHERE id=? AND state='running'",
-                (reason, job_id),
+                "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
+                " exit_code=NULL, signal=NULL, shim_pid=NULL, shim_start=NULL, boot_id=NULL, port=NULL,"
+                " cancel_by=NULL, reason=?, attempt=COALESCE(?, attempt), not_before=?"
+                " WHERE id=? AND state IN ('running', 'failed', 'timeout', 'lost')",
+                (reason, attempt, not_before, job_id),
             )
+
+    def not_before(self) -> dict[int, float]:
+        rows = self._db.execute("SELECT id, not_before FROM jobs WHERE state='pending' AND not_before IS NOT NULL")
+        return {row[0]: row[1] for row in rows}
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Record why pending jobs wait, for `gpuq status`."""
@@ -151,7 +184,7 @@ class JobTable:
     # -- reads ----------------------------------------------------------------------------------
 
     def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
-        row = self._db.execute(f"SELECT {_COLUMNS}, env FROM jobs WHERE id=?", (job_id,)).fetchone()
+        row = self._db.execute(f"SELECT {_COLUMNS}, {_ENV} FROM {_JOINED} WHERE jobs.id=?", (job_id,)).fetchone()
         return None if row is None else _record(row, env=row[-1] if with_env else None)
 
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
@@ -169,9 +202,57 @@ class JobTable:
     def pending(self) -> list[JobRecord]:
         """Pending jobs in queue order: priority first, then submission order."""
         rows = self._db.execute(
-            f"SELECT {_COLUMNS}, env FROM jobs WHERE state='pending' ORDER BY priority DESC, id"
+            f"SELECT {_COLUMNS}, {_ENV} FROM {_JOINED} WHERE state='pending' ORDER BY priority DESC, jobs.id"
         ).fetchall()
-        return [_record(row, env=row[-1]) for row in rows]
+        envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
+        return [_record(row, env=row[-1], envs=envs) for row in rows]
+
+    def arrays(self, ids: Iterable[int] | None = None) -> dict[int, ArrayInfo]:
+        """Arrays by id (without their environments)."""
+        query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
+        if ids is None:
+            rows = self._db.execute(query).fetchall()
+        else:
+            wanted = list(ids)
+            rows = self._db.execute(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
+        return {
+            row[0]: ArrayInfo(row[0], row[1], row[2], row[3], row[4], row[5], {}, row[6], row[7], bool(row[8]))
+            for row in rows
+        }
+
+    def array_env(self, array_id: int) -> dict[str, str]:
+        row = self._db.execute("SELECT env FROM arrays WHERE id=?", (array_id,)).fetchone()
+        return dict(json.loads(row[0])) if row else {}
+
+    def members(self, array_id: int) -> list[JobRecord]:
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,)).fetchall()
+        return [_record(row) for row in rows]
+
+    def set_notified(self, array_id: int) -> None:
+        with self._transaction():
+            self._db.execute("UPDATE arrays SET notified=1 WHERE id=?", (array_id,))
+
+    def settings(self) -> dict[str, Any]:
+        return {key: json.loads(value) for key, value in self._db.execute("SELECT key, value FROM settings")}
+
+    def set_setting(self, key: str, value: Any) -> None:
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def set_held(self, job_ids: Iterable[int], held: bool, reason: str = "") -> None:
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET held=?, reason=? WHERE id=? AND state='pending'",
+                [(int(held), reason, job_id) for job_id in job_ids],
+            )
+
+    def update_spec(self, job_id: int, spec: JobSpec) -> None:
+        """A pending job's new priority or time limit, or a retry's new memory (callers check the state)."""
+        with self._transaction():
+            self._db.execute(
+                "UPDATE jobs SET spec=?, priority=? WHERE id=?",
+                (_spec_json(spec), spec.priority, job_id),
+            )
 
     def running(self) -> list[tuple[JobRecord, Launch]]:
         rows = self._db.execute(
@@ -227,9 +308,14 @@ def _spec_json(spec: JobSpec) -> str:
     return json.dumps(data)
 
 
-def _record(row: Sequence[Any], env: str | None = None) -> JobRecord:
+def _record(row: Sequence[Any], env: str | None = None, envs: dict[str, Mapping[str, str]] | None = None) -> JobRecord:
     spec_data = json.loads(row[5])
-    spec_data["env"] = json.loads(env) if env else {}
+    if envs is not None and env:
+        if env not in envs:
+            envs[env] = json.loads(env)
+        spec_data["env"] = envs[env]
+    else:
+        spec_data["env"] = json.loads(env) if env else {}
     return JobRecord(
         id=row[0],
         state=JobState(row[1]),

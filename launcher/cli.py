@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from jobs.errors import GpuqError
+from jobs.errors import BadInput, GpuqError
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
 from jobs.store import Queue
@@ -49,29 +49,51 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 @click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
 @click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
+@click.option("--array", "array_spec", metavar="SPEC", help="Queue members: 0-49, 1,3,7, 0-20:5; %N runs N at once.")
+@click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
+@click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
+@click.option("--retries", type=int, default=0, show_default=True, help="Run again after a failure, with backoff.")
+@click.option("--oom-retry", is_flag=True, help="After CUDA out of memory, retry with twice the memory or a whole GPU.")
+@click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N}.')
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def submit(
     ctx: Context, gpus: int, mem: str | None, name: str, priority: int, time_limit: str | None, mode: str,
-    env: tuple[str, ...], cwd: str | None, wait_: bool, as_json: bool, command: tuple[str, ...],
+    env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
+    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, command: tuple[str, ...],
 ) -> None:  # fmt: skip
-    """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python."""
-    from jobs.api import ensure_daemon
-    from jobs.submission import make_spec
+    """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
+    In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
+    """
+    from jobs.api import ensure_daemon
+    from jobs.spool import ArrayPlan
+    from jobs.submission import make_spec, parse_array, parse_ids
+
+    plan = ArrayPlan(*parse_array(array_spec)) if array_spec else None
     spec = make_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
-        time_limit=time_limit, mode=mode, env=env,
+        time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
+        retries=retries, oom_retry=oom_retry, notify=notify,
     )  # fmt: skip
+    if after_any and not after:
+        raise BadInput("--after-any says how to read --after: give --after IDS too")
     if ctx.queue.inventory() is None:
         _check_live_inventory(spec)
-    job_id = ctx.queue.submit(spec)
+    job_id = ctx.queue.submit(spec, array=plan)
     ensure_daemon(ctx.state)
-    click.echo(json.dumps({"id": job_id}) if as_json else f"submitted job {job_id}")
+    members = list(plan.member_ids(job_id)) if plan else [job_id]
+    if as_json:
+        click.echo(json.dumps({"id": job_id, "jobs": members} if plan else {"id": job_id}))
+    elif plan:
+        click.echo(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
+    else:
+        click.echo(f"submitted job {job_id}")
     if wait_:
-        sys.exit(_exit_code(_wait(ctx, [job_id])[0]))
+        records = _wait(ctx, members)
+        sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
 
 
 def _check_live_inventory(spec: JobSpec) -> None:
@@ -88,17 +110,18 @@ def _check_live_inventory(spec: JobSpec) -> None:
 
 @gpuq.command()
 @click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
+@click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
-def status(ctx: Context, show_all: bool, as_json: bool) -> None:
+def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
     """What is queued, running and recently done, and which GPUs each job got."""
-    from launcher.views import status_table
+    from launcher.views import fold_arrays, status_table
 
     records = ctx.queue.records() if show_all else _active_and_recent(ctx.queue)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=1))
     elif records:
-        click.echo(status_table(records))
+        click.echo(status_table(records) if expand else fold_arrays(records, ctx.queue.array_names()))
     else:
         click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
     rejected = ctx.queue.rejected()
@@ -173,20 +196,32 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
 
 @gpuq.command("wait")
 @click.argument("job_ids", type=int, nargs=-1)
+@click.option("--array", "arrays", type=int, multiple=True, help="Wait for every member of this array.")
 @pass_ctx
-def wait_command(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Block until these jobs (default: all active ones) end. Exit 0 only if all succeeded."""
-    records = _wait(ctx, list(job_ids) if job_ids else None)
+def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]) -> None:
+    """Block until these jobs or arrays (default: all active jobs) end. Exit 0 only if all succeeded.
+
+    On a terminal it shows progress (done, failed, running, ETA); elsewhere it stays quiet.
+    """
+    wanted = [*job_ids, *arrays]
+    records = _wait(ctx, [r.id for r in ctx.queue.resolve(wanted)] if wanted else None)
     failed = [r for r in records if r.state is not JobState.SUCCEEDED]
-    for record in failed:
+    for record in failed[:20]:
         click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
+    if len(failed) > 20:
+        click.echo(f"... and {len(failed) - 20} more did not succeed (`gpuq status --expand`)", err=True)
     sys.exit(1 if failed else 0)
 
 
 def _wait(ctx: Context, job_ids: list[int] | None) -> list[JobRecord]:
     from jobs.api import wait
+    from launcher.views import Progress
 
-    return wait(job_ids, home=ctx.state.root)
+    progress = Progress(sys.stderr) if sys.stderr.isatty() else None
+    records = wait(job_ids, home=ctx.state.root, on_progress=progress)
+    if progress is not None:
+        progress.close()
+    return records
 
 
 def _exit_code(record: JobRecord) -> int:
@@ -195,6 +230,87 @@ def _exit_code(record: JobRecord) -> int:
     if record.signal is not None:
         return 128 + record.signal
     return 0 if record.state is JobState.SUCCEEDED else 1
+
+
+@gpuq.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Keep pending jobs (or an array's pending members) from starting until released."""
+    _control(ctx, "hold", job_ids)
+
+
+@gpuq.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Let held jobs (or a held array) run again."""
+    _control(ctx, "release", job_ids)
+
+
+@gpuq.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.option("--priority", type=int, help="New priority (higher runs first).")
+@click.option("--time", "time_limit", help="New time limit (90s, 30m, 2h...).")
+@pass_ctx
+def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_limit: str | None) -> None:
+    """Change a pending job's (or array's) priority or time limit."""
+    from jobs.units import parse_duration
+
+    values: dict[str, object] = {}
+    if priority is not None:
+        values["priority"] = priority
+    if time_limit is not None:
+        values["time_limit"] = parse_duration(time_limit)
+    if not values:
+        raise BadInput("nothing to update: give --priority P and/or --time DURATION")
+    _control(ctx, "update", job_ids, values)
+
+
+def _control(ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None) -> None:
+    from jobs.api import ensure_daemon
+
+    pending = ctx.queue.control(action, job_ids, values)
+    if pending:
+        ensure_daemon(ctx.state)
+    done = {"hold": "held", "release": "released", "update": "updated"}[action]
+    click.echo(
+        f"{done} {len(pending)} pending job(s)" if pending else f"nothing to {action}: no pending job among those"
+    )
+
+
+@gpuq.command()
+@click.argument("gpu_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def drain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
+    """Place nothing new on these GPUs; jobs running there finish. `gpuq resume GPU` undoes it."""
+    _queue_control(ctx, "drain", gpu_ids, f"draining GPU(s) {', '.join(map(str, gpu_ids))}")
+
+
+@gpuq.command()
+@pass_ctx
+def pause(ctx: Context) -> None:
+    """Start nothing new anywhere; running jobs finish. `gpuq resume` undoes it."""
+    _queue_control(ctx, "pause", (), "queue paused: nothing new starts until `gpuq resume`")
+
+
+@gpuq.command()
+@click.argument("gpu_ids", type=int, nargs=-1)
+@pass_ctx
+def resume(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
+    """Resume the queue, or (with GPU ids) place jobs on drained GPUs again."""
+    if gpu_ids:
+        _queue_control(ctx, "undrain", gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
+    else:
+        _queue_control(ctx, "unpause", (), "queue resumed")
+
+
+def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message: str) -> None:
+    from jobs.api import ensure_daemon
+
+    ctx.queue.control_queue(action, gpu_ids)
+    ensure_daemon(ctx.state)
+    click.echo(message)
 
 
 @gpuq.command()

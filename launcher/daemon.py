@@ -125,7 +125,8 @@ def serve(state: StateDir, *, burst: bool = False) -> int:
         write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False)
         wakeups = _Wakeups(state)
         grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
-        scheduler = Scheduler(state, open_source(), Policy(cpu_slots=os.cpu_count()), grace=grace)
+        backoff = float(os.environ.get("GPUQ_RETRY_BACKOFF", "10"))
+        scheduler = Scheduler(state, open_source(), Policy(cpu_slots=os.cpu_count()), grace, backoff)
         log.info("daemon %d serving %s", os.getpid(), state.root)
         try:
             while not wakeups.stopping:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jobs.units import format_size
@@ -61,6 +61,7 @@ class Request:
     gpus: int
     mem_per_gpu: int | None = None
     time_limit: float | None = None
+    group: int | None = None  # an array with a throttle: at most group_limits[group] of it run at once
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,15 @@ def place(
     policy: Policy = Policy(),
     distance: Distance | None = None,
     cpu_jobs_running: int = 0,
+    group_limits: Mapping[int, int] | None = None,
+    group_running: Mapping[int, int] | None = None,
 ) -> Plan:
-    """Decide which pending jobs start now and on which GPUs. ``pending`` is in queue order."""
+    """Decide which pending jobs start now and on which GPUs. ``pending`` is in queue order.
+
+    A throttled group (an array run with ``%N``) at its limit just waits: it never claims GPUs as head.
+    """
+    limits = group_limits or {}
+    in_group = dict(group_running or {})
     state = {view.index: _Gpu(view) for view in gpus}
     for holding in holdings:
         for index in holding.gpus:
@@ -191,12 +199,18 @@ def place(
     # Within one pass capacity only shrinks, so a shape that failed once fails again: remember it.
     failed: dict[tuple[int, int | None, float | None], str] = {}
     for request in pending:
+        group = request.group
+        if group is not None and group in limits and in_group.get(group, 0) >= limits[group]:
+            plan.waiting[request.job_id] = f"array {group} runs at most {limits[group]} at once"
+            continue
         if request.gpus == 0:
             if policy.cpu_slots is not None and cpu_running >= policy.cpu_slots:
                 plan.waiting[request.job_id] = f"waiting for a CPU slot ({cpu_running} of {policy.cpu_slots} in use)"
                 continue
             cpu_running += 1
             plan.decisions.append(Decision(request.job_id, ()))
+            if group is not None:
+                in_group[group] = in_group.get(group, 0) + 1
             continue
         shape = (request.gpus, request.mem_per_gpu, request.time_limit)
         if shape in failed and claim is not None:
@@ -212,6 +226,8 @@ def place(
             for gpu in chosen:
                 gpu.hold(request.mem_per_gpu, ends_by, policy)
             plan.decisions.append(Decision(request.job_id, tuple(sorted(g.view.index for g in chosen))))
+            if group is not None:
+                in_group[group] = in_group.get(group, 0) + 1
             continue
         if claim is None:
             claim = _claim(request, state, policy, now)

@@ -7,6 +7,11 @@ daemon. The daemon can die at any moment: the shim keeps going, and the outcome 
 next daemon to collect. Forking the already-running daemon costs about a millisecond, where starting
 a fresh interpreter as the shim would cost tens, on every job.
 
+The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.log``, up to
+``GPUQ_LOG_LIMIT`` bytes (default 1 GiB; read from the daemon's environment, which the shim inherits).
+Past the limit the shim writes one line saying so and discards the rest, still reading so that the
+job never blocks on a full pipe: a job printing in a loop cannot fill the disk unnoticed.
+
 The shim does not start the job until the daemon has recorded it as running and says "go" over a
 pipe. If the daemon dies before that, the pipe reaches EOF and the shim exits without starting
 anything: the job is still pending, and is never launched twice.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import select
@@ -27,10 +33,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.model import JobSpec, Mode
+from jobs.errors import BadInput
+from jobs.model import JobRecord, JobSpec, Mode
 from jobs.statedir import write_atomic
+from jobs.units import parse_size
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+LOG_LIMIT = 1 << 30  # bytes of output kept per job unless GPUQ_LOG_LIMIT says otherwise
+_CHUNK = 1 << 20  # read the job's output this much at a time (and ask for a pipe this big)
+_DRAIN_IDLE = 0.5  # after the job ended: stop reading once its pipe stays quiet this long...
+_DRAIN_MAX = 5.0  # ...or after this long, if something that escaped its process group keeps writing
 
 
 @dataclass(frozen=True)
@@ -63,9 +76,16 @@ def job_argv(spec: JobSpec, port: int | None) -> list[str]:
     return command
 
 
-def job_env(spec: JobSpec, job_id: int, gpus: Sequence[int], uuids: Sequence[str], home: Path) -> dict[str, str]:
-    """The submitter's captured environment plus what tells the job which GPUs are its own."""
+def job_env(
+    spec: JobSpec, job_id: int, gpus: Sequence[int], uuids: Sequence[str], home: Path, record: JobRecord | None = None
+) -> dict[str, str]:
+    """The submitter's captured environment plus what tells the job which GPUs (and array index) are its own."""
     env = dict(spec.env)
+    if record is not None:
+        env["GPUQ_ATTEMPT"] = str(record.attempt)
+        if record.array_id is not None:
+            env["GPUQ_ARRAY_ID"] = str(record.array_id)
+            env["GPUQ_ARRAY_INDEX"] = str(record.array_index)
     visible = ",".join(str(i) for i in gpus)
     env.update(
         CUDA_DEVICE_ORDER="PCI_BUS_ID",  # CUDA's default order is "fastest first", not NVML's indices
@@ -79,6 +99,18 @@ def job_env(spec: JobSpec, job_id: int, gpus: Sequence[int], uuids: Sequence[str
         GPUQ_HOME=str(home),
     )
     return env
+
+
+def notify(command: str, env: Mapping[str, str], cwd: str, log: Path) -> None:
+    """Start a --notify command through the shell, detached; its output goes to ``log``.
+
+    The daemon reaps it like any child and never waits for it: a slow webhook cannot stall the queue.
+    """
+    with log.open("ab") as out:
+        subprocess.Popen(
+            ["/bin/sh", "-c", command], env=dict(env), cwd=cwd if os.path.isdir(cwd) else "/",
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
 
 
 def free_port(avoid: set[int]) -> int:
@@ -170,28 +202,35 @@ def _supervise(launch: Launch, go: int) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)  # a cancel: handled in the loop below via the wake-up fd
 
     log_fd = os.open(launch.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out_read, out_write = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, _CHUNK)  # fewer wake-ups for a chatty job
     try:
         job = subprocess.Popen(
             list(launch.argv), env=dict(launch.env), cwd=launch.cwd, stdin=subprocess.DEVNULL,
-            stdout=log_fd, stderr=log_fd, start_new_session=True,
+            stdout=out_write, stderr=out_write, start_new_session=True,
         )  # fmt: skip
     except OSError as err:
         os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
         _finish(launch, {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"})
         return 0
     finally:
-        os.close(log_fd)
+        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+    output = _Log(log_fd, log_limit())
     started = time.time()
     write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
 
     reason, kill_at = "", None
     deadline = None if launch.time_limit is None else started + launch.time_limit
     pidfd = os.pidfd_open(job.pid)
+    watched = [pidfd, wake_read, out_read]
     while True:
         now = time.time()
         due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
-        ready, _, _ = select.select([pidfd, wake_read], [], [], timeout)
+        ready, _, _ = select.select(watched, [], [], timeout)
+        if out_read in ready and not output.pump(out_read):
+            watched.remove(out_read)  # the job closed its stdout and stderr
         if pidfd in ready:
             break
         now = time.time()
@@ -209,6 +248,10 @@ def _supervise(launch: Launch, go: int) -> int:
         kill_at = now + launch.grace
     returncode = job.wait()
     _signal_group(job.pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
+    if out_read in watched:
+        output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
+    os.close(out_read)
+    os.close(log_fd)
     _finish(launch, {
         "started": True,
         "exit_code": returncode if returncode >= 0 else None,
@@ -216,6 +259,67 @@ def _supervise(launch: Launch, go: int) -> int:
         "reason": reason,
     })  # fmt: skip
     return 0
+
+
+def log_limit(environ: Mapping[str, str] | None = None) -> int:
+    """Bytes of a job's output kept in its log: GPUQ_LOG_LIMIT (bytes, or a size like 512M), else 1 GiB."""
+    raw = (os.environ if environ is None else environ).get("GPUQ_LOG_LIMIT", "").strip()
+    if raw.isdigit():
+        return int(raw)
+    try:
+        return parse_size(raw) if raw else LOG_LIMIT
+    except BadInput:
+        return LOG_LIMIT  # a shim has nobody to tell: keep the default rather than no limit at all
+
+
+class _Log:
+    """A job's output on its way from the pipe to the log file: kept up to a limit, then discarded."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.room = limit
+        self.full = False
+        self.broken = False  # a write failed (a full disk): keep reading, keep nothing
+        self.ends_line = True
+
+    def pump(self, pipe: int) -> bool:
+        """Copy what the pipe holds now. False at end of file (no process holds its write end)."""
+        data = os.read(pipe, _CHUNK)
+        if not data:
+            return False
+        self.take(data)
+        return True
+
+    def drain(self, pipe: int) -> None:
+        """Read until end of file, or until the pipe stays quiet: the job's process group is gone by now,
+        but a process that left it (a daemon it started) may hold the pipe open for ever."""
+        give_up = time.monotonic() + _DRAIN_MAX
+        while time.monotonic() < give_up:
+            ready, _, _ = select.select([pipe], [], [], _DRAIN_IDLE)
+            if not ready or not self.pump(pipe):
+                return
+
+    def take(self, data: bytes) -> None:
+        if self.full:
+            return
+        kept = data[: self.room]
+        self._write(kept)
+        self.room -= len(kept)
+        if len(kept) < len(data):
+            self.full = True
+            marker = f"gpuq: log limit of {self.limit} bytes reached; further output discarded\n".encode()
+            self._write(marker if self.ends_line else b"\n" + marker)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self.broken:
+            try:
+                view = view[os.write(self.fd, view) :]
+            except OSError:
+                self.broken = True
+        if data:
+            self.ends_line = data.endswith(b"\n")
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -2,6 +2,9 @@
 
     reap -> ingest -> reconcile -> place and launch -> sample
 
+Requests (cancel, hold, drain...) are applied in ``launcher.requests``; the rules for dependencies,
+retries and fail-fast holds are pure functions in ``launcher.lifecycle``.
+
 The job table on disk is the truth; the scheduler keeps the active jobs in memory because it is the
 table's only writer, so a pass over 10,000 pending jobs reads nothing from disk.
 """
@@ -16,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs import journal, spool
-from jobs.model import JobRecord, JobState, Launch, Outcome
+from jobs.model import ArrayInfo, JobRecord, JobState, Launch, Outcome
 from jobs.statedir import StateDir, write_atomic
-from jobs.store import user_name
+from jobs.store import expand, user_name
 from jobs.submission import Inventory
 from jobs.table import JobTable
-from launcher import outcomes, processes
+from launcher import lifecycle, outcomes, processes, requests
 from launcher.gpus import GpuSnapshot, GpuSource
 from launcher.placement import GpuView, Holding, Plan, Policy, Request, place
 
@@ -39,16 +42,26 @@ class Running:
 
 
 class Scheduler:
-    def __init__(self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0) -> None:
+    def __init__(
+        self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
+        retry_backoff: float = 10.0,
+    ) -> None:  # fmt: skip
         self.state = state
         self.source = source
         self.policy = policy or Policy()
         self.grace = grace
+        self.retry_backoff = retry_backoff
         self.boot_id = processes.boot_id()
         self.table = JobTable(state.db, create=True)
         self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
         self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        self.arrays: dict[int, ArrayInfo] = self.table.arrays()
+        self.not_before: dict[int, float] = self.table.not_before()
+        settings = self.table.settings()
+        self.drained: set[int] = set(settings.get("drained", []))
+        self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
+        spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0
@@ -89,12 +102,22 @@ class Scheduler:
 
     def ingest(self, now: float) -> None:
         """Turn spool requests into table rows in one transaction, then delete them."""
-        requests = spool.scan(self.state)
-        if not requests:
+        found = spool.scan(self.state)
+        if not found:
             return
-        submits = [r for r in requests if isinstance(r, spool.SubmitRequest)]
-        fresh = [self._record(r) for r in submits]
-        inserted = set(self.table.insert_pending(fresh))
+        submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
+        fresh = [record for r in submits for record in expand(self.state, r)]
+        arrays = [
+            ArrayInfo(
+                r.job_id, r.uid, user_name(r.uid), r.spec.display_name, len(r.array.indices), r.array.throttle,
+                r.spec.env, r.spec.notify, r.submitted_at,
+            )
+            for r in submits
+            if r.array is not None
+        ]  # fmt: skip
+        inserted = set(self.table.insert_pending(fresh, arrays))
+        for info in arrays:
+            self.arrays.setdefault(info.id, info)
         events: list[dict[str, Any]] = []
         inventory = self._inventory()
         for record in fresh:
@@ -108,9 +131,12 @@ class Scheduler:
                 self.pending[record.id] = record
         for submit in submits:
             spool.remove(submit)
-        for other in requests:
+        for other in found:
             if isinstance(other, spool.CancelRequest):
-                self._cancel(other, now, events)
+                requests.cancel(self, other, now, events)
+                spool.remove(other)
+            elif isinstance(other, spool.ControlRequest):
+                requests.control(self, other, now, events)
                 spool.remove(other)
             elif isinstance(other, spool.BadRequest):
                 where = spool.set_aside(self.state, other)
@@ -162,16 +188,57 @@ class Scheduler:
         if not self.pending:
             self._record_reasons({})
             return
-        plan = self.plan(now, snapshot)
+        ready, waiting = self.eligible(now)
+        plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
             record = self.pending.pop(decision.job_id)
+            self.not_before.pop(record.id, None)
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
-        self._record_reasons(plan.waiting)
+        self._record_reasons({**waiting, **plan.waiting})
 
-    def plan(self, now: float, snapshot: list[GpuSnapshot]) -> Plan:
-        queue = sorted(self.pending.values(), key=lambda r: (-r.spec.priority, r.id))
-        requests = [Request(r.id, r.spec.gpus, r.spec.mem_per_gpu, r.spec.time_limit) for r in queue]
+    def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
+        """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
+        dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
+        ready: list[JobRecord] = []
+        waiting: dict[int, str] = {}
+        events: list[dict[str, Any]] = []
+        deps: dict[int, list[JobRecord]] = {}
+        for record in list(self.pending.values()):
+            if record.held:
+                waiting[record.id] = record.reason or "held"
+            elif self.not_before.get(record.id, 0) > now:
+                waiting[record.id] = f"{record.reason} (in {self.not_before[record.id] - now:.0f}s)"
+            elif record.spec.after:
+                for dep in record.spec.after:
+                    if dep not in deps:
+                        deps[dep] = self.table.members(dep) if dep in self.arrays else self._job_list(dep)
+                readiness = lifecycle.dependencies(record.spec, deps)
+                if isinstance(readiness, lifecycle.Never):
+                    self._finish(record, Outcome(JobState.CANCELLED, reason=readiness.reason), now, events)
+                elif isinstance(readiness, lifecycle.Waiting):
+                    waiting[record.id] = readiness.reason
+                else:
+                    ready.append(record)
+            else:
+                ready.append(record)
+        journal.append(self.state.events, events)
+        if self.paused_by is not None:
+            waiting.update(
+                {r.id: f"the queue is paused (by {self.paused_by}); `gpuq resume` resumes it" for r in ready}
+            )
+            return [], waiting
+        return ready, waiting
+
+    def _job_list(self, job_id: int) -> list[JobRecord]:
+        record = self.pending.get(job_id) or self.table.get(job_id)
+        return [] if record is None else [record]
+
+    def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
+        queue = sorted(self.pending.values() if ready is None else ready, key=lambda r: (-r.spec.priority, r.id))
+        requests = [
+            Request(r.id, r.spec.gpus, r.spec.mem_per_gpu, r.spec.time_limit, r.array_id) for r in queue
+        ]  # fmt: skip
         holdings = [
             Holding(
                 job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
@@ -181,7 +248,14 @@ class Scheduler:
             for job in self.running.values()
         ]  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
-        return place(requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs)
+        limits = {a.id: a.throttle for a in self.arrays.values() if a.throttle}
+        in_group: dict[int, int] = {}
+        for job in self.running.values():
+            if job.record.array_id in limits:
+                in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
+        return place(
+            requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs, limits, in_group
+        )
 
     def views(self, snapshot: list[GpuSnapshot]) -> list[GpuView]:
         """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
@@ -193,7 +267,8 @@ class Scheduler:
             else:
                 self._attribute(gpu.processes)
                 external = sum(used for pid, used in gpu.processes.items() if pid not in ours)
-            views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=not gpu.lost))
+            available = not gpu.lost and gpu.index not in self.drained
+            views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available))
         return views
 
     def sample(self, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -215,12 +290,6 @@ class Scheduler:
 
     # -- helpers --------------------------------------------------------------------------------------
 
-    def _record(self, request: spool.SubmitRequest) -> JobRecord:
-        return JobRecord(
-            id=request.job_id, spec=request.spec, uid=request.uid, user=user_name(request.uid),
-            state=JobState.PENDING, submitted_at=request.submitted_at, log=str(self.state.log(request.job_id)),
-        )  # fmt: skip
-
     def _inventory(self) -> Inventory | None:
         if not self.last_snapshot:
             self.snapshot()
@@ -233,7 +302,7 @@ class Scheduler:
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
         launch = processes.Launch(
             job_id=record.id, argv=processes.job_argv(spec, port),
-            env=processes.job_env(spec, record.id, gpus, uuids, self.state.root), cwd=spec.cwd,
+            env=processes.job_env(spec, record.id, gpus, uuids, self.state.root, record), cwd=spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=spec.time_limit,
             grace=self.grace,
@@ -258,23 +327,93 @@ class Scheduler:
         journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])
 
     def _finish(self, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]) -> None:
+        """Record how a job ended, then what follows: a retry, an array held, a notification."""
+        ran = record.id in self.running
+        events.append({
+            "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
+            "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
+        })  # fmt: skip
+        biggest = max((g.total for g in self.last_snapshot), default=None)
+        again = lifecycle.retry(record, outcome, backoff=self.retry_backoff, biggest_gpu=biggest) if ran else None
+        if again is not None:
+            self.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
+            self.table.update_spec(record.id, again.spec)
+            self.table.requeue(record.id, again.reason, attempt=record.attempt + 1, not_before=ended + again.delay)
+            self.running.pop(record.id, None)
+            self._clean_run_files(record.id)
+            self.not_before[record.id] = ended + again.delay
+            full = self.table.get(record.id, with_env=True)
+            if full is not None:
+                self.pending[record.id] = full
+            events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
+            return
         self.table.finish(record.id, outcome, ended)
         self.pending.pop(record.id, None)
         self.running.pop(record.id, None)
-        for path in (self.state.exit_file(record.id), self.state.pid_file(record.id)):
+        self.not_before.pop(record.id, None)
+        self._clean_run_files(record.id)
+        if record.array_id is None:
+            if record.spec.notify:
+                self._notify(record.spec.notify, record.id, {
+                    "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
+                    "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
+                    "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
+                }, record.spec.cwd)  # fmt: skip
+        else:
+            self._array_member_ended(record.array_id, outcome, ended, events)
+
+    def _clean_run_files(self, job_id: int) -> None:
+        for path in (self.state.exit_file(job_id), self.state.pid_file(job_id)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        events.append({
-            "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
-            "signal": outcome.signal, "reason": outcome.reason,
-        })  # fmt: skip
+
+    def _array_member_ended(self, array_id: int, outcome: Outcome, now: float, events: list[dict[str, Any]]) -> None:
+        info = self.arrays.get(array_id)
+        if info is None:
+            return
+        members = self.table.members(array_id)
+        if outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST):
+            why = lifecycle.fail_fast(members)
+            unheld = [m.id for m in members if m.state is JobState.PENDING and not m.held]
+            if why and unheld:
+                self.table.set_held(unheld, True, why)
+                for job_id in unheld:
+                    if job_id in self.pending:
+                        self.pending[job_id] = self.pending[job_id].replace(held=True, reason=why)
+                events.append({"t": now, "array": array_id, "event": "held", "reason": why})
+                log.warning("array %d %s", array_id, why)
+        if info.notify and not info.notified and all(m.state.finished for m in members):
+            counts: dict[str, int] = {}
+            for member in members:
+                counts[member.state.value] = counts.get(member.state.value, 0) + 1
+            state = "succeeded" if counts.get("succeeded", 0) == len(members) else "failed"
+            self._notify(info.notify, array_id, {
+                "GPUQ_ARRAY_ID": str(array_id), "GPUQ_JOB_NAME": info.name, "GPUQ_STATE": state,
+                "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+            }, members[0].spec.cwd, env=self.table.array_env(array_id))  # fmt: skip
+            self.table.set_notified(array_id)
+            self.arrays[array_id] = ArrayInfo(**{**info.__dict__, "notified": True})
+
+    def _notify(
+        self, command: str, job_id: int, outcome: dict[str, str], cwd: str, env: dict[str, str] | None = None
+    ) -> None:
+        """Run the submitter's --notify command with the outcome in its environment; never waits on it."""
+        if env is None:
+            full = self.table.get(job_id, with_env=True)
+            env = dict(full.spec.env) if full is not None else {}
+        try:
+            processes.notify(command, {**env, **outcome}, cwd, self.state.logs / f"{job_id}.notify.log")
+        except OSError as err:
+            log.warning("--notify for %d could not start: %s", job_id, err)
 
     def _requeue(self, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
         self.table.requeue(job.record.id, reason)
         self.running.pop(job.record.id, None)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.state.exit_file(job.record.id))
-        self.pending[job.record.id] = job.record.replace(state=JobState.PENDING, gpus=(), gpu_uuids=(), started_at=None)
+        full = self.table.get(job.record.id, with_env=True)
+        if full is not None:
+            self.pending[job.record.id] = full
         events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
 
     def _orphaned(self, job: Running, now: float, events: list[dict[str, Any]]) -> None:
@@ -293,25 +432,6 @@ class Scheduler:
             reason = "its gpuq supervisor was killed; the job's exit status is unknown"
         self._finish(job.record, Outcome.lost(reason), now, events)
 
-    def _cancel(self, request: spool.CancelRequest, now: float, events: list[dict[str, Any]]) -> None:
-        who = user_name(request.uid)
-        for job_id in request.job_ids:
-            record = self.pending.get(job_id) or (self.running[job_id].record if job_id in self.running else None)
-            if record is None:
-                continue  # unknown or already finished: nothing to do
-            if request.uid not in (0, record.uid, os.getuid()):
-                log.warning("refused cancel of job %d (owner %s) from %s", job_id, record.user, who)
-                events.append({"t": now, "job": job_id, "event": "cancel-refused", "by": who})
-                continue
-            if job_id in self.pending:
-                self._finish(record, Outcome.cancelled(who), now, events)
-                continue
-            job = self.running[job_id]
-            self.table.set_cancel_by(job_id, who)
-            job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
-            processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
-            events.append({"t": now, "job": job_id, "event": "cancel-requested", "by": who})
-
     def _record_reasons(self, waiting: dict[int, str]) -> None:
         changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
         self.waiting = waiting
@@ -329,6 +449,10 @@ class Scheduler:
                 if ancestor in shims:
                     shims[ancestor].pids.add(pid)
                     break
+
+
+def _text(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _impossible(record: JobRecord, inventory: Inventory | None) -> str:

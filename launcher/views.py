@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,19 +30,75 @@ def _ending(record: JobRecord) -> str:
     return record.reason or (str(record.exit_code) if record.exit_code is not None else "")
 
 
+_HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
+
+
+def _row(r: JobRecord, now: float) -> tuple[str, ...]:
+    return (
+        str(r.id), r.spec.display_name[:24], r.user, r.state.value,
+        ",".join(map(str, r.gpus)) if r.gpus else ("-" if r.spec.gpus == 0 else f"({r.spec.gpus})"),
+        _mem(r), format_duration(runtime(r, now)), _ending(r),
+    )  # fmt: skip
+
+
+def _mem(r: JobRecord) -> str:
+    return format_size(r.spec.mem_per_gpu) if r.spec.mem_per_gpu else ("whole" if r.spec.gpus else "-")
+
+
 def status_table(records: Sequence[JobRecord], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    header = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
-    rows = [
-        (
-            str(r.id), r.spec.display_name[:24], r.user, r.state.value,
-            ",".join(map(str, r.gpus)) if r.gpus else ("-" if r.spec.gpus == 0 else f"({r.spec.gpus})"),
-            format_size(r.spec.mem_per_gpu) if r.spec.mem_per_gpu else ("whole" if r.spec.gpus else "-"),
-            format_duration(runtime(r, now)), _ending(r),
+    return _table(_HEADER, [_row(r, now) for r in records])
+
+
+def fold_arrays(records: Sequence[JobRecord], names: Mapping[int, str], now: float | None = None) -> str:
+    """The status table with each array folded into one line of counts by state (``names``: array names)."""
+    now = time.time() if now is None else now
+    rows: list[tuple[int, tuple[str, ...]]] = [(r.id, _row(r, now)) for r in records if r.array_id is None]
+    groups: dict[int, list[JobRecord]] = {}
+    for record in records:
+        if record.array_id is not None:
+            groups.setdefault(record.array_id, []).append(record)
+    order = ("running", "pending", "succeeded", "failed", "cancelled", "timeout", "lost")
+    for array_id, members in groups.items():
+        counts: dict[str, int] = {}
+        for member in members:
+            counts[member.state.value] = counts.get(member.state.value, 0) + 1
+        summary = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
+        held = sum(1 for m in members if m.held and m.state is JobState.PENDING)
+        first = members[0]
+        name = f"{(names.get(array_id) or first.spec.display_name)[:18]} [{len(members)}]"
+        gpus = ",".join(sorted({str(g) for m in members if m.state is JobState.RUNNING for g in m.gpus})) or "-"
+        why = f"{held} held: {first.reason}" if held else ""
+        rows.append((array_id, (str(array_id), name, first.user, summary, gpus, _mem(first), "-", why)))
+    return _table(_HEADER, [row for _, row in sorted(rows)])
+
+
+class Progress:
+    """A one-line progress bar for `gpuq wait` on a terminal: done, failed, running, pending, ETA."""
+
+    def __init__(self, out: Any, width: int = 30) -> None:
+        self.out = out
+        self.width = width
+        self.started = time.monotonic()
+
+    def __call__(self, records: Sequence[JobRecord]) -> None:
+        total = len(records) or 1
+        done = sum(1 for r in records if r.state.finished)
+        failed = sum(1 for r in records if r.state.finished and r.state is not JobState.SUCCEEDED)
+        running = sum(1 for r in records if r.state is JobState.RUNNING)
+        filled = int(self.width * done / total)
+        elapsed = time.monotonic() - self.started
+        eta = format_duration(elapsed * (total - done) / done) if 0 < done < total else "-"
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.out.write(
+            f"\r[{bar}] {done}/{total} done, {failed} failed, {running} running, "
+            f"{total - done - running} pending, ETA {eta}  "
         )
-        for r in records
-    ]  # fmt: skip
-    return _table(header, rows)
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
 
 
 def show(record: JobRecord, now: float | None = None) -> str:
@@ -70,6 +126,14 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
+        ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
+        ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),
+        (
+            "after",
+            ",".join(map(str, record.spec.after)) + (" (however they end)" if record.spec.after_any else "")
+            if record.spec.after
+            else "-",
+        ),
         ("peak gpu memory", format_size(record.peak_mem)),
         ("log", record.log),
     ]

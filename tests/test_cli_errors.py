@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Gpuq
+from tests.conftest import Gpuq, wait_for
 
 
 def _spooled(gpuq: Gpuq) -> list[str]:
@@ -36,6 +36,9 @@ BAD_SUBMITS = [
 @pytest.mark.parametrize(("args", "message"), BAD_SUBMITS, ids=[" ".join(a) or "no-command" for a, _ in BAD_SUBMITS])
 def test_bad_submit_is_one_line_exit_2_and_records_nothing(gpuq: Gpuq, args: list[str], message: str) -> None:
     gpuq.run("daemon", "start")  # so the GPU inventory is known, as on any machine that has run a job
+    wait_for(lambda: (gpuq.home / "gpus.json").exists(), 10, "the daemon's first tick")
+    counter = gpuq.home / "next_id"
+    before = counter.read_text() if counter.exists() else None
     result = gpuq.run("submit", *args, check=False)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
@@ -43,7 +46,7 @@ def test_bad_submit_is_one_line_exit_2_and_records_nothing(gpuq: Gpuq, args: lis
     assert len(lines) == 1 and lines[0].startswith("gpuq: ") and message in lines[0], result.stderr
     assert _spooled(gpuq) == []
     assert gpuq.status() == []
-    assert not (gpuq.home / "next_id").exists()
+    assert (counter.read_text() if counter.exists() else None) == before  # no id was used up
 
 
 @pytest.mark.parametrize("command", [["show", "999"], ["logs", "999"], ["cancel", "999"], ["wait", "999"]])

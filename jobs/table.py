@@ -148,6 +148,15 @@ class JobTable:
             )
         return cursor.rowcount == 1
 
+    def finish_many(self, endings: Sequence[tuple[int, Outcome, float]]) -> None:
+        """Record many endings in one transaction (cancelling a 10,000-member array is one fsync)."""
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
+                " WHERE id=? AND state IN ('pending', 'running')",
+                [(o.state.value, o.exit_code, o.signal, o.reason, t, job_id) for job_id, o, t in endings],
+            )
+
     def requeue(self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None) -> None:
         """Put a job back in the queue: a launch interrupted before its go, or a retry (a new attempt)."""
         with self._transaction():

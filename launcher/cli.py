@@ -134,9 +134,13 @@ def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
+    """Active jobs, the last few finished ones, and every member of any array among them."""
     active = queue.records(active_only=True)
     done = [r for r in queue.records(limit=recent + len(active)) if r.state.finished][-recent:]
-    return sorted([*done, *active], key=lambda r: r.id)
+    chosen = {r.id: r for r in [*done, *active]}
+    arrays = {r.array_id for r in chosen.values() if r.array_id is not None}
+    chosen.update((r.id, r) for r in queue.resolve(arrays))
+    return sorted(chosen.values(), key=lambda r: r.id)
 
 
 @gpuq.command()
@@ -311,6 +315,28 @@ def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message:
     ctx.queue.control_queue(action, gpu_ids)
     ensure_daemon(ctx.state)
     click.echo(message)
+
+
+@gpuq.command()
+@click.option("--since", default="12h", show_default=True, help="How far back to look: 90m, 12h, 2d, 01:30:00.")
+@click.option(
+    "--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as one standalone HTML page, with a per-GPU timeline.",
+)  # fmt: skip
+@pass_ctx
+def report(ctx: Context, since: str, html_file: Path | None) -> None:
+    """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
+    from jobs.units import parse_duration
+    from launcher.report import build_report, render_html, render_text
+
+    window = parse_duration(since)
+    inventory = ctx.queue.inventory()
+    records = ctx.queue.records()
+    result = build_report(records, len(inventory.totals) if inventory else 0, now=time.time(), since=window)
+    click.echo(render_text(result))
+    if html_file is not None:
+        html_file.write_text(render_html(result), encoding="utf-8")
+        click.echo(f"wrote {html_file}")
 
 
 @gpuq.command()

@@ -44,19 +44,22 @@ def _named(scheduler: Scheduler, ids: tuple[int, ...]) -> list[JobRecord]:
 
 def cancel(scheduler: Scheduler, request: spool.CancelRequest, now: float, events: list[dict[str, Any]]) -> None:
     who = user_name(request.uid)
+    pending: list[JobRecord] = []
     for record in _named(scheduler, request.job_ids):
         if not _may_act(request.uid, record):
             log.warning("refused cancel of job %d (owner %s) from %s", record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": "cancel-refused", "by": who})
             continue
         if record.id in scheduler.pending:
-            scheduler._finish(record, Outcome.cancelled(who), now, events)
+            pending.append(record)
             continue
         job = scheduler.running[record.id]
         scheduler.table.set_cancel_by(record.id, who)
         job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
         processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
         events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
+    if pending:
+        scheduler.finish_pending([(record, Outcome.cancelled(who)) for record in pending], now, events)
 
 
 def control(scheduler: Scheduler, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:

@@ -1,6 +1,6 @@
 """The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
 
-    reap -> ingest -> reconcile -> place and launch -> sample
+    reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample
 
 Requests (cancel, hold, drain...) are applied in ``launcher.requests``; the rules for dependencies,
 retries and fail-fast holds are pure functions in ``launcher.lifecycle``.
@@ -61,6 +61,7 @@ class Scheduler:
         self.drained: set[int] = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
+        self._touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
@@ -80,6 +81,7 @@ class Scheduler:
         self.reap()
         self.ingest(now)
         self.reconcile(now)
+        self.follow_up_arrays(now)  # before placement: an array failing fast must not start more members
         snapshot = self.snapshot()
         self.place_and_launch(now, snapshot)
         self.sample(now, snapshot)
@@ -204,6 +206,7 @@ class Scheduler:
         waiting: dict[int, str] = {}
         events: list[dict[str, Any]] = []
         deps: dict[int, list[JobRecord]] = {}
+        never: list[tuple[JobRecord, Outcome]] = []
         for record in list(self.pending.values()):
             if record.held:
                 waiting[record.id] = record.reason or "held"
@@ -215,13 +218,15 @@ class Scheduler:
                         deps[dep] = self.table.members(dep) if dep in self.arrays else self._job_list(dep)
                 readiness = lifecycle.dependencies(record.spec, deps)
                 if isinstance(readiness, lifecycle.Never):
-                    self._finish(record, Outcome(JobState.CANCELLED, reason=readiness.reason), now, events)
+                    never.append((record, Outcome(JobState.CANCELLED, reason=readiness.reason)))
                 elif isinstance(readiness, lifecycle.Waiting):
                     waiting[record.id] = readiness.reason
                 else:
                     ready.append(record)
             else:
                 ready.append(record)
+        if never:
+            self.finish_pending(never, now, events)
         journal.append(self.state.events, events)
         if self.paused_by is not None:
             waiting.update(
@@ -348,31 +353,53 @@ class Scheduler:
             events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
             return
         self.table.finish(record.id, outcome, ended)
+        self._ended(record, outcome)
+
+    def finish_pending(
+        self, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[dict[str, Any]]
+    ) -> None:
+        """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
+        self.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
+        for record, outcome in endings:
+            events.append({"t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason})
+            self._ended(record, outcome)
+
+    def _ended(self, record: JobRecord, outcome: Outcome) -> None:
+        """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
         self.pending.pop(record.id, None)
         self.running.pop(record.id, None)
         self.not_before.pop(record.id, None)
         self._clean_run_files(record.id)
-        if record.array_id is None:
-            if record.spec.notify:
-                self._notify(record.spec.notify, record.id, {
-                    "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
-                    "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
-                    "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
-                }, record.spec.cwd)  # fmt: skip
-        else:
-            self._array_member_ended(record.array_id, outcome, ended, events)
+        if record.array_id is not None:
+            self._touched_arrays[record.array_id] = self._touched_arrays.get(record.array_id, False) or (
+                outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
+            )
+        elif record.spec.notify:
+            self._notify(record.spec.notify, record.id, {
+                "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
+                "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
+                "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
+            }, record.spec.cwd)  # fmt: skip
+
+    def follow_up_arrays(self, now: float) -> None:
+        """For each array a member of which ended this tick: hold it if it fails fast, notify when done."""
+        events: list[dict[str, Any]] = []
+        touched, self._touched_arrays = self._touched_arrays, {}
+        for array_id, failed in touched.items():
+            self._array_member_ended(array_id, failed, now, events)
+        journal.append(self.state.events, events)
 
     def _clean_run_files(self, job_id: int) -> None:
         for path in (self.state.exit_file(job_id), self.state.pid_file(job_id)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def _array_member_ended(self, array_id: int, outcome: Outcome, now: float, events: list[dict[str, Any]]) -> None:
+    def _array_member_ended(self, array_id: int, failed: bool, now: float, events: list[dict[str, Any]]) -> None:
         info = self.arrays.get(array_id)
         if info is None:
             return
         members = self.table.members(array_id)
-        if outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST):
+        if failed:
             why = lifecycle.fail_fast(members)
             unheld = [m.id for m in members if m.state is JobState.PENDING and not m.held]
             if why and unheld:

@@ -16,7 +16,7 @@ from jobs.errors import BadInput
 from jobs.model import JobRecord, Launch, Outcome
 from jobs.store import user_name
 from jobs.units import parse_duration
-from launcher import processes
+from launcher import endings, processes
 
 if TYPE_CHECKING:
     from launcher.scheduler import Scheduler
@@ -59,7 +59,7 @@ def cancel(scheduler: Scheduler, request: spool.CancelRequest, now: float, event
         processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
         events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
     if pending:
-        scheduler.finish_pending([(record, Outcome.cancelled(who)) for record in pending], now, events)
+        endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)
 
 
 def control(scheduler: Scheduler, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:

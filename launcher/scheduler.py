@@ -24,7 +24,7 @@ from jobs.statedir import StateDir, write_atomic
 from jobs.store import expand, user_name
 from jobs.submission import Inventory
 from jobs.table import JobTable
-from launcher import lifecycle, outcomes, processes, requests
+from launcher import endings, lifecycle, outcomes, processes, requests
 from launcher.gpus import GpuSnapshot, GpuSource
 from launcher.placement import GpuView, Holding, Plan, Policy, Request, place
 
@@ -81,7 +81,7 @@ class Scheduler:
         self.reap()
         self.ingest(now)
         self.reconcile(now)
-        self.follow_up_arrays(now)  # before placement: an array failing fast must not start more members
+        endings.follow_up_arrays(self, now)  # before placement: an array failing fast must not start more members
         snapshot = self.snapshot()
         self.place_and_launch(now, snapshot)
         self.sample(now, snapshot)
@@ -128,7 +128,7 @@ class Scheduler:
             events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
             problem = _impossible(record, inventory)
             if problem:
-                self._finish(record, Outcome(JobState.FAILED, reason=problem), now, events)
+                endings.finish(self, record, Outcome(JobState.FAILED, reason=problem), now, events)
             else:
                 self.pending[record.id] = record
         for submit in submits:
@@ -157,7 +157,7 @@ class Scheduler:
         for job_id, job in list(self.running.items()):
             exit_data = outcomes.read_exit(self.state.exit_file(job_id))
             if exit_data is None and job.launch.boot_id != self.boot_id:
-                self._finish(job.record, Outcome.lost("the machine restarted while it ran"), now, events)
+                endings.finish(self, job.record, Outcome.lost("the machine restarted while it ran"), now, events)
             elif (
                 exit_data is None
                 and check_liveness
@@ -165,14 +165,14 @@ class Scheduler:
             ):
                 exit_data = outcomes.read_exit(self.state.exit_file(job_id))  # it may have just finished
                 if exit_data is None:
-                    self._orphaned(job, now, events)
+                    endings.orphaned(self, job, now, events)
             if exit_data is not None:
                 outcome = outcomes.classify(exit_data, job.record, job.launch)
                 ended = float(exit_data.get("ended_at") or now)
                 if outcome is None:
-                    self._requeue(job, "its launch was interrupted; queued again", events, now)
+                    endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
-                    self._finish(job.record, outcome, ended, events)
+                    endings.finish(self, job.record, outcome, ended, events)
         journal.append(self.state.events, events)
 
     def snapshot(self) -> list[GpuSnapshot]:
@@ -226,7 +226,7 @@ class Scheduler:
             else:
                 ready.append(record)
         if never:
-            self.finish_pending(never, now, events)
+            endings.finish_pending(self, never, now, events)
         journal.append(self.state.events, events)
         if self.paused_by is not None:
             waiting.update(
@@ -318,7 +318,7 @@ class Scheduler:
         try:
             shim = processes.Shim(launch)
         except OSError as err:
-            self._finish(record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
+            endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
             return
         info = Launch(shim.pid, processes.start_time(shim.pid) or 0.0, self.boot_id, port)
         try:
@@ -330,134 +330,6 @@ class Scheduler:
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
         self.running[record.id] = Running(running, info)
         journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])
-
-    def _finish(self, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]) -> None:
-        """Record how a job ended, then what follows: a retry, an array held, a notification."""
-        ran = record.id in self.running
-        events.append({
-            "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
-            "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
-        })  # fmt: skip
-        biggest = max((g.total for g in self.last_snapshot), default=None)
-        again = lifecycle.retry(record, outcome, backoff=self.retry_backoff, biggest_gpu=biggest) if ran else None
-        if again is not None:
-            self.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
-            self.table.update_spec(record.id, again.spec)
-            self.table.requeue(record.id, again.reason, attempt=record.attempt + 1, not_before=ended + again.delay)
-            self.running.pop(record.id, None)
-            self._clean_run_files(record.id)
-            self.not_before[record.id] = ended + again.delay
-            full = self.table.get(record.id, with_env=True)
-            if full is not None:
-                self.pending[record.id] = full
-            events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
-            return
-        self.table.finish(record.id, outcome, ended)
-        self._ended(record, outcome)
-
-    def finish_pending(
-        self, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[dict[str, Any]]
-    ) -> None:
-        """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
-        self.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
-        for record, outcome in endings:
-            events.append({"t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason})
-            self._ended(record, outcome)
-
-    def _ended(self, record: JobRecord, outcome: Outcome) -> None:
-        """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
-        self.pending.pop(record.id, None)
-        self.running.pop(record.id, None)
-        self.not_before.pop(record.id, None)
-        self._clean_run_files(record.id)
-        if record.array_id is not None:
-            self._touched_arrays[record.array_id] = self._touched_arrays.get(record.array_id, False) or (
-                outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
-            )
-        elif record.spec.notify:
-            self._notify(record.spec.notify, record.id, {
-                "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
-                "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
-                "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
-            }, record.spec.cwd)  # fmt: skip
-
-    def follow_up_arrays(self, now: float) -> None:
-        """For each array a member of which ended this tick: hold it if it fails fast, notify when done."""
-        events: list[dict[str, Any]] = []
-        touched, self._touched_arrays = self._touched_arrays, {}
-        for array_id, failed in touched.items():
-            self._array_member_ended(array_id, failed, now, events)
-        journal.append(self.state.events, events)
-
-    def _clean_run_files(self, job_id: int) -> None:
-        for path in (self.state.exit_file(job_id), self.state.pid_file(job_id)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-    def _array_member_ended(self, array_id: int, failed: bool, now: float, events: list[dict[str, Any]]) -> None:
-        info = self.arrays.get(array_id)
-        if info is None:
-            return
-        members = self.table.members(array_id)
-        if failed:
-            why = lifecycle.fail_fast(members)
-            unheld = [m.id for m in members if m.state is JobState.PENDING and not m.held]
-            if why and unheld:
-                self.table.set_held(unheld, True, why)
-                for job_id in unheld:
-                    if job_id in self.pending:
-                        self.pending[job_id] = self.pending[job_id].replace(held=True, reason=why)
-                events.append({"t": now, "array": array_id, "event": "held", "reason": why})
-                log.warning("array %d %s", array_id, why)
-        if info.notify and not info.notified and all(m.state.finished for m in members):
-            counts: dict[str, int] = {}
-            for member in members:
-                counts[member.state.value] = counts.get(member.state.value, 0) + 1
-            state = "succeeded" if counts.get("succeeded", 0) == len(members) else "failed"
-            self._notify(info.notify, array_id, {
-                "GPUQ_ARRAY_ID": str(array_id), "GPUQ_JOB_NAME": info.name, "GPUQ_STATE": state,
-                "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
-            }, members[0].spec.cwd, env=self.table.array_env(array_id))  # fmt: skip
-            self.table.set_notified(array_id)
-            self.arrays[array_id] = ArrayInfo(**{**info.__dict__, "notified": True})
-
-    def _notify(
-        self, command: str, job_id: int, outcome: dict[str, str], cwd: str, env: dict[str, str] | None = None
-    ) -> None:
-        """Run the submitter's --notify command with the outcome in its environment; never waits on it."""
-        if env is None:
-            full = self.table.get(job_id, with_env=True)
-            env = dict(full.spec.env) if full is not None else {}
-        try:
-            processes.notify(command, {**env, **outcome}, cwd, self.state.logs / f"{job_id}.notify.log")
-        except OSError as err:
-            log.warning("--notify for %d could not start: %s", job_id, err)
-
-    def _requeue(self, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
-        self.table.requeue(job.record.id, reason)
-        self.running.pop(job.record.id, None)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.state.exit_file(job.record.id))
-        full = self.table.get(job.record.id, with_env=True)
-        if full is not None:
-            self.pending[job.record.id] = full
-        events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
-
-    def _orphaned(self, job: Running, now: float, events: list[dict[str, Any]]) -> None:
-        """The shim died without an exit file. Stop the job if it still runs; it can no longer be supervised."""
-        try:
-            info = json.loads(self.state.pid_file(job.record.id).read_bytes())
-        except (OSError, ValueError):
-            self._requeue(job, "its launch was interrupted before it started; queued again", events, now)
-            return
-        pid = info.get("pid") if isinstance(info, dict) else None
-        if isinstance(pid, int) and processes.is_alive(pid, info.get("start")):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, 9)
-            reason = "its gpuq supervisor was killed; the job was stopped"
-        else:
-            reason = "its gpuq supervisor was killed; the job's exit status is unknown"
-        self._finish(job.record, Outcome.lost(reason), now, events)
 
     def _record_reasons(self, waiting: dict[int, str]) -> None:
         changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
@@ -476,10 +348,6 @@ class Scheduler:
                 if ancestor in shims:
                     shims[ancestor].pids.add(pid)
                     break
-
-
-def _text(value: int | None) -> str:
-    return "" if value is None else str(value)
 
 
 def _impossible(record: JobRecord, inventory: Inventory | None) -> str:

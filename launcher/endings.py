@@ -88,7 +88,13 @@ def follow_up_arrays(scheduler: Scheduler, now: float) -> None:
 
 
 def _clean_run_files(scheduler: Scheduler, job_id: int) -> None:
-    for path in (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id)):
+    """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
+    paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id))
+    scheduler.after_commit.append(lambda: _unlink(*paths))
+
+
+def _unlink(*paths: os.PathLike[str]) -> None:
+    for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -135,17 +141,22 @@ def _notify(
     if env is None:
         full = scheduler.table.get(job_id, with_env=True)
         env = dict(full.spec.env) if full is not None else {}
-    try:
-        processes.notify(command, {**env, **outcome}, cwd, scheduler.state.logs / f"{job_id}.notify.log")
-    except OSError as err:
-        log.warning("--notify for %d could not start: %s", job_id, err)
+    full_env, log_path = {**env, **outcome}, scheduler.state.logs / f"{job_id}.notify.log"
+
+    def run() -> None:
+        try:
+            processes.notify(command, full_env, cwd, log_path)
+        except OSError as err:
+            log.warning("--notify for %d could not start: %s", job_id, err)
+
+    scheduler.after_commit.append(run)  # notify about an outcome only once it is recorded
 
 
 def requeue(scheduler: Scheduler, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
     scheduler.table.requeue(job.record.id, reason)
     scheduler.running.pop(job.record.id, None)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(scheduler.state.exit_file(job.record.id))
+    exit_file = scheduler.state.exit_file(job.record.id)
+    scheduler.after_commit.append(lambda: _unlink(exit_file))
     full = scheduler.table.get(job.record.id, with_env=True)
     if full is not None:
         scheduler.pending[job.record.id] = full

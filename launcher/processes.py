@@ -330,7 +330,10 @@ def _signal_group(pgid: int, signum: int) -> None:
 def _finish(launch: Launch, outcome: dict[str, object]) -> None:
     outcome["job"] = launch.job_id
     outcome["ended_at"] = time.time()
-    write_atomic(launch.exit_file, json.dumps(outcome).encode())
+    # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
+    # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
+    # here would sit between every job's end and the next job's start.
+    write_atomic(launch.exit_file, json.dumps(outcome).encode(), durable=False)
     with contextlib.suppress(OSError):
         fd = os.open(launch.wake, os.O_WRONLY | os.O_NONBLOCK)
         with contextlib.suppress(OSError):

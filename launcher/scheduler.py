@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,9 @@ class Scheduler:
         self.drained: set[int] = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
+        self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
+        self.on_rollback: list[Callable[[], None]] = []  # run if it is not
+        self._reasons_due = 0.0
         self._touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
@@ -77,14 +81,38 @@ class Scheduler:
         return not self.pending and not self.running
 
     def tick(self, now: float) -> None:
-        """One pass: everything the daemon does happens here, in this order."""
+        """One pass: everything the daemon does happens here, in this order.
+
+        Ingest commits on its own (its spool files go only once their jobs are on disk). The rest of the
+        tick is one transaction; what must follow the commit (a shim's go, removing an exit file, a
+        notification) waits in ``after_commit``, so a crash before the commit repeats nothing and loses
+        nothing, and a job ending and the next one starting cost one fsync between them.
+        """
         self.reap()
         self.ingest(now)
-        self.reconcile(now)
-        endings.follow_up_arrays(self, now)  # before placement: an array failing fast must not start more members
-        snapshot = self.snapshot()
-        self.place_and_launch(now, snapshot)
-        self.sample(now, snapshot)
+        try:
+            with self.table.batch():
+                self.reconcile(now)
+                endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
+                snapshot = self.snapshot()
+                self.place_and_launch(now, snapshot)
+                self.sample(now, snapshot)
+        except BaseException:
+            for undo in self.on_rollback:
+                undo()
+            self.on_rollback, self.after_commit = [], []
+            self.reload()
+            raise
+        then, self.after_commit, self.on_rollback = self.after_commit, [], []
+        for action in then:
+            action()
+
+    def reload(self) -> None:
+        """Forget what this tick did in memory and read the active jobs back from the table."""
+        self.pending = {r.id: r for r in self.table.pending()}
+        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        self.not_before = self.table.not_before()
+        self.arrays = self.table.arrays()
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
@@ -188,7 +216,7 @@ class Scheduler:
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
         if not self.pending:
-            self._record_reasons({})
+            self._record_reasons({}, now)
             return
         ready, waiting = self.eligible(now)
         plan = self.plan(now, snapshot, ready)
@@ -197,7 +225,7 @@ class Scheduler:
             record = self.pending.pop(decision.job_id)
             self.not_before.pop(record.id, None)
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
-        self._record_reasons({**waiting, **plan.waiting})
+        self._record_reasons({**waiting, **plan.waiting}, now)
 
     def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
         """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
@@ -321,17 +349,19 @@ class Scheduler:
             endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
             return
         info = Launch(shim.pid, processes.start_time(shim.pid) or 0.0, self.boot_id, port)
-        try:
-            self.table.mark_running(record.id, gpus, uuids, now, info)
-        except Exception:
-            shim.abandon()
-            raise
-        shim.go()
+        self.on_rollback.append(shim.abandon)
+        self.table.mark_running(record.id, gpus, uuids, now, info)
+        self.after_commit.append(shim.go)  # the job starts only once it is recorded as running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
         self.running[record.id] = Running(running, info)
         journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])
 
-    def _record_reasons(self, waiting: dict[int, str]) -> None:
+    def _record_reasons(self, waiting: dict[int, str], now: float) -> None:
+        """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to
+        read and writing them on every tick would cost the dispatch path a write per tick."""
+        if now < self._reasons_due and set(waiting) <= set(self.waiting):
+            return
+        self._reasons_due = now + 1.0
         changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
         self.waiting = waiting
         if changed:

@@ -34,6 +34,7 @@ def finish(
     })  # fmt: skip
     biggest = max((g.total for g in scheduler.last_snapshot), default=None)
     again = lifecycle.retry(record, outcome, backoff=scheduler.retry_backoff, biggest_gpu=biggest) if ran else None
+    scheduler.changes += 1
     if again is not None:
         scheduler.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
         scheduler.table.update_spec(record.id, again.spec)
@@ -62,6 +63,7 @@ def finish_pending(
 
 def _ended(scheduler: Scheduler, record: JobRecord, outcome: Outcome) -> None:
     """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
+    scheduler.changes += 1
     scheduler.pending.pop(record.id, None)
     scheduler.running.pop(record.id, None)
     scheduler.not_before.pop(record.id, None)
@@ -153,6 +155,7 @@ def _notify(
 
 
 def requeue(scheduler: Scheduler, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
+    scheduler.changes += 1
     scheduler.table.requeue(job.record.id, reason)
     scheduler.running.pop(job.record.id, None)
     exit_file = scheduler.state.exit_file(job.record.id)

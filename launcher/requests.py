@@ -64,6 +64,7 @@ def cancel(scheduler: Scheduler, request: spool.CancelRequest, now: float, event
 
 def control(scheduler: Scheduler, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
     who = user_name(request.uid)
+    scheduler.changes += 1
     if request.action in ("drain", "undrain", "pause", "unpause"):
         _queue_control(scheduler, request, who, now, events)
         return

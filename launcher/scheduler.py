@@ -65,6 +65,8 @@ class Scheduler:
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         self._reasons_due = 0.0
+        self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
+        self._last_plan_key: object = None
         self._touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
@@ -218,6 +220,16 @@ class Scheduler:
         if not self.pending:
             self._record_reasons({}, now)
             return
+        # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
+        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events.
+        key = (
+            tuple((g.index, g.used, g.lost) for g in snapshot), len(self.pending), len(self.running),
+            self.changes, frozenset(self.drained), self.paused_by,
+            min(self.not_before.values(), default=0.0) <= now,
+        )  # fmt: skip
+        if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
+            return
+        self._last_plan_key = key
         ready, waiting = self.eligible(now)
         plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}

@@ -80,6 +80,8 @@ class Gpuq:
         """Stop the daemon and every job it left, so tests never leak processes."""
         with contextlib.suppress(Exception):
             self.run("daemon", "stop", check=False, timeout=30)
+        with contextlib.suppress(Exception):  # a daemon that did not stop in time must not outlive the test
+            os.kill(int((self.home / "daemon.pid").read_text()), signal.SIGKILL)
         run = self.home / "run"
         if run.is_dir():
             for pid_file in run.glob("*.pid"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 from jobs.errors import BadInput
 
 SCHEMA_VERSION = 1
+MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
 
 
 class Mode(str, enum.Enum):
@@ -77,7 +79,13 @@ class JobSpec:
             raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
         if self.retries < 0:
             raise BadInput(f"--retries must be 0 or more, not {self.retries}")
-        if any(dep <= 0 for dep in self.after):
+        if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise BadInput(f"--priority {self.priority}: give a number from -{MAX_PRIORITY} to {MAX_PRIORITY}")
+        if self.mem_per_gpu is not None and not 0 < self.mem_per_gpu < 1 << 60:
+            raise BadInput(f"--mem must be more than nothing and less than an exabyte, not {self.mem_per_gpu} bytes")
+        if self.time_limit is not None and not 0 < self.time_limit < math.inf:  # NaN fails both
+            raise BadInput(f"--time must be a positive, finite duration, not {self.time_limit}")
+        if any(not 0 < dep < 1 << 63 for dep in self.after):
             raise BadInput("--after takes job ids, which are positive numbers")
 
     @property

@@ -12,18 +12,20 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from jobs.errors import BadInput, StateDirError
 from jobs.model import SCHEMA_VERSION, JobSpec
 from jobs.statedir import StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
+MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 64, 0).strip()
-        first = int(raw) if raw.isdigit() else 1
+        first = int(raw) if raw.isdigit() else _first_unused_id(state)
         data = f"{first + count}\n".encode()
         if os.pwrite(fd, data, 0) != len(data):
             raise OSError(errno.ENOSPC, "short write")
@@ -103,6 +105,23 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
         raise StateDirError(f"cannot update {state.next_id}: {err.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _first_unused_id(state: StateDir) -> int:
+    """The counter is missing or damaged: start above every id the table and the spool hold, never at 1
+    (a reused id would be dropped by the daemon as already ingested). Rare, so sqlite's import cost is fine."""
+    highest = 0
+    for request in pending_submits(state):
+        highest = max(highest, request.job_id + (len(request.array.indices) if request.array else 0))
+    if state.db.exists():
+        from jobs.table import JobTable
+
+        table = JobTable(state.db)
+        try:
+            highest = max(highest, table.max_id(), *(a.id + a.size for a in table.arrays().values()))
+        finally:
+            table.close()
+    return highest + 1
 
 
 def raise_counter(state: StateDir, minimum: int) -> None:
@@ -206,19 +225,22 @@ def read_request(path: Path) -> Request:
 def _parse(path: Path, uid: int, raw: bytes) -> Request:
     try:
         body: Any = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than any request is
         return BadRequest(path, f"is not JSON ({err})")
     if not isinstance(body, dict):
         return BadRequest(path, "is not a JSON object")
     if body.get("schema") != SCHEMA_VERSION:
-        return BadRequest(path, f"has schema {body.get('schema')!r}; this gpuq reads {SCHEMA_VERSION}")
+        schema = body.get("schema")
+        shown = repr(schema) if isinstance(schema, (int, float, str)) or schema is None else type(schema).__name__
+        return BadRequest(path, f"has schema {shown[:40]}; this gpuq reads {SCHEMA_VERSION}")
     kind = body.get("kind")
     try:
         if kind == "submit" and path.name.startswith("submit-"):
             job_id, submitted_at = body.get("id"), body.get("submitted_at")
-            if not isinstance(job_id, int) or job_id <= 0 or path.name != f"submit-{job_id:012d}.json":
+            if not _is_id(job_id) or path.name != f"submit-{job_id:012d}.json":
                 return BadRequest(path, "has an id that does not match its file name")
-            if not isinstance(submitted_at, (int, float)):
+            submitted = _finite(submitted_at)
+            if submitted is None:
                 return BadRequest(path, "lacks a submit time")
             spec_json = body.get("spec")
             if not isinstance(spec_json, dict):
@@ -226,24 +248,39 @@ def _parse(path: Path, uid: int, raw: bytes) -> Request:
             array = _array(body.get("array"))
             if isinstance(array, str):
                 return BadRequest(path, array)
-            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), float(submitted_at), array)
+            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), submitted, array)
         if kind == "cancel" and path.name.startswith("cancel-"):
             ids = body.get("ids")
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                return BadRequest(path, "has ids that are not a list of integers")
+            if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
+                return BadRequest(path, "has ids that are not a list of job ids")
             return CancelRequest(path, uid, tuple(ids))
         if kind == "control" and path.name.startswith("control-"):
             action, ids, values = body.get("action"), body.get("ids"), body.get("values")
             if action not in CONTROL_ACTIONS:
                 return BadRequest(path, f"asks for an unknown action {action!r}")
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                return BadRequest(path, "has ids that are not a list of integers")
+            if not isinstance(ids, list) or not all(_is_id(i) or i == 0 for i in ids):
+                return BadRequest(path, "has ids that are not a list of job or GPU ids")
             if not isinstance(values, dict):
                 return BadRequest(path, "has values that are not an object")
             return ControlRequest(path, uid, str(action), tuple(ids), values)
     except BadInput as err:
         return BadRequest(path, str(err))
     return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+def _is_id(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+def _finite(value: Any) -> float | None:
+    """A time as a float, or None if it is not a finite number (the table cannot store NaN or 1e400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _array(data: Any) -> ArrayPlan | str | None:
@@ -256,7 +293,7 @@ def _array(data: Any) -> ArrayPlan | str | None:
     if (
         not isinstance(indices, list)
         or not indices
-        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID for i in indices)
     ):
         return "has array indices that are not a list of numbers"
     if throttle is not None and (not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1):

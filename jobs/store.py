@@ -127,17 +127,21 @@ class Queue:
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return []
+        _check_ids(wanted)
         table = self.table()
         try:
             arrays = table.arrays(wanted)
+            spooled_arrays: dict[int, list[JobRecord]] = {}
+            if any(i not in arrays for i in wanted):
+                for record in self._spooled():
+                    if record.array_id is not None:
+                        spooled_arrays.setdefault(record.array_id, []).append(record)
+                late = [i for i in wanted if i not in arrays and i not in spooled_arrays]
+                if late:
+                    arrays.update(table.arrays(late))  # ingested while we read the spool
             members = {a: table.members(a) for a in arrays}
         finally:
             table.close()
-        spooled_arrays: dict[int, list[JobRecord]] = {}
-        if any(i not in arrays for i in wanted):
-            for record in self._spooled():
-                if record.array_id is not None:
-                    spooled_arrays.setdefault(record.array_id, []).append(record)
         found: list[JobRecord] = []
         plain = [i for i in wanted if i not in arrays and i not in spooled_arrays]
         for job_id in wanted:
@@ -149,12 +153,15 @@ class Queue:
         return found
 
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
+        # The spool first: the daemon records a request before deleting it, so one that is gone from the
+        # spool by now is in the table when we read it next. Table first, a job ingested in between is in neither.
+        spooled = self._spooled()
         table = self.table()
         try:
             records = {r.id: r for r in table.records(active_only=active_only, limit=limit)}
         finally:
             table.close()
-        for record in self._spooled():
+        for record in spooled:
             records.setdefault(record.id, record)
         return [records[i] for i in sorted(records)]
 
@@ -177,32 +184,41 @@ class Queue:
         try:
             data = json.loads(self.state.inventory.read_bytes())
             return Inventory(tuple(int(gpu["total"]) for gpu in data["gpus"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            return None  # damaged: the daemon rewrites it at its next look at the GPUs
 
     def _records(self, job_ids: list[int]) -> list[JobRecord]:
         if not self.state.exists():
             if not self.state.root.exists():
                 raise UnknownJob(job_ids[0]) if job_ids else BadInput("no job ids given")
             raise StateDirError(f"{self.state.root} is not a gpuq state directory; check GPUQ_HOME")
+        _check_ids(job_ids)
         table = self.table()
         try:
             found = {i: r for i in job_ids if (r := table.get(i)) is not None}
+            missing = [i for i in job_ids if i not in found]
+            if missing:
+                spooled = {r.id: r for r in self._spooled()}
+                for job_id in missing:
+                    record = spooled.get(job_id) or table.get(job_id)  # the table again: ingested meanwhile?
+                    if record is None:
+                        raise UnknownJob(job_id)
+                    found[job_id] = record
         finally:
             table.close()
-        missing = [i for i in job_ids if i not in found]
-        if missing:
-            spooled = {r.id: r for r in self._spooled()}
-            for job_id in missing:
-                if job_id not in spooled:
-                    raise UnknownJob(job_id)
-                found[job_id] = spooled[job_id]
         return [found[i] for i in job_ids]
 
     def _spooled(self) -> list[JobRecord]:
         if not self.state.spool.is_dir():
             return []
         return [record for request in spool.pending_submits(self.state) for record in expand(self.state, request)]
+
+
+def _check_ids(job_ids: Iterable[int]) -> None:
+    """Ids no job can have (beyond the table's integers) are unknown, not an overflow deep in SQLite."""
+    for job_id in job_ids:
+        if not 0 < job_id <= spool.MAX_ID:
+            raise UnknownJob(job_id)
 
 
 def expand(state: StateDir, request: spool.SubmitRequest) -> list[JobRecord]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from jobs.errors import StateDirError
 from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
@@ -79,6 +79,29 @@ _COLUMNS = (
     "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
     "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held"
 )
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _reading(read: Callable[Concatenate[JobTable, P], T]) -> Callable[Concatenate[JobTable, P], T]:
+    """A read that meets a damaged table (or a record that no longer parses) says so in one line that
+    names the file and what to do, instead of raising sqlite3.DatabaseError through every reader."""
+
+    def checked(self: JobTable, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return read(self, *args, **kwargs)
+        except sqlite3.DatabaseError as err:
+            raise StateDirError(f"cannot read the job table {self.path}: {err}; run `gpuq doctor`") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise StateDirError(
+                f"the job table {self.path} holds a record gpuq cannot read ({type(err).__name__}: {err}); "
+                "run `gpuq doctor`"
+            ) from None
+
+    checked.__name__, checked.__doc__ = read.__name__, read.__doc__
+    return checked
 
 
 class JobTable:
@@ -181,6 +204,7 @@ class JobTable:
                 (reason, attempt, not_before, job_id),
             )
 
+    @_reading
     def not_before(self) -> dict[int, float]:
         rows = self._db.execute("SELECT id, not_before FROM jobs WHERE state='pending' AND not_before IS NOT NULL")
         return {row[0]: row[1] for row in rows}
@@ -205,10 +229,12 @@ class JobTable:
 
     # -- reads ----------------------------------------------------------------------------------
 
+    @_reading
     def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
         row = self._db.execute(f"SELECT {_COLUMNS}, {_ENV} FROM {_JOINED} WHERE jobs.id=?", (job_id,)).fetchone()
         return None if row is None else _record(row, env=row[-1] if with_env else None)
 
+    @_reading
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
         """Jobs in id order; ``limit`` keeps the most recent ones."""
         where = "WHERE state IN ('pending', 'running')" if active_only else ""
@@ -221,6 +247,7 @@ class JobTable:
             ).fetchall()
         return [_record(row) for row in rows]
 
+    @_reading
     def pending(self) -> list[JobRecord]:
         """Pending jobs in queue order: priority first, then submission order."""
         rows = self._db.execute(
@@ -229,6 +256,7 @@ class JobTable:
         envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
         return [_record(row, env=row[-1], envs=envs) for row in rows]
 
+    @_reading
     def arrays(self, ids: Iterable[int] | None = None) -> dict[int, ArrayInfo]:
         """Arrays by id (without their environments)."""
         query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
@@ -242,10 +270,12 @@ class JobTable:
             for row in rows
         }
 
+    @_reading
     def array_env(self, array_id: int) -> dict[str, str]:
         row = self._db.execute("SELECT env FROM arrays WHERE id=?", (array_id,)).fetchone()
         return dict(json.loads(row[0])) if row else {}
 
+    @_reading
     def members(self, array_id: int) -> list[JobRecord]:
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,)).fetchall()
         return [_record(row) for row in rows]
@@ -254,6 +284,7 @@ class JobTable:
         with self._transaction():
             self._db.execute("UPDATE arrays SET notified=1 WHERE id=?", (array_id,))
 
+    @_reading
     def settings(self) -> dict[str, Any]:
         return {key: json.loads(value) for key, value in self._db.execute("SELECT key, value FROM settings")}
 
@@ -276,6 +307,7 @@ class JobTable:
                 (_spec_json(spec), spec.priority, job_id),
             )
 
+    @_reading
     def running(self) -> list[tuple[JobRecord, Launch]]:
         rows = self._db.execute(
             f"SELECT {_COLUMNS}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
@@ -283,12 +315,14 @@ class JobTable:
         ).fetchall()
         return [(_record(row[:-5]), Launch(*row[-5:])) for row in rows]
 
+    @_reading
     def owners(self, job_ids: Iterable[int]) -> dict[int, tuple[int, str, JobState]]:
         ids = list(job_ids)
         marks = ",".join("?" * len(ids))
         rows = self._db.execute(f"SELECT id, uid, user, state FROM jobs WHERE id IN ({marks})", ids)
         return {row[0]: (row[1], row[2], JobState(row[3])) for row in rows}
 
+    @_reading
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
 

@@ -363,6 +363,18 @@ def gpus(ctx: Context, as_json: bool) -> None:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
 
 
+@gpuq.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of problems.")
+@pass_ctx
+def doctor(ctx: Context, as_json: bool) -> None:
+    """Check the state directory for inconsistencies. Read-only; the daemon need not run. Exit 1 on errors."""
+    from launcher import doctor as checks
+
+    problems = checks.check(ctx.state)
+    click.echo(json.dumps([p.to_json() for p in problems], indent=1) if as_json else checks.render(problems, ctx.state))
+    sys.exit(checks.exit_code(problems))
+
+
 @gpuq.group()
 def daemon() -> None:
     """Start, stop or inspect the daemon for this state directory."""
@@ -402,11 +414,16 @@ def daemon_status(ctx: Context, as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Only gpuq's own --debug, before the command: a job's arguments may contain the same word.
+    debug = "--debug" in args[: next((i for i, a in enumerate(args) if not a.startswith("-")), len(args))]
     try:
         gpuq.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
+    except click.exceptions.NoArgsIsHelpError as err:  # `gpuq` or `gpuq daemon` alone: the help was asked for
+        click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message())
+        sys.exit(0)
     except click.UsageError as err:
         hint = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
         click.echo(f"gpuq: {err.format_message()}{hint}", err=True)

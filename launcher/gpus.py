@@ -89,10 +89,14 @@ class FakeGpus:
         pass
 
 
+TEAMMATE_PID = (1 << 22) + 1  # the fake's "used" memory: a process outside gpuq, past Linux's largest pid
+
+
 def _fake(index: int, name: str, total: int, used: int = 0, lost: bool = False) -> GpuSnapshot:
     return GpuSnapshot(
         index=index, uuid=f"GPU-fake-{index:04d}", name=name, total=total, used=used,
-        processes={}, lost=lost, error="GPU lost (fake inventory)" if lost else "",
+        processes={TEAMMATE_PID: used} if used else {}, lost=lost,
+        error="GPU lost (fake inventory)" if lost else "",
     )  # fmt: skip
 
 

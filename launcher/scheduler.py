@@ -33,6 +33,7 @@ log = logging.getLogger("gpuq.scheduler")
 
 LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shim killed -9 writes no exit file)
 SAMPLE_EVERY = 2.0  # seconds between samples of per-process GPU memory (peak memory of each job)
+LOST_AFTER = 5.0  # seconds a GPU must stay lost before its jobs are stopped: one NVML hiccup is not a dead GPU
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Scheduler:
         self._inventory_key: object = None
         self._next_liveness = 0.0
         self._next_sample = 0.0
+        self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
+        self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
 
     def close(self) -> None:
         self.table.close()
@@ -97,6 +100,7 @@ class Scheduler:
                 self.reconcile(now)
                 endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
                 snapshot = self.snapshot()
+                self.stop_on_lost_gpus(now, snapshot)
                 self.place_and_launch(now, snapshot)
                 self.sample(now, snapshot)
         except BaseException:
@@ -198,11 +202,37 @@ class Scheduler:
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
                 outcome = outcomes.classify(exit_data, job.record, job.launch)
+                lost_gpu = self.gpu_lost.get(job_id)
+                if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                    outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"
                 ended = float(exit_data.get("ended_at") or now)
                 if outcome is None:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
                     endings.finish(self, job.record, outcome, ended, events)
+        journal.append(self.state.events, events)
+
+    def stop_on_lost_gpus(self, now: float, snapshot: list[GpuSnapshot]) -> None:
+        """Stop the jobs on a GPU that has stayed lost for LOST_AFTER seconds: their work is gone with it,
+        and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU."""
+        for gpu in snapshot:
+            if gpu.lost:
+                self.lost_since.setdefault(gpu.index, now)
+            else:
+                self.lost_since.pop(gpu.index, None)
+        dead = {g.index: g for g in snapshot if g.lost and now - self.lost_since[g.index] >= LOST_AFTER}
+        for job_id in [j for j in self.gpu_lost if j not in self.running]:
+            del self.gpu_lost[job_id]
+        events: list[dict[str, Any]] = []
+        for job_id, job in self.running.items():
+            gone = [dead[i] for i in job.record.gpus if i in dead]
+            if not gone or job_id in self.gpu_lost:
+                continue
+            why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
+            self.gpu_lost[job_id] = why
+            processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)  # SIGTERM, then SIGKILL after grace
+            log.warning("stopping job %d: %s", job_id, why)
+            events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
         journal.append(self.state.events, events)
 
     def snapshot(self) -> list[GpuSnapshot]:

@@ -64,9 +64,7 @@ def finish_pending(
 def _ended(scheduler: Scheduler, record: JobRecord, outcome: Outcome) -> None:
     """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
     scheduler.changes += 1
-    scheduler.pending.pop(record.id, None)
-    scheduler.running.pop(record.id, None)
-    scheduler.not_before.pop(record.id, None)
+    scheduler.forget(record.id)
     _clean_run_files(scheduler, record.id)
     if record.array_id is not None:
         scheduler._touched_arrays[record.array_id] = scheduler._touched_arrays.get(record.array_id, False) or (

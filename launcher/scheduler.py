@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs import journal, spool
-from jobs.model import ArrayInfo, JobRecord, JobState, Launch, Outcome
+from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
 from jobs.statedir import StateDir, write_atomic
 from jobs.store import expand, user_name
 from jobs.submission import Inventory
@@ -68,6 +68,7 @@ class Scheduler:
         self._reasons_due = 0.0
         self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
         self._last_plan_key: object = None
+        self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self._touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
@@ -266,6 +267,7 @@ class Scheduler:
         for decision in plan.decisions:
             record = self.pending.pop(decision.job_id)
             self.not_before.pop(record.id, None)
+            self._requests.pop(record.id, None)
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
         self._record_reasons({**waiting, **plan.waiting}, now)
 
@@ -311,9 +313,7 @@ class Scheduler:
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
         queue = sorted(self.pending.values() if ready is None else ready, key=lambda r: (-r.spec.priority, r.id))
-        requests = [
-            Request(r.id, r.spec.gpus, r.spec.mem_per_gpu, r.spec.time_limit, r.array_id) for r in queue
-        ]  # fmt: skip
+        requests = [self._request(r) for r in queue]
         holdings = [
             Holding(
                 job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
@@ -331,6 +331,23 @@ class Scheduler:
         return place(
             requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs, limits, in_group
         )
+
+    def forget(self, job_id: int) -> None:
+        """Drop an ended job from the in-memory view of the queue."""
+        self.pending.pop(job_id, None)
+        self.running.pop(job_id, None)
+        self.not_before.pop(job_id, None)
+        self._requests.pop(job_id, None)
+
+    def _request(self, record: JobRecord) -> Request:
+        """Placement's view of a pending job, built once per spec: building 10,000 of them on every pass
+        was most of a pass's time (14 of 17 ms, measured)."""
+        cached = self._requests.get(record.id)
+        if cached is None or cached[0] is not record.spec:
+            spec = record.spec
+            cached = (spec, Request(record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id))
+            self._requests[record.id] = cached
+        return cached[1]
 
     def views(self, snapshot: list[GpuSnapshot]) -> list[GpuView]:
         """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""

@@ -170,8 +170,9 @@ def test_torchrun_mode_starts_one_process_per_gpu_on_a_port_gpuq_chose(gpuq: Gpu
     ports = set()
     for job_id in jobs:
         record = gpuq.job(job_id)
-        lines = [line.split() for line in Path(record["log"]).read_text().splitlines() if line.startswith("rank")]
-        assert sorted(line[1] for line in lines) == ["0", "1"]
+        text = Path(record["log"]).read_text()
+        lines = [line.split() for line in text.splitlines() if line.startswith("rank")]
+        assert sorted(line[1] for line in lines) == ["0", "1"], text
         assert {line[7] for line in lines} == {",".join(map(str, record["gpus"]))}
         ports |= {line[5] for line in lines}
     assert len(ports) == 2

@@ -1,0 +1,99 @@
+"""gpuq on fake GPUs (``GPUQ_FAKE_GPUS=4x80GiB``), with a private state directory and daemon.
+
+"Held": ``gpuq pause``; released: ``gpuq resume``. A batch is queued through the Python API (the same
+spool files the CLI writes; only the CLI's start-up is skipped, and queueing is not timed).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.peers.base import GPUS, ROOT, Tool, ToolError, clean_env, run
+
+
+def binary() -> str | None:
+    here = Path(sys.executable).parent / "gpuq"
+    return str(here) if here.exists() else shutil.which("gpuq")
+
+
+class Gpuq(Tool):
+    name = "gpuq"
+    title = "gpuq"
+    max_gpus_per_job = GPUS
+
+    def __init__(self, work: Path, fake: str = f"{GPUS}x80GiB") -> None:
+        super().__init__(work)
+        found = binary()
+        if found is None:
+            raise ToolError("gpuq is not installed: pip install -e . (from the repository root)")
+        self.binary = found
+        self.home = work / "gpuq-home"
+        self.fake = fake
+        self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": fake})
+        self._up = False
+
+    def gpuq(self, *args: str, check: bool = True, timeout: float = 120.0) -> str:
+        return run([self.binary, *args], self.env, check=check, timeout=timeout)
+
+    def start(self) -> None:
+        self.gpuq("daemon", "start")
+        self._up = True
+
+    def stop(self) -> None:
+        if self._up:
+            self.gpuq("daemon", "stop", check=False)
+            self._up = False
+
+    def daemon_pid(self) -> int:
+        pid = int(self.home.joinpath("daemon.pid").read_text().strip())
+        return pid
+
+    def hold(self) -> None:
+        self.gpuq("pause")
+
+    def queue(self, jobs: Sequence[tuple[int, list[str]]], mem: str | None = None) -> None:
+        from jobs.api import submit
+
+        for gpus, argv in jobs:
+            submit(argv, gpus=gpus, mem=mem, home=self.home)
+
+    def release(self) -> None:
+        self.gpuq("resume")
+
+    def wait_idle(self, timeout: float = 300.0) -> None:
+        self.gpuq("wait", check=False, timeout=timeout)
+
+    def submit_argv(self, gpus: int, argv: list[str]) -> list[str]:
+        return [self.binary, "submit", "--gpus", str(gpus), *argv]
+
+    def discard(self) -> None:
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.start()
+
+    def pending_count(self) -> int:
+        import sqlite3
+
+        db = self.home / "jobs.db"
+        if not db.exists():
+            return 0
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM jobs WHERE state='pending'").fetchone()[0])
+        finally:
+            conn.close()
+
+    def version(self) -> str:
+        def git(*args: str) -> str:
+            try:
+                return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+            except OSError:
+                return ""
+
+        commit = git("rev-parse", "--short", "HEAD") or "unknown"
+        dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+        return f"gpuq {commit}{dirty}"

@@ -1,0 +1,278 @@
+"""Where gpuq's time goes: the dispatch gap of workload A, taken apart, and the cost of one CLI call.
+
+    python bench/profile_gpuq.py [--jobs 40] [--tmpfs] [--py-spy FILE] [--cli]
+
+Runs workload A (N jobs of 0.2 s, queued while paused, then resumed) against a gpuq daemon started
+through this script, which wraps the scheduler's steps with timers before it serves (gpuq itself is
+not changed). Each gap between two jobs on one GPU is split at the instants gpuq records:
+
+    previous job's end stamp -> its shim's ended_at (exit seen) -> the daemon's tick begins ->
+    _launch of the next job begins -> the shim gets its "go" -> the next job's start stamp
+
+``--tmpfs`` puts the state directory on /dev/shm, where fsync costs nothing: the difference to a run
+on disk is what durability costs. ``--py-spy FILE`` samples the daemon with py-spy (pip install
+py-spy) and prints the functions it spent its time in. ``--cli`` times ``gpuq submit`` and
+``gpuq status`` against ``python -c pass`` and lists the slowest imports (``-X importtime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import workloads  # noqa: E402
+from bench.peers.base import timed  # noqa: E402
+from bench.peers.gpuq import Gpuq, binary  # noqa: E402
+
+STEPS = ("tick", "reap", "ingest", "reconcile", "follow_up_arrays", "snapshot", "place_and_launch", "sample",
+         "_launch", "plan", "_record_reasons")  # fmt: skip
+
+
+def serve_traced(home: Path) -> int:
+    """Run the daemon in this process with timers around the scheduler's steps and the table's writes."""
+    from jobs.table import JobTable
+    from launcher import daemon, processes, scheduler
+
+    trace = (home / "trace.jsonl").open("a", buffering=1)
+
+    def wrap(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def timed_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.time()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                entry: dict[str, Any] = {"f": label, "t0": started, "t1": time.time()}
+                if name == "_launch":
+                    entry["job"] = args[0].id
+                trace.write(json.dumps(entry) + "\n")
+
+        setattr(owner, name, timed_call)
+
+    for step in STEPS:
+        if hasattr(scheduler.Scheduler, step):
+            wrap(scheduler.Scheduler, step, step)
+    for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons"):
+        wrap(JobTable, write, f"table.{write}")
+    shim_init, shim_go = processes.Shim.__init__, processes.Shim.go
+
+    def init(self: Any, launch: Any) -> None:
+        self.bench_job = launch.job_id
+        started = time.time()
+        shim_init(self, launch)
+        trace.write(json.dumps({"f": "fork", "job": launch.job_id, "t0": started, "t1": time.time()}) + "\n")
+
+    def go(self: Any) -> None:
+        shim_go(self)
+        trace.write(json.dumps({"f": "go", "job": self.bench_job, "t0": time.time()}) + "\n")
+
+    processes.Shim.__init__ = init  # type: ignore[method-assign]
+    processes.Shim.go = go  # type: ignore[method-assign]
+    return daemon.main(["--home", str(home)])
+
+
+def start_traced_daemon(tool: Gpuq) -> subprocess.Popen[bytes]:
+    tool.home.mkdir(parents=True, exist_ok=True)
+    log = (tool.work / "daemon.out").open("ab")
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(tool.home)], env=tool.env,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (tool.home / "daemon.pid").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the traced daemon did not start; see {tool.work / 'daemon.out'}")
+        time.sleep(0.02)
+    return proc
+
+
+def breakdown(work: Path, home: Path, jobs: int) -> dict[str, Any]:
+    trace = [json.loads(line) for line in (home / "trace.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (home / "events.jsonl").read_text().splitlines()]
+    ended = {e["job"]: e["t"] for e in events if e.get("event") == "succeeded"}
+    started_ids = sorted(e["job"] for e in events if e.get("event") == "started")
+    launch = {e["job"]: e["t0"] for e in trace if e["f"] == "_launch"}
+    go = {e["job"]: e["t0"] for e in trace if e["f"] == "go"}
+    ticks = sorted((e["t0"], e["t1"]) for e in trace if e["f"] == "tick")
+    stamps = {}
+    for index in range(jobs):
+        start, end, gpu = (work / "a-out" / str(index)).read_text().split()
+        stamps[started_ids[index]] = (float(start), float(end), int(gpu))
+
+    def tick_of(t: float) -> float:
+        return max((t0 for t0, t1 in ticks if t0 <= t), default=t)
+
+    parts: dict[str, list[float]] = collections.defaultdict(list)
+    names = ("1 job's end stamp -> its shim saw the exit (ended_at)",
+             "2 ended_at -> the daemon's tick begins (exit file fsync, FIFO wake-up)",
+             "3 tick begins -> _launch of the next job (reconcile, plan)",
+             "4 _launch -> go (fork the shim, record it running)",
+             "5 go -> the next job's start stamp (shim spawns sh, sh runs date)",
+             "  whole gap")  # fmt: skip
+    for gpu in range(4):
+        on_gpu = sorted((j for j in stamps if stamps[j][2] == gpu), key=lambda j: stamps[j][0])
+        for before, after in itertools.pairwise(on_gpu):
+            if before not in ended or after not in go:
+                continue
+            marks = [stamps[before][1], ended[before], tick_of(launch[after]), launch[after], go[after],
+                     stamps[after][0]]  # fmt: skip
+            for name, a, b in zip(names, marks, marks[1:], strict=False):
+                parts[name].append((b - a) * 1000)
+            parts[names[-1]].append((marks[-1] - marks[0]) * 1000)
+    steps: dict[str, list[float]] = collections.defaultdict(list)
+    for entry in trace:
+        if "t1" in entry:
+            steps[entry["f"]].append((entry["t1"] - entry["t0"]) * 1000)
+    return {
+        "gap_parts_ms": {n: (statistics.mean(v), statistics.median(v), max(v)) for n, v in parts.items() if v},
+        "steps_ms": {n: (len(v), statistics.mean(v), statistics.median(v), sum(v)) for n, v in steps.items()},
+    }
+
+
+def profile_dispatch(jobs: int, tmpfs: bool, spy: Path | None) -> None:
+    base = Path(tempfile.mkdtemp(prefix="gpuq-profile-", dir="/dev/shm" if tmpfs else None))
+    try:
+        tool = Gpuq(base)
+        proc = start_traced_daemon(tool)
+        tool._up = True
+        sampler = None
+        try:
+            if spy is not None:
+                pid = tool.daemon_pid()
+                sampler = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-r", "1000", "-f", "raw", "-o",
+                                            str(spy), "--nonblocking"],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                time.sleep(1.0)
+            figures = workloads.workload_a(tool, base, jobs)
+        finally:
+            if sampler is not None:
+                sampler.send_signal(2)
+                sampler.wait()
+            tool.stop()
+            proc.wait(timeout=30)
+        print(f"workload A, {jobs} jobs, state dir on {'tmpfs' if tmpfs else 'disk'} ({base}):")
+        print(f"  makespan {figures['makespan_s']:.3f} s (ideal {figures['ideal_s']:.2f}), "
+              f"mean gap {figures['gap_mean_ms']:.2f} ms, correct {figures['correct']}")  # fmt: skip
+        found = breakdown(base, tool.home, jobs)
+        print("  the gap between two jobs on one GPU, in parts (mean / median / max, ms):")
+        for name, (mean, median, most) in sorted(found["gap_parts_ms"].items()):
+            print(f"    {name:75s} {mean:7.2f} {median:7.2f} {most:7.2f}")
+        print("  the daemon's steps (calls, mean ms, median ms, total ms):")
+        for name, (count, mean, median, total) in sorted(found["steps_ms"].items(), key=lambda kv: -kv[1][3]):
+            print(f"    {name:28s} {count:6d} {mean:8.2f} {median:8.2f} {total:9.1f}")
+        if spy is not None and spy.exists():
+            print(f"  py-spy: where the daemon was busy ({spy}):")
+            print(summarize_spy(spy))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def summarize_spy(path: Path, top: int = 25) -> str:
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, count = line.rsplit(" ", 1)
+        frames = {re.sub(r":\d+\)", ")", frame) for frame in stack.split(";")}
+        total += int(count)
+        for frame in frames:
+            inclusive[frame] += int(count)
+    lines = [f"    {total} samples"]
+    lines += [f"    {n * 100 / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
+    return "\n".join(lines)
+
+
+def profile_cli(runs: int = 20) -> None:
+    gpuq = binary()
+    assert gpuq is not None
+    with tempfile.TemporaryDirectory(prefix="gpuq-cli-") as tmp, Gpuq(Path(tmp)) as tool:
+        tool.hold()
+        env = tool.env
+        python = sys.executable
+
+        def median_ms(argv: list[str]) -> float:
+            return statistics.median(timed(argv, env) for _ in range(runs)) * 1000
+
+        rows = [
+            ("python -c pass", [python, "-c", "pass"]),
+            ("python -I -S -c pass", [python, "-I", "-S", "-c", "pass"]),
+            ("python -c 'import launcher.cli'", [python, "-c", "import launcher.cli"]),
+            ("gpuq --help", [gpuq, "--help"]),
+            ("gpuq submit --gpus 1 true (queue paused)", [gpuq, "submit", "--gpus", "1", "true"]),
+            ("gpuq status", [gpuq, "status"]),
+        ]
+        print(f"CLI costs, median of {runs} (ms):")
+        for label, argv in rows:
+            print(f"  {label:45s} {median_ms(argv):7.1f}")
+        proc = subprocess.run([python, "-X", "importtime", "-c", "import launcher.cli"], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        entries = []
+        for line in proc.stderr.splitlines():
+            match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+            if match:
+                entries.append((int(match.group(2)), int(match.group(1)), len(match.group(3)), match.group(4)))
+        total = max((e[0] for e in entries), default=0)
+        print(f"imports of launcher.cli: {total / 1000:.1f} ms cumulative; top-level modules by cumulative time:")
+        for cumulative, own, depth, name in sorted(entries, reverse=True)[:15]:
+            print(f"  {cumulative / 1000:7.1f} ms (self {own / 1000:5.1f})  {'  ' * min(depth // 2, 6)}{name}")
+        snippet = (
+            "import time, cProfile, pstats, io, sys\n"
+            "t0 = time.perf_counter()\n"
+            "import launcher.cli\n"
+            "t1 = time.perf_counter()\n"
+            "profile = cProfile.Profile()\n"
+            "profile.enable()\n"
+            "try:\n"
+            "    launcher.cli.main(['submit', '--gpus', '1', 'true'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "profile.disable()\n"
+            "t2 = time.perf_counter()\n"
+            "out = io.StringIO()\n"
+            "stats = pstats.Stats(profile, stream=out).sort_stats('cumulative')\n"
+            "stats.print_stats(r'jobs/|launcher/|fsync|flock|poke', 25)\n"
+            "print(f'import launcher.cli {(t1 - t0) * 1000:.1f} ms; submit itself {(t2 - t1) * 1000:.1f} ms')\n"
+            "print(out.getvalue())\n"
+        )
+        proc = subprocess.run([python, "-c", snippet], env=env, capture_output=True, text=True)
+        print("one `gpuq submit` in-process (cProfile on the part after the imports):")
+        keep = [line for line in proc.stdout.splitlines() if line.strip() and "Ordered by" not in line]
+        print("\n".join("  " + line[:150] for line in keep[:40]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--tmpfs", action="store_true", help="state directory on /dev/shm (no fsync cost)")
+    parser.add_argument("--py-spy", type=Path, dest="spy", help="sample the daemon with py-spy into this file")
+    parser.add_argument("--cli", action="store_true", help="time gpuq's CLI and list its slowest imports")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve_traced(args.serve)
+    if args.cli:
+        profile_cli()
+        return 0
+    profile_dispatch(args.jobs, args.tmpfs, args.spy)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -54,13 +54,14 @@ def submit(
 
     Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry`` and ``notify``, as the CLI does.
 
-    The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one).
+    The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one);
+    a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
     """
     words = command.split() if isinstance(command, str) else list(command)
     spec = make_spec(
         words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
         name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {}, after=after,
-        after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify,
+        after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify, python=sys.executable,
     )  # fmt: skip
     state = _state(home)
     job_id = Queue(state).submit(spec)
@@ -99,6 +100,7 @@ def array(
         raise BadInput("an array needs at least one index")
     cwd = options.pop("cwd", None)
     extra_env = options.pop("env", None) or {}
+    options.setdefault("python", sys.executable)
     spec = make_spec(words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options)
     state = _state(home)
     array_id = Queue(state).submit(spec, array=plan)

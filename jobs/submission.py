@@ -53,9 +53,11 @@ def make_spec(
     retries: int = 0,
     oom_retry: bool = False,
     notify: str | None = None,
+    python: str | None = None,
 ) -> JobSpec:
     """Capture a submission: the caller's cwd and environment (plus ``env`` overrides), the interpreter
-    for a ``*.py`` command, and parsed limits. Raises BadInput with a one-line message on anything wrong."""
+    for a ``*.py`` command (``python``, else the one the environment points at), and parsed limits.
+    Raises BadInput with a one-line message on anything wrong."""
     workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
     if not os.path.isdir(workdir):
         raise BadInput(f"--cwd {workdir}: no such directory")
@@ -68,11 +70,11 @@ def make_spec(
     if not command or not command[0]:
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     program = command[0]
-    python = None
+    interpreter = None
     if program.endswith(".py"):
         if "{index}" not in program:  # a per-member script is checked when that member starts
             _require_file(program, workdir)
-        python = find_python(captured)
+        interpreter = python or find_python(captured)
     elif mode is Mode.TORCHRUN:
         raise BadInput(f"--mode torchrun runs a Python script (*.py), not {program!r}")
     else:
@@ -87,7 +89,7 @@ def make_spec(
         priority=priority,
         time_limit=parse_duration(time_limit) if isinstance(time_limit, str) else time_limit,
         mode=mode,
-        python=python,
+        python=interpreter,
         after=tuple(after),
         after_any=after_any,
         retries=retries,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -220,3 +221,17 @@ def test_every_transition_lands_in_the_event_journal(gpuq: Gpuq) -> None:
     assert started["gpus"] == gpuq.job(done)["gpus"]
     stamps = [e["t"] for e in events if e.get("job") == done]
     assert stamps == sorted(stamps)
+
+
+def test_python_api_runs_scripts_with_the_callers_interpreter_not_paths(gpuq: Gpuq) -> None:
+    """Regression: `.venv/bin/python examples/ensemble.py` without an activated venv ran its members
+    with PATH's python3, which had no torch."""
+    script = gpuq.cwd / "which.py"
+    script.write_text("import sys\nprint(sys.executable)\n")
+    gpuq.env.pop("VIRTUAL_ENV", None)
+    gpuq.env["PATH"] = "/usr/bin:/bin"  # a python3 here is not the caller's
+    code = "from jobs import submit, wait\n(r,) = wait([submit(['which.py'], gpus=0)])\nprint(r.log)\n"
+    out = subprocess.run([sys.executable, "-c", code], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    logged = Path(out.stdout.strip()).read_text().strip()
+    assert os.path.realpath(logged) == os.path.realpath(sys.executable)

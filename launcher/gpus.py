@@ -36,6 +36,14 @@ class GpuSnapshot:
     lost: bool = False
     error: str = ""
 
+    def outside_use(self, ours: set[int] | frozenset[int]) -> int:
+        """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses
+        what, all of it: counting a job's own use twice wastes room, counting a teammate's as ours
+        would over-commit the GPU. Placement and `gpuq gpus` both ask here, so they agree."""
+        if self.processes is None:
+            return self.used
+        return sum(used for pid, used in self.processes.items() if pid not in ours)
+
 
 class GpuSource(Protocol):
     def snapshot(self) -> list[GpuSnapshot]: ...

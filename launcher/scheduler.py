@@ -354,11 +354,10 @@ class Scheduler:
         ours = {pid for job in self.running.values() for pid in job.pids}
         views = []
         for gpu in snapshot:
-            if gpu.processes is None:
-                external = gpu.used  # the driver hides who uses what: count it all as foreign, to be safe
-            else:
+            if gpu.processes is not None:
                 self._attribute(gpu.processes)
-                external = sum(used for pid, used in gpu.processes.items() if pid not in ours)
+                ours |= {pid for job in self.running.values() for pid in job.pids}
+            external = gpu.outside_use(ours)
             available = not gpu.lost and gpu.index not in self.drained
             views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available))
         return views

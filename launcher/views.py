@@ -177,10 +177,7 @@ def gpu_rows(
     for gpu in snapshot:
         holders = [r for r in running if gpu.index in r.gpus]
         reserved = sum(gpu.total if r.spec.mem_per_gpu is None else r.spec.mem_per_gpu + overhead for r in holders)
-        if gpu.processes is None:
-            external = max(0, gpu.used - reserved)
-        else:
-            external = sum(used for pid, used in gpu.processes.items() if pid not in ours)
+        external = gpu.outside_use(ours)
         free = max(0, gpu.total - max(gpu.used, reserved + external))
         rows.append(
             GpuRow(gpu.index, gpu.uuid, gpu.name, gpu.total, external, min(reserved, gpu.total), free,

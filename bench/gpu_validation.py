@@ -195,7 +195,7 @@ def check_crowded(
             per_gpu = [int(b) for b in re.findall(r"gpu \d+: (\d+) bytes", log)]
             if len(per_gpu) != 2 or min(per_gpu) <= 0:
                 failures.append(f"DataParallel job {job}: per-GPU allocations {per_gpu}")
-            if dp_gpus.get(job) != {0, 1}:
+            if dp_gpus.get(job) != set(record["gpus"]):
                 failures.append(f"DataParallel job {job}: NVML saw it on GPUs {sorted(dp_gpus.get(job, set()))}")
         ranks = sorted(re.findall(r"rank (\d)/2 device cuda:\d backend nccl", log))
         if kinds[job] == "torchrun" and ranks != ["0", "1"]:
@@ -228,7 +228,7 @@ def packing(work: Path, jobs: int, epochs: int) -> dict[str, Any]:
         gpuq("wait")
         records = gpuq.records()
         makespans[label] = max(r["ended_at"] for r in records) - started
-        per_gpu = max(sum(1 for r in records if g in r["gpus"]) for g in (0, 1))
+        per_gpu = max(sum(1 for r in records if g in r["gpus"]) for g in {g for r in records for g in r["gpus"]})
         print(f"packing {label}: {jobs} jobs in {makespans[label]:.1f}s (busiest GPU ran {per_gpu})", flush=True)
         gpuq("daemon", "stop")
     speedup = makespans["whole_gpu"] / makespans["mem_4G"]

@@ -31,6 +31,11 @@ def default_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("GPUQ_HOME"):
         return Path(env["GPUQ_HOME"]).expanduser()
+    from jobs import config  # reads nothing (and imports no TOML parser) when there is no config file
+
+    configured = config.load(env).home
+    if configured is not None:
+        return configured
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "gpuq"
 

@@ -1,0 +1,223 @@
+"""gpuq's configuration: which queue to use, how a shared queue is run, which clusters exist.
+
+Two TOML files, both optional; the user's overrides the system's key by key (clusters by name):
+
+    /etc/gpuq/config.toml            written by the admin of a shared machine ($GPUQ_SYSTEM_CONFIG)
+    ~/.config/gpuq/config.toml       the user's own ($GPUQ_CONFIG, or under $XDG_CONFIG_HOME)
+
+    home = "/var/lib/gpuq"           # the state directory, i.e. the queue ($GPUQ_HOME wins over it)
+
+    [shared]                         # read by a daemon started with --shared
+    admins = "gpuq-admin"            # members of this group may cancel, hold or update anyone's job
+    max_gpus_per_user = 4            # GPUs one user's running jobs may hold at once
+    max_queued_per_user = 1000       # jobs one user may have waiting
+    fair_share_half_life = "24h"     # how fast past GPU use is forgotten
+    [shared.priority]                # added to every job of that user
+    alice = 10
+
+    [clusters.lab]                   # `gpuq submit --on lab ...`
+    backend = "slurm"
+    partition = "gpu"
+    account = "ml-team"
+    time = "4h"                      # default --time for jobs sent there
+    sbatch_flags = ["--qos=normal"]
+
+Files are read only when they exist, so a machine without one pays nothing (no TOML import).
+Every mistake is one line naming the file and the key, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import BadInput
+from jobs.units import parse_duration
+
+SYSTEM_CONFIG = Path("/etc/gpuq/config.toml")
+BACKENDS = ("slurm",)
+
+
+class ConfigError(BadInput):
+    """A config file that cannot be used: the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    backend: str = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    time: float | None = None  # seconds: the default time limit of jobs sent there
+    sbatch_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Shared:
+    admins: str | None = None  # a group name
+    max_gpus_per_user: int | None = None
+    max_queued_per_user: int | None = None
+    fair_share_half_life: float = 24 * 3600.0
+    priority: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Path | None = None
+    shared: Shared = field(default_factory=Shared)
+    clusters: Mapping[str, Cluster] = field(default_factory=dict)
+    sources: tuple[Path, ...] = ()  # the files it was read from, for messages
+
+    def cluster(self, name: str) -> Cluster:
+        found = self.clusters.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.clusters)) or "none are configured"
+            where = " or ".join(str(p) for p in config_paths())
+            raise ConfigError(f"no cluster named {name!r} (known: {known}); add [clusters.{name}] to {where}")
+        return found
+
+
+def config_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path]:
+    """(system file, user file), lowest precedence first."""
+    env = os.environ if env is None else env
+    system = Path(env.get("GPUQ_SYSTEM_CONFIG") or SYSTEM_CONFIG)
+    if env.get("GPUQ_CONFIG"):
+        user = Path(env["GPUQ_CONFIG"]).expanduser()
+    else:
+        base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        user = Path(base) / "gpuq" / "config.toml"
+    return system, user
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """The merged configuration (an empty one when neither file exists)."""
+    merged: dict[str, Any] = {}
+    sources: list[Path] = []
+    for path in config_paths(env):
+        raw = _read(path)
+        if raw is None:
+            continue
+        sources.append(path)
+        _check_keys(raw, {"home", "shared", "clusters"}, path, "")
+        for key, value in raw.items():
+            if key in ("shared", "clusters") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        merged.setdefault("_where", {}).update({k: path for k in raw})
+    return _build(merged, tuple(sources))
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not a config file") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; it must be a TOML file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} is nested too deeply to be a gpuq config") from None
+
+
+def _build(raw: dict[str, Any], sources: tuple[Path, ...]) -> Config:
+    where: dict[str, Path] = raw.pop("_where", {})
+    home = raw.get("home")
+    if home is not None:
+        home = Path(_typed(home, str, where.get("home"), "home")).expanduser()
+        if not home.is_absolute():
+            raise ConfigError(f"{where.get('home')}: home must be an absolute path, not {str(home)!r}")
+    shared = _shared(raw.get("shared", {}), where.get("shared"))
+    clusters_raw = raw.get("clusters", {})
+    if not isinstance(clusters_raw, dict):
+        raise ConfigError(f"{where.get('clusters')}: [clusters] must be a table of [clusters.NAME] tables")
+    clusters = {name: _cluster(name, value, where.get("clusters")) for name, value in clusters_raw.items()}
+    return Config(home=home, shared=shared, clusters=clusters, sources=sources)
+
+
+def _shared(raw: Any, path: Path | None) -> Shared:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [shared] must be a table")
+    _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority"},
+                path, "shared.")  # fmt: skip
+    priority = raw.get("priority", {})
+    if not isinstance(priority, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
+    ):
+        raise ConfigError(f"{path}: [shared.priority] maps user names to whole numbers from -1000000 to 1000000")
+    half_life = raw.get("fair_share_half_life", "24h")
+    try:
+        seconds = parse_duration(_typed(half_life, str, path, "shared.fair_share_half_life"))
+    except ConfigError:
+        raise
+    except BadInput as err:
+        raise ConfigError(f"{path}: shared.fair_share_half_life: {err}") from None
+    return Shared(
+        admins=_optional(raw.get("admins"), str, path, "shared.admins"),
+        max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
+        max_queued_per_user=_count(raw.get("max_queued_per_user"), path, "shared.max_queued_per_user"),
+        fair_share_half_life=seconds,
+        priority=dict(priority),
+    )
+
+
+def _cluster(name: str, raw: Any, path: Path | None) -> Cluster:
+    key = f"clusters.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [{key}] must be a table")
+    _check_keys(raw, {"backend", "partition", "account", "time", "sbatch_flags"}, path, key + ".")
+    backend = _typed(raw.get("backend", "slurm"), str, path, f"{key}.backend")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{path}: {key}.backend = {backend!r}; gpuq knows {', '.join(BACKENDS)}")
+    flags = raw.get("sbatch_flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ConfigError(f'{path}: {key}.sbatch_flags must be a list of strings, e.g. ["--qos=normal"]')
+    time = _optional(raw.get("time"), str, path, f"{key}.time")
+    try:
+        seconds = None if time is None else parse_duration(time)
+    except BadInput as err:
+        raise ConfigError(f"{path}: {key}.time: {err}") from None
+    return Cluster(
+        name=name, backend=backend, partition=_optional(raw.get("partition"), str, path, f"{key}.partition"),
+        account=_optional(raw.get("account"), str, path, f"{key}.account"), time=seconds, sbatch_flags=tuple(flags),
+    )  # fmt: skip
+
+
+def _check_keys(raw: Mapping[str, Any], known: set[str], path: Path | None, prefix: str) -> None:
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key {prefix}{unknown[0]}; known keys here: {', '.join(prefix + k for k in sorted(known))}"
+        )
+
+
+def _typed(value: Any, kind: type, path: Path | None, key: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
+        raise ConfigError(f"{path}: {key} must be a {kind.__name__}, not {value!r}")
+    return value
+
+
+def _optional(value: Any, kind: type, path: Path | None, key: str) -> Any:
+    return None if value is None else _typed(value, kind, path, key)
+
+
+def _count(value: Any, path: Path | None, key: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 1 << 31:
+        raise ConfigError(f"{path}: {key} must be a whole number of 1 or more, not {value!r}")
+    return value

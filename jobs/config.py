@@ -29,6 +29,7 @@ Every mistake is one line naming the file and the key, and exits with code 2.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,12 +121,13 @@ def _read(path: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path} is a directory, not a config file") from None
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror}") from None
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:
+        import tomli as tomllib
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        parsed: dict[str, Any] = tomllib.loads(data.decode("utf-8"))
+        return parsed
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text; it must be a TOML file") from None
     except tomllib.TOMLDecodeError as err:

@@ -10,10 +10,14 @@ Rules, in order:
 * **Fit.** A ``--mem`` job fits a GPU whose headroom is at least its memory plus a per-process overhead
   (the CUDA context, which PyTorch's memory cap does not cover). A whole-GPU job needs a GPU
   with no gpuq job and only negligible external use, and then holds all of it.
-* **Order.** Jobs are considered in the order given (priority, then submission). The first job that
-  cannot start is the *head*: it claims the GPUs it will start on (those that free up soonest), and
-  later jobs may use a claimed GPU only if they cannot delay the head: they end (by their time limit)
-  before the head could start anyway, or they leave the head's memory free on that GPU.
+* **Order.** Jobs are considered in the order given (``launcher.fairshare.fair_order``: with one user,
+  priority, then submission). The first job that cannot start is the *head*: it claims the GPUs it will
+  start on (those that free up soonest), and later jobs may use a claimed GPU only if they cannot delay
+  the head: they end (by their time limit) before the head could start anyway, or they leave the head's
+  memory free on that GPU.
+* **User caps.** In a shared queue a GPU job whose owner would then hold more GPUs than their cap waits,
+  and, like a throttled array at its limit, never becomes the head: a user held back by their own cap
+  must not claim GPUs and so hold back other users' jobs. Placements earlier in the pass count.
 * **Choice.** Among fitting GPUs, spread: fewest gpuq jobs first, then most headroom, then lowest index,
   so small jobs do not pile onto one GPU while another idles. Multi-GPU jobs take their GPUs together,
   preferring the closest set (NVLink before PCIe) when the topology is known.
@@ -62,6 +66,7 @@ class Request:
     mem_per_gpu: int | None = None
     time_limit: float | None = None
     group: int | None = None  # an array with a throttle: at most group_limits[group] of it run at once
+    user: str | None = None  # the owner, for per-user GPU caps in a shared queue
 
 
 @dataclass(frozen=True)
@@ -178,13 +183,19 @@ def place(
     cpu_jobs_running: int = 0,
     group_limits: Mapping[int, int] | None = None,
     group_running: Mapping[int, int] | None = None,
+    user_caps: Mapping[str, int] | None = None,
+    user_gpus: Mapping[str, int] | None = None,
 ) -> Plan:
     """Decide which pending jobs start now and on which GPUs. ``pending`` is in queue order.
 
     A throttled group (an array run with ``%N``) at its limit just waits: it never claims GPUs as head.
+    ``user_caps`` is the most GPUs each user's running jobs may hold at once (a user not in it has no cap),
+    ``user_gpus`` what each user holds now; a GPU job over its owner's cap waits and never claims GPUs.
     """
     limits = group_limits or {}
     in_group = dict(group_running or {})
+    caps = user_caps or {}
+    held = dict(user_gpus or {})
     state = {view.index: _Gpu(view) for view in gpus}
     for holding in holdings:
         for index in holding.gpus:
@@ -212,6 +223,10 @@ def place(
             if group is not None:
                 in_group[group] = in_group.get(group, 0) + 1
             continue
+        user = request.user
+        if user is not None and user in caps and held.get(user, 0) + request.gpus > caps[user]:
+            plan.waiting[request.job_id] = _over_cap(user, held.get(user, 0), caps[user], request.gpus)
+            continue
         shape = (request.gpus, request.mem_per_gpu, request.time_limit)
         if shape in failed and claim is not None:
             plan.waiting[request.job_id] = failed[shape]
@@ -228,6 +243,8 @@ def place(
             plan.decisions.append(Decision(request.job_id, tuple(sorted(g.view.index for g in chosen))))
             if group is not None:
                 in_group[group] = in_group.get(group, 0) + 1
+            if user is not None:
+                held[user] = held.get(user, 0) + request.gpus
             continue
         if claim is None:
             claim = _claim(request, state, policy, now)
@@ -262,6 +279,12 @@ def _claim(request: Request, state: dict[int, _Gpu], policy: Policy, now: float)
     possible.sort(key=lambda g: (g.free_at(request, policy, now), g.reserved, g.view.index))
     chosen = possible[: request.gpus]
     return _Claim(request, {g.view.index for g in chosen}, max(g.free_at(request, policy, now) for g in chosen))
+
+
+def _over_cap(user: str, held: int, cap: int, needs: int) -> str:
+    if needs > cap:
+        return f"user cap: {user} may hold at most {cap} GPU{'s' if cap != 1 else ''} at once; this job needs {needs}"
+    return f"user cap: {user} has {held} GPU{'s' if held != 1 else ''} in use (at most {cap} at once)"
 
 
 def _need(request: Request) -> str:

@@ -9,7 +9,7 @@ implementation's own helpers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -88,6 +88,8 @@ def check_plan(
     holdings: Sequence[Holding],
     policy: Policy,
     cpu_jobs_running: int,
+    user_caps: Mapping[str, int] | None = None,
+    user_gpus: Mapping[str, int] | None = None,
 ) -> None:
     """Every rule a single plan must obey, whatever came before it."""
     by_id = {r.job_id: r for r in pending}
@@ -135,16 +137,34 @@ def check_plan(
             taken = max(view.used, load.reserved + view.external)
             assert taken + policy.margin <= view.total, f"GPU {index} over-committed: {view} {load} {policy}"
 
-    # A job that could never fit says so; one that could does not claim it never will.
+    # Caps, in queue order: a GPU job is over its user's cap when the GPUs the user holds plus those placed
+    # ahead of it in this plan plus its own exceed the cap. Such a job is never placed, and its reason
+    # says so; no other job gives that reason.
+    caps = user_caps or {}
+    held = dict(user_gpus or {})
+    decisions = {d.job_id: d for d in plan.decisions}
+    over_cap: set[int] = set()
     for request in pending:
-        if request.job_id in plan.waiting and request.gpus > 0:
+        user = request.user
+        if request.gpus and user is not None and user in caps and held.get(user, 0) + request.gpus > caps[user]:
+            over_cap.add(request.job_id)
+            assert request.job_id not in decisions, f"{request} placed over its user's cap: {held} {caps}"
+        elif request.job_id in decisions and user is not None:
+            held[user] = held.get(user, 0) + request.gpus
+    for job_id, reason in plan.waiting.items():
+        assert reason.startswith("user cap: ") == (job_id in over_cap), (by_id[job_id], reason)
+
+    # A job that could never fit says so (unless it is over its user's cap: that is checked first, being
+    # cheap); one that could does not claim it never will.
+    for request in pending:
+        if request.job_id in plan.waiting and request.gpus > 0 and request.job_id not in over_cap:
             says_never = "could ever" in plan.waiting[request.job_id]
             assert says_never == never_fits(request, gpus, policy), (request, plan.waiting[request.job_id])
 
     # Work conservation, in queue order: until the first job that waits although it could fit some day
     # (the head), every job that fits in what the jobs ahead of it left is placed; the head itself
-    # must really not fit in what was left.
-    decisions = {d.job_id: d for d in plan.decisions}
+    # must really not fit in what was left. A job over its user's cap is never the head: the jobs behind
+    # it are judged as if it were not there, so a capped user cannot hold back the others.
     left = loads(gpus, holdings, policy)
     for request in pending:
         placed = decisions.get(request.job_id)
@@ -152,7 +172,7 @@ def check_plan(
             for index in placed.gpus:
                 left[index].add(request.mem_per_gpu)
             continue
-        if request.gpus == 0 or never_fits(request, gpus, policy):
+        if request.gpus == 0 or request.job_id in over_cap or never_fits(request, gpus, policy):
             continue
         fitting = [g.index for g in gpus if fits_now(g, left[g.index], request, policy)]
         assert len(fitting) < request.gpus, f"{request} waits though GPUs {fitting} are free and nothing is ahead"
@@ -757,3 +777,59 @@ def test_plan_is_the_same_for_the_same_inputs() -> None:
     plans = [place(pending, gpus, holdings, 5.0, Policy(cpu_slots=1), nvlink_pairs) for _ in range(3)]
 
     assert plans[0] == plans[1] == plans[2]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-user GPU caps (a shared queue).
+
+
+def test_job_over_its_users_cap_waits_and_says_so_while_another_users_job_starts() -> None:
+    gpus = [GpuView(i, 80 * GiB) for i in range(3)]
+    holdings = [Holding(9, (2,), None)]  # alice's
+    pending = [Request(1, 1, None, user="alice"), Request(2, 1, None, user="bob")]
+
+    plan = place(pending, gpus, holdings, 0.0, user_caps={"alice": 1}, user_gpus={"alice": 1})
+
+    assert plan.decisions == [Decision(2, (0,))]
+    assert plan.waiting == {1: "user cap: alice has 1 GPU in use (at most 1 at once)"}
+
+
+def test_placements_within_a_pass_count_toward_the_cap() -> None:
+    gpus = [GpuView(i, 80 * GiB) for i in range(4)]
+    pending = [Request(i, 1, 10 * GiB, user="alice") for i in range(1, 4)]
+
+    plan = place(pending, gpus, [], 0.0, user_caps={"alice": 2})
+
+    assert [d.job_id for d in plan.decisions] == [1, 2]
+    assert plan.waiting == {3: "user cap: alice has 2 GPUs in use (at most 2 at once)"}
+
+
+def test_capped_job_does_not_become_the_head_and_claim_gpus_from_other_users() -> None:
+    """Without the cap alice's 3-GPU job would be the head, claim GPUs 0 and 1 and hold bob's job back."""
+    gpus = [GpuView(i, 80 * GiB) for i in range(4)]
+    holdings = [Holding(8, (2,), None), Holding(9, (3,), None)]  # alice's, no time limits
+    pending = [Request(1, 3, None, user="alice"), Request(2, 1, None, user="bob")]
+
+    uncapped = place(pending, gpus, holdings, 0.0)
+    capped = place(pending, gpus, holdings, 0.0, user_caps={"alice": 4}, user_gpus={"alice": 2})
+
+    assert uncapped.decisions == []
+    assert capped.decisions == [Decision(2, (0,))]
+    assert capped.waiting == {1: "user cap: alice has 2 GPUs in use (at most 4 at once)"}
+
+
+def test_job_needing_more_gpus_than_its_users_cap_says_it_never_fits_the_cap() -> None:
+    plan = place(
+        [Request(1, 3, None, user="alice")], [GpuView(i, 80 * GiB) for i in range(4)], [], 0.0, user_caps={"alice": 2}
+    )
+
+    assert plan.waiting == {1: "user cap: alice may hold at most 2 GPUs at once; this job needs 3"}
+
+
+def test_cpu_jobs_and_users_without_a_cap_are_not_capped() -> None:
+    gpus = [GpuView(0, 80 * GiB)]
+    pending = [Request(1, 0, user="alice"), Request(2, 1, 10 * GiB, user="bob"), Request(3, 1, 10 * GiB)]
+
+    plan = place(pending, gpus, [], 0.0, user_caps={"alice": 0}, user_gpus={"alice": 5})
+
+    assert plan.decisions == [Decision(1, ()), Decision(2, (0,)), Decision(3, (0,))]

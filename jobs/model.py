@@ -236,6 +236,9 @@ class JobRecord:
     array_index: int | None = None  # its index in that array ({index} in the command, GPUQ_ARRAY_INDEX)
     attempt: int = 1  # 1 for the first run, 2 for the first retry...
     held: bool = False  # held jobs stay pending until released
+    cluster: str | None = None  # the cluster it was sent to (`gpuq submit --on`); None: this machine's queue
+    external_id: str | None = None  # its id there: a Slurm job id, or ARRAYJOB_TASK for an array member
+    node: str | None = None  # the cluster node it ran on
 
     def replace(self, **changes: Any) -> JobRecord:
         return dataclasses.replace(self, **changes)
@@ -272,6 +275,9 @@ class JobRecord:
             "array_index": self.array_index,
             "attempt": self.attempt,
             "held": self.held,
+            "cluster": self.cluster,
+            "external_id": self.external_id,
+            "node": self.node,
         }
 
 

@@ -84,22 +84,25 @@ def build_report(records: Iterable[JobRecord], gpu_count: int, now: float, since
     ``since=None`` reaches back to the first submit. ``gpu_count`` comes from the inventory; GPUs a job was
     recorded on beyond it (lost since, or no inventory yet) still get a lane. A job's GPU-hours are the GPUs
     it held times its running time inside the window, so a CPU job counts 0 and two ``--mem`` jobs sharing a
-    GPU count it twice (each held it).
+    GPU count it twice (each held it). Jobs sent to a cluster count in the outcomes and GPU-hours (the whole
+    GPUs Slurm gave them) but ran on other machines' GPUs: they get no lane here and no part in idle time.
     """
     records = list(records)
     start = now - since if since is not None else min((r.submitted_at for r in records), default=now)
     chosen = sorted((r for r in records if _in_window(r, start, now)), key=lambda r: r.id)
-    gpu_count = max(gpu_count, *(g + 1 for r in chosen for g in r.gpus), 0)
+    here = [r for r in chosen if r.cluster is None]
+    gpu_count = max(gpu_count, *(g + 1 for r in here for g in r.gpus), 0)
     by_user: dict[str, float] = defaultdict(float)
     by_array: dict[int, float] = defaultdict(float)
     segments = []
     for record in chosen:
         held = _clip(_running(record, now), start, now)
-        hours = len(record.gpus) * (held[1] - held[0]) / HOUR if held else 0.0
+        count = record.spec.gpus if record.cluster else len(record.gpus)
+        hours = count * (held[1] - held[0]) / HOUR if held else 0.0
         by_user[record.user] += hours
         if record.array_id is not None:
             by_array[record.array_id] += hours
-        if held and held[1] > held[0]:
+        if held and held[1] > held[0] and record.cluster is None:
             name = record.spec.display_name
             segments += [Segment(g, record.id, name, record.user, *held, record.state) for g in record.gpus]
     return Report(
@@ -111,7 +114,7 @@ def build_report(records: Iterable[JobRecord], gpu_count: int, now: float, since
         rows=[_row(r, now) for r in chosen],
         gpu_hours_by_user=_largest_first(by_user),
         gpu_hours_by_array=_largest_first(by_array),
-        idle_gpu_hours=_idle_while_waiting(chosen, gpu_count, start, now) / HOUR,
+        idle_gpu_hours=_idle_while_waiting(here, gpu_count, start, now) / HOUR,
         segments=segments,
     )
 

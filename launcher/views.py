@@ -47,13 +47,30 @@ def _mem(r: JobRecord) -> str:
 
 def status_table(records: Sequence[JobRecord], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    return _table(_HEADER, [_row(r, now) for r in records])
+    return _table(*_where(_HEADER, [(r, _row(r, now)) for r in records]))
+
+
+def _where(
+    header: tuple[str, ...], rows: Sequence[tuple[JobRecord, tuple[str, ...]]]
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """A WHERE column (``lab:1234``: cluster and Slurm id) after STATE, once any job went to a cluster."""
+    if not any(record.cluster for record, _ in rows):
+        return header, [row for _, row in rows]
+    return (*header[:4], "WHERE", *header[4:]), [(*row[:4], _place(r), *row[4:]) for r, row in rows]
+
+
+def _place(r: JobRecord) -> str:
+    if r.cluster is None:
+        return "local"
+    folded = r.id == r.array_id  # fold_arrays' line for a whole array: its Slurm array job
+    slurm_id = (r.external_id or "").split("_")[0] if folded else r.external_id
+    return f"{r.cluster}:{slurm_id}"
 
 
 def fold_arrays(records: Sequence[JobRecord], names: Mapping[int, str], now: float | None = None) -> str:
     """The status table with each array folded into one line of counts by state (``names``: array names)."""
     now = time.time() if now is None else now
-    rows: list[tuple[int, tuple[str, ...]]] = [(r.id, _row(r, now)) for r in records if r.array_id is None]
+    rows: list[tuple[JobRecord, tuple[str, ...]]] = [(r, _row(r, now)) for r in records if r.array_id is None]
     groups: dict[int, list[JobRecord]] = {}
     for record in records:
         if record.array_id is not None:
@@ -69,8 +86,9 @@ def fold_arrays(records: Sequence[JobRecord], names: Mapping[int, str], now: flo
         name = f"{(names.get(array_id) or first.spec.display_name)[:18]} [{len(members)}]"
         gpus = ",".join(sorted({str(g) for m in members if m.state is JobState.RUNNING for g in m.gpus})) or "-"
         why = f"{held} held: {first.reason}" if held else ""
-        rows.append((array_id, (str(array_id), name, first.user, summary, gpus, _mem(first), "-", why)))
-    return _table(_HEADER, [row for _, row in sorted(rows)])
+        row = (str(array_id), name, first.user, summary, gpus, _mem(first), "-", why)
+        rows.append((first.replace(id=array_id), row))
+    return _table(*_where(_HEADER, sorted(rows, key=lambda row: row[0].id)))
 
 
 class Progress:
@@ -109,6 +127,11 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("name", spec.display_name),
         ("user", f"{record.user} (uid {record.uid})"),
         ("state", record.state.value),
+        *(
+            [("cluster", record.cluster), ("slurm job", record.external_id or "-"), ("node", record.node or "-")]
+            if record.cluster
+            else []
+        ),
         ("command", shlex.join(spec.command)),
         ("python", spec.python or "-"),
         ("cwd", spec.cwd),

@@ -7,6 +7,7 @@
         print(record.id, record.state.value, record.exit_code)
 
 Everything here works through the state directory; a daemon is started when none is running.
+``on="lab"`` sends a job to the cluster named ``lab`` in the config instead (see ``jobs.clusters``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from jobs import spool
 from jobs.errors import BadInput, DaemonError
-from jobs.model import JobRecord, Mode
+from jobs.model import JobRecord, JobSpec, Mode
 from jobs.spool import ArrayPlan
 from jobs.statedir import StateDir
 from jobs.store import Queue
@@ -49,10 +50,12 @@ def submit(
     retries: int = 0,
     oom_retry: bool = False,
     notify: str | None = None,
+    on: str | None = None,
 ) -> int:
     """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
 
-    Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry`` and ``notify``, as the CLI does.
+    Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry``, ``notify`` and ``on`` (a cluster),
+    as the CLI does.
 
     The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one);
     a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
@@ -64,14 +67,48 @@ def submit(
         after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify, python=sys.executable,
     )  # fmt: skip
     state = _state(home)
-    job_id = Queue(state).submit(spec)
-    ensure_daemon(state)
+    job_id = queue_job(state, spec, on=on)
+    if on is None:
+        ensure_daemon(state)
     return job_id
+
+
+def queue_job(state: StateDir, spec: JobSpec, array: ArrayPlan | None = None, *, on: str | None = None) -> int:
+    """Send a job where it was asked to run: to the cluster named ``on``, else to this machine's queue."""
+    if on is not None:
+        from jobs import clusters  # Slurm's code loads only for cluster jobs
+
+        return clusters.submit(state, on, spec, array)
+    if spec.after and state.clusters_db.exists():
+        from jobs import clusters
+
+        clusters.refuse_cluster_dependencies(state, spec.after)
+    return Queue(state).submit(spec, array=array)
+
+
+def readers(state: StateDir) -> Queue:
+    """The queue to read (and cancel) jobs through: with the cluster jobs when any were sent from here."""
+    if not state.clusters_db.exists():
+        return Queue(state)
+    from jobs.clusters import Everywhere
+
+    return Everywhere(state)
+
+
+def local_ids(state: StateDir, job_ids: Iterable[int]) -> list[int]:
+    """Those of ``job_ids`` that are this machine's (and want its daemon), not a cluster's."""
+    if not state.clusters_db.exists():
+        return list(job_ids)
+    from jobs.clusters import remote_ids
+
+    ids = list(job_ids)
+    remote = remote_ids(state, ids)
+    return [i for i in ids if i not in remote]
 
 
 def status(job_ids: Iterable[int] | None = None, *, home: str | os.PathLike[str] | None = None) -> list[JobRecord]:
     """The records of ``job_ids``, or of every job in the queue."""
-    queue = Queue(_state(home))
+    queue = readers(_state(home))
     if job_ids is None:
         return queue.records()
     return [queue.get(job_id) for job_id in job_ids]
@@ -79,8 +116,9 @@ def status(job_ids: Iterable[int] | None = None, *, home: str | os.PathLike[str]
 
 def cancel(job_ids: Iterable[int], *, home: str | os.PathLike[str] | None = None) -> list[int]:
     state = _state(home)
-    cancelled = Queue(state).cancel(job_ids)
-    ensure_daemon(state)
+    cancelled = readers(state).cancel(job_ids)
+    if local_ids(state, cancelled):
+        ensure_daemon(state)
     return cancelled
 
 
@@ -93,18 +131,20 @@ def array(
     **options: Any,
 ) -> tuple[int, list[int]]:
     """Queue an array: one member per index, ``{index}`` in the command replaced by it, at most
-    ``throttle`` running at once. Takes the options of ``submit``. Returns (array id, member ids)."""
+    ``throttle`` running at once. Takes the options of ``submit`` (``on`` too). Returns (array id, member ids)."""
     words = command.split() if isinstance(command, str) else list(command)
     plan = ArrayPlan(tuple(sorted(set(indices))), throttle)
     if not plan.indices:
         raise BadInput("an array needs at least one index")
     cwd = options.pop("cwd", None)
     extra_env = options.pop("env", None) or {}
+    on = options.pop("on", None)
     options.setdefault("python", sys.executable)
     spec = make_spec(words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options)
     state = _state(home)
-    array_id = Queue(state).submit(spec, array=plan)
-    ensure_daemon(state)
+    array_id = queue_job(state, spec, plan, on=on)
+    if on is None:
+        ensure_daemon(state)
     return array_id, list(plan.member_ids(array_id))
 
 
@@ -121,7 +161,7 @@ def wait(
     daemon if it dies while we wait. ``on_progress`` gets the records each time they are read.
     """
     state = _state(home)
-    queue = Queue(state)
+    queue = readers(state)
     # Unknown ids fail now, not after a long wait.
     chosen = queue.records(active_only=True) if job_ids is None else queue.resolve(job_ids)
     ids = [r.id for r in chosen]
@@ -136,7 +176,8 @@ def wait(
             return records
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"jobs still active after {timeout}s")
-        ensure_daemon(state)
+        if any(r.cluster is None and not r.state.finished for r in records):
+            ensure_daemon(state)  # not for cluster jobs alone: a login node needs no gpuq daemon
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
 
@@ -145,23 +186,40 @@ def ensure_daemon(state: StateDir) -> bool:
     """Wake the daemon, starting one if none runs. True if one was started."""
     if spool.poke(state):
         return False
+    if state.is_foreign():  # a shared queue: its admin runs the daemon; the job waits for it, safely queued
+        sys.stderr.write(
+            f"gpuq: the daemon of the shared queue in {state.root} is not running; jobs wait until it is "
+            "(ask its admin: `sudo systemctl start gpuq`)\n"
+        )
+        return False
     start_daemon(state)
     return True
 
 
-def start_daemon(state: StateDir) -> None:
+def start_daemon(state: StateDir, *, shared: bool = False) -> None:
     """Start a daemon for ``state`` in its own session, detached from this process.
 
     The daemon lives in ``launcher.daemon``; we start it as a process, not an import, so that ``jobs``
     stays free of the launcher (and its NVML and psutil). If another client raced us, the loser finds
     the lock taken and exits quietly.
     """
+    if state.is_foreign():
+        raise DaemonError(
+            f"the queue in {state.root} belongs to {_owner(state)} and its daemon is not running; "
+            "ask its admin to start it (`sudo systemctl start gpuq`)"
+        )
     state.ensure()
     with state.daemon_log.open("ab") as log:
         try:
             subprocess.Popen(
-                [sys.executable, "-m", "launcher.daemon", "--home", str(state.root)],
+                [sys.executable, "-m", "launcher.daemon", "--home", str(state.root), *(["--shared"] if shared else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
             )  # fmt: skip
         except OSError as err:
             raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None
+
+
+def _owner(state: StateDir) -> str:
+    from jobs.store import user_name
+
+    return user_name(state.root.stat().st_uid)

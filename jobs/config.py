@@ -12,8 +12,8 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     max_gpus_per_user = 4            # GPUs one user's running jobs may hold at once
     max_queued_per_user = 1000       # jobs one user may have waiting
     fair_share_half_life = "24h"     # how fast past GPU use is forgotten
-    [shared.priority]                # added to every job of that user
-    alice = 10
+    [shared.priority]                # users with a higher number go first; default 0
+    alice = 10                       # (a job's own --priority orders only its user's jobs)
 
     [clusters.lab]                   # `gpuq submit --on lab ...`
     backend = "slurm"
@@ -39,6 +39,7 @@ from jobs.errors import BadInput
 from jobs.units import parse_duration
 
 SYSTEM_CONFIG = Path("/etc/gpuq/config.toml")
+SHARED_HOME = Path("/var/lib/gpuq")  # a shared queue's state directory unless the config names another
 BACKENDS = ("slurm",)
 
 

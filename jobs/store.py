@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from jobs import spool
+from jobs import accounts, spool
 from jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
@@ -52,6 +52,8 @@ class Queue:
         if spec.after:
             self.resolve(spec.after)
         count = 1 if array is None else 1 + len(array.indices)
+        if self.state.is_foreign():
+            self._check_caps(spec, count - (array is not None))
         job_id = spool.allocate_ids(self.state, count)
         spool.write_submit(self.state, job_id, spec, time.time() if now is None else now, array)
         return job_id
@@ -66,7 +68,7 @@ class Queue:
         uid = os.getuid() if uid is None else uid
         records = self.resolve(list(ids))
         for record in records:
-            if uid not in (0, record.uid):
+            if not self._may_act(uid, record):
                 raise NotPermitted(
                     f"job {record.id} belongs to {record.user}; only {record.user} or an admin can {action} it"
                 )
@@ -80,8 +82,8 @@ class Queue:
         uid = os.getuid() if uid is None else uid
         self.state.ensure()
         owner = self.state.root.stat().st_uid
-        if uid not in (0, owner):
-            raise NotPermitted(f"only {user_name(owner)} (who runs this queue) or root can {action} it")
+        if not accounts.may_act(uid, owner, self._admins(), owner):
+            raise NotPermitted(f"only {user_name(owner)} (who runs this queue) or an admin can {action} it")
         inventory = self.inventory()
         for gpu in gpus:
             if gpu < 0 or (inventory is not None and gpu >= len(inventory.totals)):
@@ -98,7 +100,7 @@ class Queue:
         ids = list(dict.fromkeys(job_ids))
         active = []
         for record in self.resolve(ids):
-            if uid not in (0, record.uid):
+            if not self._may_act(uid, record):
                 raise NotPermitted(
                     f"job {record.id} belongs to {record.user}; only {record.user} or an admin can cancel it"
                 )
@@ -107,6 +109,37 @@ class Queue:
         if active:
             spool.write_cancel(self.state, active)
         return active
+
+    def _check_caps(self, spec: JobSpec, jobs: int) -> None:
+        """A shared queue's per-user limits, refused here with a clear line (the daemon enforces them too)."""
+        from jobs import config
+
+        shared = config.load().shared
+        most = shared.max_gpus_per_user
+        if most is not None and spec.gpus > most:
+            raise BadInput(f"--gpus {spec.gpus}: this queue lets a user hold at most {most} GPUs at once")
+        cap = shared.max_queued_per_user
+        if cap is not None:
+            table = self.table()
+            try:
+                queued = table.count_pending(os.getuid())
+            finally:
+                table.close()
+            if queued + jobs > cap:
+                raise BadInput(
+                    f"you have {queued} jobs waiting and this queue takes at most {cap} per user; "
+                    "wait for some to start, or cancel some"
+                )
+
+    def _may_act(self, uid: int, record: JobRecord) -> bool:
+        if uid == record.uid:
+            return True  # the common case reads no config
+        return accounts.may_act(uid, record.uid, self._admins(), self.state.root.stat().st_uid)
+
+    def _admins(self) -> str | None:
+        from jobs import config
+
+        return config.load().shared.admins
 
     def wake_daemon(self) -> bool:
         """Nudge the daemon to act now; False when none is running."""
@@ -121,6 +154,20 @@ class Queue:
 
     def get(self, job_id: int) -> JobRecord:
         return self._records([job_id])[0]
+
+    def details(self, job_id: int) -> JobRecord:
+        """A job with its command, cwd and environment where the caller may read them (in a shared queue
+        the table holds only what everyone may see; the rest is in a file for its owner and admins)."""
+        from jobs import private
+
+        record = self.get(job_id)
+        if not private.is_public(record.spec):
+            return record
+        try:
+            fields = private.read(self.state, record.id if record.array_id is None else record.array_id)
+        except (PermissionError, BadInput):
+            return record
+        return record.replace(spec=private.merge(record.spec, fields, record.array_index))
 
     def resolve(self, ids: Iterable[int]) -> list[JobRecord]:
         """The jobs named by ``ids``, where an array's id stands for all its members."""
@@ -200,7 +247,9 @@ class Queue:
             if missing:
                 spooled = {r.id: r for r in self._spooled()}
                 for job_id in missing:
-                    record = spooled.get(job_id) or table.get(job_id)  # the table again: ingested meanwhile?
+                    # The table again (ingested meanwhile?), and our own request by name when the spool
+                    # cannot be listed (a shared queue's).
+                    record = spooled.get(job_id) or table.get(job_id) or self._own_request(job_id)
                     if record is None:
                         raise UnknownJob(job_id)
                     found[job_id] = record
@@ -208,9 +257,13 @@ class Queue:
             table.close()
         return [found[i] for i in job_ids]
 
+    def _own_request(self, job_id: int) -> JobRecord | None:
+        request = spool.read_request(self.state.submit_request(job_id))
+        return expand(self.state, request)[0] if isinstance(request, spool.SubmitRequest) else None
+
     def _spooled(self) -> list[JobRecord]:
-        if not self.state.spool.is_dir():
-            return []
+        if not self.state.spool.is_dir() or not os.access(self.state.spool, os.R_OK):
+            return []  # a shared queue's spool is not listable: only the daemon sees others' requests
         return [record for request in spool.pending_submits(self.state) for record in expand(self.state, request)]
 
 

@@ -13,6 +13,7 @@ path 0.3 ms on an idle disk and ~9 ms on a busy one (measured here).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -20,8 +21,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from jobs.errors import StateDirError
+from jobs.errors import BadInput, StateDirError
 from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
+from jobs.private import PrivateSpecs, public
 
 TABLE_VERSION = 1
 
@@ -105,8 +107,11 @@ def _reading(read: Callable[Concatenate[JobTable, P], T]) -> Callable[Concatenat
 
 
 class JobTable:
-    def __init__(self, path: Path, *, create: bool = False) -> None:
+    """``private`` (a shared queue's daemon only): specs are written public and read back whole."""
+
+    def __init__(self, path: Path, *, create: bool = False, private: PrivateSpecs | None = None) -> None:
         self.path = path
+        self.private = private
         if create and not path.exists():
             _create(path)
         if not path.exists():
@@ -148,15 +153,16 @@ class JobTable:
             self._db.executemany(
                 "INSERT INTO arrays (id, uid, user, name, size, throttle, env, notify, submitted_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(a.id, a.uid, a.user, a.name, a.size, a.throttle, json.dumps(dict(a.env)), a.notify, a.submitted_at)
+                [(a.id, a.uid, a.user, a.name, a.size, a.throttle, "{}" if self.private else json.dumps(dict(a.env)),
+                  None if self.private else a.notify, a.submitted_at)
                  for a in arrays if a.id not in known_arrays],
             )  # fmt: skip
             self._db.executemany(
                 "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log, array_id,"
                 " array_index, held) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (r.id, r.uid, r.user, r.spec.priority, _spec_json(r.spec),
-                     "" if r.array_id is not None else json.dumps(dict(r.spec.env)),
+                    (r.id, r.uid, r.user, r.spec.priority, self._spec_json(r.spec),
+                     "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
                      r.submitted_at, r.log, r.array_id, r.array_index, int(r.held))
                     for r in fresh
                 ],
@@ -232,7 +238,10 @@ class JobTable:
     @_reading
     def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
         row = self._db.execute(f"SELECT {_COLUMNS}, {_ENV} FROM {_JOINED} WHERE jobs.id=?", (job_id,)).fetchone()
-        return None if row is None else _record(row, env=row[-1] if with_env else None)
+        if row is None:
+            return None
+        record = _record(row, env=row[-1] if with_env else None)
+        return self._whole(record) if with_env else record
 
     @_reading
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
@@ -254,7 +263,7 @@ class JobTable:
             f"SELECT {_COLUMNS}, {_ENV} FROM {_JOINED} WHERE state='pending' ORDER BY priority DESC, jobs.id"
         ).fetchall()
         envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
-        return [_record(row, env=row[-1], envs=envs) for row in rows]
+        return [self._whole(_record(row, env=row[-1], envs=envs)) for row in rows]
 
     @_reading
     def arrays(self, ids: Iterable[int] | None = None) -> dict[int, ArrayInfo]:
@@ -265,13 +274,21 @@ class JobTable:
         else:
             wanted = list(ids)
             rows = self._db.execute(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
-        return {
+        found = {
             row[0]: ArrayInfo(row[0], row[1], row[2], row[3], row[4], row[5], {}, row[6], row[7], bool(row[8]))
             for row in rows
         }
+        if self.private is not None:
+            for array_id, info in found.items():
+                notify = self._private_field(array_id, "notify")
+                found[array_id] = dataclasses.replace(info, notify=notify if isinstance(notify, str) else None)
+        return found
 
     @_reading
     def array_env(self, array_id: int) -> dict[str, str]:
+        if self.private is not None:
+            env = self._private_field(array_id, "env")
+            return dict(env) if isinstance(env, dict) else {}
         row = self._db.execute("SELECT env FROM arrays WHERE id=?", (array_id,)).fetchone()
         return dict(json.loads(row[0])) if row else {}
 
@@ -304,7 +321,7 @@ class JobTable:
         with self._transaction():
             self._db.execute(
                 "UPDATE jobs SET spec=?, priority=? WHERE id=?",
-                (_spec_json(spec), spec.priority, job_id),
+                (self._spec_json(spec), spec.priority, job_id),
             )
 
     @_reading
@@ -313,7 +330,7 @@ class JobTable:
             f"SELECT {_COLUMNS}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
             " WHERE state='running' ORDER BY id"
         ).fetchall()
-        return [(_record(row[:-5]), Launch(*row[-5:])) for row in rows]
+        return [(self._whole(_record(row[:-5])), Launch(*row[-5:])) for row in rows]
 
     @_reading
     def owners(self, job_ids: Iterable[int]) -> dict[int, tuple[int, str, JobState]]:
@@ -323,8 +340,43 @@ class JobTable:
         return {row[0]: (row[1], row[2], JobState(row[3])) for row in rows}
 
     @_reading
+    def count_pending(self, uid: int) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM jobs WHERE state='pending' AND uid=?", (uid,)).fetchone()[0])
+
+    @_reading
+    def runs_since(self, since: float) -> list[tuple[str, int, float, float]]:
+        """(user, GPUs, started, ended) of the GPU runs that ended after ``since``: history for fair share."""
+        rows = self._db.execute(
+            "SELECT user, gpus, started_at, ended_at FROM jobs WHERE ended_at > ? AND started_at IS NOT NULL"
+            " AND gpus != '[]'",
+            (since,),
+        )
+        return [(row[0], len(json.loads(row[1])), row[2], row[3]) for row in rows]
+
+    @_reading
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
+
+    def _spec_json(self, spec: JobSpec) -> str:
+        return _spec_json(public(spec) if self.private is not None else spec)
+
+    def _whole(self, record: JobRecord) -> JobRecord:
+        """The record with its full spec, for the daemon of a shared queue (a no-op otherwise). A job whose
+        private part is gone keeps its public spec: it can never start, and says so when it is launched."""
+        if self.private is None:
+            return record
+        owner = record.id if record.array_id is None else record.array_id
+        try:
+            return record.replace(spec=self.private.restore(record.spec, owner, record.array_index))
+        except (BadInput, OSError):
+            return record
+
+    def _private_field(self, owner_id: int, key: str) -> Any:
+        assert self.private is not None
+        try:
+            return self.private.restore(JobSpec(("(private)",), ""), owner_id).to_json().get(key)
+        except (BadInput, OSError):
+            return None
 
     def _existing(self, ids: set[int]) -> set[int]:
         return set(self.owners(ids)) if ids else set()

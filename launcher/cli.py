@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from jobs.errors import BadInput, GpuqError
+from jobs.errors import BadInput, GpuqError, NotPermitted
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
 from jobs.store import Queue
@@ -57,18 +57,19 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 @click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
+@click.option("--on", "on", metavar="CLUSTER", help="Send it to this cluster of your config (Slurm) instead.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def submit(
     ctx: Context, gpus: int, mem: str | None, name: str, priority: int, time_limit: str | None, mode: str,
     env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
-    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, command: tuple[str, ...],
+    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """
-    from jobs.api import ensure_daemon
+    from jobs.api import ensure_daemon, queue_job
     from jobs.spool import ArrayPlan
     from jobs.submission import make_spec, parse_array, parse_ids
 
@@ -80,17 +81,18 @@ def submit(
     )  # fmt: skip
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
-    if ctx.queue.inventory() is None:
+    if on is None and ctx.queue.inventory() is None:
         _check_live_inventory(spec)
-    job_id = ctx.queue.submit(spec, array=plan)
-    ensure_daemon(ctx.state)
+    job_id = queue_job(ctx.state, spec, plan, on=on)
+    if on is None:
+        ensure_daemon(ctx.state)
     members = list(plan.member_ids(job_id)) if plan else [job_id]
     if as_json:
         click.echo(json.dumps({"id": job_id, "jobs": members} if plan else {"id": job_id}))
     elif plan:
         click.echo(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
     else:
-        click.echo(f"submitted job {job_id}")
+        click.echo(f"submitted job {job_id}" + (f" to {on}" if on else ""))
     if wait_:
         records = _wait(ctx, members)
         sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
@@ -117,11 +119,12 @@ def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
     """What is queued, running and recently done, and which GPUs each job got."""
     from launcher.views import fold_arrays, status_table
 
-    records = ctx.queue.records() if show_all else _active_and_recent(ctx.queue)
+    queue = _jobs(ctx)
+    records = queue.records() if show_all else _active_and_recent(queue)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=1))
     elif records:
-        click.echo(status_table(records) if expand else fold_arrays(records, ctx.queue.array_names()))
+        click.echo(status_table(records) if expand else fold_arrays(records, queue.array_names()))
     else:
         click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
     rejected = ctx.queue.rejected()
@@ -131,6 +134,15 @@ def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
             " (each has a .why file beside it)",
             err=True,
         )
+    for note in getattr(queue, "notes", []):  # a cluster that did not answer
+        click.echo(f"note: {note}", err=True)
+
+
+def _jobs(ctx: Context) -> Queue:
+    """The queue to read and cancel through: this machine's, plus the jobs sent to clusters from here."""
+    from jobs.api import readers
+
+    return readers(ctx.state)
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
@@ -151,7 +163,7 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job."""
     from launcher.views import show as show_view
 
-    record = ctx.queue.get(job_id)
+    record = _jobs(ctx).details(job_id)
     click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
 
 
@@ -161,12 +173,13 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
 @pass_ctx
 def logs(ctx: Context, job_id: int, follow: bool) -> None:
     """Print a job's output (stdout and stderr)."""
-    record = ctx.queue.get(job_id)
+    queue = _jobs(ctx)
+    record = queue.get(job_id)
     path = Path(record.log)
     offset = 0
     while True:
         offset = _copy_from(path, offset)
-        if not follow or ctx.queue.get(job_id).state.finished:
+        if not follow or queue.get(job_id).state.finished:
             _copy_from(path, offset)
             return
         time.sleep(0.1)
@@ -179,6 +192,8 @@ def _copy_from(path: Path, offset: int) -> int:
             data = handle.read()
     except FileNotFoundError:
         return offset
+    except PermissionError:
+        raise NotPermitted(f"{path} is readable by its job's owner and the queue's admins only") from None
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
@@ -189,13 +204,18 @@ def _copy_from(path: Path, offset: int) -> int:
 @pass_ctx
 def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
-    from jobs.api import ensure_daemon
+    from jobs.api import ensure_daemon, local_ids
 
-    active = ctx.queue.cancel(job_ids)
-    if active:
+    queue = _jobs(ctx)
+    active = queue.cancel(job_ids)
+    if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
         ensure_daemon(ctx.state)
     for job_id in job_ids:
-        click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
+        members = [] if job_id in active else [r.id for r in queue.resolve([job_id]) if r.id in active]
+        if members:
+            click.echo(f"cancelling array {job_id} ({len(members)} active job(s))")
+        else:
+            click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
 
 
 @gpuq.command("wait")
@@ -208,7 +228,7 @@ def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]
     On a terminal it shows progress (done, failed, running, ETA); elsewhere it stays quiet.
     """
     wanted = [*job_ids, *arrays]
-    records = _wait(ctx, [r.id for r in ctx.queue.resolve(wanted)] if wanted else None)
+    records = _wait(ctx, [r.id for r in _jobs(ctx).resolve(wanted)] if wanted else None)
     failed = [r for r in records if r.state is not JobState.SUCCEEDED]
     for record in failed[:20]:
         click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
@@ -331,7 +351,7 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
 
     window = parse_duration(since)
     inventory = ctx.queue.inventory()
-    records = ctx.queue.records()
+    records = _jobs(ctx).records()
     result = build_report(records, len(inventory.totals) if inventory else 0, now=time.time(), since=window)
     click.echo(render_text(result))
     if html_file is not None:
@@ -381,11 +401,39 @@ def daemon() -> None:
 
 
 @daemon.command("start")
+@click.option("--shared", is_flag=True, help="Serve every user of this machine (run as root; see `daemon setup`).")
 @pass_ctx
-def daemon_start(ctx: Context) -> None:
+def daemon_start(ctx: Context, shared: bool) -> None:
+    from jobs import config
     from launcher import daemon as lifetime
 
-    click.echo(f"daemon running (pid {lifetime.start(ctx.state)}) for {ctx.state.root}")
+    state = ctx.state
+    if shared and not os.environ.get("GPUQ_HOME") and config.load().home is None:
+        state = StateDir(config.SHARED_HOME)
+    click.echo(f"daemon running (pid {lifetime.start(state, shared=shared)}) for {state.root}")
+
+
+@daemon.command("setup")
+@click.option("--admins", metavar="GROUP", help="Members of this group may act on anyone's jobs.")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory (/var/lib/gpuq).")
+def daemon_setup(admins: str | None, home: Path | None) -> None:
+    """Set up a shared queue for this machine's users (as root): config, state directory, systemd unit."""
+    from launcher import shared
+
+    done = shared.setup(admins, home.absolute() if home else None)
+    click.echo(f"{'wrote' if done.wrote_config else 'kept'} {done.config}; queue in {done.home}")
+    if done.unit is not None:
+        click.echo(f"wrote {done.unit}; start it with: systemctl enable --now gpuq")
+    else:
+        click.echo("no systemd here; start the daemon with: gpuq daemon start --shared")
+
+
+@daemon.command("unit")
+def daemon_unit() -> None:
+    """Print the systemd unit of a shared queue's daemon."""
+    from launcher import shared
+
+    click.echo(shared.unit(), nl=False)
 
 
 @daemon.command("stop")

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from jobs import config
+from jobs.config import Shared
 from jobs.errors import DaemonError, GpuqError
 from jobs.statedir import StateDir, write_atomic
 
@@ -28,7 +30,7 @@ log = logging.getLogger("gpuq.daemon")
 def running_pid(state: StateDir) -> int | None:
     """The pid of the daemon holding this state directory's lock, or None if none does."""
     try:
-        fd = os.open(state.lock, os.O_RDWR)
+        fd = os.open(state.lock, os.O_RDONLY)  # flock needs no write access: any user may probe a shared queue
     except OSError:
         return None
     try:
@@ -47,14 +49,18 @@ def running_pid(state: StateDir) -> int | None:
         os.close(fd)
 
 
-def start(state: StateDir, timeout: float = 15.0) -> int:
+def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> int:
     """Start a detached daemon (if none runs) and wait until it holds the lock. Returns its pid."""
     from jobs.api import start_daemon
 
     pid = running_pid(state)
     if pid is not None and pid > 0:
         return pid
-    start_daemon(state)
+    if shared:
+        if os.geteuid() != 0:
+            raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
+        state.ensure_shared()
+    start_daemon(state, shared=shared)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = running_pid(state)
@@ -106,13 +112,21 @@ class _Wakeups:
                     pass
 
 
-def serve(state: StateDir, *, burst: bool = False) -> int:
-    """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty)."""
+def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None) -> int:
+    """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
+
+    ``shared``: serve a whole machine's users (as root), with these settings (the config's [shared]).
+    """
     from launcher.gpus import open_source
     from launcher.placement import Policy
     from launcher.scheduler import Scheduler
 
-    state.ensure()
+    if shared is None:
+        state.ensure()
+    elif os.geteuid() != 0:
+        raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
+    else:
+        state.ensure_shared()
     # fcntl.flock, not the filelock package: filelock hooks every fork of its process, which made each
     # shim's fork cost ~9 ms instead of ~1 ms here (measured), and a daemon's whole job is forking.
     lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -123,12 +137,13 @@ def serve(state: StateDir, *, burst: bool = False) -> int:
         log.info("another daemon already serves %s; exiting", state.root)
         return 0
     try:
-        write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False)
+        write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
         wakeups = _Wakeups(state)
         grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
         backoff = float(os.environ.get("GPUQ_RETRY_BACKOFF", "10"))
-        scheduler = Scheduler(state, open_source(), Policy(cpu_slots=os.cpu_count()), grace, backoff)
-        log.info("daemon %d serving %s", os.getpid(), state.root)
+        policy = Policy(cpu_slots=os.cpu_count())
+        scheduler = Scheduler(state, open_source(), policy, grace, backoff, shared)
+        log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         try:
             while not wakeups.stopping:
                 try:
@@ -156,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.daemon", description="Run the gpuq daemon.")
     parser.add_argument("--home", type=Path, help="state directory (default: $GPUQ_HOME or ~/.local/state/gpuq)")
     parser.add_argument("--burst", action="store_true", help="exit once no job is pending or running")
+    parser.add_argument("--shared", action="store_true", help="serve every user of this machine (as root)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    state = StateDir(args.home.absolute()) if args.home else StateDir.from_env()
     try:
-        return serve(state, burst=args.burst)
+        settings = config.load()
+        home = args.home or settings.home or (config.SHARED_HOME if args.shared else None)
+        state = StateDir(home.absolute()) if home else StateDir.from_env()
+        return serve(state, burst=args.burst, shared=settings.shared if args.shared else None)
     except GpuqError as err:
         log.error("%s", err)
         return err.exit_code

@@ -13,7 +13,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from jobs import journal
+from jobs import accounts, journal
 from jobs.model import ArrayInfo, JobRecord, JobState, Outcome
 from launcher import lifecycle, processes
 
@@ -28,6 +28,8 @@ def finish(
 ) -> None:
     """Record how a job ended, then what follows: a retry, an array held, a notification."""
     ran = record.id in scheduler.running
+    if ran:
+        scheduler.charge(record, ended)
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
         "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
@@ -75,7 +77,7 @@ def _ended(scheduler: Scheduler, record: JobRecord, outcome: Outcome) -> None:
             "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
             "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
             "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
-        }, record.spec.cwd)  # fmt: skip
+        }, record)  # fmt: skip
 
 
 def follow_up_arrays(scheduler: Scheduler, now: float) -> None:
@@ -124,7 +126,7 @@ def _array_member_ended(
         _notify(scheduler, info.notify, array_id, {
             "GPUQ_ARRAY_ID": str(array_id), "GPUQ_JOB_NAME": info.name, "GPUQ_STATE": state,
             "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
-        }, members[0].spec.cwd, env=scheduler.table.array_env(array_id))  # fmt: skip
+        }, members[0])  # fmt: skip
         scheduler.table.set_notified(array_id)
         scheduler.arrays[array_id] = ArrayInfo(**{**info.__dict__, "notified": True})
 
@@ -134,18 +136,17 @@ def _notify(
     command: str,
     job_id: int,
     outcome: dict[str, str],
-    cwd: str,
-    env: dict[str, str] | None = None,
+    job: JobRecord,
 ) -> None:
-    """Run the submitter's --notify command with the outcome in its environment; never waits on it."""
-    if env is None:
-        full = scheduler.table.get(job_id, with_env=True)
-        env = dict(full.spec.env) if full is not None else {}
-    full_env, log_path = {**env, **outcome}, scheduler.state.logs / f"{job_id}.notify.log"
+    """Run the submitter's --notify command (as the submitter) with the outcome in its environment and the
+    job's cwd (an array's: its first member's); never waits on it."""
+    full = scheduler.table.get(job.id, with_env=True) or job
+    full_env, log_path = {**full.spec.env, **outcome}, scheduler.state.logs / f"{job_id}.notify.log"
+    account = accounts.account(job.uid) if scheduler.shared is not None else None
 
     def run() -> None:
         try:
-            processes.notify(command, full_env, cwd, log_path)
+            processes.notify(command, full_env, full.spec.cwd, log_path, account)
         except OSError as err:
             log.warning("--notify for %d could not start: %s", job_id, err)
 
@@ -169,7 +170,10 @@ def orphaned(scheduler: Scheduler, job: Running, now: float, events: list[dict[s
     try:
         info = json.loads(scheduler.state.pid_file(job.record.id).read_bytes())
     except (OSError, ValueError):
-        requeue(scheduler, job, "its launch was interrupted before it started; queued again", events, now)
+        if job.launch.cancel_by:  # it was being cancelled: it never started, and must not start again
+            finish(scheduler, job.record, Outcome.cancelled(job.launch.cancel_by), now, events)
+        else:
+            requeue(scheduler, job, "its launch was interrupted before it started; queued again", events, now)
         return
     pid = info.get("pid") if isinstance(info, dict) else None
     if isinstance(pid, int) and processes.is_alive(pid, info.get("start")):

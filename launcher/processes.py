@@ -32,7 +32,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from jobs.accounts import Account
 from jobs.errors import BadInput
 from jobs.model import JobRecord, JobSpec, Mode
 from jobs.statedir import write_atomic
@@ -60,6 +62,22 @@ class Launch:
     wake: Path
     time_limit: float | None
     grace: float
+    account: Account | None = None  # run as this user (a shared queue); None: as the daemon's own user
+    log_group: int | None = None  # the admin group, which may read every job's log
+
+
+# CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
+# its user may not. The job's cwd is entered by this shell instead, already running as the user.
+_ENTER_AS_USER = 'cd -- "$1" || exit 126; shift; exec "$@"'
+
+
+def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[list[str], str, dict[str, Any]]:
+    """(argv, cwd, Popen credentials) that run ``argv`` in ``cwd`` as ``account``, with privileges dropped
+    before anything the user controls (the directory, the program, its PATH lookup) is touched."""
+    if account is None or account.uid == os.geteuid():
+        return list(argv), cwd, {}
+    credentials = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+    return ["/bin/sh", "-c", _ENTER_AS_USER, "gpuq-job", cwd, *argv], "/", credentials
 
 
 def job_argv(spec: JobSpec, port: int | None) -> list[str]:
@@ -101,16 +119,27 @@ def job_env(
     return env
 
 
-def notify(command: str, env: Mapping[str, str], cwd: str, log: Path) -> None:
-    """Start a --notify command through the shell, detached; its output goes to ``log``.
+def notify(command: str, env: Mapping[str, str], cwd: str, log: Path, account: Account | None = None) -> None:
+    """Start a --notify command through the shell, detached (as the job's user); its output goes to ``log``.
 
     The daemon reaps it like any child and never waits for it: a slow webhook cannot stall the queue.
     """
-    with log.open("ab") as out:
+    argv, workdir, credentials = as_user(["/bin/sh", "-c", command], cwd, account)
+    with os.fdopen(_open_log(log, account, None), "ab") as out:
         subprocess.Popen(
-            ["/bin/sh", "-c", command], env=dict(env), cwd=cwd if os.path.isdir(cwd) else "/",
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            argv, env=dict(env), cwd=workdir if os.path.isdir(workdir) else "/",
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, **credentials,
         )  # fmt: skip
+
+
+def _open_log(path: Path, account: Account | None, group: int | None) -> int:
+    """Open a log for appending; in a shared queue it belongs to the job's user and is readable by the
+    admin group only (``logs/`` is root's, so nobody can plant a link there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    if account is not None and account.uid != os.geteuid():
+        os.fchown(fd, account.uid, account.gid if group is None else group)
+        os.fchmod(fd, 0o640)
+    return fd
 
 
 def free_port(avoid: set[int]) -> int:
@@ -173,14 +202,23 @@ class Shim:
 
     def __init__(self, launch: Launch) -> None:
         read_end, self._go = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into the daemon's code
-            code = 70
-            try:
-                os.close(self._go)
-                code = _supervise(launch, read_end)
-            finally:
-                os._exit(code)
+        # A cancel (SIGTERM) may reach the shim the moment it exists: blocked until the shim's own handler
+        # is in place, it waits instead of meeting the daemon's handler (swallowed) or the default (a dead
+        # shim, whose job would be queued again).
+        self.pid = -1
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: never returns into the daemon's code
+                code = 70
+                try:
+                    os.close(self._go)
+                    code = _supervise(launch, read_end)
+                finally:
+                    os._exit(code)
+        finally:
+            if self.pid != 0:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(read_end)
 
     def go(self) -> None:
@@ -211,15 +249,17 @@ def _supervise(launch: Launch, go: int) -> int:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGTERM, lambda *_: None)  # a cancel: handled in the loop below via the wake-up fd
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one sent since the fork arrives now
 
-    log_fd = os.open(launch.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = _open_log(launch.log, launch.account, launch.log_group)
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
         fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, _CHUNK)  # fewer wake-ups for a chatty job
+    argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
     try:
         job = subprocess.Popen(
-            list(launch.argv), env=dict(launch.env), cwd=launch.cwd, stdin=subprocess.DEVNULL,
-            stdout=out_write, stderr=out_write, start_new_session=True,
+            argv, env=dict(launch.env), cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=out_write, stderr=out_write, start_new_session=True, **credentials,
         )  # fmt: skip
     except OSError as err:
         os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())

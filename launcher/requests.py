@@ -11,7 +11,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from jobs import spool
+from jobs import accounts, spool
 from jobs.errors import BadInput
 from jobs.model import JobRecord, Launch, Outcome
 from jobs.store import user_name
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuq.requests")
 
 
-def _may_act(uid: int, record: JobRecord) -> bool:
-    return uid in (0, record.uid, os.getuid())
+def _may_act(scheduler: Scheduler, uid: int, record: JobRecord) -> bool:
+    return accounts.may_act(uid, record.uid, scheduler.admins, os.getuid())
 
 
 def _named(scheduler: Scheduler, ids: tuple[int, ...]) -> list[JobRecord]:
@@ -46,7 +46,7 @@ def cancel(scheduler: Scheduler, request: spool.CancelRequest, now: float, event
     who = user_name(request.uid)
     pending: list[JobRecord] = []
     for record in _named(scheduler, request.job_ids):
-        if not _may_act(request.uid, record):
+        if not _may_act(scheduler, request.uid, record):
             log.warning("refused cancel of job %d (owner %s) from %s", record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": "cancel-refused", "by": who})
             continue
@@ -71,7 +71,7 @@ def control(scheduler: Scheduler, request: spool.ControlRequest, now: float, eve
     for record in _named(scheduler, request.ids):
         if record.id not in scheduler.pending:
             continue  # already running or ended: hold, release and update apply to pending jobs
-        if not _may_act(request.uid, record):
+        if not _may_act(scheduler, request.uid, record):
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
             continue
@@ -105,7 +105,7 @@ def _queue_control(
     scheduler: Scheduler, request: spool.ControlRequest, who: str, now: float, events: list[dict[str, Any]]
 ) -> None:
     owner = scheduler.state.root.stat().st_uid
-    if request.uid not in (0, owner, os.getuid()):
+    if not accounts.may_act(request.uid, owner, scheduler.admins, os.getuid()):
         log.warning("refused %s from %s", request.action, who)
         events.append({"t": now, "event": f"{request.action}-refused", "by": who})
         return

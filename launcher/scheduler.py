@@ -15,17 +15,20 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import journal, spool
+from jobs import accounts, journal, spool
+from jobs.config import Shared
 from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
+from jobs.private import PrivateSpecs, is_public
 from jobs.statedir import StateDir, write_atomic
-from jobs.store import expand, user_name
 from jobs.submission import Inventory
 from jobs.table import JobTable
-from launcher import endings, lifecycle, outcomes, processes, requests
+from launcher import endings, fairshare, intake, lifecycle, outcomes, processes
+from launcher.fairshare import Usage
 from launcher.gpus import GpuSnapshot, GpuSource
 from launcher.placement import GpuView, Holding, Plan, Policy, Request, place
 
@@ -46,15 +49,25 @@ class Running:
 class Scheduler:
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
-        retry_backoff: float = 10.0,
+        retry_backoff: float = 10.0, shared: Shared | None = None,
     ) -> None:  # fmt: skip
+        """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
+        are kept private, and the per-user limits, priorities and fair share of the config apply."""
         self.state = state
+        self.shared = shared
+        self.admins = shared.admins if shared else None
+        self.max_queued = shared.max_queued_per_user if shared else None
+        self.private = PrivateSpecs(state, accounts.group_id(self.admins)) if shared else None
+        self.usage: Usage | None = None  # each user's recent GPU use (a shared queue's fair share)
         self.source = source
         self.policy = policy or Policy()
         self.grace = grace
         self.retry_backoff = retry_backoff
         self.boot_id = processes.boot_id()
-        self.table = JobTable(state.db, create=True)
+        self.table = JobTable(state.db, create=True, private=self.private)
+        if shared is not None:
+            now, half_life = time.time(), shared.fair_share_half_life
+            self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
         self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
         self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.arrays: dict[int, ArrayInfo] = self.table.arrays()
@@ -66,6 +79,7 @@ class Scheduler:
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         self._reasons_due = 0.0
+        self._unsaved_reasons: dict[int, str] | None = None
         self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
         self._last_plan_key: object = None
         self._requests: dict[int, tuple[JobSpec, Request]] = {}
@@ -138,48 +152,8 @@ class Scheduler:
                 pass
 
     def ingest(self, now: float) -> None:
-        """Turn spool requests into table rows in one transaction, then delete them."""
-        found = spool.scan(self.state)
-        if not found:
-            return
-        submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
-        fresh = [record for r in submits for record in expand(self.state, r)]
-        arrays = [
-            ArrayInfo(
-                r.job_id, r.uid, user_name(r.uid), r.spec.display_name, len(r.array.indices), r.array.throttle,
-                r.spec.env, r.spec.notify, r.submitted_at,
-            )
-            for r in submits
-            if r.array is not None
-        ]  # fmt: skip
-        inserted = set(self.table.insert_pending(fresh, arrays))
-        for info in arrays:
-            self.arrays.setdefault(info.id, info)
-        events: list[dict[str, Any]] = []
-        inventory = self._inventory()
-        for record in fresh:
-            if record.id not in inserted:
-                continue  # ingested before a crash that left its request behind
-            events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
-            problem = _impossible(record, inventory)
-            if problem:
-                endings.finish(self, record, Outcome(JobState.FAILED, reason=problem), now, events)
-            else:
-                self.pending[record.id] = record
-        for submit in submits:
-            spool.remove(submit)
-        for other in found:
-            if isinstance(other, spool.CancelRequest):
-                requests.cancel(self, other, now, events)
-                spool.remove(other)
-            elif isinstance(other, spool.ControlRequest):
-                requests.control(self, other, now, events)
-                spool.remove(other)
-            elif isinstance(other, spool.BadRequest):
-                where = spool.set_aside(self.state, other)
-                log.warning("set aside %s: it %s (moved to %s)", other.path.name, other.reason, where)
-                events.append({"t": now, "event": "rejected", "file": other.path.name, "reason": other.reason})
-        journal.append(self.state.events, events)
+        """Turn spool requests into table rows in one transaction, then delete them (``launcher.intake``)."""
+        intake.ingest(self, now)
 
     def reconcile(self, now: float) -> None:
         """Collect outcomes from exit files; deal with shims that died without writing one."""
@@ -244,7 +218,8 @@ class Scheduler:
             self._inventory_key = key
             body = {"gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost}
                              for g in snapshot]}  # fmt: skip
-            write_atomic(self.state.inventory, json.dumps(body).encode(), durable=False)
+            # Readable by all: clients check --gpus against it (the directory decides who "all" is).
+            write_atomic(self.state.inventory, json.dumps(body).encode(), durable=False, mode=0o644)
         return snapshot
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -259,10 +234,14 @@ class Scheduler:
             min(self.not_before.values(), default=0.0) <= now,
         )  # fmt: skip
         if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
+            if self._unsaved_reasons is not None and now >= self._reasons_due:
+                self._record_reasons(self._unsaved_reasons, now)  # held back by the once-a-second limit
             return
         self._last_plan_key = key
         ready, waiting = self.eligible(now)
         plan = self.plan(now, snapshot, ready)
+        if self.shared is not None:
+            self._explain_fair_share(plan, ready, now)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
             record = self.pending.pop(decision.job_id)
@@ -312,7 +291,16 @@ class Scheduler:
         return [] if record is None else [record]
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
-        queue = sorted(self.pending.values() if ready is None else ready, key=lambda r: (-r.spec.priority, r.id))
+        jobs = list(self.pending.values()) if ready is None else ready
+        caps: dict[str, int] | None = None
+        held: dict[str, int] | None = None
+        if self.shared is None:  # one user: priority, then submission
+            queue = sorted(jobs, key=lambda r: (-r.spec.priority, r.id))
+        else:
+            used, held = self._use(now)
+            queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=self.shared.priority)
+            cap = self.shared.max_gpus_per_user
+            caps = None if cap is None else {r.user: cap for r in jobs}
         requests = [self._request(r) for r in queue]
         holdings = [
             Holding(
@@ -323,14 +311,48 @@ class Scheduler:
             for job in self.running.values()
         ]  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
-        limits = {a.id: a.throttle for a in self.arrays.values() if a.throttle}
+        # Only the arrays in play: self.arrays keeps every array ever submitted.
+        live = {r.array_id for r in queue} | {j.record.array_id for j in self.running.values()}
+        limits = {a: info.throttle for a in live if a is not None and (info := self.arrays.get(a)) and info.throttle}
         in_group: dict[int, int] = {}
         for job in self.running.values():
             if job.record.array_id in limits:
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
         return place(
-            requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs, limits, in_group
-        )
+            requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
+            limits, in_group, user_caps=caps, user_gpus=held,
+        )  # fmt: skip
+
+    def charge(self, record: JobRecord, ended: float) -> None:
+        """Count a run that just ended toward its user's recent GPU use (fair share)."""
+        if self.usage is not None and record.gpus and record.started_at is not None:
+            self.usage = self.usage.charge(record.user, len(record.gpus), record.started_at, ended, ended)
+
+    def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:
+        """Each user's recent GPU-seconds (running jobs' time so far included) and GPUs held now."""
+        assert self.usage is not None
+        runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in self.running.values()]
+        return fairshare.recent_use(self.usage, runs, now), fairshare.held_gpus(runs)
+
+    def _explain_fair_share(self, plan: Plan, ready: list[JobRecord], now: float) -> None:
+        """Say so when a job waits for GPUs while other users' jobs go before it in the fair-share order."""
+        assert self.shared is not None
+        if len({r.user for r in ready}) < 2:
+            return
+        used, held = self._use(now)
+        order = fairshare.fair_order(ready, _fair_key, used=used, held=held, user_priority=self.shared.priority)
+        ahead: set[str] = set()
+        said: dict[tuple[str, frozenset[str]], str | None] = {}
+        for record in order:
+            why = plan.waiting.get(record.id, "")
+            if why.startswith(("waiting for", "held back")) and "could ever" not in why:
+                key = (record.user, frozenset(ahead))
+                if key not in said:
+                    said[key] = fairshare.why_behind(record.user, ahead, used, self.shared.priority)
+                if said[key]:
+                    plan.waiting[record.id] = f"{why}; {said[key]}"
+            if record.spec.gpus:
+                ahead.add(record.user)
 
     def forget(self, job_id: int) -> None:
         """Drop an ended job from the in-memory view of the queue."""
@@ -345,7 +367,8 @@ class Scheduler:
         cached = self._requests.get(record.id)
         if cached is None or cached[0] is not record.spec:
             spec = record.spec
-            cached = (spec, Request(record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id))
+            request = Request(record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user)
+            cached = (spec, request)
             self._requests[record.id] = cached
         return cached[1]
 
@@ -381,13 +404,22 @@ class Scheduler:
 
     # -- helpers --------------------------------------------------------------------------------------
 
-    def _inventory(self) -> Inventory | None:
+    def inventory(self) -> Inventory | None:
         if not self.last_snapshot:
             self.snapshot()
         return Inventory(tuple(g.total for g in self.last_snapshot))
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
         spec = record.spec
+        account = None
+        if self.shared is not None:
+            account = accounts.account(record.uid)
+            problem = "" if account else f"its owner (uid {record.uid}) no longer has an account here"
+            if is_public(spec):
+                problem = f"its command and environment ({self.state.private_file(record.id)}) are missing"
+            if problem:
+                endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
+                return
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
@@ -396,7 +428,7 @@ class Scheduler:
             env=processes.job_env(spec, record.id, gpus, uuids, self.state.root, record), cwd=spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=spec.time_limit,
-            grace=self.grace,
+            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,
         )  # fmt: skip
         for stale in (launch.exit_file, launch.pid_file):
             with contextlib.suppress(FileNotFoundError):
@@ -418,7 +450,9 @@ class Scheduler:
         """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to
         read and writing them on every tick would cost the dispatch path a write per tick."""
         if now < self._reasons_due and set(waiting) <= set(self.waiting):
+            self._unsaved_reasons = waiting
             return
+        self._unsaved_reasons = None
         self._reasons_due = now + 1.0
         changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
         self.waiting = waiting
@@ -438,12 +472,5 @@ class Scheduler:
                     break
 
 
-def _impossible(record: JobRecord, inventory: Inventory | None) -> str:
-    """Why a job can never run on this machine ("" if it can): it fails at once instead of waiting forever."""
-    if inventory is None:
-        return ""
-    try:
-        inventory.check(record.spec)
-    except Exception as err:  # BadInput: the same words the submitting client would have printed
-        return str(err)
-    return ""
+def _fair_key(record: JobRecord) -> tuple[str, int, int, int]:
+    return record.user, record.spec.gpus, record.spec.priority, record.id

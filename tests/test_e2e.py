@@ -163,8 +163,9 @@ def test_torchrun_mode_starts_one_process_per_gpu_on_a_port_gpuq_chose(gpuq: Gpu
     script = gpuq.cwd / "ranks.py"
     script.write_text(
         "import os\n"
-        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'port', os.environ['MASTER_PORT'],"
-        " 'cvd', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "e = os.environ\n"
+        "line = f\"rank {e['RANK']} of {e['WORLD_SIZE']} port {e['MASTER_PORT']} cvd {e['CUDA_VISIBLE_DEVICES']}\\n\"\n"
+        "os.write(1, line.encode())  # one write: two ranks share the log, and print() may write piecemeal\n"
     )
     jobs = [gpuq.submit("--gpus", "2", "--mode", "torchrun", "ranks.py") for _ in range(2)]
     assert gpuq.run("wait", *map(str, jobs), timeout=180).returncode == 0

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jobs import config, sbatch, slurm, spool
+from jobs import accounts, config, sbatch, slurm, spool
 from jobs.cluster_table import ClusterArray, ClusterTable
 from jobs.errors import BadInput, GpuqError, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState, Outcome
@@ -251,7 +251,7 @@ def _cancellable(state: StateDir, job_ids: Iterable[int], uid: int) -> tuple[dic
                 raise UnknownJob(job_id)
             members = [record] if record is not None else table.members(job_id)
             for member in members:
-                if uid not in (0, member.uid):
+                if uid != member.uid and not accounts.may_act(uid, member.uid, config.load().shared.admins):
                     raise NotPermitted(
                         f"job {member.id} belongs to {member.user}; only {member.user} or an admin can cancel it"
                     )

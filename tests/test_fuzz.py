@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -341,3 +344,42 @@ def test_the_fixtures_state_directory_is_what_the_damage_tests_assume(pristine: 
     assert [r.id for r in records] == [1, 2, 3] and records[2].state is JobState.FAILED
     assert (pristine / "next_id").read_text().strip() == "4"
     assert (pristine / "gpus.json").exists()
+
+
+TOML_WORDS = st.sampled_from([
+    "home", "shared", "clusters", "admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life",
+    "priority", "lab", "backend", "partition", "account", "time", "sbatch_flags", "=", "[", "]", "[[", "]]", ".",
+    '"/var/lib/gpuq"', '"slurm"', '"pbs"', '"24h"', '"-3h"', '"nonsense"', "0", "-1", "4", "1e999", "true",
+    "[1, 2]", '["--qos=x"]', "{a = 1}", "\n", " ", '"', "#",
+])  # fmt: skip
+
+
+@FUZZ
+@given(st.one_of(st.lists(TOML_WORDS, max_size=40).map(" ".join), st.binary(max_size=200).map(bytes.hex)))
+@example("[shared]\nmax_gpus_per_user = 0")
+@example('[clusters.lab]\nbackend = "pbs"')
+@example('home = "relative/path"')
+@example("[shared.priority]\nalice = 1e3")
+def test_any_config_file_loads_or_gets_one_line_naming_the_file(tmp_path: Path, text: str) -> None:
+    from jobs import config
+
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    env = {"GPUQ_CONFIG": str(path), "GPUQ_SYSTEM_CONFIG": str(tmp_path / "none.toml")}
+    try:
+        loaded = config.load(env)
+    except config.ConfigError as err:
+        assert str(path) in str(err) and "\n" not in str(err)
+    else:
+        assert loaded.sources == (path,)
+
+
+def test_a_broken_config_file_is_one_line_and_exit_2_for_every_command(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[shared]\nmax_gpus_per_user = -1\n")
+    env = {**os.environ, "GPUQ_CONFIG": str(path), "GPUQ_SYSTEM_CONFIG": str(tmp_path / "none.toml")}
+    env.pop("GPUQ_HOME", None)
+    for args in (["status"], ["submit", "true"], ["daemon", "start", "--shared"]):
+        result = subprocess.run([sys.executable, "-m", "launcher.cli", *args], env=env, capture_output=True, text=True)
+        assert result.returncode == 2, result
+        assert "max_gpus_per_user" in result.stderr and result.stderr.count("\n") == 1, result.stderr

@@ -27,16 +27,14 @@ from jobs.private import PrivateSpecs, is_public
 from jobs.statedir import StateDir, write_atomic
 from jobs.submission import Inventory
 from jobs.table import JobTable
-from launcher import endings, fairshare, intake, lifecycle, outcomes, processes
+from launcher import endings, fairshare, intake, lifecycle, outcomes, processes, watching
 from launcher.fairshare import Usage
 from launcher.gpus import GpuSnapshot, GpuSource
-from launcher.placement import GpuView, Holding, Plan, Policy, Request, place
+from launcher.placement import Holding, Plan, Policy, Request, place
 
 log = logging.getLogger("gpuq.scheduler")
 
 LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shim killed -9 writes no exit file)
-SAMPLE_EVERY = 2.0  # seconds between samples of per-process GPU memory (peak memory of each job)
-LOST_AFTER = 5.0  # seconds a GPU must stay lost before its jobs are stopped: one NVML hiccup is not a dead GPU
 
 
 @dataclass
@@ -115,9 +113,9 @@ class Scheduler:
                 self.reconcile(now)
                 endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
                 snapshot = self.snapshot()
-                self.stop_on_lost_gpus(now, snapshot)
+                watching.stop_on_lost_gpus(self, now, snapshot)
                 self.place_and_launch(now, snapshot)
-                self.sample(now, snapshot)
+                watching.sample(self, now, snapshot)
         except BaseException:
             for undo in self.on_rollback:
                 undo()
@@ -185,29 +183,6 @@ class Scheduler:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
                     endings.finish(self, job.record, outcome, ended, events)
-        journal.append(self.state.events, events)
-
-    def stop_on_lost_gpus(self, now: float, snapshot: list[GpuSnapshot]) -> None:
-        """Stop the jobs on a GPU that has stayed lost for LOST_AFTER seconds: their work is gone with it,
-        and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU."""
-        for gpu in snapshot:
-            if gpu.lost:
-                self.lost_since.setdefault(gpu.index, now)
-            else:
-                self.lost_since.pop(gpu.index, None)
-        dead = {g.index: g for g in snapshot if g.lost and now - self.lost_since[g.index] >= LOST_AFTER}
-        for job_id in [j for j in self.gpu_lost if j not in self.running]:
-            del self.gpu_lost[job_id]
-        events: list[dict[str, Any]] = []
-        for job_id, job in self.running.items():
-            gone = [dead[i] for i in job.record.gpus if i in dead]
-            if not gone or job_id in self.gpu_lost:
-                continue
-            why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
-            self.gpu_lost[job_id] = why
-            processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)  # SIGTERM, then SIGKILL after grace
-            log.warning("stopping job %d: %s", job_id, why)
-            events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
         journal.append(self.state.events, events)
 
     def snapshot(self) -> list[GpuSnapshot]:
@@ -319,7 +294,7 @@ class Scheduler:
             if job.record.array_id in limits:
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
         return place(
-            requests, self.views(snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
+            requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
 
@@ -371,36 +346,6 @@ class Scheduler:
             cached = (spec, request)
             self._requests[record.id] = cached
         return cached[1]
-
-    def views(self, snapshot: list[GpuSnapshot]) -> list[GpuView]:
-        """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
-        ours = {pid for job in self.running.values() for pid in job.pids}
-        views = []
-        for gpu in snapshot:
-            if gpu.processes is not None:
-                self._attribute(gpu.processes)
-                ours |= {pid for job in self.running.values() for pid in job.pids}
-            external = gpu.outside_use(ours)
-            available = not gpu.lost and gpu.index not in self.drained
-            views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available))
-        return views
-
-    def sample(self, now: float, snapshot: list[GpuSnapshot]) -> None:
-        """Record each running job's peak GPU memory (the most it held on any one of its GPUs)."""
-        if not self.running or now < self._next_sample:
-            return
-        self._next_sample = now + SAMPLE_EVERY
-        peaks: dict[int, int] = {}
-        for gpu in snapshot:
-            if not gpu.processes:
-                continue
-            self._attribute(gpu.processes)
-            for job_id, job in self.running.items():
-                held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
-                if held:
-                    peaks[job_id] = max(peaks.get(job_id, 0), held)
-        if peaks:
-            self.table.set_peak_mem(peaks)
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -459,17 +404,6 @@ class Scheduler:
         if changed:
             self.table.set_reasons(changed)
 
-    def _attribute(self, usage: dict[int, int] | Any) -> None:
-        """Learn which GPU-using pids belong to our jobs, by walking each pid's ancestors up to a shim."""
-        shims = {job.launch.shim_pid: job for job in self.running.values()}
-        known = {pid for job in self.running.values() for pid in job.pids}
-        for pid in usage:
-            if pid in known:
-                continue
-            for ancestor in processes.ancestors(pid):
-                if ancestor in shims:
-                    shims[ancestor].pids.add(pid)
-                    break
 
 
 def _fair_key(record: JobRecord) -> tuple[str, int, int, int]:

@@ -266,10 +266,13 @@ class JobTable:
         return [self._whole(_record(row, env=row[-1], envs=envs)) for row in rows]
 
     @_reading
-    def arrays(self, ids: Iterable[int] | None = None) -> dict[int, ArrayInfo]:
-        """Arrays by id (without their environments)."""
+    def arrays(self, ids: Iterable[int] | None = None, *, active_only: bool = False) -> dict[int, ArrayInfo]:
+        """Arrays by id (without their environments); ``active_only``: those with a member pending or running."""
         query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
-        if ids is None:
+        if active_only:
+            active = "SELECT array_id FROM jobs WHERE state IN ('pending', 'running') AND array_id IS NOT NULL"
+            rows = self._db.execute(f"{query} WHERE id IN ({active})").fetchall()
+        elif ids is None:
             rows = self._db.execute(query).fetchall()
         else:
             wanted = list(ids)

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from jobs import config
 from jobs.config import Shared
@@ -112,6 +113,28 @@ class _Wakeups:
                     pass
 
 
+def _keep_path_names_mortal() -> None:
+    """CPython 3.12 before 3.12.7 makes interned strings immortal (python/cpython#113993), and pathlib
+    interns every part of every path it turns into a string: each job's file names (``123.exit``,
+    ``123.pid``, ``123.log``, the spool's ``submit-...json``) stayed in the daemon for good, the most of
+    its memory growth in a long soak (~0.4 KiB per job). pathlib interns only to share strings; here it
+    does not, and paths are the same."""
+    if not (3, 12) <= sys.version_info < (3, 12, 7):
+        return
+    import pathlib
+
+    class PathlibSys:  # the sys module as pathlib sees it: intern() hands its string back
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sys, name)
+
+        @staticmethod
+        def intern(text: str) -> str:
+            return text
+
+    if isinstance(vars(pathlib).get("sys"), type(sys)):
+        vars(pathlib)["sys"] = PathlibSys()
+
+
 def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None) -> int:
     """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
 
@@ -121,6 +144,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None)
     from launcher.placement import Policy
     from launcher.scheduler import Scheduler
 
+    _keep_path_names_mortal()
     if shared is None:
         state.ensure()
     elif os.geteuid() != 0:

@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from jobs import accounts, journal
-from jobs.model import ArrayInfo, JobRecord, JobState, Outcome
+from jobs.model import JobRecord, JobState, Outcome
 from launcher import lifecycle, processes
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ def _ended(scheduler: Scheduler, record: JobRecord, outcome: Outcome) -> None:
             "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
             "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
         }, record)  # fmt: skip
+    if record.array_id is None and scheduler.private is not None:
+        scheduler.private.forget(record.id)  # its private part, cached while it could run (and notify)
 
 
 def follow_up_arrays(scheduler: Scheduler, now: float) -> None:
@@ -118,7 +120,8 @@ def _array_member_ended(
                     scheduler.pending[job_id] = scheduler.pending[job_id].replace(held=True, reason=why)
             events.append({"t": now, "array": array_id, "event": "held", "reason": why})
             log.warning("array %d %s", array_id, why)
-    if info.notify and not info.notified and all(m.state.finished for m in members):
+    done = all(m.state.finished for m in members)
+    if info.notify and not info.notified and done:
         counts: dict[str, int] = {}
         for member in members:
             counts[member.state.value] = counts.get(member.state.value, 0) + 1
@@ -128,7 +131,10 @@ def _array_member_ended(
             "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
         }, members[0])  # fmt: skip
         scheduler.table.set_notified(array_id)
-        scheduler.arrays[array_id] = ArrayInfo(**{**info.__dict__, "notified": True})
+    if done:  # nothing more can happen to it (ended jobs never start again); the table keeps it
+        del scheduler.arrays[array_id]
+        if scheduler.private is not None:
+            scheduler.private.forget(array_id)
 
 
 def _notify(

@@ -68,7 +68,9 @@ class Scheduler:
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
         self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
         self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        self.arrays: dict[int, ArrayInfo] = self.table.arrays()
+        # Arrays with a member pending or running (ingest adds new ones; endings forget those whose members
+        # have all ended): every array ever submitted, kept for the daemon's lifetime, grew without bound.
+        self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
         self.not_before: dict[int, float] = self.table.not_before()
         settings = self.table.settings()
         self.drained: set[int] = set(settings.get("drained", []))
@@ -131,7 +133,7 @@ class Scheduler:
         self.pending = {r.id: r for r in self.table.pending()}
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.not_before = self.table.not_before()
-        self.arrays = self.table.arrays()
+        self.arrays = self.table.arrays(active_only=True)
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
@@ -262,8 +264,9 @@ class Scheduler:
         return ready, waiting
 
     def _job_list(self, job_id: int) -> list[JobRecord]:
+        """A dependency's records: the job, or the members of an array no longer in ``self.arrays`` (ended)."""
         record = self.pending.get(job_id) or self.table.get(job_id)
-        return [] if record is None else [record]
+        return self.table.members(job_id) if record is None else [record]
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
         jobs = list(self.pending.values()) if ready is None else ready
@@ -286,7 +289,7 @@ class Scheduler:
             for job in self.running.values()
         ]  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
-        # Only the arrays in play: self.arrays keeps every array ever submitted.
+        # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {r.array_id for r in queue} | {j.record.array_id for j in self.running.values()}
         limits = {a: info.throttle for a in live if a is not None and (info := self.arrays.get(a)) and info.throttle}
         in_group: dict[int, int] = {}
@@ -403,7 +406,6 @@ class Scheduler:
         self.waiting = waiting
         if changed:
             self.table.set_reasons(changed)
-
 
 
 def _fair_key(record: JobRecord) -> tuple[str, int, int, int]:

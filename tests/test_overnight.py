@@ -83,6 +83,18 @@ def test_after_an_array_waits_for_all_its_members(gpuq: Gpuq) -> None:
     assert seen[last]["start"] >= max(seen[m]["end"] for m in members)
 
 
+def test_after_an_array_that_has_ended(gpuq: Gpuq) -> None:
+    """The daemon forgets an array once its members have all ended: a dependency on it reads the table."""
+    done, _ = _array(gpuq, "--array", "0-2", "--gpus", "0", "true")
+    failed, members = _array(gpuq, "--array", "0-2", "--gpus", "0", "sh", "-c", "exit {index}")
+    gpuq.run("wait", check=False)
+    after = gpuq.submit("--gpus", "0", "--after", str(done), "true")
+    never = gpuq.submit("--gpus", "0", "--after", str(failed), "true")
+    gpuq.wait_state(after, "succeeded")
+    record = gpuq.wait_state(never, "cancelled")
+    assert record["reason"].startswith(f"not run: dependency {members[1]} failed")
+
+
 def test_retries_run_again_after_backoff_until_success(gpuq: Gpuq) -> None:
     gpuq.env["GPUQ_RETRY_BACKOFF"] = "0.2"
     counter = gpuq.cwd / "tries"

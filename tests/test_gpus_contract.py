@@ -80,3 +80,30 @@ def test_bad_fake_json_names_the_variable(tmp_path: Path) -> None:
         path.write_text(body)
         with pytest.raises(BadInput, match="GPUQ_FAKE_GPUS"):
             FakeGpus(str(path))
+
+
+def test_an_nvml_error_on_one_gpu_marks_only_that_gpu_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML errors cannot happen on a machine without a driver, so the driver's answers are played here
+    through the real pynvml module (its error classes and messages): GPU 1 has fallen off the bus."""
+    import types
+
+    import pynvml
+
+    def memory(handle: int) -> types.SimpleNamespace:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return types.SimpleNamespace(total=80 << 30, used=1 << 30)
+
+    calls = {
+        "nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": lambda index: index, "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetName": lambda h: b"NVIDIA H200", "nvmlDeviceGetMemoryInfo": memory,
+        "nvmlDeviceGetComputeRunningProcesses": lambda h: [],
+    }  # fmt: skip
+    for name, call in calls.items():
+        monkeypatch.setattr(pynvml, name, call)
+    source = NvmlGpus()
+    first, second = source.snapshot()
+    assert not first.lost and first.total == 80 << 30 and first.name == "NVIDIA H200"
+    assert second.lost and second.error == "NVML: GPU is lost" and second.uuid == "GPU-1"
+    source.close()

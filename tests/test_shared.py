@@ -57,6 +57,7 @@ def _python_for_users() -> str:
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, User]]:
+    new_group = subprocess.run(["getent", "group", ADMINS], capture_output=True).returncode != 0
     subprocess.run(["groupadd", "-f", ADMINS], check=True)
     made = []
     for name in USERS:
@@ -71,6 +72,8 @@ def users() -> Iterator[dict[str, User]]:
     yield found
     for name in made:
         subprocess.run(["userdel", "-r", name], capture_output=True)
+    if new_group:
+        subprocess.run(["groupdel", ADMINS], capture_output=True)
 
 
 @dataclass

@@ -240,6 +240,13 @@ class JobRecord:
     external_id: str | None = None  # its id there: a Slurm job id, or ARRAYJOB_TASK for an array member
     node: str | None = None  # the cluster node it ran on
 
+    def ended(self, outcome: Outcome, **changes: Any) -> JobRecord:
+        """This record as ``outcome`` left it (plus ``changes``)."""
+        return self.replace(
+            state=outcome.state, exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
+            held=False, **changes,
+        )  # fmt: skip
+
     def replace(self, **changes: Any) -> JobRecord:
         return dataclasses.replace(self, **changes)
 

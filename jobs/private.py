@@ -56,11 +56,14 @@ class PrivateSpecs:
         """The full spec of a job whose table row holds the public one (already full: returned as is)."""
         if not is_public(spec):
             return spec
-        fields = self._cache.get(owner_id)
-        if fields is None:
-            fields = read(self.state, owner_id)
-            self._cache[owner_id] = fields
-        return merge(spec, fields, array_index)
+        return merge(spec, self.fields(owner_id), array_index)
+
+    def fields(self, owner_id: int) -> dict[str, Any]:
+        """The private fields of job (or array) ``owner_id``, read once while it is active."""
+        found = self._cache.get(owner_id)
+        if found is None:
+            found = self._cache[owner_id] = read(self.state, owner_id)
+        return found
 
     def forget(self, owner_id: int) -> None:
         self._cache.pop(owner_id, None)

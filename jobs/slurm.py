@@ -255,12 +255,8 @@ def follow(
         )
     outcome = slurm_outcome(record, seen, cancel_by, failed_dependency)
     ran = seen.node is not None and seen.started_at is not None and seen.reason != "DependencyNeverSatisfied"
-    return record.replace(
-        state=outcome.state,
-        exit_code=outcome.exit_code,
-        signal=outcome.signal,
-        reason=outcome.reason,
-        held=False,
+    return record.ended(
+        outcome,
         attempt=attempt,
         node=seen.node if ran else record.node,
         started_at=seen.started_at if ran else None,
@@ -317,12 +313,8 @@ def _from_exit(record: JobRecord, data: Mapping[str, Any], seen: SlurmJob | None
         outcome = Outcome.lost("its batch script reported no exit status")
     gpus = tuple(int(g) for g in str(data.get("gpus", "")).split(",") if g.strip().isdigit())
     node = data.get("node")
-    return record.replace(
-        state=outcome.state,
-        exit_code=outcome.exit_code,
-        signal=outcome.signal,
-        reason=outcome.reason,
-        held=False,
+    return record.ended(
+        outcome,
         started_at=_float(data.get("started_at")) or record.started_at,
         ended_at=_float(data.get("ended_at")),
         gpus=gpus,

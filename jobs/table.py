@@ -377,7 +377,7 @@ class JobTable:
     def _private_field(self, owner_id: int, key: str) -> Any:
         assert self.private is not None
         try:
-            return self.private.restore(JobSpec(("(private)",), ""), owner_id).to_json().get(key)
+            return self.private.fields(owner_id).get(key)
         except (BadInput, OSError):
             return None
 

@@ -30,7 +30,9 @@ def ingest(scheduler: Scheduler, now: float) -> None:
         return
     events: list[dict[str, Any]] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
-    submits = [r for r in submits if not _clashes(scheduler, r, now, events)]
+    if submits:  # one query for all of them: ids already in the table are rare (a crash, or a clash)
+        taken = scheduler.table.owners([r.job_id for r in submits])
+        submits = [r for r in submits if r.job_id not in taken or not _clashes(scheduler, r, now, events)]
     if scheduler.private is not None:
         for submit in submits:
             _keep_private(scheduler, submit)
@@ -75,9 +77,10 @@ def ingest(scheduler: Scheduler, now: float) -> None:
 
 
 def _clashes(scheduler: Scheduler, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:
-    """A submit whose id the table already gives to a *different* job: the id counter was rewound (by hand,
-    from a backup, or by someone with write access to it in a shared queue). Dropping it as "already
-    ingested" would lose it silently; it is set aside, saying why, and the counter moved past every id."""
+    """A submit whose id the table already holds: the same request ingested before a crash (no clash), or a
+    *different* job because the id counter was rewound (by hand, from a backup, or by anyone in a shared
+    queue, where it is writable by all). Dropping that as "already ingested" would lose it silently: it is
+    set aside, saying why, and the counter moved past every id."""
     existing = scheduler.table.get(request.job_id)
     if existing is None or (existing.uid == request.uid and existing.submitted_at == request.submitted_at):
         return False

@@ -217,8 +217,6 @@ class Scheduler:
         self._last_plan_key = key
         ready, waiting = self.eligible(now)
         plan = self.plan(now, snapshot, ready)
-        if self.shared is not None:
-            self._explain_fair_share(plan, ready, now)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
             record = self.pending.pop(decision.job_id)
@@ -243,7 +241,7 @@ class Scheduler:
             elif record.spec.after:
                 for dep in record.spec.after:
                     if dep not in deps:
-                        deps[dep] = self.table.members(dep) if dep in self.arrays else self._job_list(dep)
+                        deps[dep] = self._job_list(dep)
                 readiness = lifecycle.dependencies(record.spec, deps)
                 if isinstance(readiness, lifecycle.Never):
                     never.append((record, Outcome(JobState.CANCELLED, reason=readiness.reason)))
@@ -264,7 +262,9 @@ class Scheduler:
         return ready, waiting
 
     def _job_list(self, job_id: int) -> list[JobRecord]:
-        """A dependency's records: the job, or the members of an array no longer in ``self.arrays`` (ended)."""
+        """A dependency's records: the job, or an array's members (``self.arrays`` forgets ended arrays)."""
+        if job_id in self.arrays:
+            return self.table.members(job_id)
         record = self.pending.get(job_id) or self.table.get(job_id)
         return self.table.members(job_id) if record is None else [record]
 
@@ -272,6 +272,7 @@ class Scheduler:
         jobs = list(self.pending.values()) if ready is None else ready
         caps: dict[str, int] | None = None
         held: dict[str, int] | None = None
+        used: dict[str, float] = {}
         if self.shared is None:  # one user: priority, then submission
             queue = sorted(jobs, key=lambda r: (-r.spec.priority, r.id))
         else:
@@ -296,10 +297,13 @@ class Scheduler:
         for job in self.running.values():
             if job.record.array_id in limits:
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
-        return place(
+        plan = place(
             requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
+        if self.shared is not None:
+            self._explain_fair_share(plan, queue, used)
+        return plan
 
     def charge(self, record: JobRecord, ended: float) -> None:
         """Count a run that just ended toward its user's recent GPU use (fair share)."""
@@ -312,13 +316,11 @@ class Scheduler:
         runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in self.running.values()]
         return fairshare.recent_use(self.usage, runs, now), fairshare.held_gpus(runs)
 
-    def _explain_fair_share(self, plan: Plan, ready: list[JobRecord], now: float) -> None:
-        """Say so when a job waits for GPUs while other users' jobs go before it in the fair-share order."""
+    def _explain_fair_share(self, plan: Plan, order: list[JobRecord], used: dict[str, float]) -> None:
+        """Say so when a job waits for GPUs while other users' jobs go before it in the fair-share ``order``."""
         assert self.shared is not None
-        if len({r.user for r in ready}) < 2:
+        if len({r.user for r in order}) < 2:
             return
-        used, held = self._use(now)
-        order = fairshare.fair_order(ready, _fair_key, used=used, held=held, user_priority=self.shared.priority)
         ahead: set[str] = set()
         said: dict[tuple[str, frozenset[str]], str | None] = {}
         for record in order:

@@ -13,20 +13,20 @@ Everything here works through the state directory; a daemon is started when none
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs import spool
-from jobs.errors import BadInput, DaemonError
+from jobs.errors import BadInput
 from jobs.model import JobRecord, JobSpec, Mode
+from jobs.outbox import ensure_daemon as ensure_daemon
+from jobs.outbox import start_daemon as start_daemon
 from jobs.spool import ArrayPlan
 from jobs.statedir import StateDir
 from jobs.store import Queue
-from jobs.submission import make_spec
+from jobs.submission import capture_spec
 
 
 def _state(home: str | os.PathLike[str] | None) -> StateDir:
@@ -61,11 +61,12 @@ def submit(
     a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
     """
     words = command.split() if isinstance(command, str) else list(command)
-    spec = make_spec(
+    captured = capture_spec(
         words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
         name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {}, after=after,
         after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify, python=sys.executable,
     )  # fmt: skip
+    spec = JobSpec.from_json(captured)
     state = _state(home)
     job_id = queue_job(state, spec, on=on)
     if on is None:
@@ -140,7 +141,10 @@ def array(
     extra_env = options.pop("env", None) or {}
     on = options.pop("on", None)
     options.setdefault("python", sys.executable)
-    spec = make_spec(words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options)
+    captured = capture_spec(
+        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options
+    )  # fmt: skip
+    spec = JobSpec.from_json(captured)
     state = _state(home)
     array_id = queue_job(state, spec, plan, on=on)
     if on is None:
@@ -180,46 +184,3 @@ def wait(
             ensure_daemon(state)  # not for cluster jobs alone: a login node needs no gpuq daemon
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
-
-
-def ensure_daemon(state: StateDir) -> bool:
-    """Wake the daemon, starting one if none runs. True if one was started."""
-    if spool.poke(state):
-        return False
-    if state.is_foreign():  # a shared queue: its admin runs the daemon; the job waits for it, safely queued
-        sys.stderr.write(
-            f"gpuq: the daemon of the shared queue in {state.root} is not running; jobs wait until it is "
-            "(ask its admin: `sudo systemctl start gpuq`)\n"
-        )
-        return False
-    start_daemon(state)
-    return True
-
-
-def start_daemon(state: StateDir, *, shared: bool = False) -> None:
-    """Start a daemon for ``state`` in its own session, detached from this process.
-
-    The daemon lives in ``launcher.daemon``; we start it as a process, not an import, so that ``jobs``
-    stays free of the launcher (and its NVML and psutil). If another client raced us, the loser finds
-    the lock taken and exits quietly.
-    """
-    if state.is_foreign():
-        raise DaemonError(
-            f"the queue in {state.root} belongs to {_owner(state)} and its daemon is not running; "
-            "ask its admin to start it (`sudo systemctl start gpuq`)"
-        )
-    state.ensure()
-    with state.daemon_log.open("ab") as log:
-        try:
-            subprocess.Popen(
-                [sys.executable, "-m", "launcher.daemon", "--home", str(state.root), *(["--shared"] if shared else [])],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
-            )  # fmt: skip
-        except OSError as err:
-            raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None
-
-
-def _owner(state: StateDir) -> str:
-    from jobs.store import user_name
-
-    return user_name(state.root.stat().st_uid)

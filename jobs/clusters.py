@@ -22,7 +22,6 @@ from jobs.errors import BadInput, GpuqError, NotPermitted, StateDirError, Unknow
 from jobs.model import JobRecord, JobSpec, JobState, Outcome
 from jobs.statedir import StateDir
 from jobs.store import Queue, user_name
-from jobs.submission import member_spec
 
 REFRESH_EVERY = 0.5  # seconds: how stale a poller (`gpuq wait`, `logs -f`) lets the records get
 
@@ -94,7 +93,7 @@ def _records(
     members = [
         JobRecord(
             id=member,
-            spec=member_spec(spec, index),
+            spec=spec.member(index),
             log=str(state.log(member)),
             external_id=f"{external}_{index}",
             array_id=job_id,

@@ -28,7 +28,6 @@ Every mistake is one line naming the file and the key, and exits with code 2.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import BadInput
+from jobs.locations import SHARED_HOME as SHARED_HOME
+from jobs.locations import SYSTEM_CONFIG as SYSTEM_CONFIG
+from jobs.locations import config_paths as config_paths
 from jobs.units import parse_duration
 
-SYSTEM_CONFIG = Path("/etc/gpuq/config.toml")
-SHARED_HOME = Path("/var/lib/gpuq")  # a shared queue's state directory unless the config names another
 BACKENDS = ("slurm",)
 
 
@@ -80,18 +80,6 @@ class Config:
             where = " or ".join(str(p) for p in config_paths())
             raise ConfigError(f"no cluster named {name!r} (known: {known}); add [clusters.{name}] to {where}")
         return found
-
-
-def config_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path]:
-    """(system file, user file), lowest precedence first."""
-    env = os.environ if env is None else env
-    system = Path(env.get("GPUQ_SYSTEM_CONFIG") or SYSTEM_CONFIG)
-    if env.get("GPUQ_CONFIG"):
-        user = Path(env["GPUQ_CONFIG"]).expanduser()
-    else:
-        base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-        user = Path(base) / "gpuq" / "config.toml"
-    return system, user
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.errors import BadInput
-
-SCHEMA_VERSION = 1
-MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
+from jobs.rules import check_spec
 
 
 class Mode(str, enum.Enum):
-    """How a job uses the GPUs it was given."""
+    """How a job uses the GPUs it was given. Its values are ``jobs.rules.MODES``, which the quick submit
+    path checks ``--mode`` against without loading this module."""
 
     SINGLE = "single"  # one process (sees all its GPUs; usually it has one)
     DATAPARALLEL = "dataparallel"  # one process that sees all its GPUs, e.g. nn.DataParallel
@@ -69,24 +67,19 @@ class JobSpec:
     notify: str | None = None  # a shell command run when the job (or its whole array) ends
 
     def __post_init__(self) -> None:
-        if not self.command:
-            raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
-        if self.gpus < 0:
-            raise BadInput(f"--gpus must be 0 or more, not {self.gpus}")
-        if self.gpus == 0 and self.mem_per_gpu is not None:
-            raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
-        if self.mode is Mode.TORCHRUN and self.gpus == 0:
-            raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
-        if self.retries < 0:
-            raise BadInput(f"--retries must be 0 or more, not {self.retries}")
-        if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
-            raise BadInput(f"--priority {self.priority}: give a number from -{MAX_PRIORITY} to {MAX_PRIORITY}")
-        if self.mem_per_gpu is not None and not 0 < self.mem_per_gpu < 1 << 60:
-            raise BadInput(f"--mem must be more than nothing and less than an exabyte, not {self.mem_per_gpu} bytes")
-        if self.time_limit is not None and not 0 < self.time_limit < math.inf:  # NaN fails both
-            raise BadInput(f"--time must be a positive, finite duration, not {self.time_limit}")
-        if any(not 0 < dep < 1 << 63 for dep in self.after):
-            raise BadInput("--after takes job ids, which are positive numbers")
+        check_spec(
+            command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
+            retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
+        )  # fmt: skip
+
+    def member(self, index: int) -> JobSpec:
+        """One array member's spec: ``{index}`` in the command and name replaced by its index."""
+        return dataclasses.replace(
+            self,
+            command=tuple(word.replace("{index}", str(index)) for word in self.command),
+            name=self.name.replace("{index}", str(index)) if self.name else "",
+            notify=None,  # an array notifies once, when every member has ended
+        )
 
     @property
     def whole_gpus(self) -> bool:

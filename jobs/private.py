@@ -19,7 +19,6 @@ from typing import Any
 from jobs.errors import BadInput
 from jobs.model import JobSpec
 from jobs.statedir import StateDir, write_atomic
-from jobs.submission import member_spec
 
 HIDDEN = "(private)"
 FIELDS = ("command", "cwd", "env", "python", "notify")
@@ -86,4 +85,4 @@ def read(state: StateDir, owner_id: int) -> dict[str, Any]:
 def merge(spec: JobSpec, fields: dict[str, Any], array_index: int | None = None) -> JobSpec:
     """A public spec with its private fields put back (an array's template, made the member's own)."""
     full = JobSpec.from_json({**spec.to_json(), **{k: fields.get(k) for k in FIELDS}})
-    return full if array_index is None else member_spec(full, array_index)
+    return full if array_index is None else full.member(array_index)

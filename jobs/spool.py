@@ -4,13 +4,15 @@ A client writes a request to a temp name and renames it in; the daemon reads it,
 transaction, and only then deletes it, so a request is never lost and, because ingesting is idempotent
 (job ids are assigned by the client), never acted on twice. Who sent a request is the file's owner,
 as the OS reports it, never a field inside the file.
+
+Writing lives in ``jobs.outbox`` (light enough for the quick ``gpuq submit`` path) and is re-exported
+here; this module reads requests back into typed values and adds the JobSpec-based ``write_submit``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import math
 import os
@@ -20,8 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from jobs import outbox
 from jobs.errors import BadInput, StateDirError
-from jobs.model import SCHEMA_VERSION, JobSpec
+from jobs.model import JobSpec
+from jobs.outbox import SCHEMA_VERSION as SCHEMA_VERSION
+from jobs.outbox import allocate_ids as allocate_ids
+from jobs.outbox import poke as poke
+from jobs.outbox import raise_counter as raise_counter
+from jobs.outbox import write_cancel as write_cancel
+from jobs.outbox import write_control as write_control
 from jobs.statedir import StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
@@ -83,110 +92,11 @@ Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
 CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause")
 
 
-def allocate_ids(state: StateDir, count: int = 1) -> int:
-    """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
-    try:
-        fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as err:
-        raise StateDirError(f"cannot open {state.next_id}: {err.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, 64, 0).strip()
-        first = int(raw) if raw.isdigit() else _first_unused_id(state)
-        data = f"{first + count}\n".encode()
-        if os.pwrite(fd, data, 0) != len(data):
-            raise OSError(errno.ENOSPC, "short write")
-        os.ftruncate(fd, len(data))
-        os.fsync(fd)
-        return first
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StateDirError(f"no space left in {state.root}: free some disk space and try again") from None
-        raise StateDirError(f"cannot update {state.next_id}: {err.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def _first_unused_id(state: StateDir) -> int:
-    """The counter is missing or damaged: start above every id the table and the spool hold, never at 1
-    (a reused id would be dropped by the daemon as already ingested). Rare, so sqlite's import cost is fine."""
-    highest = 0
-    for request in pending_submits(state):
-        highest = max(highest, request.job_id + (len(request.array.indices) if request.array else 0))
-    if state.db.exists():
-        from jobs.table import JobTable
-
-        table = JobTable(state.db)
-        try:
-            highest = max(highest, table.max_id(), *(a.id + a.size for a in table.arrays().values()))
-        finally:
-            table.close()
-    return highest + 1
-
-
-def raise_counter(state: StateDir, minimum: int) -> None:
-    """Make sure the next id handed out is at least ``minimum`` (the daemon knows every id in use; a
-    counter restored from a backup or deleted by hand must not hand one out again)."""
-    fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, 64, 0).strip()
-        if raw.isdigit() and int(raw) >= minimum:
-            return
-        data = f"{minimum}\n".encode()
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_submit(
     state: StateDir, job_id: int, spec: JobSpec, submitted_at: float, array: ArrayPlan | None = None
 ) -> Path:
-    path = state.submit_request(job_id)
-    body: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "kind": "submit",
-        "id": job_id,
-        "submitted_at": submitted_at,
-        "spec": spec.to_json(),
-    }
-    if array is not None:
-        body["array"] = {"indices": list(array.indices), "throttle": array.throttle}
-    write_atomic(path, json.dumps(body).encode())
-    return path
-
-
-def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> Path:
-    path = state.control_request(os.urandom(8).hex())
-    body = {"schema": SCHEMA_VERSION, "kind": "control", "action": action, "ids": ids, "values": values or {}}
-    write_atomic(path, json.dumps(body).encode())
-    return path
-
-
-def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
-    path = state.cancel_request(os.urandom(8).hex())
-    body = {"schema": SCHEMA_VERSION, "kind": "cancel", "ids": job_ids}
-    write_atomic(path, json.dumps(body).encode())
-    return path
-
-
-def poke(state: StateDir) -> bool:
-    """Wake the daemon. False when no daemon is listening (nobody holds the FIFO open for reading)."""
-    try:
-        fd = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as err:
-        if err.errno in (errno.ENXIO, errno.ENOENT):
-            return False
-        raise StateDirError(f"cannot reach the daemon through {state.wake}: {err.strerror}") from None
-    try:
-        os.write(fd, b"!")
-    except BlockingIOError:
-        pass  # the FIFO is full of wake-ups already: the daemon will wake
-    finally:
-        os.close(fd)
-    return True
+    plan = None if array is None else (array.indices, array.throttle)
+    return outbox.write_submit(state, job_id, spec.to_json(), submitted_at, plan)
 
 
 def scan(state: StateDir) -> list[Request]:

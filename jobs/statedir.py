@@ -27,28 +27,57 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.errors import StateDirError
+from jobs.locations import any_config
 
 
 def default_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("GPUQ_HOME"):
         return Path(env["GPUQ_HOME"]).expanduser()
-    from jobs import config  # reads nothing (and imports no TOML parser) when there is no config file
+    if any_config(env):  # jobs.config (dataclasses, a TOML parser) loads only when there is a file to read
+        from jobs import config
 
-    configured = config.load(env).home
-    if configured is not None:
-        return configured
+        configured = config.load(env).home
+        if configured is not None:
+            return configured
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "gpuq"
 
 
-@dataclass(frozen=True)
 class StateDir:
+    """One state directory: an immutable value (equal, hashable) naming the files in it.
+
+    A plain class, not a dataclass: the quick ``gpuq submit`` path must not pay for importing dataclasses.
+    """
+
+    __slots__ = ("root",)
     root: Path
+
+    def __init__(self, root: Path) -> None:
+        object.__setattr__(self, "root", root)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"StateDir is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"StateDir is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StateDir):
+            return NotImplemented
+        return self.root == other.root
+
+    def __hash__(self) -> int:
+        return hash((self.root,))
+
+    def __repr__(self) -> str:
+        return f"StateDir(root={self.root!r})"
+
+    def __reduce__(self) -> tuple[type[StateDir], tuple[Path]]:
+        return StateDir, (self.root,)  # pickling and copying go through __init__, not the refused __setattr__
 
     @classmethod
     def from_env(cls) -> StateDir:

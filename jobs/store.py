@@ -6,7 +6,6 @@ submits the daemon has not ingested yet, so a job is visible from the moment ``s
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import time
@@ -14,11 +13,11 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from jobs import accounts, spool
+from jobs import accounts, outbox, spool
 from jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState
 from jobs.statedir import StateDir
-from jobs.submission import Inventory, member_spec
+from jobs.submission import Inventory
 
 if TYPE_CHECKING:
     from jobs.table import JobTable
@@ -51,12 +50,10 @@ class Queue:
             inventory.check(spec)
         if spec.after:
             self.resolve(spec.after)
-        count = 1 if array is None else 1 + len(array.indices)
         if self.state.is_foreign():
-            self._check_caps(spec, count - (array is not None))
-        job_id = spool.allocate_ids(self.state, count)
-        spool.write_submit(self.state, job_id, spec, time.time() if now is None else now, array)
-        return job_id
+            self._check_caps(spec, 1 if array is None else len(array.indices))
+        plan = None if array is None else (array.indices, array.throttle)
+        return outbox.post_submit(self.state, spec.to_json(), plan, submitted_at=time.time() if now is None else now)
 
     def control(
         self, action: str, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None
@@ -228,11 +225,7 @@ class Queue:
 
     def inventory(self) -> Inventory | None:
         """The GPUs the daemon last saw (from ``gpus.json``), or None if it has never run here."""
-        try:
-            data = json.loads(self.state.inventory.read_bytes())
-            return Inventory(tuple(int(gpu["total"]) for gpu in data["gpus"]))
-        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
-            return None  # damaged: the daemon rewrites it at its next look at the GPUs
+        return Inventory.read(self.state)
 
     def _records(self, job_ids: list[int]) -> list[JobRecord]:
         if not self.state.exists():
@@ -286,7 +279,7 @@ def expand(state: StateDir, request: spool.SubmitRequest) -> list[JobRecord]:
         ]  # fmt: skip
     return [
         JobRecord(
-            id=member_id, spec=member_spec(request.spec, index), uid=request.uid, user=user, state=JobState.PENDING,
+            id=member_id, spec=request.spec.member(index), uid=request.uid, user=user, state=JobState.PENDING,
             submitted_at=request.submitted_at, log=str(state.log(member_id)), array_id=request.job_id,
             array_index=index,
         )

@@ -1,42 +1,78 @@
-"""Turning what a user typed into a JobSpec: parse, resolve, check, capture. Refuses before anything is written."""
+"""Turning what a user typed into a job spec: parse, resolve, check, capture. Refuses before anything is written.
+
+Light on purpose (no dataclasses, enum or typing at run time): the quick ``gpuq submit`` path
+(``launcher.cli_submit``) captures a spec here as the plain dict ``JobSpec.to_json()`` produces and writes
+it as it is; the Python API and the click command turn the same dict into a JobSpec with
+``JobSpec.from_json``. One capture, one set of checks, whichever way a job comes in.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from jobs.errors import BadInput
-from jobs.model import JobSpec, Mode
+from jobs.rules import MODES, check_spec
 from jobs.units import format_size, parse_duration, parse_size
 
+TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
+if TYPE_CHECKING:
+    from typing import Any
 
-@dataclass(frozen=True)
+    from jobs.model import JobSpec
+    from jobs.statedir import StateDir
+
+
 class Inventory:
     """What the submitter can check a request against: the total memory of each GPU, by index."""
 
-    totals: tuple[int, ...]
+    __slots__ = ("totals",)
+
+    def __init__(self, totals: tuple[int, ...]) -> None:
+        self.totals = totals
+
+    def __repr__(self) -> str:
+        return f"Inventory(totals={self.totals!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Inventory) and other.totals == self.totals
+
+    def __hash__(self) -> int:
+        return hash(self.totals)
+
+    @classmethod
+    def read(cls, state: StateDir) -> Inventory | None:
+        """The GPUs the daemon last saw (``gpus.json``), or None if it has never run here."""
+        try:
+            data = json.loads(state.inventory.read_bytes())
+            return cls(tuple(int(gpu["total"]) for gpu in data["gpus"]))
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            return None  # damaged: the daemon rewrites it at its next look at the GPUs
 
     def check(self, spec: JobSpec) -> None:
+        self.check_request(spec.gpus, spec.mem_per_gpu)
+
+    def check_request(self, gpus: int, mem_per_gpu: int | None) -> None:
+        """Refuse a request no GPU here could ever hold (it would wait forever)."""
         count = len(self.totals)
-        if spec.gpus > count:
+        if gpus > count:
             raise BadInput(
-                f"--gpus {spec.gpus} asks for more GPUs than this machine has ({count}); "
+                f"--gpus {gpus} asks for more GPUs than this machine has ({count}); "
                 f"ask for at most {count}, or --gpus 0 for a CPU job"
             )
-        if spec.mem_per_gpu is not None and spec.gpus:
-            fitting = sum(1 for total in self.totals if total >= spec.mem_per_gpu)
-            if fitting < spec.gpus:
+        if mem_per_gpu is not None and gpus:
+            fitting = sum(1 for total in self.totals if total >= mem_per_gpu)
+            if fitting < gpus:
                 biggest = max(self.totals)
                 raise BadInput(
-                    f"--mem {format_size(spec.mem_per_gpu)} per GPU: only {fitting} GPU(s) here have that much "
+                    f"--mem {format_size(mem_per_gpu)} per GPU: only {fitting} GPU(s) here have that much "
                     f"(the largest has {format_size(biggest)}); ask for less memory or fewer GPUs"
                 )
 
 
-def make_spec(
+def capture_spec(
     command: Sequence[str],
     *,
     environ: Mapping[str, str],
@@ -46,7 +82,7 @@ def make_spec(
     name: str = "",
     priority: int = 0,
     time_limit: str | float | None = None,
-    mode: str | Mode = Mode.SINGLE,
+    mode: str = "single",
     env: Mapping[str, str] | Sequence[str] = (),
     after: Sequence[int] = (),
     after_any: bool = False,
@@ -54,19 +90,18 @@ def make_spec(
     oom_retry: bool = False,
     notify: str | None = None,
     python: str | None = None,
-) -> JobSpec:
-    """Capture a submission: the caller's cwd and environment (plus ``env`` overrides), the interpreter
-    for a ``*.py`` command (``python``, else the one the environment points at), and parsed limits.
-    Raises BadInput with a one-line message on anything wrong."""
+) -> dict[str, Any]:
+    """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
+    (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
+    environment points at), and parsed limits. Raises BadInput with a one-line message on anything wrong."""
     workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
     if not os.path.isdir(workdir):
         raise BadInput(f"--cwd {workdir}: no such directory")
     captured = dict(environ)
     captured.update(_env_pairs(env))
-    try:
-        mode = Mode(mode)
-    except ValueError:
-        raise BadInput(f"--mode {mode!r}: choose single, dataparallel or torchrun") from None
+    mode_name = next((known for known in MODES if known == mode), None)  # a jobs.model.Mode equals its value
+    if mode_name is None:
+        raise BadInput(f"--mode {mode!r}: choose single, dataparallel or torchrun")
     if not command or not command[0]:
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     program = command[0]
@@ -75,27 +110,34 @@ def make_spec(
         if "{index}" not in program:  # a per-member script is checked when that member starts
             _require_file(program, workdir)
         interpreter = python or find_python(captured)
-    elif mode is Mode.TORCHRUN:
+    elif mode_name == "torchrun":
         raise BadInput(f"--mode torchrun runs a Python script (*.py), not {program!r}")
     else:
         _require_program(program, workdir, captured.get("PATH", os.defpath))
-    return JobSpec(
-        command=tuple(command),
-        cwd=workdir,
-        env=captured,
-        gpus=gpus,
-        mem_per_gpu=parse_size(mem) if isinstance(mem, str) else mem,
-        name=name,
-        priority=priority,
-        time_limit=parse_duration(time_limit) if isinstance(time_limit, str) else time_limit,
-        mode=mode,
-        python=interpreter,
-        after=tuple(after),
-        after_any=after_any,
-        retries=retries,
-        oom_retry=oom_retry,
-        notify=notify or None,
-    )
+    mem_per_gpu = parse_size(mem) if isinstance(mem, str) else mem
+    seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
+    seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
+    check_spec(
+        command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
+        time_limit=seconds, after=after,
+    )  # fmt: skip
+    return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
+        "command": list(command),
+        "cwd": workdir,
+        "env": captured,
+        "gpus": gpus,
+        "mem_per_gpu": mem_per_gpu,
+        "name": name,
+        "priority": priority,
+        "time_limit": seconds,
+        "mode": mode_name,
+        "python": interpreter,
+        "after": list(after),
+        "after_any": after_any,
+        "retries": retries,
+        "oom_retry": oom_retry,
+        "notify": notify or None,
+    }
 
 
 def find_python(environ: Mapping[str, str]) -> str:
@@ -170,16 +212,6 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
             raise BadInput(f"--array {text!r}: at most {MAX_ARRAY} members in one array")
         indices.update(range(start, stop + 1, step))
     return tuple(sorted(indices)), throttle
-
-
-def member_spec(template: JobSpec, index: int) -> JobSpec:
-    """One array member: ``{index}`` in the command and name replaced by its index."""
-    return dataclasses.replace(
-        template,
-        command=tuple(word.replace("{index}", str(index)) for word in template.command),
-        name=template.name.replace("{index}", str(index)) if template.name else "",
-        notify=None,  # an array notifies once, when every member has ended
-    )
 
 
 def parse_ids(text: str) -> tuple[int, ...]:

@@ -72,14 +72,15 @@ def submit(
     """
     from jobs.api import ensure_daemon, queue_job
     from jobs.spool import ArrayPlan
-    from jobs.submission import make_spec, parse_array, parse_ids
+    from jobs.submission import capture_spec, parse_array, parse_ids
 
+    # launcher.cli_submit runs most submits without click, through the same capture_spec: keep the two in step.
     plan = ArrayPlan(*parse_array(array_spec)) if array_spec else None
-    spec = make_spec(
+    spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
         retries=retries, oom_retry=oom_retry, notify=notify,
-    )  # fmt: skip
+    ))  # fmt: skip
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:

@@ -42,10 +42,11 @@ class Gpuq:
     home: Path
     env: dict[str, str]
     cwd: Path
+    entry: str = "launcher.cli_submit"  # the `gpuq` console script's module; "launcher.cli" is click for everything
 
     def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "launcher.cli", *args], env=self.env, cwd=self.cwd,
+            [sys.executable, "-m", self.entry, *args], env=self.env, cwd=self.cwd,
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if check and result.returncode != 0:

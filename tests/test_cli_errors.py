@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Gpuq, wait_for
+from tests.conftest import REPORT, Gpuq, wait_for
 
 
 def _spooled(gpuq: Gpuq) -> list[str]:
@@ -30,6 +30,16 @@ BAD_SUBMITS = [
     (["./not-here.sh"], "is not an executable file"),
     (["--gpus", "many", "true"], "'many' is not a valid integer"),
     ([], "Missing argument 'COMMAND"),
+    (["--priority", "2000000", "true"], "give a number from -1000000 to 1000000"),
+    (["--retries", "-1", "true"], "--retries must be 0 or more"),
+    (["--mode", "torchrun", "--gpus", "0", str(REPORT)], "give it --gpus 1 or more"),
+    (["--array", "5-1", "true"], "ranges go from a smaller to a larger index"),
+    (["--array", "0-3%0", "true"], "the part after % is how many run at once"),
+    (["--env", "=x", "true"], "write it as KEY=VALUE"),
+    (["--cwd", "/etc/hostname", "true"], "is a file"),
+    (["--json=yes", "true"], "does not take a value"),
+    (["-", "x"], "command not found: -;"),
+    (["\x1b[31mred-alert"], "command not found: red-alert;"),  # escapes are a terminal's, as click.echo has it
 ]
 
 

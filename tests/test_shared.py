@@ -105,7 +105,7 @@ class SharedQueue:
             credentials = {"user": user.uid, "group": user.gid, "extra_groups": groups}
             cwd = str(user.home)
         result = subprocess.run(
-            [self.python, "-m", "launcher.cli", *args], env=self.env(user), cwd=cwd, capture_output=True,
+            [self.python, "-m", "launcher.cli_submit", *args], env=self.env(user), cwd=cwd, capture_output=True,
             text=True, timeout=120, **credentials,
         )  # fmt: skip
         if check and result.returncode != 0:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
+import pickle
 import sqlite3
 from pathlib import Path
 
@@ -23,6 +25,15 @@ def _spec() -> JobSpec:
 def _submit_many(home: str, count: int) -> list[int]:
     queue = Queue(StateDir(Path(home)))
     return [queue.submit(_spec()) for _ in range(count)]
+
+
+def test_a_state_dir_is_an_immutable_value(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    assert state == StateDir(Path(str(tmp_path))) and state != StateDir(tmp_path / "other") and state != tmp_path
+    assert len({state, StateDir(tmp_path)}) == 1 and repr(state) == f"StateDir(root={tmp_path!r})"
+    with pytest.raises(AttributeError):
+        state.root = tmp_path / "other"
+    assert pickle.loads(pickle.dumps(state)) == copy.deepcopy(state) == state
 
 
 def test_submit_without_a_daemon_is_visible_at_once(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ through this script, which wraps the scheduler's steps with timers before it ser
 not changed). Each gap between two jobs on one GPU is split at the instants gpuq records:
 
     previous job's end stamp -> its shim's ended_at (exit seen) -> the daemon's tick begins ->
-    _launch of the next job begins -> the shim gets its "go" -> the next job's start stamp
+    _launch of the next job begins -> the job sent to an idle shim -> the next job's start stamp
 
 ``--tmpfs`` puts the state directory on /dev/shm, where fsync costs nothing: the difference to a run
 on disk is what durability costs. ``--py-spy FILE`` samples the daemon with py-spy (pip install
@@ -47,7 +47,7 @@ STEPS = ("tick", "reap", "ingest", "reconcile", "follow_up_arrays", "snapshot", 
 def serve_traced(home: Path) -> int:
     """Run the daemon in this process with timers around the scheduler's steps and the table's writes."""
     from jobs.table import JobTable
-    from launcher import daemon, processes, scheduler
+    from launcher import daemon, scheduler, shim
 
     trace = (home / "trace.jsonl").open("a", buffering=1)
 
@@ -71,20 +71,19 @@ def serve_traced(home: Path) -> int:
             wrap(scheduler.Scheduler, step, step)
     for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons"):
         wrap(JobTable, write, f"table.{write}")
-    shim_init, shim_go = processes.Shim.__init__, processes.Shim.go
+    shim_init, shim_start = shim.Shim.__init__, shim.Shim.start
 
-    def init(self: Any, launch: Any) -> None:
-        self.bench_job = launch.job_id
+    def init(self: Any) -> None:
         started = time.time()
-        shim_init(self, launch)
-        trace.write(json.dumps({"f": "fork", "job": launch.job_id, "t0": started, "t1": time.time()}) + "\n")
+        shim_init(self)
+        trace.write(json.dumps({"f": "fork", "t0": started, "t1": time.time()}) + "\n")
 
-    def go(self: Any) -> None:
-        shim_go(self)
-        trace.write(json.dumps({"f": "go", "job": self.bench_job, "t0": time.time()}) + "\n")
+    def start(self: Any, launch: Any) -> None:
+        shim_start(self, launch)
+        trace.write(json.dumps({"f": "go", "job": launch.job_id, "t0": time.time()}) + "\n")
 
-    processes.Shim.__init__ = init  # type: ignore[method-assign]
-    processes.Shim.go = go  # type: ignore[method-assign]
+    shim.Shim.__init__ = init  # type: ignore[method-assign]
+    shim.Shim.start = start  # type: ignore[method-assign]
     return daemon.main(["--home", str(home)])
 
 
@@ -121,8 +120,8 @@ def breakdown(work: Path, home: Path, jobs: int) -> dict[str, Any]:
     names = ("1 job's end stamp -> its shim saw the exit (ended_at)",
              "2 ended_at -> the daemon's tick begins (exit file fsync, FIFO wake-up)",
              "3 tick begins -> _launch of the next job (reconcile, plan)",
-             "4 _launch -> go (fork the shim, record it running)",
-             "5 go -> the next job's start stamp (shim spawns sh, sh runs date)",
+             "4 _launch -> the job sent to an idle shim (record it running, commit)",
+             "5 sent -> the next job's start stamp (shim spawns sh, sh runs date)",
              "  whole gap")  # fmt: skip
     for gpu in range(4):
         on_gpu = sorted((j for j in stamps if stamps[j][2] == gpu), key=lambda j: stamps[j][0])

@@ -18,14 +18,19 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs import config
 from jobs.config import Shared
 from jobs.errors import DaemonError, GpuqError
 from jobs.statedir import StateDir, write_atomic
 
+if TYPE_CHECKING:
+    from launcher.scheduler import Scheduler
+
 log = logging.getLogger("gpuq.daemon")
+
+SETTLE = 0.005  # seconds without an event before spare shims are forked
 
 
 def running_pid(state: StateDir) -> int | None:
@@ -100,17 +105,31 @@ class _Wakeups:
         signal.set_wakeup_fd(signal_write)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._stop)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # a shim exited: wake up and reap it
+        # No wake-up on SIGCHLD: a shim pokes the FIFO after writing its exit file, just before it exits, and
+        # the signal would only wake a second, idle pass while the next job starts. Each pass reaps zombies.
 
     def _stop(self, signum: int, frame: object) -> None:
         self.stopping = True
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout."""
         ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
         for fd in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(fd, 4096):
                     pass
+        return bool(ready)
+
+
+def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
+    """Wait for the next thing to do. Spare shims are forked here, once nothing happened for a moment:
+    forked right after a launch, they would take the CPU from the jobs just started."""
+    deadline = time.time() + scheduler.next_wakeup(time.time())
+    if scheduler.wants_spares():
+        if wakeups.wait(min(SETTLE, deadline - time.time())):
+            return
+        scheduler.fork_spares()
+    wakeups.wait(max(0.0, deadline - time.time()))
 
 
 def _keep_path_names_mortal() -> None:
@@ -180,7 +199,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None)
                     time.sleep(0.5)
                 if burst and scheduler.idle:
                     break
-                wakeups.wait(scheduler.next_wakeup(time.time()))
+                _sleep(scheduler, wakeups)
         finally:
             scheduler.close()
         log.info("daemon %d stopped", os.getpid())

@@ -27,13 +27,14 @@ from jobs.private import PrivateSpecs, is_public
 from jobs.statedir import StateDir, write_atomic
 from jobs.submission import Inventory
 from jobs.table import JobTable
-from launcher import endings, fairshare, intake, lifecycle, outcomes, processes, watching
+from launcher import endings, fairshare, intake, lifecycle, outcomes, processes, shim, watching
 from launcher.fairshare import Usage
 from launcher.gpus import GpuSnapshot, GpuSource
 from launcher.placement import Holding, Plan, Policy, Request, place
 
 log = logging.getLogger("gpuq.scheduler")
 
+SPARES = 8  # at most this many idle shims
 LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shim killed -9 writes no exit file)
 
 
@@ -91,8 +92,13 @@ class Scheduler:
         self._next_sample = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
+        self.spares = shim.Spares()
+        self.supervisors: dict[int, shim.Shim] = {}  # running job id -> its shim, for jobs this daemon started
 
     def close(self) -> None:
+        self.spares.keep(0)
+        for supervisor in self.supervisors.values():
+            supervisor.abandon()  # each exits once its job has ended
         self.table.close()
         self.source.close()
 
@@ -134,6 +140,18 @@ class Scheduler:
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
+        self.supervisors = {i: s for i, s in self.supervisors.items() if i in self.running}
+
+    def wants_spares(self) -> bool:
+        return len(self.spares) != self._spares_wanted()
+
+    def fork_spares(self) -> None:
+        """Fork idle shims so that the next launches need no fork: one per GPU while work waits, none once
+        nothing waits."""
+        self.spares.keep(self._spares_wanted())
+
+    def _spares_wanted(self) -> int:
+        return min(len(self.pending), max(len(self.last_snapshot), 1), SPARES)
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
@@ -176,6 +194,9 @@ class Scheduler:
                 if exit_data is None:
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
+                supervisor = self.supervisors.pop(job_id, None)
+                if supervisor is not None:
+                    self.spares.put_back(supervisor)  # it wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(exit_data, job.record, job.launch)
                 lost_gpu = self.gpu_lost.get(job_id)
                 if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
@@ -340,6 +361,9 @@ class Scheduler:
         self.running.pop(job_id, None)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
+        supervisor = self.supervisors.pop(job_id, None)
+        if supervisor is not None:  # it ended without an exit file (its shim died): nothing to reuse
+            supervisor.abandon()
 
     def _request(self, record: JobRecord) -> Request:
         """Placement's view of a pending job, built once per spec: building 10,000 of them on every pass
@@ -373,7 +397,7 @@ class Scheduler:
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
-        launch = processes.Launch(
+        launch = shim.Launch(
             job_id=record.id, argv=processes.job_argv(spec, port),
             env=processes.job_env(spec, record.id, gpus, uuids, self.state.root, record), cwd=spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
@@ -384,14 +408,15 @@ class Scheduler:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
         try:
-            shim = processes.Shim(launch)
+            supervisor = self.spares.take()
         except OSError as err:
             endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
             return
-        info = Launch(shim.pid, processes.start_time(shim.pid) or 0.0, self.boot_id, port)
-        self.on_rollback.append(shim.abandon)
+        info = Launch(supervisor.pid, supervisor.started, self.boot_id, port)
+        self.supervisors[record.id] = supervisor
+        self.on_rollback.append(lambda: self.spares.put_back(supervisor))  # it was sent nothing
         self.table.mark_running(record.id, gpus, uuids, now, info)
-        self.after_commit.append(shim.go)  # the job starts only once it is recorded as running
+        self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
         self.running[record.id] = Running(running, info)
         journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])

@@ -1,0 +1,119 @@
+"""Shims are reused: one supervises job after job (no fork per job), and that must change nothing a job sees.
+
+Real daemon, real shims, one fake GPU so that jobs run one after another. Each job prints its parent's pid,
+which is its shim's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import Gpuq, make_env, wait_for
+
+PARENT = "echo shim=$PPID job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"
+
+
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
+    home = tmp_path / "state"
+    work = tmp_path / "work"
+    work.mkdir()
+    client = Gpuq(home, make_env(home, fake="1x80GiB"), work)
+    yield client
+    client.cleanup()
+
+
+def log(gpuq: Gpuq, job_id: int) -> str:
+    return (gpuq.home / "logs" / f"{job_id}.log").read_text()
+
+
+def shim_of(gpuq: Gpuq, job_id: int) -> int:
+    line = log(gpuq, job_id).split()
+    return int(line[0].removeprefix("shim="))
+
+
+def idle_shims(gpuq: Gpuq) -> list[int]:
+    """The daemon's children that supervise nothing now."""
+    daemon = gpuq.daemon_pid()
+    assert daemon is not None
+    busy = set()
+    for pid_file in (gpuq.home / "run").glob("*.pid"):
+        job = psutil.Process(json.loads(pid_file.read_text())["pid"])
+        if job.is_running():
+            busy.add(job.ppid())
+    return [c.pid for c in psutil.Process(daemon).children() if c.pid not in busy and c.status() != "zombie"]
+
+
+def test_one_shim_runs_jobs_one_after_another_each_with_its_own_log_outcome_and_environment(one_gpu: Gpuq) -> None:
+    gpuq = one_gpu
+    first = gpuq.submit("sh", "-c", PARENT)
+    failing = gpuq.submit("sh", "-c", PARENT + "; exit 3")
+    timed_out = gpuq.submit("--time", "1s", "sh", "-c", PARENT + "; sleep 30")
+    last = gpuq.submit("sh", "-c", PARENT)
+    assert gpuq.wait_state(first, "succeeded")["exit_code"] == 0
+    assert gpuq.wait_state(failing, "failed")["exit_code"] == 3
+    assert gpuq.wait_state(timed_out, "timeout")
+    assert gpuq.wait_state(last, "succeeded")["exit_code"] == 0
+
+    ids = [first, failing, timed_out, last]
+    for job_id in ids:
+        words = log(gpuq, job_id).split()
+        assert words[1:] == [f"job={job_id}", "gpus=0"]  # its own environment, not the previous job's
+    shims = {shim_of(gpuq, job_id) for job_id in ids}
+    assert len(shims) < len(ids), f"every job had its own shim {shims}: shims are not reused"
+    # A job that ran past its time limit was stopped by a SIGTERM to its group: its shim goes on serving.
+    assert shim_of(gpuq, last) == shim_of(gpuq, timed_out)
+
+
+def test_a_reused_shim_cancels_the_job_it_runs_now(one_gpu: Gpuq) -> None:
+    gpuq = one_gpu
+    first = gpuq.submit("sh", "-c", PARENT)
+    second = gpuq.submit("sh", "-c", PARENT + "; sleep 30")
+    gpuq.wait_state(first, "succeeded")
+    gpuq.wait_state(second, "running")
+    wait_for(lambda: log(gpuq, second).strip(), 10, "the second job's first line")
+    gpuq.run("cancel", str(second))
+    record = gpuq.wait_state(second, "cancelled", timeout=20)
+    assert record["state"] == "cancelled"
+    assert shim_of(gpuq, second) == shim_of(gpuq, first)
+
+
+def test_a_stray_sigterm_ends_an_idle_shim_and_the_next_job_still_runs(one_gpu: Gpuq) -> None:
+    gpuq = one_gpu
+    gpuq.run("pause")
+    waiting = gpuq.submit("sh", "-c", PARENT)
+    # While work waits, the daemon forks an idle shim ahead of need.
+    idle = wait_for(lambda: idle_shims(gpuq), 10, "an idle shim")
+    for pid in idle:
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not set(idle) & set(idle_shims(gpuq)), 10, "the idle shims to end")
+    gpuq.run("resume")
+    assert gpuq.wait_state(waiting, "succeeded")["exit_code"] == 0
+    assert shim_of(gpuq, waiting) not in idle
+
+
+def test_a_shim_whose_daemon_died_finishes_its_job_then_exits(one_gpu: Gpuq) -> None:
+    gpuq = one_gpu
+    first = gpuq.submit("sh", "-c", PARENT)
+    gpuq.wait_state(first, "succeeded")
+    job = gpuq.submit("sh", "-c", PARENT + "; sleep 1")
+    gpuq.wait_state(job, "running")
+    shim = wait_for(lambda: log(gpuq, job).strip() and shim_of(gpuq, job), 10, "the job's first line")
+    gpuq.kill_daemon()
+    gpuq.run("daemon", "start")
+    assert gpuq.wait_state(job, "succeeded")["exit_code"] == 0
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(shim).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 10, f"shim {shim} to exit once its job ended and no daemon would give it another")

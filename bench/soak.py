@@ -13,9 +13,10 @@ whole-GPU job, that every job succeeded, and that `gpuq doctor` finds nothing. E
 The memory soak runs one daemon (never killed) on 4 fake 80 GiB GPUs and keeps it busy with a steady
 stream of short shell jobs (single jobs, --mem jobs sharing GPUs, 2-GPU jobs, CPU jobs, small arrays,
 failing jobs, time-outs, cancels of jobs and arrays) while it samples the daemon's VmRSS and open file
-descriptors from /proc every few seconds. It writes the figures and every sample as JSON (--out) and
-checks that every job ended as intended, ran at most once, and that `gpuq doctor` finds nothing. Exit
-code 0 when memory stayed flat (under 5% growth after the warm-up, no more fds) and every check held.
+descriptors from /proc every few seconds, and the largest of its shims (which live on, job after job).
+It writes the figures and every sample as JSON (--out) and checks that every job ended as intended, ran
+at most once, and that `gpuq doctor` finds nothing. Exit code 0 when memory stayed flat (under 5% growth
+after the warm-up for the daemon and its largest shim, no more fds) and every check held.
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ class Sample:
     children: int  # the daemon's live children (shims, --notify commands) and zombies
     cpu_s: float  # the daemon's user + system CPU time
     pid: int
+    shim_rss_kib: int = 0  # the largest RSS among the daemon's children: shims live on, job after job
+    shim_fds: int = 0  # the most descriptors any of them holds
 
 
 @dataclass
@@ -227,14 +230,21 @@ def read_proc(pid: int) -> dict[str, float] | None:
         return int(words[0]) if words and words[0].isdigit() else 0
 
     after_name = stat[stat.rfind(")") + 2 :].split()  # fields 3...: state, ppid, ..., utime (14), stime (15)
-    children = 0
-    with contextlib.suppress(OSError):  # needs CONFIG_PROC_CHILDREN; 0 where the kernel lacks it
+    kids: list[str] = []
+    with contextlib.suppress(OSError):  # needs CONFIG_PROC_CHILDREN; none where the kernel lacks it
         for task in os.listdir(f"/proc/{pid}/task"):
-            children += len(Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+            kids += Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+    shim_rss = shim_fds = 0
+    for kid in kids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            lines = Path(f"/proc/{kid}/status").read_text().splitlines()
+            rss = next((x.split()[1] for x in lines if x.startswith("VmRSS:")), "0")  # none in a zombie
+            shim_rss = max(shim_rss, int(rss))
+            shim_fds = max(shim_fds, len(os.listdir(f"/proc/{kid}/fd")))
     return {
         "rss_kib": number("VmRSS"), "hwm_kib": number("VmHWM"), "anon_kib": number("RssAnon"),
         "file_kib": number("RssFile"), "shmem_kib": number("RssShmem"), "threads": number("Threads"),
-        "fds": fds, "children": children,
+        "fds": fds, "children": len(kids), "shim_rss_kib": shim_rss, "shim_fds": shim_fds,
         "cpu_s": (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK"),
     }  # fmt: skip
 
@@ -273,7 +283,8 @@ def sampler(state: StateDir, run: MemoryRun, started: float, every: float, stop:
                 round(time.monotonic() - started, 2), run.ended, len(run.expected), int(figures["rss_kib"]),
                 int(figures["hwm_kib"]), int(figures["anon_kib"]), int(figures["file_kib"]),
                 int(figures["shmem_kib"]), int(figures["fds"]), int(figures["threads"]),
-                int(figures["children"]), round(figures["cpu_s"], 2), pid,
+                int(figures["children"]), round(figures["cpu_s"], 2), pid, int(figures["shim_rss_kib"]),
+                int(figures["shim_fds"]),
             ))  # fmt: skip
         stop.wait(every)
 
@@ -561,6 +572,14 @@ def memory_figures(
         "idle_after_drain": None if idle_end is None else int(idle_end["fds"]), "idle_after_drain_kinds": fd_kinds,
     }  # fmt: skip
     figures["children_max"] = max(s.children for s in samples)
+    # The largest shim, averaged over the first and last quarters (which shim is largest changes as they come
+    # and go): a shim runs job after job, so it must not grow either.
+    shim_start, shim_end = (sum(s.shim_rss_kib for s in q) / len(q) for q in (head, tail))
+    shim_growth = 100.0 * (shim_end - shim_start) / shim_start if shim_start else 0.0
+    figures["shims"] = {
+        "rss_kib_start": round(shim_start), "rss_kib_end": round(shim_end), "growth_pct": round(shim_growth, 2),
+        "fds_max": max(s.shim_fds for s in samples),
+    }  # fmt: skip
     span = [(a, b) for a, b in itertools.pairwise(after) if b.ended > a.ended]
     halves = span[: len(span) // 2], span[len(span) // 2 :]
     figures["cpu_ms_per_job"] = [
@@ -569,13 +588,14 @@ def memory_figures(
         for half in halves
     ]  # fmt: skip
     grew_fds = fd_end > fd_start
-    flat = growth < 5.0 and not grew_fds
+    flat = growth < 5.0 and not grew_fds and shim_growth < 5.0
     figures["flat"] = flat
     figures["verdict"] = (
         f"{'flat' if flat else 'NOT FLAT'}: RSS {first.rss_kib} -> {last.rss_kib} KiB ({growth:+.1f}%) from "
         f"{first.t:.0f}s ({first.ended} jobs) to {last.t:.0f}s ({last.ended} jobs); slope "
         f"{figures['slope']['kib_per_1000_jobs']} KiB per 1,000 jobs, {figures['slope']['kib_per_hour']} KiB/hour; "
-        f"fds {fd_start} -> {fd_end}{' (grew)' if grew_fds else ''}"
+        f"fds {fd_start} -> {fd_end}{' (grew)' if grew_fds else ''}; largest shim {shim_start:.0f} -> "
+        f"{shim_end:.0f} KiB ({shim_growth:+.1f}%)"
     )
     return figures
 

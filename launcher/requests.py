@@ -16,7 +16,7 @@ from jobs.errors import BadInput
 from jobs.model import JobRecord, Launch, Outcome
 from jobs.store import user_name
 from jobs.units import parse_duration
-from launcher import endings, processes
+from launcher import endings
 
 if TYPE_CHECKING:
     from launcher.scheduler import Scheduler
@@ -56,7 +56,7 @@ def cancel(scheduler: Scheduler, request: spool.CancelRequest, now: float, event
         job = scheduler.running[record.id]
         scheduler.table.set_cancel_by(record.id, who)
         job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
-        processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
+        scheduler.stop(job)
         events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
     if pending:
         endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)

@@ -355,6 +355,14 @@ class Scheduler:
             if record.spec.gpus:
                 ahead.add(record.user)
 
+    def stop(self, job: Running) -> None:
+        """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
+        supervisor = self.supervisors.get(job.record.id)
+        if supervisor is not None:
+            supervisor.cancel()  # if its shim died, the liveness check ends the job (as cancelled, if it was)
+        else:  # started by an earlier daemon: we have no pipe to its shim
+            processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
+
     def forget(self, job_id: int) -> None:
         """Drop an ended job from the in-memory view of the queue."""
         self.pending.pop(job_id, None)

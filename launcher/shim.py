@@ -55,6 +55,7 @@ _CHUNK = 1 << 20  # read the job's output this much at a time (and ask for a pip
 _DRAIN_IDLE = 2.0  # after the job ended: stop reading once its pipe stays quiet this long...
 _DRAIN_MAX = 10.0  # ...or after this long, if something that escaped its process group keeps writing
 _HEADER = 8  # bytes of the length that comes before a pickled Launch
+_JOB, _CANCEL = b"J", b"C"  # what the daemon writes down a shim's pipe: a job (then its length and Launch), a cancel
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,19 @@ class Shim:
         """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
         by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
         data = pickle.dumps(launch)
-        view = memoryview(len(data).to_bytes(_HEADER, "big") + data)
+        view = memoryview(_JOB + len(data).to_bytes(_HEADER, "big") + data)
         with contextlib.suppress(OSError):
             while view:
                 view = view[os.write(self._pipe, view) :]
+
+    def cancel(self) -> bool:
+        """Stop the job this shim runs (SIGTERM to its group, SIGKILL after the grace period). Down the pipe,
+        after the job itself, not as a signal: a signal could reach the shim before it has read its job, or,
+        late, reach the next job it is given. False if the shim is gone."""
+        try:
+            return os.write(self._pipe, _CANCEL) == 1
+        except OSError:
+            return False
 
     def alive(self) -> bool:
         return is_alive(self.pid, self.started)
@@ -169,7 +179,7 @@ def _serve(pipe: int) -> int:
         signal.signal(signal.SIGTERM, lambda *_: None)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
-        outcome = _supervise(launch, argv, cwd, env, credentials, wake_read)
+        outcome = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe)
         # Idle again before the exit file says so: a cancel the daemon sent this job late (it had ended
         # already) ends this idle shim, and cannot reach the next job it would be given.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -180,7 +190,13 @@ def _serve(pipe: int) -> int:
 
 
 def _receive(pipe: int) -> Launch | None:
-    """The Launch the daemon sent, or None at end of file."""
+    """The next job the daemon sent, or None at end of file. A cancel read here came for a job that had
+    already ended when the daemon sent it: there is nothing to stop."""
+    kind = _CANCEL
+    while kind == _CANCEL:
+        kind = os.read(pipe, 1)
+    if kind != _JOB:
+        return None
     header = _read_exactly(pipe, _HEADER)
     if header is None:
         return None
@@ -200,7 +216,8 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 
 def _supervise(
-    launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int
+    launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int,
+    pipe: int,
 ) -> dict[str, object]:
     """Run the job to its end; its outcome, for the exit file."""
     log_fd = open_log(launch.log, launch.account, launch.log_group)
@@ -226,7 +243,7 @@ def _supervise(
     reason, kill_at = "", None
     deadline = None if launch.time_limit is None else started + launch.time_limit
     pidfd = os.pidfd_open(job.pid)
-    watched = [pidfd, wake_read, out_read]
+    watched = [pidfd, wake_read, out_read, pipe]
     while True:
         now = time.time()
         due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
@@ -237,7 +254,7 @@ def _supervise(
         if pidfd in ready:
             break
         now = time.time()
-        if wake_read in ready and signal.SIGTERM in os.read(wake_read, 64) and not reason:
+        if _asked_to_stop(ready, watched, pipe, wake_read) and not reason:
             reason = "cancel"
         elif deadline is not None and now >= deadline and not reason:
             reason = "timeout"
@@ -261,6 +278,20 @@ def _supervise(
         "signal": -returncode if returncode < 0 else None,
         "reason": reason,
     }
+
+
+def _asked_to_stop(ready: list[int], watched: list[int], pipe: int, wake_read: int) -> bool:
+    """Whether a cancel came: down the pipe from the daemon, or as a SIGTERM (from a daemon started after the
+    one that sent this job, which has no pipe to this shim)."""
+    asked = False
+    if pipe in ready:
+        word = os.read(pipe, 1)
+        if not word:
+            watched.remove(pipe)  # the daemon died: see this job through, then exit
+        asked = word == _CANCEL
+    if wake_read in ready:
+        asked = signal.SIGTERM in os.read(wake_read, 64) or asked
+    return asked
 
 
 def log_limit(environ: Mapping[str, str] | None = None) -> int:

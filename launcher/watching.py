@@ -38,7 +38,7 @@ def stop_on_lost_gpus(scheduler: Scheduler, now: float, snapshot: list[GpuSnapsh
             continue
         why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
         scheduler.gpu_lost[job_id] = why
-        processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)  # SIGTERM, then SIGKILL after grace
+        scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
         events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
     journal.append(scheduler.state.events, events)

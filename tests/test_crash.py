@@ -7,6 +7,8 @@ import random
 import time
 
 from jobs import api
+from jobs.statedir import StateDir
+from launcher import doctor
 from tests.conftest import REPORT, Gpuq, read_reports
 from tests.invariants import check_exactly_once, check_no_overcommit
 
@@ -84,3 +86,6 @@ def test_a_cancel_sent_as_a_job_launches_is_never_lost(gpuq: Gpuq) -> None:
     assert [(r.id, r.state.value, r.reason) for r in records if r.state.value != "cancelled"] == []
     events = [json.loads(line) for line in (gpuq.home / "events.jsonl").read_text().splitlines()]
     assert not [e for e in events if e.get("event") == "requeued"]
+    # Each job recorded as started was started by its shim, not lost with it: its log exists (the memory soak
+    # found one that did not, when a cancel's SIGTERM reached a reused shim before it had read its job).
+    assert [p.message for p in doctor.check(StateDir(gpuq.home))] == []

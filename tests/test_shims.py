@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,20 @@ def test_a_shim_whose_daemon_died_finishes_its_job_then_exits(one_gpu: Gpuq) -> 
             return True
 
     wait_for(gone, 10, f"shim {shim} to exit once its job ended and no daemon would give it another")
+
+
+def test_a_cancel_for_a_job_that_already_ended_does_not_reach_the_next_job_of_its_shim(one_gpu: Gpuq) -> None:
+    """The daemon may send a cancel for a job that has just ended and is not collected yet: the shim, idle by
+    then, ignores it, and the next job it is given runs to its end."""
+    gpuq = one_gpu
+    jobs = []
+    for _ in range(12):  # the race is narrow: cancel as close to each job's end as the client manages
+        ended = gpuq.submit("sh", "-c", PARENT + "; sleep 0.3")
+        following = gpuq.submit("sh", "-c", PARENT + "; sleep 0.3")
+        gpuq.wait_state(ended, "running")
+        wait_for(lambda job=ended: log(gpuq, job).strip(), 10, "the first job's line")
+        time.sleep(0.29)
+        gpuq.run("cancel", str(ended), check=False)
+        jobs.append(following)
+    for following in jobs:
+        assert gpuq.wait_state(following, "succeeded", "cancelled", "failed")["state"] == "succeeded"

@@ -67,6 +67,7 @@ class Request:
     time_limit: float | None = None
     group: int | None = None  # an array with a throttle: at most group_limits[group] of it run at once
     user: str | None = None  # the owner, for per-user GPU caps in a shared queue
+    priority: int = 0  # the job's --priority: the scheduler orders requests by it (placement takes them in order)
 
 
 @dataclass(frozen=True)

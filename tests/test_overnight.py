@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import random
 import subprocess
 import sys
 import time
@@ -158,6 +159,22 @@ def test_hold_release_and_update_priority(gpuq: Gpuq) -> None:
     gpuq.run("release", str(held))
     gpuq.run("wait", str(held))
     assert [r["job"] for r in read_reports(report)] == [high, low, held]
+
+
+def test_jobs_start_by_priority_then_by_id(gpuq: Gpuq) -> None:
+    """One job at a time (each takes all 4 GPUs): the start order is the queue's order, highest priority first
+    and equal priorities by id, however the priorities were given."""
+    rng = random.Random(7)
+    gpuq.run("pause")
+    priorities = {gpuq.submit("--gpus", "4", "true"): rng.choice([-2, 0, 0, 3]) for _ in range(12)}
+    for job_id in reversed(list(priorities)):
+        if priorities[job_id]:
+            gpuq.run("update", str(job_id), "--priority", str(priorities[job_id]))
+    gpuq.run("resume")
+    gpuq.run("wait", *map(str, priorities))
+    events = [json.loads(line) for line in (gpuq.home / "events.jsonl").read_text().splitlines()]
+    started = [e["job"] for e in events if e.get("event") == "started"]
+    assert started == sorted(priorities, key=lambda job_id: (-priorities[job_id], job_id))
 
 
 def test_drain_a_gpu_then_resume_it(gpuq: Gpuq) -> None:

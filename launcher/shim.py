@@ -165,6 +165,10 @@ def _serve(pipe: int) -> int:
     signal.set_wakeup_fd(-1)
     os.closerange(3, pipe)  # the daemon's lock, database, FIFO and other shims' pipes: a shim keeps none
     os.closerange(pipe + 1, 65536)
+    # Shims outlive their jobs now: in top and `ps -e` they say what they are, not "python3" (their command
+    # line stays the daemon's, which only a C extension could change).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("gpuq-shim")
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)

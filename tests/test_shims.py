@@ -92,6 +92,7 @@ def test_a_stray_sigterm_ends_an_idle_shim_and_the_next_job_still_runs(one_gpu: 
     waiting = gpuq.submit("sh", "-c", PARENT)
     # While work waits, the daemon forks an idle shim ahead of need.
     idle = wait_for(lambda: idle_shims(gpuq), 10, "an idle shim")
+    assert {psutil.Process(pid).name() for pid in idle} == {"gpuq-shim"}  # what top and `ps -e` show
     for pid in idle:
         os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not set(idle) & set(idle_shims(gpuq)), 10, "the idle shims to end")

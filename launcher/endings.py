@@ -163,8 +163,7 @@ def requeue(scheduler: Scheduler, job: Running, reason: str, events: list[dict[s
     scheduler.changes += 1
     scheduler.table.requeue(job.record.id, reason)
     scheduler.running.pop(job.record.id, None)
-    with contextlib.suppress(KeyError):  # still here only if its shim died: nothing to reuse
-        scheduler.supervisors.pop(job.record.id).abandon()
+    scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
     exit_file = scheduler.state.exit_file(job.record.id)
     scheduler.after_commit.append(lambda: _unlink(exit_file))
     full = scheduler.table.get(job.record.id, with_env=True)

@@ -93,13 +93,10 @@ class Scheduler:
         self._next_sample = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
-        self.spares = shim.Spares()
-        self.supervisors: dict[int, shim.Shim] = {}  # running job id -> its shim, for jobs this daemon started
+        self.shims = shim.Shims()
 
     def close(self) -> None:
-        self.spares.keep(0)
-        for supervisor in self.supervisors.values():
-            supervisor.abandon()  # each exits once its job has ended
+        self.shims.close()
         self.table.close()
         self.source.close()
 
@@ -141,15 +138,14 @@ class Scheduler:
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
-        self.supervisors = {i: s for i, s in self.supervisors.items() if i in self.running}
 
     def wants_spares(self) -> bool:
-        return len(self.spares) != self._spares_wanted()
+        return self.shims.idle != self._spares_wanted()
 
     def fork_spares(self) -> None:
         """Fork idle shims so that the next launches need no fork: one per GPU while work waits, none once
         nothing waits."""
-        self.spares.keep(self._spares_wanted())
+        self.shims.keep(self._spares_wanted())
 
     def _spares_wanted(self) -> int:
         return min(len(self.pending), max(len(self.last_snapshot), 1), SPARES)
@@ -195,9 +191,7 @@ class Scheduler:
                 if exit_data is None:
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
-                supervisor = self.supervisors.pop(job_id, None)
-                if supervisor is not None:
-                    self.spares.put_back(supervisor)  # it wrote the exit file last: it waits for the next job
+                self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(exit_data, job.record, job.launch)
                 lost_gpu = self.gpu_lost.get(job_id)
                 if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
@@ -361,10 +355,7 @@ class Scheduler:
 
     def stop(self, job: Running) -> None:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
-        supervisor = self.supervisors.get(job.record.id)
-        if supervisor is not None:
-            supervisor.cancel()  # if its shim died, the liveness check ends the job (as cancelled, if it was)
-        else:  # started by an earlier daemon: we have no pipe to its shim
+        if not self.shims.cancel(job.record.id):  # started by an earlier daemon: we have no pipe to its shim
             processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
 
     def forget(self, job_id: int) -> None:
@@ -373,9 +364,7 @@ class Scheduler:
         self.running.pop(job_id, None)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
-        supervisor = self.supervisors.pop(job_id, None)
-        if supervisor is not None:  # it ended without an exit file (its shim died): nothing to reuse
-            supervisor.abandon()
+        self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died
 
     def _request(self, record: JobRecord) -> Request:
         """Placement's view of a pending job, built once per spec: building 10,000 of them on every pass
@@ -422,13 +411,12 @@ class Scheduler:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
         try:
-            supervisor = self.spares.take()
+            supervisor = self.shims.take(record.id)
         except OSError as err:
             endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
             return
         info = Launch(supervisor.pid, supervisor.started, self.boot_id, port)
-        self.supervisors[record.id] = supervisor
-        self.on_rollback.append(lambda: self.spares.put_back(supervisor))  # it was sent nothing
+        self.on_rollback.append(lambda: self.shims.ended(record.id))  # it was sent nothing: idle again
         self.table.mark_running(record.id, gpus, uuids, now, info)
         self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)

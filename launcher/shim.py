@@ -8,7 +8,7 @@ already-running daemon costs about a millisecond, where starting a fresh interpr
 cost tens, on every job.
 
 A shim is reused: once its job's exit file is written it waits for the next job, and the daemon keeps such
-idle shims (and forks a few ahead of need while work waits, ``Spares``). A launch then costs a message down
+idle shims (and forks a few ahead of need while work waits, ``Shims``). A launch then costs a message down
 a pipe instead of a fork: forking the daemon and the copy-on-write page faults that follow cost about 4 ms
 of CPU per job on a small VM, as much as the dispatch itself. An idle shim has no job, so a SIGTERM simply
 ends it, and so does the daemon's death (its pipe reaches end of file); a shim running a job when the
@@ -127,27 +127,51 @@ class Shim:
             os.close(self._pipe)
 
 
-class Spares:
-    """Idle shims, whose jobs ended or which were forked ahead of need: a launch takes one of them."""
+class Shims:
+    """The daemon's shims: idle ones (their jobs ended, or forked ahead of need), and the one supervising each
+    running job this daemon started. A shim is idle or busy with one job, never both."""
 
     def __init__(self) -> None:
         self._idle: list[Shim] = []
+        self._busy: dict[int, Shim] = {}  # job id -> its shim
 
-    def __len__(self) -> int:
+    @property
+    def idle(self) -> int:
         return len(self._idle)
 
-    def take(self) -> Shim:
-        """An idle shim for the next job: the last one to have finished a job, else a new fork."""
+    def take(self, job_id: int) -> Shim:
+        """A shim for ``job_id``: the last idle one to have finished a job, else a new fork (OSError if none)."""
         while self._idle:
             shim = self._idle.pop()
             if shim.alive():
-                return shim
+                break
             shim.abandon()  # a stray signal ended it
-        return Shim()
+        else:
+            shim = Shim()
+        self._busy[job_id] = shim
+        return shim
 
-    def put_back(self, shim: Shim) -> None:
-        """A shim whose job has ended (its exit file was read), or that a rolled-back launch did not use."""
-        self._idle.append(shim)
+    def ended(self, job_id: int) -> None:
+        """The job's exit file was read (its shim wrote it last and waits for the next job), or its launch was
+        rolled back before the shim was sent anything: the shim is idle."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            self._idle.append(shim)
+
+    def lost(self, job_id: int) -> None:
+        """The job ended without an exit file (its shim died): nothing to reuse."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            shim.abandon()
+
+    def cancel(self, job_id: int) -> bool:
+        """Ask the shim of ``job_id`` to stop it; False if this daemon did not start it (no pipe to its shim).
+        A shim that died meanwhile is found by the liveness check, which ends a job being cancelled as such."""
+        shim = self._busy.get(job_id)
+        if shim is None:
+            return False
+        shim.cancel()
+        return True
 
     def keep(self, count: int) -> None:
         """Have ``count`` idle shims: fork the missing ones, let the extra ones go."""
@@ -156,6 +180,13 @@ class Spares:
         with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
             while len(self._idle) < count:
                 self._idle.append(Shim())
+
+    def close(self) -> None:
+        """Let every shim go: idle ones exit now, busy ones once their job has ended."""
+        self.keep(0)
+        for shim in self._busy.values():
+            shim.abandon()
+        self._busy.clear()
 
 
 def _serve(pipe: int) -> int:

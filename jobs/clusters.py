@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jobs import accounts, config, sbatch, slurm, spool
+from jobs import accounts, config, outbox, sbatch, slurm, spool
 from jobs.cluster_table import ClusterArray, ClusterTable
 from jobs.errors import BadInput, GpuqError, NotPermitted, StateDirError, UnknownJob
 from jobs.model import JobRecord, JobSpec, JobState, Outcome
@@ -49,10 +49,10 @@ def submit(
     try:
         after = _dependencies(state, table, cluster.name, spec)
         count = 1 + (len(array.indices) if array else 0)
-        job_id = spool.allocate_ids(state, count)
+        job_id = outbox.allocate_ids(state, count)
         if job_id <= table.max_id():  # next_id was lost and rebuilt from jobs.db alone: skip past ours
-            spool.raise_counter(state, table.max_id() + 1)
-            job_id = spool.allocate_ids(state, count)
+            outbox.raise_counter(state, table.max_id() + 1)
+            job_id = outbox.allocate_ids(state, count)
         batch = sbatch.translate(spec, cluster, job_id=job_id, state=state, array=array, after=after)
         external = slurm.sbatch(batch.argv, batch.script, batch.env, cluster.name)
         records, info = _records(

@@ -1,8 +1,8 @@
 """The clients' side of the spool (see ``jobs.spool``): reserve job ids, drop a request in, wake the daemon.
 
 Standard library and plain dicts only, so that the quick ``gpuq submit`` path writes requests without
-loading the job model (dataclasses, enum), SQLite or subprocess; ``jobs.spool`` reads what is written here
-and re-exports these names.
+loading the job model (dataclasses, enum), SQLite or subprocess. The daemon reads what is written here
+through ``jobs.spool``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ transaction, and only then deletes it, so a request is never lost and, because i
 (job ids are assigned by the client), never acted on twice. Who sent a request is the file's owner,
 as the OS reports it, never a field inside the file.
 
-Writing lives in ``jobs.outbox`` (light enough for the quick ``gpuq submit`` path) and is re-exported
-here; this module reads requests back into typed values and adds the JobSpec-based ``write_submit``.
+Clients write through ``jobs.outbox`` (light enough for the quick ``gpuq submit`` path); this module is the
+daemon's side: it reads requests back into typed values, and sets aside what it cannot read.
 """
 
 from __future__ import annotations
@@ -22,15 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from jobs import outbox
 from jobs.errors import BadInput, StateDirError
 from jobs.model import JobSpec
-from jobs.outbox import SCHEMA_VERSION as SCHEMA_VERSION
-from jobs.outbox import allocate_ids as allocate_ids
-from jobs.outbox import poke as poke
-from jobs.outbox import raise_counter as raise_counter
-from jobs.outbox import write_cancel as write_cancel
-from jobs.outbox import write_control as write_control
+from jobs.outbox import SCHEMA_VERSION
 from jobs.statedir import StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
@@ -90,13 +84,6 @@ class BadRequest:
 Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
 
 CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause")
-
-
-def write_submit(
-    state: StateDir, job_id: int, spec: JobSpec, submitted_at: float, array: ArrayPlan | None = None
-) -> Path:
-    plan = None if array is None else (array.indices, array.throttle)
-    return outbox.write_submit(state, job_id, spec.to_json(), submitted_at, plan)
 
 
 def scan(state: StateDir) -> list[Request]:

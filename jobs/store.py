@@ -71,7 +71,7 @@ class Queue:
                 )
         pending = [r for r in records if r.state is JobState.PENDING]
         if pending:
-            spool.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
+            outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
         return pending
 
     def control_queue(self, action: str, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:
@@ -86,7 +86,7 @@ class Queue:
             if gpu < 0 or (inventory is not None and gpu >= len(inventory.totals)):
                 count = "?" if inventory is None else len(inventory.totals) - 1
                 raise BadInput(f"no GPU {gpu} here; GPUs are numbered 0 to {count} (`gpuq gpus` lists them)")
-        spool.write_control(self.state, action, list(gpus))
+        outbox.write_control(self.state, action, list(gpus))
 
     def cancel(self, job_ids: Iterable[int], *, uid: int | None = None) -> list[int]:
         """Ask the daemon to cancel jobs. Refuses unknown ids and other users' jobs before writing anything.
@@ -104,7 +104,7 @@ class Queue:
             if not record.state.finished:
                 active.append(record.id)
         if active:
-            spool.write_cancel(self.state, active)
+            outbox.write_cancel(self.state, active)
         return active
 
     def _check_caps(self, spec: JobSpec, jobs: int) -> None:
@@ -140,7 +140,7 @@ class Queue:
 
     def wake_daemon(self) -> bool:
         """Nudge the daemon to act now; False when none is running."""
-        return self.state.exists() and spool.poke(self.state)
+        return self.state.exists() and outbox.poke(self.state)
 
     # -- reads ------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from jobs import accounts, journal, spool
+from jobs import accounts, journal, outbox, spool
 from jobs.model import ArrayInfo, JobRecord, JobState, Outcome
 from jobs.store import expand, user_name
 from jobs.submission import Inventory
@@ -89,7 +89,7 @@ def _clashes(scheduler: Scheduler, request: spool.SubmitRequest, now: float, eve
         "(the id counter was rewound); submit it again"
     )
     _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
-    spool.raise_counter(scheduler.state, scheduler.table.max_id() + 1)
+    outbox.raise_counter(scheduler.state, scheduler.table.max_id() + 1)
     return True
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import accounts, journal, spool
+from jobs import accounts, journal, outbox
 from jobs.config import Shared
 from jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
 from jobs.private import PrivateSpecs, is_public
@@ -86,7 +86,7 @@ class Scheduler:
         self._last_plan_key: object = None
         self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self._touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
-        spool.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
+        outbox.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0

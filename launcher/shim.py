@@ -208,15 +208,16 @@ def _serve(pipe: int) -> int:
         launch = _receive(pipe)  # sent only once the job is recorded as running
         if launch is None:
             return 0  # the daemon let this shim go, or died (maybe while sending: that job is queued again)
-        # From here a SIGTERM is a cancel, handled in the loop below via the wake-up fd. One that came before
-        # this line ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
+        # From here a SIGTERM is a cancel, handled in the loop below via the wake-up fd. It comes from outside
+        # or from a daemon started after ours (ours cancels down the pipe); one that came before this line
+        # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe)
-        # Idle again before the exit file says so: a cancel the daemon sent this job late (it had ended
-        # already) ends this idle shim, and cannot reach the next job it would be given.
+        # Idle again before the exit file says so: a SIGTERM from now on ends this idle shim and cannot be taken
+        # for a cancel of the next job it is given.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         with contextlib.suppress(BlockingIOError):
             while os.read(wake_read, 64):

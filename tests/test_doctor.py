@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jobs import spool
+from jobs import outbox
 from jobs.model import JobSpec
 from jobs.statedir import StateDir
 from launcher import doctor, processes
@@ -231,13 +231,13 @@ def _spec(state: StateDir) -> JobSpec:
 
 def test_a_request_left_in_the_spool_after_it_was_recorded_is_a_warning(state: StateDir) -> None:
     submitted_at = sql(state, "SELECT submitted_at FROM jobs WHERE id=2")[0][0]
-    spool.write_submit(state, 2, _spec(state), submitted_at)
+    outbox.write_submit(state, 2, _spec(state).to_json(), submitted_at)
     (problem,) = doctor.check(state)
     assert problem.severity == "warning" and "the daemon deletes the request" in problem.message
 
 
 def test_an_id_handed_out_twice_is_an_error(state: StateDir) -> None:
-    spool.write_submit(state, 2, _spec(state), time.time())
+    outbox.write_submit(state, 2, _spec(state).to_json(), time.time())
     (problem,) = doctor.check(state)
     assert problem.severity == "error" and "the id was handed out twice" in problem.message
 

@@ -213,10 +213,11 @@ def test_a_job_cannot_enter_a_directory_its_user_cannot(queue: SharedQueue, user
     os.chown(secret_dir, alice.uid, alice.gid)
     secret_dir.chmod(0o700)
     code = (
-        "import sys, time\nfrom jobs import spool\nfrom jobs.model import JobSpec\nfrom jobs.statedir import StateDir\n"
-        f"from pathlib import Path\nstate = StateDir(Path({str(queue.home)!r}))\njob = spool.allocate_ids(state)\n"
-        f"spool.write_submit(state, job, JobSpec(('sh', '-c', 'pwd > {queue.stamps}/$GPUQ_JOB_ID'),"
-        f" {str(secret_dir)!r}, gpus=0), time.time())\nspool.poke(state)\nprint(job)\n"
+        "import sys, time\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
+        "from jobs.statedir import StateDir\n"
+        f"from pathlib import Path\nstate = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(state)\n"
+        f"outbox.write_submit(state, job, JobSpec(('sh', '-c', 'pwd > {queue.stamps}/$GPUQ_JOB_ID'),"
+        f" {str(secret_dir)!r}, gpus=0).to_json(), time.time())\noutbox.poke(state)\nprint(job)\n"
     )
     job_id = int(queue.python_as(bob, code))
     record = wait_for(lambda: (r := queue.records().get(job_id)) and r["state"] not in ("pending", "running") and r)
@@ -246,9 +247,9 @@ def test_nobody_else_can_cancel_or_read_a_job_but_an_admin_can(queue: SharedQueu
     assert leaked == [], leaked
     # A cancel bob writes into the spool himself (bypassing the client's check) is refused by the daemon.
     code = (
-        "from pathlib import Path\nfrom jobs import spool\nfrom jobs.statedir import StateDir\n"
+        "from pathlib import Path\nfrom jobs import outbox\nfrom jobs.statedir import StateDir\n"
         f"s = StateDir(Path({str(queue.home)!r}))\n"
-        f"spool.write_cancel(s, [{job_id}])\nspool.poke(s)\n"
+        f"outbox.write_cancel(s, [{job_id}])\noutbox.poke(s)\n"
     )
     queue.python_as(bob, code)
     events = queue.home / "events.jsonl"
@@ -326,11 +327,11 @@ def test_queued_job_cap_and_oversized_jobs_are_refused_with_reasons(queue: Share
     assert len(queue.records(bob)) == 2  # the refusals changed nothing
     # Bypassing the client does not get around the caps: the daemon fails such jobs, saying why.
     code = (
-        "import time\nfrom pathlib import Path\nfrom jobs import spool\nfrom jobs.model import JobSpec\n"
+        "import time\nfrom pathlib import Path\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
         "from jobs.statedir import StateDir\n"
-        f"s = StateDir(Path({str(queue.home)!r}))\nfor gpus in (1, 2):\n    job = spool.allocate_ids(s)\n"
-        "    spool.write_submit(s, job, JobSpec(('true',), '/', gpus=gpus), time.time())\n    print(job)\n"
-        "spool.poke(s)\n"
+        f"s = StateDir(Path({str(queue.home)!r}))\nfor gpus in (1, 2):\n    job = outbox.allocate_ids(s)\n"
+        "    outbox.write_submit(s, job, JobSpec(('true',), '/', gpus=gpus).to_json(), time.time())\n    print(job)\n"
+        "outbox.poke(s)\n"
     )
     third, big = map(int, queue.python_as(bob, code).split())
     records = wait_for(lambda: (r := queue.records(bob)) and r.get(big, {}).get("state") == "failed" and r, 30)
@@ -379,13 +380,13 @@ def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
     bob = users["gqbob"]
     command = list(queue.stamp())
     code = (
-        "import json, os, time\nfrom pathlib import Path\nfrom jobs import spool\nfrom jobs.model import JobSpec\n"
+        "import json, os, time\nfrom pathlib import Path\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
         "from jobs.statedir import StateDir, write_atomic\n"
-        f"s = StateDir(Path({str(queue.home)!r}))\njob = spool.allocate_ids(s)\n"
+        f"s = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(s)\n"
         f"spec = JobSpec(tuple({command!r}), os.getcwd(), dict(os.environ), gpus=0).to_json()\n"
         "body = {'schema': 1, 'kind': 'submit', 'id': job, 'submitted_at': time.time(), 'spec': spec,\n"
         "        'uid': 0, 'user': 'root', 'owner': 'gqalice'}\n"
-        "write_atomic(s.submit_request(job), json.dumps(body).encode())\nspool.poke(s)\nprint(job)\n"
+        "write_atomic(s.submit_request(job), json.dumps(body).encode())\noutbox.poke(s)\nprint(job)\n"
     )
     job_id = int(queue.python_as(bob, code))
     record = wait_for(lambda: (r := queue.records().get(job_id)) and r["state"] == "succeeded" and r, 30)

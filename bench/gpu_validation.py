@@ -31,7 +31,7 @@ import pynvml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from launcher.placement import Policy  # noqa: E402
+from gpuq_scheduler.launcher.policy.placement import Policy  # noqa: E402
 
 GiB = 1 << 30
 POLICY = Policy()

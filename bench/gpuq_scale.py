@@ -1,7 +1,7 @@
 """D, scale (gpuq only): a scheduling pass over 10,000 pending jobs, `gpuq status` over a long history,
 and the daemon's CPU use while idle and while 1,000 jobs wait.
 
-The pass is timed two ways: the pure policy (``launcher.placement.place``) on 10,000 requests and 8
+The pass is timed two ways: the pure policy (``launcher.policy.placement.place``) on 10,000 requests and 8
 GPUs, and the daemon's own pass (``Scheduler.place_and_launch``: eligibility, planning, recording why
 each job waits) with 10,000 pending jobs in its table and 8 busy GPUs, as after an event (a job ended,
 a request came), and as a periodic wake-up in which nothing changed.
@@ -34,7 +34,7 @@ def _median_ms(fn: Any, repeat: int) -> tuple[float, list[float]]:
 
 def placement_pass(pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dict[str, Any]:
     """``place()`` over ``pending`` requests on ``gpus`` GPUs, in three situations; the median of each."""
-    from launcher.placement import GpuView, Holding, Policy, Request, place
+    from gpuq_scheduler.launcher.policy.placement import GpuView, Holding, Policy, Request, place
 
     views = [GpuView(i, 80 * GiB) for i in range(gpus)]
     uniform = [Request(i, 1) for i in range(1, pending + 1)]
@@ -62,11 +62,11 @@ def placement_pass(pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dic
 
 def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dict[str, Any]:
     """The daemon's pass (``Scheduler.place_and_launch``) with ``pending`` queued and every GPU busy."""
-    from jobs.model import JobRecord, JobSpec, JobState, Launch
-    from jobs.statedir import StateDir
-    from jobs.table import JobTable
-    from launcher.gpus import FakeGpus
-    from launcher.scheduler import Running, Scheduler
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.jobs.store.table import JobTable
+    from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
+    from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 
     state = StateDir(work / "pass-home")
     state.ensure()
@@ -110,9 +110,9 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
 
 def build_history(home: Path, count: int) -> float:
     """A state directory with ``count`` finished jobs, written straight into the table. Returns seconds."""
-    from jobs.model import JobRecord, JobSpec, JobState, Outcome
-    from jobs.statedir import StateDir
-    from jobs.table import JobTable
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.jobs.store.table import JobTable
 
     started = time.perf_counter()
     state = StateDir(home)

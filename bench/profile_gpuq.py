@@ -46,8 +46,9 @@ STEPS = ("tick", "reap", "ingest", "reconcile", "follow_up_arrays", "snapshot", 
 
 def serve_traced(home: Path) -> int:
     """Run the daemon in this process with timers around the scheduler's steps and the table's writes."""
-    from jobs.table import JobTable
-    from launcher import daemon, scheduler, shim
+    from gpuq_scheduler.jobs.store.table import JobTable
+    from gpuq_scheduler.launcher.daemon import lifetime as daemon
+    from gpuq_scheduler.launcher.daemon import scheduler, shim
 
     trace = (home / "trace.jsonl").open("a", buffering=1)
 
@@ -211,7 +212,7 @@ def profile_cli(runs: int = 20) -> None:
         rows = [
             ("python -c pass", [python, "-c", "pass"]),
             ("python -I -S -c pass", [python, "-I", "-S", "-c", "pass"]),
-            ("python -c 'import launcher.cli'", [python, "-c", "import launcher.cli"]),
+            ("python -c 'import ...cli.app'", [python, "-c", "import gpuq_scheduler.launcher.cli.app"]),
             ("gpuq --help", [gpuq, "--help"]),
             ("gpuq submit --gpus 1 true (queue paused)", [gpuq, "submit", "--gpus", "1", "true"]),
             ("gpuq status", [gpuq, "status"]),
@@ -219,7 +220,7 @@ def profile_cli(runs: int = 20) -> None:
         print(f"CLI costs, median of {runs} (ms):")
         for label, argv in rows:
             print(f"  {label:45s} {median_ms(argv):7.1f}")
-        proc = subprocess.run([python, "-X", "importtime", "-c", "import launcher.cli"], env=env,
+        proc = subprocess.run([python, "-X", "importtime", "-c", "import gpuq_scheduler.launcher.cli.app"], env=env,
                               capture_output=True, text=True)  # fmt: skip
         entries = []
         for line in proc.stderr.splitlines():
@@ -227,18 +228,18 @@ def profile_cli(runs: int = 20) -> None:
             if match:
                 entries.append((int(match.group(2)), int(match.group(1)), len(match.group(3)), match.group(4)))
         total = max((e[0] for e in entries), default=0)
-        print(f"imports of launcher.cli: {total / 1000:.1f} ms cumulative; top-level modules by cumulative time:")
+        print(f"imports of launcher.cli.app: {total / 1000:.1f} ms cumulative; top-level modules by cumulative time:")
         for cumulative, own, depth, name in sorted(entries, reverse=True)[:15]:
             print(f"  {cumulative / 1000:7.1f} ms (self {own / 1000:5.1f})  {'  ' * min(depth // 2, 6)}{name}")
         snippet = (
             "import time, cProfile, pstats, io, sys\n"
             "t0 = time.perf_counter()\n"
-            "import launcher.cli\n"
+            "import gpuq_scheduler.launcher.cli.app\n"
             "t1 = time.perf_counter()\n"
             "profile = cProfile.Profile()\n"
             "profile.enable()\n"
             "try:\n"
-            "    launcher.cli.main(['submit', '--gpus', '1', 'true'])\n"
+            "    launcher.cli.app.main(['submit', '--gpus', '1', 'true'])\n"
             "except SystemExit:\n"
             "    pass\n"
             "profile.disable()\n"
@@ -246,7 +247,7 @@ def profile_cli(runs: int = 20) -> None:
             "out = io.StringIO()\n"
             "stats = pstats.Stats(profile, stream=out).sort_stats('cumulative')\n"
             "stats.print_stats(r'jobs/|launcher/|fsync|flock|poke', 25)\n"
-            "print(f'import launcher.cli {(t1 - t0) * 1000:.1f} ms; submit itself {(t2 - t1) * 1000:.1f} ms')\n"
+            "print(f'import cli.app {(t1 - t0) * 1000:.1f} ms; submit itself {(t2 - t1) * 1000:.1f} ms')\n"
             "print(out.getvalue())\n"
         )
         proc = subprocess.run([python, "-c", snippet], env=env, capture_output=True, text=True)

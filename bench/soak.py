@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs import api  # noqa: E402
-from jobs.statedir import StateDir  # noqa: E402
-from launcher import doctor  # noqa: E402
+from gpuq_scheduler.jobs import api  # noqa: E402
+from gpuq_scheduler.jobs.store.statedir import StateDir  # noqa: E402
+from gpuq_scheduler.launcher.views import doctor  # noqa: E402
 from tests.conftest import REPORT, Gpuq, make_env, read_reports, wait_for  # noqa: E402
 from tests.invariants import MARGIN, check_exactly_once, check_no_overcommit  # noqa: E402
 
 if TYPE_CHECKING:
-    from jobs.table import JobTable
+    from gpuq_scheduler.jobs.store.table import JobTable
 
 SHAPES: list[dict[str, object]] = [
     {"gpus": 1},
@@ -65,7 +65,7 @@ SHAPES: list[dict[str, object]] = [
 
 def kill_daemon(state: StateDir) -> bool:
     """SIGKILL the daemon if one runs; True if one was killed. A client may start the next one at once."""
-    from launcher.daemon import running_pid
+    from gpuq_scheduler.launcher.daemon.lifetime import running_pid
 
     pid = running_pid(state)
     if pid is None or pid <= 0:
@@ -371,8 +371,8 @@ def memory_soak(
     home: Path, minutes: float, seed: int, inflight: int, every: float, warmup_jobs: int, warmup_seconds: float
 ) -> tuple[dict[str, Any], list[str]]:
     """Run the stream against one daemon; return the figures (for the JSON) and the failures."""
-    from jobs.table import JobTable
-    from launcher.daemon import running_pid
+    from gpuq_scheduler.jobs.store.table import JobTable
+    from gpuq_scheduler.launcher.daemon.lifetime import running_pid
 
     rng = random.Random(seed)
     work = home.parent / "work"

@@ -196,7 +196,7 @@ def workload_b_bulk(tool: Gpuq, work: Path, count: int) -> dict[str, Any]:
         if how == "cli":
             timed([tool.binary, "submit", "--array", f"0-{count - 1}", "--gpus", "1", "true", "{index}"], tool.env)
         else:
-            from jobs.api import array
+            from gpuq_scheduler.jobs.api import array
 
             array(["true", "{index}"], range(count), gpus=1, home=tool.home)
         result[f"bulk_{how}_s"] = time.perf_counter() - started

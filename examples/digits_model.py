@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 if TYPE_CHECKING:
-    from launcher.allocation import Allocation
+    from gpuq_scheduler.jobs.allocation import Allocation
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
@@ -84,7 +84,7 @@ def seed_everything(seed: int) -> None:
 def gpuq_allocation() -> Allocation | None:
     """What gpuq gave this job, or None when gpuq is not installed (plain PyTorch rules then apply)."""
     try:
-        from launcher.allocation import current
+        from gpuq_scheduler.jobs.allocation import current
     except ImportError:
         return None
     return current()

@@ -3,7 +3,7 @@
     python examples/ensemble.py --members 8            # one GPU each (CPU jobs where there is no GPU)
     python examples/ensemble.py --members 16 --mem 4G  # several members share each GPU
 
-Uses gpuq's Python API (``from jobs import submit, wait``); the queue is the one in $GPUQ_HOME
+Uses gpuq's Python API (``from gpuq_scheduler import submit, wait``); the queue is the one in $GPUQ_HOME
 (default ~/.local/state/gpuq), and a daemon is started if none runs. Prints where each member ran,
 its test accuracy, and the accuracy of the members' majority vote on the same test images.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout: `jobs` and `launcher` sit beside examples/
 
-from jobs import JobState, submit, wait  # noqa: E402
-from launcher.gpus import open_source  # noqa: E402
+from gpuq_scheduler import JobState, submit, wait  # noqa: E402
+from gpuq_scheduler.launcher.gpus.sources import open_source  # noqa: E402
 
 
 def gpu_count() -> int:

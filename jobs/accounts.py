@@ -64,3 +64,12 @@ def may_act(uid: int, owner_uid: int, admins: str | None, queue_owner: int | Non
     """May ``uid`` cancel, hold, release or update a job of ``owner_uid``? Its owner, the queue's own user
     (who runs a personal queue) and admins may."""
     return uid in (owner_uid, queue_owner) or is_admin(uid, admins)
+
+
+@lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    """A uid's login name, or the uid itself as text when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

@@ -1,13 +1,13 @@
 """The Python API for sweeps written in Python::
 
-    from jobs import submit, wait, status
+    from gpuq_scheduler import submit, wait, status
 
     ids = [submit(["train.py", "--seed", str(s)], gpus=1, mem="4G") for s in range(8)]
     for record in wait(ids):
         print(record.id, record.state.value, record.exit_code)
 
 Everything here works through the state directory; a daemon is started when none is running.
-``on="lab"`` sends a job to the cluster named ``lab`` in the config instead (see ``jobs.clusters``).
+``on="lab"`` sends a job to the cluster named ``lab`` in the config instead (see ``jobs.slurm.clusters``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import BadInput
-from jobs.model import JobRecord, JobSpec, Mode
-from jobs.outbox import ensure_daemon as ensure_daemon
-from jobs.outbox import start_daemon as start_daemon
-from jobs.spool import ArrayPlan
-from jobs.statedir import StateDir
-from jobs.store import Queue
-from jobs.submission import capture_spec
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.jobs.store.outbox import ensure_daemon as ensure_daemon
+from gpuq_scheduler.jobs.store.outbox import start_daemon as start_daemon
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.spool import ArrayPlan
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.submission import capture_spec
 
 
 def _state(home: str | os.PathLike[str] | None) -> StateDir:
@@ -77,11 +77,11 @@ def submit(
 def queue_job(state: StateDir, spec: JobSpec, array: ArrayPlan | None = None, *, on: str | None = None) -> int:
     """Send a job where it was asked to run: to the cluster named ``on``, else to this machine's queue."""
     if on is not None:
-        from jobs import clusters  # Slurm's code loads only for cluster jobs
+        from gpuq_scheduler.jobs.slurm import clusters  # Slurm's code loads only for cluster jobs
 
         return clusters.submit(state, on, spec, array)
     if spec.after and state.clusters_db.exists():
-        from jobs import clusters
+        from gpuq_scheduler.jobs.slurm import clusters
 
         clusters.refuse_cluster_dependencies(state, spec.after)
     return Queue(state).submit(spec, array=array)
@@ -91,7 +91,7 @@ def readers(state: StateDir) -> Queue:
     """The queue to read (and cancel) jobs through: with the cluster jobs when any were sent from here."""
     if not state.clusters_db.exists():
         return Queue(state)
-    from jobs.clusters import Everywhere
+    from gpuq_scheduler.jobs.slurm.clusters import Everywhere
 
     return Everywhere(state)
 
@@ -100,7 +100,7 @@ def local_ids(state: StateDir, job_ids: Iterable[int]) -> list[int]:
     """Those of ``job_ids`` that are this machine's (and want its daemon), not a cluster's."""
     if not state.clusters_db.exists():
         return list(job_ids)
-    from jobs.clusters import remote_ids
+    from gpuq_scheduler.jobs.slurm.clusters import remote_ids
 
     ids = list(job_ids)
     remote = remote_ids(state, ids)

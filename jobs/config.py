@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import BadInput
-from jobs.locations import SHARED_HOME as SHARED_HOME
-from jobs.locations import SYSTEM_CONFIG as SYSTEM_CONFIG
-from jobs.locations import config_paths as config_paths
-from jobs.units import parse_duration
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.locations import SHARED_HOME as SHARED_HOME
+from gpuq_scheduler.jobs.locations import SYSTEM_CONFIG as SYSTEM_CONFIG
+from gpuq_scheduler.jobs.locations import config_paths as config_paths
+from gpuq_scheduler.jobs.units import parse_duration
 
 BACKENDS = ("slurm",)
 

@@ -1,6 +1,6 @@
 """What a job is: its frozen spec, its states and outcomes, and the record the queue keeps.
 
-Plain data with JSON round-trips and no disk access; ``jobs.store`` decides where it is written.
+Plain data with JSON round-trips and no disk access; ``jobs.store.queue`` decides where it is written.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.errors import BadInput
-from jobs.rules import check_spec
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.rules import check_spec
 
 
 class Mode(str, enum.Enum):

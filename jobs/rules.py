@@ -1,7 +1,7 @@
 """The rules every job spec follows, checked on plain values.
 
 ``JobSpec`` (``jobs.model``) checks them when one is built; the quick ``gpuq submit`` path
-(``launcher.cli_submit``) checks them on the spec it writes as a plain dict, without loading the model
+(``launcher.cli.submit``) checks them on the spec it writes as a plain dict, without loading the model
 (dataclasses, enum) at all. One function, so the two cannot disagree on what is allowed or on the words.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from jobs.errors import BadInput
+from gpuq_scheduler.jobs.errors import BadInput
 
 MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
 MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode, in its order

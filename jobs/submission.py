@@ -1,7 +1,7 @@
 """Turning what a user typed into a job spec: parse, resolve, check, capture. Refuses before anything is written.
 
 Light on purpose (no dataclasses, enum or typing at run time): the quick ``gpuq submit`` path
-(``launcher.cli_submit``) captures a spec here as the plain dict ``JobSpec.to_json()`` produces and writes
+(``launcher.cli.submit``) captures a spec here as the plain dict ``JobSpec.to_json()`` produces and writes
 it as it is; the Python API and the click command turn the same dict into a JobSpec with
 ``JobSpec.from_json``. One capture, one set of checks, whichever way a job comes in.
 """
@@ -13,16 +13,16 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
-from jobs.errors import BadInput
-from jobs.rules import MODES, check_spec
-from jobs.units import format_size, parse_duration, parse_size
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.rules import MODES, check_spec
+from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
-    from jobs.model import JobSpec
-    from jobs.statedir import StateDir
+    from gpuq_scheduler.jobs.model import JobSpec
 
 
 class Inventory:
@@ -43,10 +43,10 @@ class Inventory:
         return hash(self.totals)
 
     @classmethod
-    def read(cls, state: StateDir) -> Inventory | None:
-        """The GPUs the daemon last saw (``gpus.json``), or None if it has never run here."""
+    def read(cls, path: Path) -> Inventory | None:
+        """The GPUs the daemon last saw (``gpus.json``, ``StateDir.inventory``), or None if it never ran here."""
         try:
-            data = json.loads(state.inventory.read_bytes())
+            data = json.loads(path.read_bytes())
             return cls(tuple(int(gpu["total"]) for gpu in data["gpus"]))
         except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return None  # damaged: the daemon rewrites it at its next look at the GPUs

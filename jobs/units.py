@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from jobs.errors import BadInput
+from gpuq_scheduler.jobs.errors import BadInput
 
 _SIZE_UNITS = {
     "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 10**3,

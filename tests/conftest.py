@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CLICK = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]  # `gpuq` straight to click, no quick path
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPORT = FIXTURES / "report.py"
 
@@ -42,7 +43,7 @@ class Gpuq:
     home: Path
     env: dict[str, str]
     cwd: Path
-    entry: str = "launcher.cli_submit"  # the `gpuq` console script's module; "launcher.cli" is click for everything
+    entry: str = "gpuq_scheduler.launcher.cli.entry"  # the `gpuq` script; "gpuq_scheduler.launcher.cli.app" is click
 
     def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(

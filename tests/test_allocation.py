@@ -1,4 +1,4 @@
-"""launcher.allocation: the environment gpuq gives a job, read back from inside the job."""
+"""jobs.allocation: the environment gpuq gives a job, read back from inside the job."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.allocation import Allocation, current
+from gpuq_scheduler.jobs.allocation import Allocation, current
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -204,7 +204,7 @@ def run_isolated(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[
 def test_cap_memory_makes_an_allocation_past_mem_raise_out_of_memory() -> None:
     code = """
         import torch
-        from launcher.allocation import current
+        from gpuq_scheduler.jobs.allocation import current
         fraction = current().cap_memory()
         total = torch.cuda.get_device_properties(0).total_memory
         assert fraction is not None and abs(fraction - (1 << 30) / total) < 1e-9, fraction
@@ -224,7 +224,7 @@ def test_cap_memory_makes_an_allocation_past_mem_raise_out_of_memory() -> None:
 @needs_gpu
 def test_cap_memory_never_exceeds_the_whole_gpu() -> None:
     code = """
-        from launcher.allocation import current
+        from gpuq_scheduler.jobs.allocation import current
         print(current().cap_memory())
     """
     result = run_isolated(code, {"GPUQ_JOB_ID": "1", "GPUQ_MEM_PER_GPU": str(1 << 50)})

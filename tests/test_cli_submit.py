@@ -1,4 +1,4 @@
-"""The quick `gpuq submit` (launcher.cli_submit) against click's: same options, same requests, same errors.
+"""The quick `gpuq submit` (launcher.cli.submit) against click's: same options, same requests, same errors.
 
 Each submit runs in a fresh process, as users run it. No daemon is started: the test holds the state
 directory's wake FIFO open for reading, so the submit's wake-up finds "a daemon" and requests stay in
@@ -17,16 +17,17 @@ from pathlib import Path
 import click
 import pytest
 
-from jobs.model import Mode
-from jobs.rules import MODES
-from jobs.statedir import StateDir
-from launcher import cli, cli_submit
+from gpuq_scheduler.jobs.model import Mode
+from gpuq_scheduler.jobs.rules import MODES
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.cli import queue as click_commands
+from gpuq_scheduler.launcher.cli import submit as cli_submit
 from tests.conftest import Gpuq, make_env
 from tests.test_cli_errors import BAD_SUBMITS
 
 GiB = 1 << 30
-QUICK = "launcher.cli_submit"
-CLICK = "launcher.cli"
+QUICK = "gpuq_scheduler.launcher.cli.entry"
+CLICK = "gpuq_scheduler.launcher.cli.app"
 # Runs an entry point's main, then reports on stderr which modules that process loaded.
 DRIVER = (
     "import sys\n"
@@ -36,8 +37,11 @@ DRIVER = (
     "finally:\n"
     "    sys.stderr.write('\\nLOADED ' + ' '.join(sorted(sys.modules)) + '\\n')\n"
 )
-HEAVY = ("click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "jobs.model", "jobs.spool",
-         "jobs.store", "jobs.api", "jobs.config", "launcher.cli", "pynvml", "psutil", "torch")  # fmt: skip
+HEAVY = (
+    "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch",
+    *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.store.spool", "jobs.store.queue", "jobs.api", "jobs.config",
+                                      "launcher.cli.app")),
+)  # fmt: skip
 
 
 class Run:
@@ -116,17 +120,17 @@ def _kind(option: click.Option) -> str:
 
 
 def test_the_quick_parser_has_every_option_of_clicks_submit_with_its_kind_and_default() -> None:
-    options = {p.opts[0]: p for p in cli.submit.params if isinstance(p, click.Option)}
+    options = {p.opts[0]: p for p in click_commands.submit.params if isinstance(p, click.Option)}
     assert set(options) == set(cli_submit.OPTIONS)  # both ways: no option only one of them knows
-    defaults = cli.submit.make_context("submit", ["true"]).params
+    defaults = click_commands.submit.make_context("submit", ["true"]).params
     for flag, option in options.items():
         assert option.opts == [flag] and not option.secondary_opts and option.nargs == 1, flag
         dest, kind, default = cli_submit.OPTIONS[flag]
         assert (dest, kind) == (option.name, _kind(option)), flag
         assert defaults[dest] == default, flag
-    (argument,) = [p for p in cli.submit.params if isinstance(p, click.Argument)]
+    (argument,) = [p for p in click_commands.submit.params if isinstance(p, click.Argument)]
     assert (argument.name, argument.nargs, argument.required) == ("command", -1, True)
-    assert cli.submit.context_settings["allow_interspersed_args"] is False  # what parse() mimics
+    assert click_commands.submit.context_settings["allow_interspersed_args"] is False  # what parse() mimics
     assert {"-h", "--help"} & set(cli_submit.OPTIONS) == set()  # help is click's to print
     assert tuple(mode.value for mode in Mode) == MODES
 
@@ -261,7 +265,8 @@ def test_a_global_option_before_submit_goes_to_click(queue: Queue) -> None:
 def test_without_a_gpu_inventory_click_looks_at_the_gpus(queue: Queue) -> None:
     (queue.home / "gpus.json").unlink()
     run = queue.gpuq(QUICK, "submit", "--gpus", "2", "true")
-    assert run.returncode == 0 and run.stdout == "submitted job 1\n" and "launcher.gpus" in run.modules
+    assert run.returncode == 0 and run.stdout == "submitted job 1\n"
+    assert "gpuq_scheduler.launcher.gpus.sources" in run.modules
     too_many = queue.gpuq(QUICK, "submit", "--gpus", "5", "true")  # GPUQ_FAKE_GPUS=4x80GiB, seen live
     assert too_many.returncode == 2 and "more GPUs than this machine has (4)" in too_many.stderr
     assert len(queue.requests()) == 1

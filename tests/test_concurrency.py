@@ -13,7 +13,6 @@ import os
 import random
 import sqlite3
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -23,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from jobs import spool
-from jobs.errors import UnknownJob
-from jobs.model import JobRecord, JobSpec, JobState
-from jobs.statedir import StateDir
-from jobs.store import Queue, expand
-from jobs.table import JobTable
-from tests.conftest import Gpuq
+from gpuq_scheduler.jobs.errors import UnknownJob
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.queue import Queue, expand
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
+from tests.conftest import CLICK, Gpuq
 
 PROCESSES = 8
 OPERATIONS = 60
@@ -62,8 +61,8 @@ def client(home: str, env: dict[str, str], worker: int, operations: int, seed: i
     """One client process: ``operations`` random submits, cancels and reads, as fast as it can."""
     os.environ.clear()
     os.environ.update(env)  # so that any daemon this client starts sees the same fake GPUs
-    from jobs import api
-    from jobs.store import Queue
+    from gpuq_scheduler.jobs import api
+    from gpuq_scheduler.jobs.store.queue import Queue
 
     rng = random.Random(seed)
     queue = Queue(StateDir(Path(home)))
@@ -96,7 +95,7 @@ def _read(queue: Any, log: ClientLog, rng: random.Random, env: dict[str, str]) -
     kind = rng.random()
     if kind < 0.08:  # the real command now and then: its JSON is what scripts read
         result = subprocess.run(
-            [sys.executable, "-m", "launcher.cli", "status", "--all", "--json"], env=env, capture_output=True,
+            [*CLICK, "status", "--all", "--json"], env=env, capture_output=True,
             text=True, timeout=60,
         )  # fmt: skip
         if result.returncode != 0:
@@ -140,7 +139,7 @@ def doctor_watch(home: str, env: dict[str, str], stop: Event, out: str) -> None:
     """Run the doctor in a loop while the clients work: a busy queue must not look broken to it."""
     os.environ.clear()
     os.environ.update(env)
-    from launcher import doctor
+    from gpuq_scheduler.launcher.views import doctor
 
     errors: list[str] = []
     runs = 0
@@ -195,7 +194,7 @@ def verify(home: Path, work: Workload, *, visibility: bool = True) -> list[str]:
     """Everything that went wrong, as sentences; empty when the queue kept every promise.
 
     ``visibility=False`` leaves out jobs a read missed while the daemon ingested them (a known race in
-    jobs/store.py, pinned by test_a_job_stays_visible_while_the_daemon_ingests_it).
+    jobs/store/queue.py, pinned by test_a_job_stays_visible_while_the_daemon_ingests_it).
     """
     failures: list[str] = []
     ids = [job for log in work.clients for job in log.submitted]
@@ -232,7 +231,7 @@ def verify(home: Path, work: Workload, *, visibility: bool = True) -> list[str]:
 
 def settle(home: Path, env: dict[str, str], work: Workload, timeout: float) -> None:
     """Wait until every submitted job has ended."""
-    from jobs import api
+    from gpuq_scheduler.jobs import api
 
     ids = [job for log in work.clients for job in log.submitted]
     saved = dict(os.environ)
@@ -295,7 +294,7 @@ def test_a_job_stays_visible_while_the_daemon_ingests_it(tmp_path: Path) -> None
 def test_eight_clients_submitting_cancelling_and_reading_at_once_lose_and_duplicate_nothing(
     gpuq: Gpuq, tmp_path: Path
 ) -> None:
-    from launcher import doctor
+    from gpuq_scheduler.launcher.views import doctor
 
     visibility = not ingest_between_reads(StateDir(tmp_path / "probe"))  # checked here too, once store.py is fixed
     gpuq.run("daemon", "start")

@@ -6,9 +6,9 @@ import json
 import random
 import time
 
-from jobs import api
-from jobs.statedir import StateDir
-from launcher import doctor
+from gpuq_scheduler.jobs import api
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import REPORT, Gpuq, read_reports
 from tests.invariants import check_exactly_once, check_no_overcommit
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from jobs import outbox
-from jobs.model import JobSpec
-from jobs.statedir import StateDir
-from launcher import doctor, processes
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import Gpuq, make_env
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.placement import Policy
+from gpuq_scheduler.launcher.policy.placement import Policy
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
 
 
@@ -231,7 +231,7 @@ def test_python_api_runs_scripts_with_the_callers_interpreter_not_paths(gpuq: Gp
     script.write_text("import sys\nprint(sys.executable)\n")
     gpuq.env.pop("VIRTUAL_ENV", None)
     gpuq.env["PATH"] = "/usr/bin:/bin"  # a python3 here is not the caller's
-    code = "from jobs import submit, wait\n(r,) = wait([submit(['which.py'], gpus=0)])\nprint(r.log)\n"
+    code = "from gpuq_scheduler import submit, wait\n(r,) = wait([submit(['which.py'], gpus=0)])\nprint(r.log)\n"
     out = subprocess.run([sys.executable, "-c", code], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     logged = Path(out.stdout.strip()).read_text().strip()

@@ -127,6 +127,6 @@ def test_train_ddp_runs_two_gloo_ranks_under_torchrun(weird_tmp_path: Path) -> N
 
 
 def test_importing_the_allocation_helper_does_not_import_torch() -> None:
-    code = "import sys, launcher.allocation; print(sorted({'torch', 'pynvml'} & set(sys.modules)))"
+    code = "import sys, gpuq_scheduler.jobs.allocation; print(sorted({'torch', 'pynvml'} & set(sys.modules)))"
 
     assert run("-c", code).strip() == "[]"

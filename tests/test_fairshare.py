@@ -1,4 +1,4 @@
-"""launcher.fairshare: decaying usage, the fair-share order, and how it works with placement's user caps.
+"""launcher.policy.fairshare: decaying usage, the fair-share order, and how it works with placement's user caps.
 
 The order is checked against its rules with plain values; then queues of several users go through
 ``fair_order`` and ``place`` tick after tick, checked with test_placement's oracle (which knows caps).
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.fairshare import (
+from gpuq_scheduler.launcher.policy.fairshare import (
     CHARGE,
     HOUR,
     Queued,
@@ -26,7 +26,7 @@ from launcher.fairshare import (
     recent_use,
     why_behind,
 )
-from launcher.placement import GiB, GpuView, Holding, Policy, Request, place
+from gpuq_scheduler.launcher.policy.placement import GiB, GpuView, Holding, Policy, Request, place
 from tests.test_placement import SIM, check_no_overcommit, check_plan, start
 
 DAY = 24 * HOUR

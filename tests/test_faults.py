@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from jobs.model import JobRecord, JobState
-from jobs.statedir import StateDir
-from jobs.store import Queue
-from launcher import doctor, processes
+from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import REPORT, Gpuq, make_env, read_reports, wait_for
 
 GiB = 1 << 30

@@ -12,7 +12,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,14 +22,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jobs import spool
-from jobs.model import JobRecord, JobState
-from jobs.statedir import StateDir
-from jobs.store import expand
-from jobs.table import JobTable
-from launcher import doctor
-from launcher.cli import main
-from tests.conftest import Gpuq, make_env
+from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.queue import expand
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
+from gpuq_scheduler.launcher.cli.app import main
+from gpuq_scheduler.launcher.views import doctor
+from tests.conftest import CLICK, Gpuq, make_env
 
 FUZZ = settings(
     max_examples=150, deadline=None, database=None, derandomize=True,
@@ -176,7 +175,7 @@ def cli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUQ_HOME", str(home))
     monkeypatch.setenv("GPUQ_FAKE_GPUS", "4x80GiB")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("jobs.api.ensure_daemon", lambda state: False)  # requests wait in the spool
+    monkeypatch.setattr("gpuq_scheduler.jobs.api.ensure_daemon", lambda state: False)  # requests wait in the spool
     return home
 
 
@@ -361,7 +360,7 @@ TOML_WORDS = st.sampled_from([
 @example('home = "relative/path"')
 @example("[shared.priority]\nalice = 1e3")
 def test_any_config_file_loads_or_gets_one_line_naming_the_file(tmp_path: Path, text: str) -> None:
-    from jobs import config
+    from gpuq_scheduler.jobs import config
 
     path = tmp_path / "config.toml"
     path.write_text(text)
@@ -380,6 +379,6 @@ def test_a_broken_config_file_is_one_line_and_exit_2_for_every_command(tmp_path:
     env = {**os.environ, "GPUQ_CONFIG": str(path), "GPUQ_SYSTEM_CONFIG": str(tmp_path / "none.toml")}
     env.pop("GPUQ_HOME", None)
     for args in (["status"], ["submit", "true"], ["daemon", "start", "--shared"]):
-        result = subprocess.run([sys.executable, "-m", "launcher.cli", *args], env=env, capture_output=True, text=True)
+        result = subprocess.run([*CLICK, *args], env=env, capture_output=True, text=True)
         assert result.returncode == 2, result
         assert "max_gpus_per_user" in result.stderr and result.stderr.count("\n") == 1, result.stderr

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import BadInput
-from launcher.gpus import FakeGpus, GpuSource, NvmlGpus, open_source
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.gpus.nvml import NvmlGpus
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
+from gpuq_scheduler.launcher.gpus.sources import open_source
 
 
 def _nvml_gpus() -> int:

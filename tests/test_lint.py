@@ -1,12 +1,14 @@
-"""ruff and mypy are part of the test suite, so a red lint is a red build."""
+"""ruff, mypy and the import contract are part of the test suite, so a red lint is a red build."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.installed import installed_tree, source_path
 
 
 def _tool(name: str) -> str:
@@ -21,5 +23,22 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_is_clean() -> None:
-    result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    tree = installed_tree()
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+         "--cache-dir", str(ROOT / ".mypy_cache"), "-p", "gpuq_scheduler"],
+        cwd=tree, env={**os.environ, "MYPYPATH": str(tree)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, source_path(result.stdout + result.stderr)
+
+
+def test_imports_follow_the_contract() -> None:
+    """The contracts in pyproject.toml's [tool.importlinter]: jobs never imports launcher, pure policy does
+    no I/O, the rooms of launcher are layered, no package has an import cycle among its modules, and the
+    quick submit reaches neither the daemon nor click, NVML or psutil. No exception is listed."""
+    tree = installed_tree()
+    result = subprocess.run(
+        [_tool("lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, source_path(result.stdout + result.stderr)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.errors import BadInput
-from jobs.model import JobSpec, JobState, Mode, Outcome
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobSpec, JobState, Mode, Outcome
 
 specs = st.builds(
     JobSpec,

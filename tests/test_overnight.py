@@ -215,7 +215,7 @@ def test_wait_shows_progress_on_a_terminal_and_nothing_elsewhere(gpuq: Gpuq) -> 
     assert quiet.stderr == "" and quiet.stdout == ""
     array_id, _ = _array(gpuq, "--array", "0-3", "--gpus", "0", "sh", "-c", "sleep 0.3; exit {index}")
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "wait", "--array", str(array_id)],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "wait", "--array", str(array_id)],
                             env=gpuq.env, stdin=terminal, stdout=terminal, stderr=terminal)  # fmt: skip
     os.close(terminal)
     assert proc.wait(timeout=60) == 1
@@ -234,7 +234,7 @@ def test_wait_shows_progress_on_a_terminal_and_nothing_elsewhere(gpuq: Gpuq) -> 
 
 def test_python_api_array_and_wait(gpuq: Gpuq) -> None:
     code = (
-        "from jobs import array, wait\n"
+        "from gpuq_scheduler import array, wait\n"
         "array_id, ids = array(['sh', '-c', 'exit 0'], range(5), throttle=2, gpus=0)\n"
         "records = wait([array_id])\n"
         "print(len(ids), sorted(r.state.value for r in records) == ['succeeded'] * 5)\n"

@@ -1,4 +1,5 @@
-"""launcher.placement: the pure placement policy, with plain values and simulated time.
+# One module past 400 lines on purpose: it mirrors policy/placement.py, a test per rule of one pure function.
+"""launcher.policy.placement: the pure placement policy, with plain values and simulated time.
 
 The property tests replay a queue over several ticks: jobs arrive, ``place()`` decides, the decided jobs
 become holdings, some running jobs end, and ``place()`` runs again. Every plan is checked against an
@@ -16,7 +17,18 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from launcher.placement import Decision, Distance, GiB, GpuView, Holding, MiB, Plan, Policy, Request, place
+from gpuq_scheduler.launcher.policy.placement import (
+    Decision,
+    Distance,
+    GiB,
+    GpuView,
+    Holding,
+    MiB,
+    Plan,
+    Policy,
+    Request,
+    place,
+)
 
 SIM = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HALVES = Policy(margin=512 * MiB, overhead=512 * MiB)  # for examples whose arithmetic is spelled out

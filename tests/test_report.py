@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.model import JobRecord, JobSpec, JobState
-from jobs.statedir import StateDir
-from jobs.store import Queue
-from launcher.report import build_report, render_html, render_text
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.views.report import build_report, render_html, render_text
 from tests.conftest import REPORT, Gpuq
 
 H = 3600.0

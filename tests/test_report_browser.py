@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.statedir import StateDir
-from jobs.store import Queue
-from launcher.report import build_report, render_html
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.views.report import build_report, render_html
 from tests.conftest import REPORT, Gpuq
 
 CHROMIUM = shutil.which("chromium")
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("CI"), reason="needs Debian's chromium: apt-get install chromium"
 )
 WIDTH, HEIGHT = 1400, 900
-GREEN, RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # succeeded and failed bars (launcher.report._COLOURS)
+GREEN, RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # succeeded and failed bars (launcher.views.report._COLOURS)
 
 # Copied into a test-only copy of the page: the real page has no script, and its CSP would refuse this one.
 MEASURE = """<script>

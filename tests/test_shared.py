@@ -1,6 +1,7 @@
+# One module past 400 lines on purpose: every test shares one costly fixture, a root daemon for real users.
 """A shared queue with real Unix users: one root daemon, three users submitting from their own accounts.
 
-Runs as root (CI does): the tests create the users and an admin group, start `launcher.daemon --shared`
+Runs as root (CI does): the tests create the users and an admin group, start `launcher.daemon.lifetime --shared`
 on fake GPUs, and run `gpuq` as each user. Users cannot read root's home, where the test's interpreter
 and the checkout may live, so their `gpuq` runs from a world-readable copy of the code with a system
 Python of the same version. Everything each test checks comes from what the jobs themselves recorded
@@ -25,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import CLICK, ROOT, wait_for
+from tests.installed import installed_tree
 
 USERS = ("gqalice", "gqbob", "gqcarol")
 ADMINS = "gqadmins"  # gqcarol is in it
@@ -105,7 +107,7 @@ class SharedQueue:
             credentials = {"user": user.uid, "group": user.gid, "extra_groups": groups}
             cwd = str(user.home)
         result = subprocess.run(
-            [self.python, "-m", "launcher.cli_submit", *args], env=self.env(user), cwd=cwd, capture_output=True,
+            [self.python, "-m", "gpuq_scheduler", *args], env=self.env(user), cwd=cwd, capture_output=True,
             text=True, timeout=120, **credentials,
         )  # fmt: skip
         if check and result.returncode != 0:
@@ -142,7 +144,8 @@ class SharedQueue:
         env = {**self.env(None), "GPUQ_FAKE_GPUS": gpus, "GPUQ_KILL_GRACE": "1", "PYTHONPATH": str(ROOT)}
         log = (self.base / "daemon.out").open("ab")
         self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log, stderr=log
+            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log,
+            stderr=log,
         )
         wait_for(lambda: (self.home / "daemon.pid").exists(), 20, "the shared daemon to start")
 
@@ -169,7 +172,8 @@ def queue(users: dict[str, User]) -> Iterator[SharedQueue]:
     import click
     import psutil
 
-    for package in (ROOT / "jobs", ROOT / "launcher", Path(click.__file__).parent, Path(psutil.__file__).parent):
+    gpuq = installed_tree() / "gpuq_scheduler"  # laid out as it installs: jobs/ and launcher/ inside
+    for package in (gpuq, Path(click.__file__).parent, Path(psutil.__file__).parent):
         shutil.copytree(package, lib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     stamps = base / "stamps"
     stamps.mkdir()
@@ -213,8 +217,9 @@ def test_a_job_cannot_enter_a_directory_its_user_cannot(queue: SharedQueue, user
     os.chown(secret_dir, alice.uid, alice.gid)
     secret_dir.chmod(0o700)
     code = (
-        "import sys, time\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
-        "from jobs.statedir import StateDir\n"
+        "import sys, time\nfrom gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.model import JobSpec\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         f"from pathlib import Path\nstate = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(state)\n"
         f"outbox.write_submit(state, job, JobSpec(('sh', '-c', 'pwd > {queue.stamps}/$GPUQ_JOB_ID'),"
         f" {str(secret_dir)!r}, gpus=0).to_json(), time.time())\noutbox.poke(state)\nprint(job)\n"
@@ -247,7 +252,8 @@ def test_nobody_else_can_cancel_or_read_a_job_but_an_admin_can(queue: SharedQueu
     assert leaked == [], leaked
     # A cancel bob writes into the spool himself (bypassing the client's check) is refused by the daemon.
     code = (
-        "from pathlib import Path\nfrom jobs import outbox\nfrom jobs.statedir import StateDir\n"
+        "from pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         f"s = StateDir(Path({str(queue.home)!r}))\n"
         f"outbox.write_cancel(s, [{job_id}])\noutbox.poke(s)\n"
     )
@@ -327,8 +333,9 @@ def test_queued_job_cap_and_oversized_jobs_are_refused_with_reasons(queue: Share
     assert len(queue.records(bob)) == 2  # the refusals changed nothing
     # Bypassing the client does not get around the caps: the daemon fails such jobs, saying why.
     code = (
-        "import time\nfrom pathlib import Path\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
-        "from jobs.statedir import StateDir\n"
+        "import time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.model import JobSpec\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         f"s = StateDir(Path({str(queue.home)!r}))\nfor gpus in (1, 2):\n    job = outbox.allocate_ids(s)\n"
         "    outbox.write_submit(s, job, JobSpec(('true',), '/', gpus=gpus).to_json(), time.time())\n    print(job)\n"
         "outbox.poke(s)\n"
@@ -380,8 +387,9 @@ def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
     bob = users["gqbob"]
     command = list(queue.stamp())
     code = (
-        "import json, os, time\nfrom pathlib import Path\nfrom jobs import outbox\nfrom jobs.model import JobSpec\n"
-        "from jobs.statedir import StateDir, write_atomic\n"
+        "import json, os, time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.model import JobSpec\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
         f"s = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(s)\n"
         f"spec = JobSpec(tuple({command!r}), os.getcwd(), dict(os.environ), gpus=0).to_json()\n"
         "body = {'schema': 1, 'kind': 'submit', 'id': job, 'submitted_at': time.time(), 'spec': spec,\n"
@@ -403,7 +411,7 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
     env = {**queue.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(units),
            "PYTHONPATH": str(ROOT), "GPUQ_FAKE_GPUS": "2x80GiB"}  # fmt: skip
     del env["GPUQ_HOME"]
-    root = [sys.executable, "-m", "launcher.cli"]
+    root = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]
     done = subprocess.run([*root, "daemon", "setup", "--admins", ADMINS, "--home", str(home)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -422,7 +430,7 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
         user_env = {**queue.env(alice), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml")}
         del user_env["GPUQ_HOME"]
         result = subprocess.run(
-            [queue.python, "-m", "launcher.cli", "submit", "--wait", "--gpus", "1", "sh", "-c", "id -u"],
+            [queue.python, "-m", CLICK[-1], "submit", "--wait", "--gpus", "1", "sh", "-c", "id -u"],
             env=user_env, cwd=alice.home, user=alice.uid, group=alice.gid, capture_output=True, text=True,
             timeout=60,
         )  # fmt: skip

@@ -236,7 +236,7 @@ def test_what_cannot_run_there_is_refused_in_one_line_and_nothing_is_recorded(gp
 
 
 def test_the_python_api_sends_arrays_and_waits_for_them(gpuq: Gpuq, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs import api
+    from gpuq_scheduler.jobs import api
 
     for key in ("SLURM_CONF", "GPUQ_CONFIG", "GPUQ_SYSTEM_CONFIG"):
         monkeypatch.setenv(key, gpuq.env[key])
@@ -251,9 +251,9 @@ def test_the_python_api_sends_arrays_and_waits_for_them(gpuq: Gpuq, monkeypatch:
 
 
 def test_only_the_owner_or_root_cancels_a_cluster_job(gpuq: Gpuq, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.api import readers
-    from jobs.errors import NotPermitted
-    from jobs.statedir import StateDir
+    from gpuq_scheduler.jobs.api import readers
+    from gpuq_scheduler.jobs.errors import NotPermitted
+    from gpuq_scheduler.jobs.store.statedir import StateDir
 
     monkeypatch.setenv("SLURM_CONF", gpuq.env["SLURM_CONF"])
     job_id = gpuq.submit("--on", "lab", "--gpus", "0", "sleep", "30")

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import NotPermitted, StateDirError, UnknownJob
-from jobs.model import JobSpec, JobState
-from jobs.statedir import StateDir
-from jobs.store import Queue
-from jobs.table import TABLE_VERSION, JobTable
+from gpuq_scheduler.jobs.errors import NotPermitted, StateDirError, UnknownJob
+from gpuq_scheduler.jobs.model import JobSpec, JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
 
 
 def _spec() -> JobSpec:

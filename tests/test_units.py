@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.errors import BadInput
-from jobs.units import format_duration, format_size, parse_duration, parse_size
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

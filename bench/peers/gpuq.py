@@ -56,7 +56,7 @@ class Gpuq(Tool):
         self.gpuq("pause")
 
     def queue(self, jobs: Sequence[tuple[int, list[str]]], mem: str | None = None) -> None:
-        from jobs.api import submit
+        from gpuq_scheduler.jobs.api import submit
 
         for gpus, argv in jobs:
             submit(argv, gpus=gpus, mem=mem, home=self.home)

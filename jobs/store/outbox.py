@@ -1,0 +1,196 @@
+"""The clients' side of the spool (see ``jobs.store.spool``): reserve job ids, drop a request in, wake the daemon.
+
+Standard library and plain dicts only, so that the quick ``gpuq submit`` path writes requests without
+loading the job model (dataclasses, enum), SQLite or subprocess. The daemon reads what is written here
+through ``jobs.store.spool``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import sys
+from collections.abc import Mapping
+
+from gpuq_scheduler.jobs.errors import DaemonError, StateDirError
+from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, StateDir, write_atomic
+
+TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+
+
+def allocate_ids(state: StateDir, count: int = 1) -> int:
+    """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
+    try:
+        fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise StateDirError(f"cannot open {state.next_id}: {err.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 64, 0).strip()
+        first = int(raw) if raw.isdigit() else _first_unused_id(state)
+        data = f"{first + count}\n".encode()
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return first
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StateDirError(f"no space left in {state.root}: free some disk space and try again") from None
+        raise StateDirError(f"cannot update {state.next_id}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _first_unused_id(state: StateDir) -> int:
+    """The counter is missing or damaged: start above every id the table and the spool hold, never at 1
+    (a reused id would be dropped by the daemon as already ingested). Rare, so reading the spool's requests
+    (the job model) and the table (sqlite) is fine here."""
+    from gpuq_scheduler.jobs.store.spool import pending_submits
+
+    highest = 0
+    for request in pending_submits(state):
+        highest = max(highest, request.job_id + (len(request.array.indices) if request.array else 0))
+    if state.db.exists():
+        from gpuq_scheduler.jobs.store.table import JobTable
+
+        table = JobTable(state.db)
+        try:
+            highest = max(highest, table.max_id(), *(a.id + a.size for a in table.arrays().values()))
+        finally:
+            table.close()
+    return highest + 1
+
+
+def raise_counter(state: StateDir, minimum: int) -> None:
+    """Make sure the next id handed out is at least ``minimum`` (the daemon knows every id in use; a
+    counter restored from a backup or deleted by hand must not hand one out again)."""
+    fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 64, 0).strip()
+        if raw.isdigit() and int(raw) >= minimum:
+            return
+        data = f"{minimum}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def post_submit(
+    state: StateDir,
+    spec: Mapping[str, Any],
+    array: tuple[tuple[int, ...], int | None] | None = None,
+    *,
+    submitted_at: float,
+) -> int:
+    """Reserve ids for a job (or an array: its id, then one per member) and write its request; return its id.
+
+    ``spec`` is ``JobSpec.to_json()``'s dict; ``array`` is (member indices, how many may run at once).
+    Checks are the caller's: once this returns, the job is queued durably.
+    """
+    job_id = allocate_ids(state, 1 if array is None else 1 + len(array[0]))
+    write_submit(state, job_id, spec, submitted_at, array)
+    return job_id
+
+
+def write_submit(
+    state: StateDir,
+    job_id: int,
+    spec: Mapping[str, Any],
+    submitted_at: float,
+    array: tuple[tuple[int, ...], int | None] | None = None,
+) -> Path:
+    path = state.submit_request(job_id)
+    body: dict[str, Any] = {
+        "schema": REQUEST_SCHEMA,
+        "kind": "submit",
+        "id": job_id,
+        "submitted_at": submitted_at,
+        "spec": spec,
+    }
+    if array is not None:
+        body["array"] = {"indices": list(array[0]), "throttle": array[1]}
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> Path:
+    path = state.control_request(os.urandom(8).hex())
+    body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
+    path = state.cancel_request(os.urandom(8).hex())
+    body = {"schema": REQUEST_SCHEMA, "kind": "cancel", "ids": job_ids}
+    write_atomic(path, json.dumps(body).encode())
+    return path
+
+
+def poke(state: StateDir) -> bool:
+    """Wake the daemon. False when no daemon is listening (nobody holds the FIFO open for reading)."""
+    try:
+        fd = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno in (errno.ENXIO, errno.ENOENT):
+            return False
+        raise StateDirError(f"cannot reach the daemon through {state.wake}: {err.strerror}") from None
+    try:
+        os.write(fd, b"!")
+    except BlockingIOError:
+        pass  # the FIFO is full of wake-ups already: the daemon will wake
+    finally:
+        os.close(fd)
+    return True
+
+
+def ensure_daemon(state: StateDir) -> bool:
+    """Wake the daemon, starting one if none runs. True if one was started."""
+    if poke(state):
+        return False
+    if state.is_foreign():  # a shared queue: its admin runs the daemon; the job waits for it, safely queued
+        sys.stderr.write(
+            f"gpuq: the daemon of the shared queue in {state.root} is not running; jobs wait until it is "
+            "(ask its admin: `sudo systemctl start gpuq`)\n"
+        )
+        return False
+    start_daemon(state)
+    return True
+
+
+def start_daemon(state: StateDir, *, shared: bool = False) -> None:
+    """Start a daemon for ``state`` in its own session, detached from this process.
+
+    The daemon lives in ``launcher.daemon.lifetime``; we start it as a process, not an import, so that ``jobs``
+    stays free of the launcher (and its NVML and psutil). If another client raced us, the loser finds
+    the lock taken and exits quietly.
+    """
+    if state.is_foreign():
+        from gpuq_scheduler.jobs.accounts import user_name
+
+        raise DaemonError(
+            f"the queue in {state.root} belongs to {user_name(state.root.stat().st_uid)} and its daemon is not "
+            "running; ask its admin to start it (`sudo systemctl start gpuq`)"
+        )
+    import subprocess  # ~15 ms: paid only by the submit that finds no daemon running
+
+    state.ensure()
+    with state.daemon_log.open("ab") as log:
+        try:
+            subprocess.Popen(
+                [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--home", str(state.root),
+                 *(["--shared"] if shared else [])],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
+            )  # fmt: skip
+        except OSError as err:
+            raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None

@@ -1,0 +1,123 @@
+"""The job table's layout: its SQL schema and version, the columns a record is read from, and how a row
+becomes a ``JobRecord`` and a spec a row (``table`` does the reading and writing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+
+TABLE_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY,
+    state TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    env TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    gpus TEXT NOT NULL DEFAULT '[]',
+    gpu_uuids TEXT NOT NULL DEFAULT '[]',
+    exit_code INTEGER,
+    signal INTEGER,
+    reason TEXT NOT NULL DEFAULT '',
+    peak_mem INTEGER,
+    log TEXT NOT NULL DEFAULT '',
+    shim_pid INTEGER,
+    shim_start REAL,
+    boot_id TEXT,
+    port INTEGER,
+    cancel_by TEXT,
+    array_id INTEGER,
+    array_index INTEGER,
+    attempt INTEGER NOT NULL DEFAULT 1,
+    held INTEGER NOT NULL DEFAULT 0,
+    not_before REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS arrays (
+    id INTEGER PRIMARY KEY,
+    uid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    throttle INTEGER,
+    env TEXT NOT NULL,
+    notify TEXT,
+    submitted_at REAL NOT NULL,
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
+"""
+
+ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
+JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
+
+COLUMNS = (
+    "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
+    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held"
+)
+
+
+def create(path: Path) -> None:
+    """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    db = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")  # recorded in the file: every later connection uses WAL
+        db.executescript(SCHEMA)
+        db.execute(f"PRAGMA user_version={TABLE_VERSION}")
+    finally:
+        db.close()
+    os.replace(tmp, path)
+
+
+def spec_json(spec: JobSpec) -> str:
+    data = spec.to_json()
+    del data["env"]  # kept in its own column: listings never parse environments
+    return json.dumps(data)
+
+
+def record_from(
+    row: Sequence[Any], env: str | None = None, envs: dict[str, Mapping[str, str]] | None = None
+) -> JobRecord:
+    spec_data = json.loads(row[5])
+    if envs is not None and env:
+        if env not in envs:
+            envs[env] = json.loads(env)
+        spec_data["env"] = envs[env]
+    else:
+        spec_data["env"] = json.loads(env) if env else {}
+    return JobRecord(
+        id=row[0],
+        state=JobState(row[1]),
+        uid=row[2],
+        user=row[3],
+        spec=JobSpec.from_json(spec_data),
+        submitted_at=row[6],
+        started_at=row[7],
+        ended_at=row[8],
+        gpus=tuple(json.loads(row[9])),
+        gpu_uuids=tuple(json.loads(row[10])),
+        exit_code=row[11],
+        signal=row[12],
+        reason=row[13],
+        peak_mem=row[14],
+        log=row[15],
+        array_id=row[16],
+        array_index=row[17],
+        attempt=row[18],
+        held=bool(row[19]),
+    )

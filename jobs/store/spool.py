@@ -1,0 +1,221 @@
+"""The drop box between clients and the daemon: one request file per submit or cancel.
+
+A client writes a request to a temp name and renames it in; the daemon reads it, acts on it in one
+transaction, and only then deletes it, so a request is never lost and, because ingesting is idempotent
+(job ids are assigned by the client), never acted on twice. Who sent a request is the file's owner,
+as the OS reports it, never a field inside the file.
+
+Clients write through ``jobs.store.outbox`` (light enough for the quick ``gpuq submit`` path); this module is the
+daemon's side: it reads requests back into typed values, and sets aside what it cannot read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from gpuq_scheduler.jobs.errors import BadInput, StateDirError
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, StateDir, write_atomic
+
+MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
+MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    """An array submit: its members' indices and how many may run at once (None: no limit).
+
+    The array takes the request's id; member k takes id + 1 + k.
+    """
+
+    indices: tuple[int, ...]
+    throttle: int | None = None
+
+    def member_ids(self, array_id: int) -> range:
+        return range(array_id + 1, array_id + 1 + len(self.indices))
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    path: Path
+    uid: int
+    job_id: int
+    spec: JobSpec
+    submitted_at: float
+    array: ArrayPlan | None = None
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """hold, release, update, drain, resume-gpu, pause, resume: small changes to queued jobs or the queue."""
+
+    path: Path
+    uid: int
+    action: str
+    ids: tuple[int, ...]
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    path: Path
+    uid: int
+    job_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A file in the spool that is not a request we can act on; the daemon sets it aside."""
+
+    path: Path
+    reason: str
+
+
+Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
+
+CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause")
+
+
+def scan(state: StateDir) -> list[Request]:
+    """Every request in the spool, submits in id order first, then cancels."""
+    try:
+        names = sorted(e.name for e in os.scandir(state.spool) if not e.name.startswith(".") and e.name != "rejected")
+    except OSError as err:
+        raise StateDirError(f"cannot read the spool {state.spool}: {err.strerror}") from None
+    requests = [read_request(state.spool / name) for name in names]
+    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), r.path.name))
+
+
+def read_request(path: Path) -> Request:
+    """Read one spool file defensively: it may be anything a user (or a disk error) put there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return BadRequest(path, "is a symbolic link")
+        return BadRequest(path, f"cannot be opened: {err.strerror}")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return BadRequest(path, "is not a regular file")
+        if info.st_nlink != 1:
+            return BadRequest(path, "has several hard links (a planted link, not a request)")
+        if info.st_size > MAX_REQUEST_BYTES:
+            return BadRequest(path, f"is {info.st_size} bytes, more than a request can be")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            raw = handle.read(MAX_REQUEST_BYTES + 1)
+        return _parse(path, info.st_uid, raw)
+    finally:
+        os.close(fd)
+
+
+def _parse(path: Path, uid: int, raw: bytes) -> Request:
+    try:
+        body: Any = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than any request is
+        return BadRequest(path, f"is not JSON ({err})")
+    if not isinstance(body, dict):
+        return BadRequest(path, "is not a JSON object")
+    if body.get("schema") != REQUEST_SCHEMA:
+        schema = body.get("schema")
+        shown = repr(schema) if isinstance(schema, (int, float, str)) or schema is None else type(schema).__name__
+        return BadRequest(path, f"has schema {shown[:40]}; this gpuq reads {REQUEST_SCHEMA}")
+    kind = body.get("kind")
+    try:
+        if kind == "submit" and path.name.startswith("submit-"):
+            job_id, submitted_at = body.get("id"), body.get("submitted_at")
+            if not _is_id(job_id) or path.name != f"submit-{job_id:012d}.json":
+                return BadRequest(path, "has an id that does not match its file name")
+            submitted = _finite(submitted_at)
+            if submitted is None:
+                return BadRequest(path, "lacks a submit time")
+            spec_json = body.get("spec")
+            if not isinstance(spec_json, dict):
+                return BadRequest(path, "lacks a job spec")
+            array = _array(body.get("array"))
+            if isinstance(array, str):
+                return BadRequest(path, array)
+            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), submitted, array)
+        if kind == "cancel" and path.name.startswith("cancel-"):
+            ids = body.get("ids")
+            if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
+                return BadRequest(path, "has ids that are not a list of job ids")
+            return CancelRequest(path, uid, tuple(ids))
+        if kind == "control" and path.name.startswith("control-"):
+            action, ids, values = body.get("action"), body.get("ids"), body.get("values")
+            if action not in CONTROL_ACTIONS:
+                return BadRequest(path, f"asks for an unknown action {action!r}")
+            if not isinstance(ids, list) or not all(_is_id(i) or i == 0 for i in ids):
+                return BadRequest(path, "has ids that are not a list of job or GPU ids")
+            if not isinstance(values, dict):
+                return BadRequest(path, "has values that are not an object")
+            return ControlRequest(path, uid, str(action), tuple(ids), values)
+    except BadInput as err:
+        return BadRequest(path, str(err))
+    return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+def _is_id(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+def _finite(value: Any) -> float | None:
+    """A time as a float, or None if it is not a finite number (the table cannot store NaN or 1e400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _array(data: Any) -> ArrayPlan | str | None:
+    """The array part of a submit request, or a string saying what is wrong with it."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        return "has an array that is not an object"
+    indices, throttle = data.get("indices"), data.get("throttle")
+    if (
+        not isinstance(indices, list)
+        or not indices
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID for i in indices)
+    ):
+        return "has array indices that are not a list of numbers"
+    if throttle is not None and (not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1):
+        return "has an array throttle that is not a positive number"
+    return ArrayPlan(tuple(indices), throttle)
+
+
+def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:
+    """Submits the daemon has not ingested yet, so readers can show them before it wakes."""
+    for request in scan(state):
+        if isinstance(request, SubmitRequest):
+            yield request
+
+
+def remove(request: Request) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(request.path)
+
+
+def set_aside(state: StateDir, bad: BadRequest) -> Path:
+    """Move a bad request out of the way (never delete what a user wrote) with a note saying why."""
+    target = state.rejected / f"{bad.path.name}.{os.urandom(4).hex()}"
+    try:
+        os.rename(bad.path, target)
+        write_atomic(target.with_name(target.name + ".why"), (bad.reason + "\n").encode(), durable=False)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(bad.path)  # cannot move it (cross-device?): removing it keeps the daemon going
+    return target

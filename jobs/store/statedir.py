@@ -1,0 +1,269 @@
+"""The only code that knows the names of files inside the state directory.
+
+$GPUQ_HOME/
+  daemon.lock      held by the daemon for its whole life; probing it tells whether one runs
+  daemon.pid       the daemon's pid, for `gpuq daemon stop`
+  daemon.log       the daemon's own log
+  wake.fifo        clients write a byte here after a request; the daemon sleeps on it
+  next_id          the id counter, advanced under flock by submitting clients
+  spool/           one request file per submit or cancel (written to a temp name, renamed in)
+  spool/rejected/  request files that could not be read, set aside with a note
+  jobs.db          the job table (SQLite, WAL), written by the daemon only
+  clusters.db      jobs sent to clusters (`gpuq submit --on`): written by clients, under SQLite's locking
+  gpus.json        the last GPU inventory the daemon saw (lets `gpuq submit` check --gpus without NVML)
+  run/<id>.exit    written by a job's shim when the job ends: the outcome survives a daemon crash
+  run/<id>.pid     the job's own pid and start time, written by its shim
+  logs/<id>.log    the job's stdout and stderr
+  private/<id>.json  shared mode: a job's (or array's) command, cwd and environment, readable by its
+                   owner and the admin group only (jobs.db then holds only what everyone may see)
+  events.jsonl     append-only journal of state transitions
+
+Shared mode (a root daemon for a whole machine) sets permissions so that users can drop requests in the
+spool and read the queue but nothing else: the spool is like cron's (sticky, writable, not listable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from gpuq_scheduler.jobs.errors import StateDirError
+from gpuq_scheduler.jobs.locations import any_config
+
+REQUEST_SCHEMA = 1  # of the spool's request files: ``outbox`` writes it, ``spool`` refuses any other
+
+
+def default_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("GPUQ_HOME"):
+        return Path(env["GPUQ_HOME"]).expanduser()
+    if any_config(env):  # jobs.config (dataclasses, a TOML parser) loads only when there is a file to read
+        from gpuq_scheduler.jobs import config
+
+        configured = config.load(env).home
+        if configured is not None:
+            return configured
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "gpuq"
+
+
+class StateDir:
+    """One state directory: an immutable value (equal, hashable) naming the files in it.
+
+    A plain class, not a dataclass: the quick ``gpuq submit`` path must not pay for importing dataclasses.
+    """
+
+    __slots__ = ("root",)
+    root: Path
+
+    def __init__(self, root: Path) -> None:
+        object.__setattr__(self, "root", root)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"StateDir is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"StateDir is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StateDir):
+            return NotImplemented
+        return self.root == other.root
+
+    def __hash__(self) -> int:
+        return hash((self.root,))
+
+    def __repr__(self) -> str:
+        return f"StateDir(root={self.root!r})"
+
+    def __reduce__(self) -> tuple[type[StateDir], tuple[Path]]:
+        return StateDir, (self.root,)  # pickling and copying go through __init__, not the refused __setattr__
+
+    @classmethod
+    def from_env(cls) -> StateDir:
+        return cls(default_home().absolute())
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "daemon.lock"
+
+    @property
+    def pid(self) -> Path:
+        return self.root / "daemon.pid"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "daemon.log"
+
+    @property
+    def wake(self) -> Path:
+        return self.root / "wake.fifo"
+
+    @property
+    def next_id(self) -> Path:
+        return self.root / "next_id"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def rejected(self) -> Path:
+        return self.spool / "rejected"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "jobs.db"
+
+    @property
+    def clusters_db(self) -> Path:
+        return self.root / "clusters.db"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "gpus.json"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def private(self) -> Path:
+        return self.root / "private"
+
+    def private_file(self, job_id: int) -> Path:
+        return self.private / f"{job_id}.json"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    def submit_request(self, job_id: int) -> Path:
+        return self.spool / f"submit-{job_id:012d}.json"
+
+    def cancel_request(self, token: str) -> Path:
+        return self.spool / f"cancel-{token}.json"
+
+    def control_request(self, token: str) -> Path:
+        return self.spool / f"control-{token}.json"
+
+    def exit_file(self, job_id: int) -> Path:
+        return self.run / f"{job_id}.exit"
+
+    def pid_file(self, job_id: int) -> Path:
+        return self.run / f"{job_id}.pid"
+
+    def log(self, job_id: int) -> Path:
+        return self.logs / f"{job_id}.log"
+
+    def exists(self) -> bool:
+        return self.spool.is_dir()
+
+    def is_foreign(self) -> bool:
+        """True for a queue run by someone else (a shared queue): it is not ours to set up or start."""
+        try:
+            return self.root.stat().st_uid != os.geteuid()
+        except OSError:
+            return False
+
+    def ensure(self) -> None:
+        """Create the directory tree (private to the user) and the wake FIFO if they are missing.
+
+        Someone else's queue (a shared one) is only checked: we need to be able to drop requests in it.
+        """
+        if self.is_foreign():
+            if not os.access(self.spool, os.W_OK | os.X_OK):
+                raise StateDirError(
+                    f"you cannot submit to the queue in {self.root}: its spool is not writable by you; "
+                    "ask its admin (a shared queue is set up with `gpuq daemon setup`)"
+                )
+            return
+        try:
+            for directory in (self.root, self.spool, self.rejected, self.run, self.logs):
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkfifo(self.wake, 0o600)
+        except OSError as err:
+            raise StateDirError(
+                f"cannot set up the state directory {self.root}: {err.strerror}; "
+                "set GPUQ_HOME to a directory you can write"
+            ) from None
+        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+            raise StateDirError(
+                f"the state directory {self.root} is not writable by you; set GPUQ_HOME to a directory you can write"
+            )
+
+    def ensure_shared(self) -> None:
+        """Set up (or repair) a shared queue's tree, as root: everyone may read the queue and drop requests,
+        nobody but root may change anything else. Logs and private files get their owners' permissions
+        one by one as they are written."""
+        modes = {
+            self.root: 0o755, self.spool: 0o1733, self.rejected: 0o700, self.run: 0o700, self.logs: 0o711,
+            self.private: 0o711,
+        }  # fmt: skip
+        try:
+            for directory, mode in modes.items():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if os.lstat(directory).st_uid != 0:
+                    raise StateDirError(f"{directory} must belong to root for a shared queue; it does not")
+                os.chown(directory, 0, 0)
+                os.chmod(directory, mode)
+            with contextlib.suppress(FileExistsError):
+                os.mkfifo(self.wake, 0o622)
+            os.chmod(self.wake, 0o622)  # anyone may wake the daemon
+            fd = os.open(self.next_id, os.O_RDWR | os.O_CREAT, 0o666)
+            os.fchmod(fd, 0o666)  # every submitting client advances it under flock
+            os.close(fd)
+        except OSError as err:
+            raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
+    """Write ``data`` to a temp name beside ``path`` and rename it in, so readers see all or nothing.
+
+    ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
+    On failure (a full disk, say) the temp file is removed and nothing is left half-written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if durable:
+            _sync_directory_of(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StateDirError(
+                f"no space left to write {path}: free some disk space under {path.parent} and try again"
+            ) from None
+        raise StateDirError(f"cannot write {path}: {err.strerror}") from None
+
+
+def _sync_directory_of(path: Path) -> None:
+    """Make a rename into ``path``'s directory durable. A shared queue's spool cannot be opened by its users
+    (it is write-only, like cron's): then the renamed file is synced once more, which on ext4 and XFS commits
+    the journal that holds the rename too (POSIX does not promise it; the daemon's ingest, moments later,
+    is fsynced either way)."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

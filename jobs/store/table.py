@@ -1,0 +1,356 @@
+"""The job table: SQLite in WAL mode, written by the daemon only, read by anyone.
+
+WAL lets ``gpuq status`` read while the daemon writes, and every write is a transaction, so a reader
+never sees half a record.
+
+Durability: with WAL every commit survives a crash of the daemon. Only ingesting new jobs is also
+fsynced (``synchronous=FULL``), because their spool files are deleted right after: a submit that
+returned an id survives a power cut. Other commits (a job started, a job ended) use
+``synchronous=NORMAL``: a power cut may lose the last of them, and after the reboot those jobs are
+seen as lost (the boot id changed) and retried as asked. An fsync per launch would cost the dispatch
+path 0.3 ms on an idle disk and ~9 ms on a busy one (measured here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from gpuq_scheduler.jobs.errors import BadInput, StateDirError
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.store import schema
+from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _reading(read: Callable[Concatenate[JobTable, P], T]) -> Callable[Concatenate[JobTable, P], T]:
+    """A read that meets a damaged table (or a record that no longer parses) says so in one line that
+    names the file and what to do, instead of raising sqlite3.DatabaseError through every reader."""
+
+    def checked(self: JobTable, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return read(self, *args, **kwargs)
+        except sqlite3.DatabaseError as err:
+            raise StateDirError(f"cannot read the job table {self.path}: {err}; run `gpuq doctor`") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise StateDirError(
+                f"the job table {self.path} holds a record gpuq cannot read ({type(err).__name__}: {err}); "
+                "run `gpuq doctor`"
+            ) from None
+
+    checked.__name__, checked.__doc__ = read.__name__, read.__doc__
+    return checked
+
+
+class JobTable:
+    """``private`` (a shared queue's daemon only): specs are written public and read back whole."""
+
+    def __init__(self, path: Path, *, create: bool = False, private: PrivateSpecs | None = None) -> None:
+        self.path = path
+        self.private = private
+        if create and not path.exists():
+            schema.create(path)
+        if not path.exists():
+            self._db = sqlite3.connect(":memory:", isolation_level=None)
+            self._db.executescript(schema.SCHEMA)  # an empty queue: nothing was ever submitted here
+            return
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > schema.TABLE_VERSION:
+                raise StateDirError(
+                    f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
+                )
+        except sqlite3.DatabaseError as err:
+            raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writes (daemon only) ------------------------------------------------------------------
+
+    def insert_pending(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = ()) -> list[int]:
+        """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
+
+        Array members keep no environment of their own: they share their array's, stored once.
+        """
+        self._db.execute("PRAGMA synchronous=FULL")  # the spool files go next: this must be on disk
+        try:
+            return self._insert(records, arrays)
+        finally:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+
+    def _insert(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo]) -> list[int]:
+        with self._transaction():
+            known = self._existing({r.id for r in records})
+            fresh = [r for r in records if r.id not in known]
+            known_arrays = {row[0] for row in self._db.execute("SELECT id FROM arrays")} if arrays else set()
+            self._db.executemany(
+                "INSERT INTO arrays (id, uid, user, name, size, throttle, env, notify, submitted_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(a.id, a.uid, a.user, a.name, a.size, a.throttle, "{}" if self.private else json.dumps(dict(a.env)),
+                  None if self.private else a.notify, a.submitted_at)
+                 for a in arrays if a.id not in known_arrays],
+            )  # fmt: skip
+            self._db.executemany(
+                "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log, array_id,"
+                " array_index, held) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.id, r.uid, r.user, r.spec.priority, self._spec_json(r.spec),
+                     "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
+                     r.submitted_at, r.log, r.array_id, r.array_index, int(r.held))
+                    for r in fresh
+                ],
+            )  # fmt: skip
+        return [r.id for r in fresh]
+
+    def mark_running(
+        self, job_id: int, gpus: Sequence[int], uuids: Sequence[str], started_at: float, launch: Launch
+    ) -> None:
+        with self._transaction():
+            self._db.execute(
+                "UPDATE jobs SET state='running', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
+                " shim_start=?, boot_id=?, port=? WHERE id=? AND state='pending'",
+                (json.dumps(list(gpus)), json.dumps(list(uuids)), started_at, launch.shim_pid,
+                 launch.shim_start, launch.boot_id, launch.port, job_id),
+            )  # fmt: skip
+
+    def finish(self, job_id: int, outcome: Outcome, ended_at: float) -> bool:
+        """Record how an active job ended. False if it had already ended (a second report is ignored)."""
+        with self._transaction():
+            cursor = self._db.execute(
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
+                " WHERE id=? AND state IN ('pending', 'running')",
+                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.reason, ended_at, job_id),
+            )
+        return cursor.rowcount == 1
+
+    def finish_many(self, endings: Sequence[tuple[int, Outcome, float]]) -> None:
+        """Record many endings in one transaction (cancelling a 10,000-member array is one fsync)."""
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
+                " WHERE id=? AND state IN ('pending', 'running')",
+                [(o.state.value, o.exit_code, o.signal, o.reason, t, job_id) for job_id, o, t in endings],
+            )
+
+    def requeue(self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None) -> None:
+        """Put a job back in the queue: a launch interrupted before its go, or a retry (a new attempt)."""
+        with self._transaction():
+            self._db.execute(
+                "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
+                " exit_code=NULL, signal=NULL, shim_pid=NULL, shim_start=NULL, boot_id=NULL, port=NULL,"
+                " cancel_by=NULL, reason=?, attempt=COALESCE(?, attempt), not_before=?"
+                " WHERE id=? AND state IN ('running', 'failed', 'timeout', 'lost')",
+                (reason, attempt, not_before, job_id),
+            )
+
+    @_reading
+    def not_before(self) -> dict[int, float]:
+        rows = self._db.execute("SELECT id, not_before FROM jobs WHERE state='pending' AND not_before IS NOT NULL")
+        return {row[0]: row[1] for row in rows}
+
+    def set_reasons(self, reasons: dict[int, str]) -> None:
+        """Record why pending jobs wait, for `gpuq status`."""
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET reason=? WHERE id=? AND state='pending'", [(r, i) for i, r in reasons.items()]
+            )
+
+    def set_cancel_by(self, job_id: int, who: str) -> None:
+        with self._transaction():
+            self._db.execute("UPDATE jobs SET cancel_by=? WHERE id=? AND state='running'", (who, job_id))
+
+    def set_peak_mem(self, peaks: dict[int, int]) -> None:
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET peak_mem=MAX(COALESCE(peak_mem, 0), ?) WHERE id=?",
+                [(peak, job_id) for job_id, peak in peaks.items()],
+            )
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @_reading
+    def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
+        row = self._db.execute(
+            f"SELECT {schema.COLUMNS}, {schema.ENV} FROM {schema.JOINED} WHERE jobs.id=?", (job_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        record = schema.record_from(row, env=row[-1] if with_env else None)
+        return self._whole(record) if with_env else record
+
+    @_reading
+    def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
+        """Jobs in id order; ``limit`` keeps the most recent ones."""
+        where = "WHERE state IN ('pending', 'running')" if active_only else ""
+        if limit is None:
+            rows = self._db.execute(f"SELECT {schema.COLUMNS} FROM jobs {where} ORDER BY id").fetchall()
+        else:
+            rows = self._db.execute(
+                f"SELECT * FROM (SELECT {schema.COLUMNS} FROM jobs {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
+                (limit,),
+            ).fetchall()
+        return [schema.record_from(row) for row in rows]
+
+    @_reading
+    def pending(self) -> list[JobRecord]:
+        """Pending jobs in queue order: priority first, then submission order."""
+        rows = self._db.execute(
+            f"SELECT {schema.COLUMNS}, {schema.ENV} FROM {schema.JOINED} WHERE state='pending' "
+            "ORDER BY priority DESC, jobs.id"
+        ).fetchall()
+        envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
+        return [self._whole(schema.record_from(row, env=row[-1], envs=envs)) for row in rows]
+
+    @_reading
+    def arrays(self, ids: Iterable[int] | None = None, *, active_only: bool = False) -> dict[int, ArrayInfo]:
+        """Arrays by id (without their environments); ``active_only``: those with a member pending or running."""
+        query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
+        if active_only:
+            active = "SELECT array_id FROM jobs WHERE state IN ('pending', 'running') AND array_id IS NOT NULL"
+            rows = self._db.execute(f"{query} WHERE id IN ({active})").fetchall()
+        elif ids is None:
+            rows = self._db.execute(query).fetchall()
+        else:
+            wanted = list(ids)
+            rows = self._db.execute(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
+        found = {
+            row[0]: ArrayInfo(row[0], row[1], row[2], row[3], row[4], row[5], {}, row[6], row[7], bool(row[8]))
+            for row in rows
+        }
+        if self.private is not None:
+            for array_id, info in found.items():
+                notify = self._private_field(array_id, "notify")
+                found[array_id] = dataclasses.replace(info, notify=notify if isinstance(notify, str) else None)
+        return found
+
+    @_reading
+    def array_env(self, array_id: int) -> dict[str, str]:
+        if self.private is not None:
+            env = self._private_field(array_id, "env")
+            return dict(env) if isinstance(env, dict) else {}
+        row = self._db.execute("SELECT env FROM arrays WHERE id=?", (array_id,)).fetchone()
+        return dict(json.loads(row[0])) if row else {}
+
+    @_reading
+    def members(self, array_id: int) -> list[JobRecord]:
+        query = f"SELECT {schema.COLUMNS} FROM jobs WHERE array_id=? ORDER BY id"
+        rows = self._db.execute(query, (array_id,)).fetchall()
+        return [schema.record_from(row) for row in rows]
+
+    def set_notified(self, array_id: int) -> None:
+        with self._transaction():
+            self._db.execute("UPDATE arrays SET notified=1 WHERE id=?", (array_id,))
+
+    @_reading
+    def settings(self) -> dict[str, Any]:
+        return {key: json.loads(value) for key, value in self._db.execute("SELECT key, value FROM settings")}
+
+    def set_setting(self, key: str, value: Any) -> None:
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def set_held(self, job_ids: Iterable[int], held: bool, reason: str = "") -> None:
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE jobs SET held=?, reason=? WHERE id=? AND state='pending'",
+                [(int(held), reason, job_id) for job_id in job_ids],
+            )
+
+    def update_spec(self, job_id: int, spec: JobSpec) -> None:
+        """A pending job's new priority or time limit, or a retry's new memory (callers check the state)."""
+        with self._transaction():
+            self._db.execute(
+                "UPDATE jobs SET spec=?, priority=? WHERE id=?",
+                (self._spec_json(spec), spec.priority, job_id),
+            )
+
+    @_reading
+    def running(self) -> list[tuple[JobRecord, Launch]]:
+        rows = self._db.execute(
+            f"SELECT {schema.COLUMNS}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
+            " WHERE state='running' ORDER BY id"
+        ).fetchall()
+        return [(self._whole(schema.record_from(row[:-5])), Launch(*row[-5:])) for row in rows]
+
+    @_reading
+    def owners(self, job_ids: Iterable[int]) -> dict[int, tuple[int, str, JobState]]:
+        ids = list(job_ids)
+        marks = ",".join("?" * len(ids))
+        rows = self._db.execute(f"SELECT id, uid, user, state FROM jobs WHERE id IN ({marks})", ids)
+        return {row[0]: (row[1], row[2], JobState(row[3])) for row in rows}
+
+    @_reading
+    def count_pending(self, uid: int) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM jobs WHERE state='pending' AND uid=?", (uid,)).fetchone()[0])
+
+    @_reading
+    def runs_since(self, since: float) -> list[tuple[str, int, float, float]]:
+        """(user, GPUs, started, ended) of the GPU runs that ended after ``since``: history for fair share."""
+        rows = self._db.execute(
+            "SELECT user, gpus, started_at, ended_at FROM jobs WHERE ended_at > ? AND started_at IS NOT NULL"
+            " AND gpus != '[]'",
+            (since,),
+        )
+        return [(row[0], len(json.loads(row[1])), row[2], row[3]) for row in rows]
+
+    @_reading
+    def max_id(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
+
+    def _spec_json(self, spec: JobSpec) -> str:
+        return schema.spec_json(public(spec) if self.private is not None else spec)
+
+    def _whole(self, record: JobRecord) -> JobRecord:
+        """The record with its full spec, for the daemon of a shared queue (a no-op otherwise). A job whose
+        private part is gone keeps its public spec: it can never start, and says so when it is launched."""
+        if self.private is None:
+            return record
+        owner = record.id if record.array_id is None else record.array_id
+        try:
+            return record.replace(spec=self.private.restore(record.spec, owner, record.array_index))
+        except (BadInput, OSError):
+            return record
+
+    def _private_field(self, owner_id: int, key: str) -> Any:
+        assert self.private is not None
+        try:
+            return self.private.fields(owner_id).get(key)
+        except (BadInput, OSError):
+            return None
+
+    def _existing(self, ids: set[int]) -> set[int]:
+        return set(self.owners(ids)) if ids else set()
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def batch(self) -> _Transaction:
+        """Group the writes of a whole tick into one transaction: every commit costs an fsync, and a
+        job ending and the next one starting on its GPU then cost one between them, not four."""
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """One write transaction; inside a ``batch()`` it joins the batch's (one commit, one fsync)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._owner = False
+
+    def __enter__(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._owner = True
+
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        if self._owner:
+            self._db.execute("COMMIT" if kind is None else "ROLLBACK")

@@ -1,0 +1,34 @@
+"""The ``gpuq`` command's entry point: a plain ``gpuq submit`` takes the quick path (``submit``, no click);
+everything else goes to click (``app``), imported only then."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from gpuq_scheduler.jobs.errors import GpuqError
+from gpuq_scheduler.launcher.cli import submit
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Only `gpuq submit ...` itself: a global option before it (--debug) and shell completion are click's.
+    parsed = submit.parse(args[1:]) if args[:1] == ["submit"] and "_GPUQ_COMPLETE" not in os.environ else None
+    if parsed is not None and not submit.needs_click(parsed[0]):
+        try:
+            if submit.submit(*parsed):
+                return
+        except GpuqError as err:
+            submit.error(f"gpuq: {err}")
+            sys.exit(err.exit_code)
+        except (KeyboardInterrupt, EOFError):
+            submit.error("\naborted")  # as click: a blank line, then launcher.cli.app's word for it
+            sys.exit(130)
+    from gpuq_scheduler.launcher.cli.app import main as click_main
+
+    click_main(args)
+
+
+if __name__ == "__main__":
+    main()

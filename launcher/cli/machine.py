@@ -1,0 +1,104 @@
+"""`gpuq gpus, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+
+
+@click.command()
+@click.argument("gpu_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def drain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
+    """Place nothing new on these GPUs; jobs running there finish. `gpuq resume GPU` undoes it."""
+    _queue_control(ctx, "drain", gpu_ids, f"draining GPU(s) {', '.join(map(str, gpu_ids))}")
+
+
+@click.command()
+@pass_ctx
+def pause(ctx: Context) -> None:
+    """Start nothing new anywhere; running jobs finish. `gpuq resume` undoes it."""
+    _queue_control(ctx, "pause", (), "queue paused: nothing new starts until `gpuq resume`")
+
+
+@click.command()
+@click.argument("gpu_ids", type=int, nargs=-1)
+@pass_ctx
+def resume(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
+    """Resume the queue, or (with GPU ids) place jobs on drained GPUs again."""
+    if gpu_ids:
+        _queue_control(ctx, "undrain", gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
+    else:
+        _queue_control(ctx, "unpause", (), "queue resumed")
+
+
+def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message: str) -> None:
+    from gpuq_scheduler.jobs.api import ensure_daemon
+
+    ctx.queue.control_queue(action, gpu_ids)
+    ensure_daemon(ctx.state)
+    click.echo(message)
+
+
+@click.command()
+@click.option("--since", default="12h", show_default=True, help="How far back to look: 90m, 12h, 2d, 01:30:00.")
+@click.option(
+    "--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as one standalone HTML page, with a per-GPU timeline.",
+)  # fmt: skip
+@pass_ctx
+def report(ctx: Context, since: str, html_file: Path | None) -> None:
+    """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
+    from gpuq_scheduler.jobs.units import parse_duration
+    from gpuq_scheduler.launcher.views.report import build_report, render_html, render_text
+
+    window = parse_duration(since)
+    inventory = ctx.queue.inventory()
+    records = ctx.jobs().records()
+    result = build_report(records, len(inventory.totals) if inventory else 0, now=time.time(), since=window)
+    click.echo(render_text(result))
+    if html_file is not None:
+        html_file.write_text(render_html(result), encoding="utf-8")
+        click.echo(f"wrote {html_file}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def gpus(ctx: Context, as_json: bool) -> None:
+    """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
+    from gpuq_scheduler.launcher.daemon import processes
+    from gpuq_scheduler.launcher.gpus.sources import open_source
+    from gpuq_scheduler.launcher.views.tables import gpu_rows, gpu_table
+
+    table = ctx.queue.table()
+    running = table.running()
+    table.close()
+    ours = {pid for _, launch in running for pid in processes.tree_pids(launch.shim_pid)}
+    source = open_source()
+    try:
+        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours)
+    finally:
+        source.close()
+    if as_json:
+        click.echo(json.dumps([row.to_json() for row in rows], indent=1))
+    else:
+        click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of problems.")
+@pass_ctx
+def doctor(ctx: Context, as_json: bool) -> None:
+    """Check the state directory for inconsistencies. Read-only; the daemon need not run. Exit 1 on errors."""
+    from gpuq_scheduler.launcher.views import doctor as checks
+
+    problems = checks.check(ctx.state)
+    click.echo(json.dumps([p.to_json() for p in problems], indent=1) if as_json else checks.render(problems, ctx.state))
+    sys.exit(checks.exit_code(problems))

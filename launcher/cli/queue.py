@@ -1,0 +1,273 @@
+"""`gpuq submit, status, show, logs, cancel, wait, hold, release, update`: a user's own jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from gpuq_scheduler.jobs.errors import BadInput, NotPermitted
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
+@click.option("--mem", help="Memory needed on each GPU (20G, 20GiB, 512M); without it the job gets whole GPUs.")
+@click.option("--name", default="", help="A name to show in status (default: the command).")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--time", "time_limit", help="Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.")
+@click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
+@click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
+@click.option("--array", "array_spec", metavar="SPEC", help="Queue members: 0-49, 1,3,7, 0-20:5; %N runs N at once.")
+@click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
+@click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
+@click.option("--retries", type=int, default=0, show_default=True, help="Run again after a failure, with backoff.")
+@click.option("--oom-retry", is_flag=True, help="After CUDA out of memory, retry with twice the memory or a whole GPU.")
+@click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
+@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
+@click.option("--on", "on", metavar="CLUSTER", help="Send it to this cluster of your config (Slurm) instead.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+def submit(
+    ctx: Context, gpus: int, mem: str | None, name: str, priority: int, time_limit: str | None, mode: str,
+    env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
+    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
+
+    In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
+    """
+    from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
+    from gpuq_scheduler.jobs.store.spool import ArrayPlan
+    from gpuq_scheduler.jobs.submission import capture_spec, parse_array, parse_ids
+
+    # launcher.cli.submit runs most submits without click, through the same capture_spec: keep the two in step.
+    plan = ArrayPlan(*parse_array(array_spec)) if array_spec else None
+    spec = JobSpec.from_json(capture_spec(
+        command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
+        time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
+        retries=retries, oom_retry=oom_retry, notify=notify,
+    ))  # fmt: skip
+    if after_any and not after:
+        raise BadInput("--after-any says how to read --after: give --after IDS too")
+    if on is None and ctx.queue.inventory() is None:
+        _check_live_inventory(spec)
+    job_id = queue_job(ctx.state, spec, plan, on=on)
+    if on is None:
+        ensure_daemon(ctx.state)
+    members = list(plan.member_ids(job_id)) if plan else [job_id]
+    if as_json:
+        click.echo(json.dumps({"id": job_id, "jobs": members} if plan else {"id": job_id}))
+    elif plan:
+        click.echo(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
+    else:
+        click.echo(f"submitted job {job_id}" + (f" to {on}" if on else ""))
+    if wait_:
+        records = _wait(ctx, members)
+        sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
+
+
+def _check_live_inventory(spec: JobSpec) -> None:
+    """No daemon has recorded the GPUs here yet: look at them ourselves (once per state directory)."""
+    from gpuq_scheduler.jobs.submission import Inventory
+    from gpuq_scheduler.launcher.gpus.sources import open_source
+
+    source = open_source()
+    try:
+        Inventory(tuple(g.total for g in source.snapshot())).check(spec)
+    finally:
+        source.close()
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
+@click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
+@pass_ctx
+def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
+    """What is queued, running and recently done, and which GPUs each job got."""
+    from gpuq_scheduler.launcher.views.tables import fold_arrays, status_table
+
+    queue = ctx.jobs()
+    records = queue.records() if show_all else _active_and_recent(queue)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records], indent=1))
+    elif records:
+        click.echo(status_table(records) if expand else fold_arrays(records, queue.array_names()))
+    else:
+        click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+    rejected = ctx.queue.rejected()
+    if rejected and not as_json:
+        click.echo(
+            f"note: {rejected} request file(s) could not be read and were set aside in {ctx.state.rejected}"
+            " (each has a .why file beside it)",
+            err=True,
+        )
+    for note in getattr(queue, "notes", []):  # a cluster that did not answer
+        click.echo(f"note: {note}", err=True)
+
+
+def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
+    """Active jobs, the last few finished ones, and every member of any array among them."""
+    active = queue.records(active_only=True)
+    done = [r for r in queue.records(limit=recent + len(active)) if r.state.finished][-recent:]
+    chosen = {r.id: r for r in [*done, *active]}
+    arrays = {r.array_id for r in chosen.values() if r.array_id is not None}
+    chosen.update((r.id, r) for r in queue.resolve(arrays))
+    return sorted(chosen.values(), key=lambda r: r.id)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def show(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Everything gpuq knows about one job."""
+    from gpuq_scheduler.launcher.views.tables import show as show_view
+
+    record = ctx.jobs().details(job_id)
+    click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@pass_ctx
+def logs(ctx: Context, job_id: int, follow: bool) -> None:
+    """Print a job's output (stdout and stderr)."""
+    queue = ctx.jobs()
+    record = queue.get(job_id)
+    path = Path(record.log)
+    offset = 0
+    while True:
+        offset = _copy_from(path, offset)
+        if not follow or queue.get(job_id).state.finished:
+            _copy_from(path, offset)
+            return
+        time.sleep(0.1)
+
+
+def _copy_from(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset
+    except PermissionError:
+        raise NotPermitted(f"{path} is readable by its job's owner and the queue's admins only") from None
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return offset + len(data)
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
+    from gpuq_scheduler.jobs.api import ensure_daemon, local_ids
+
+    queue = ctx.jobs()
+    active = queue.cancel(job_ids)
+    if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
+        ensure_daemon(ctx.state)
+    for job_id in job_ids:
+        members = [] if job_id in active else [r.id for r in queue.resolve([job_id]) if r.id in active]
+        if members:
+            click.echo(f"cancelling array {job_id} ({len(members)} active job(s))")
+        else:
+            click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
+
+
+@click.command("wait")
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("--array", "arrays", type=int, multiple=True, help="Wait for every member of this array.")
+@pass_ctx
+def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]) -> None:
+    """Block until these jobs or arrays (default: all active jobs) end. Exit 0 only if all succeeded.
+
+    On a terminal it shows progress (done, failed, running, ETA); elsewhere it stays quiet.
+    """
+    wanted = [*job_ids, *arrays]
+    records = _wait(ctx, [r.id for r in ctx.jobs().resolve(wanted)] if wanted else None)
+    failed = [r for r in records if r.state is not JobState.SUCCEEDED]
+    for record in failed[:20]:
+        click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
+    if len(failed) > 20:
+        click.echo(f"... and {len(failed) - 20} more did not succeed (`gpuq status --expand`)", err=True)
+    sys.exit(1 if failed else 0)
+
+
+def _wait(ctx: Context, job_ids: list[int] | None) -> list[JobRecord]:
+    from gpuq_scheduler.jobs.api import wait
+    from gpuq_scheduler.launcher.views.tables import Progress
+
+    progress = Progress(sys.stderr) if sys.stderr.isatty() else None
+    records = wait(job_ids, home=ctx.state.root, on_progress=progress)
+    if progress is not None:
+        progress.close()
+    return records
+
+
+def _exit_code(record: JobRecord) -> int:
+    if record.exit_code is not None:
+        return record.exit_code
+    if record.signal is not None:
+        return 128 + record.signal
+    return 0 if record.state is JobState.SUCCEEDED else 1
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Keep pending jobs (or an array's pending members) from starting until released."""
+    _control(ctx, "hold", job_ids)
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Let held jobs (or a held array) run again."""
+    _control(ctx, "release", job_ids)
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.option("--priority", type=int, help="New priority (higher runs first).")
+@click.option("--time", "time_limit", help="New time limit (90s, 30m, 2h...).")
+@pass_ctx
+def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_limit: str | None) -> None:
+    """Change a pending job's (or array's) priority or time limit."""
+    from gpuq_scheduler.jobs.units import parse_duration
+
+    values: dict[str, object] = {}
+    if priority is not None:
+        values["priority"] = priority
+    if time_limit is not None:
+        values["time_limit"] = parse_duration(time_limit)
+    if not values:
+        raise BadInput("nothing to update: give --priority P and/or --time DURATION")
+    _control(ctx, "update", job_ids, values)
+
+
+def _control(ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None) -> None:
+    from gpuq_scheduler.jobs.api import ensure_daemon
+
+    pending = ctx.queue.control(action, job_ids, values)
+    if pending:
+        ensure_daemon(ctx.state)
+    done = {"hold": "held", "release": "released", "update": "updated"}[action]
+    click.echo(
+        f"{done} {len(pending)} pending job(s)" if pending else f"nothing to {action}: no pending job among those"
+    )

@@ -1,0 +1,152 @@
+"""The quick ``gpuq submit``: a plain submit runs here without click (``launcher.cli.entry`` sends it
+here; everything else goes to ``launcher.cli.app``).
+
+``gpuq submit`` runs in loops (a sweep of 50 seeds), so its start-up is what users wait for, and click,
+dataclasses, the job model and SQLite together cost several times Python's own start. Here a submit is
+parsed over a table of submit's options (kept equal to click's by tests/test_cli_submit.py), then
+captured, checked and written by the same light functions the click command uses (``jobs.submission``,
+``jobs.store.outbox``), so both write the same request and refuse bad input in the same words.
+
+Whatever is unusual goes to click, which prints the canonical help or usage error: help, an option it
+does not know, a missing or malformed value. So do the submits that need heavy modules anyway: ``--on``
+(Slurm), ``--wait``, ``--after`` (the job table), a shared queue (its config's per-user caps), and a
+state directory whose daemon has not recorded the GPUs yet (click's path looks at them through NVML).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+from gpuq_scheduler.jobs.rules import MODES
+
+TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
+if TYPE_CHECKING:
+    from typing import Any
+
+# Submit's options as launcher/cli/queue.py declares them: flag -> (dest, kind, default). "flag" takes no value;
+# "int", "str", "mode" (one of MODES) and "dir" (click.Path(file_okay=False)) take one; "list" takes one
+# each time it is given (multiple=True).
+OPTIONS: dict[str, tuple[str, str, object]] = {
+    "--gpus": ("gpus", "int", 1),
+    "--mem": ("mem", "str", None),
+    "--name": ("name", "str", ""),
+    "--priority": ("priority", "int", 0),
+    "--time": ("time_limit", "str", None),
+    "--mode": ("mode", "mode", "single"),
+    "--env": ("env", "list", ()),
+    "--cwd": ("cwd", "dir", None),
+    "--array": ("array_spec", "str", None),
+    "--after": ("after", "str", None),
+    "--after-any": ("after_any", "flag", False),
+    "--retries": ("retries", "int", 0),
+    "--oom-retry": ("oom_retry", "flag", False),
+    "--notify": ("notify", "str", None),
+    "--wait": ("wait_", "flag", False),
+    "--json": ("as_json", "flag", False),
+    "--on": ("on", "str", None),
+}
+# Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
+FOR_CLICK = ("--after", "--after-any", "--wait", "--on")
+
+_ANSI = re.compile(r"\033\[[0-?]*[ -/]*[@-~]")  # what click.echo strips when the stream is not a terminal
+
+
+def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
+    """``gpuq submit ARGS`` read as click reads them: (options by dest, command), or None for anything left
+    to click. As in click's submit (allow_interspersed_args=False), the first word that is not an option
+    starts the command, and it and every word after it are the job's; ``--`` ends the options too."""
+    values: dict[str, Any] = {dest: default for dest, _, default in OPTIONS.values()}
+    at = 0
+    while at < len(args):
+        arg = args[at]
+        if arg == "--":
+            at += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        at += 1
+        flag, has_value, value = arg.partition("=")
+        known = OPTIONS.get(flag)
+        if known is None:
+            return None  # -h, --help, a misspelt or unknown option: click says which
+        dest, kind, _ = known
+        if kind == "flag":
+            if has_value:
+                return None  # --json=yes: click says a flag takes no value
+            values[dest] = True
+            continue
+        if not has_value:
+            if at == len(args):
+                return None  # the value is missing
+            value = args[at]  # whatever it looks like, as click takes it: --name --json names the job "--json"
+            at += 1
+        if kind == "int":
+            try:
+                values[dest] = int(value)  # click's INT is int() too
+            except ValueError:
+                return None
+        elif kind == "mode" and value not in MODES:
+            return None
+        elif kind == "dir" and os.path.exists(value) and not (os.path.isdir(value) and os.access(value, os.R_OK)):
+            return None  # click.Path refuses a file or an unreadable directory; a missing one is ours to refuse
+        elif kind == "list":
+            values[dest] = (*values[dest], value)
+        else:
+            values[dest] = value
+    command = list(args[at:])
+    return (values, command) if command else None  # no command: click's "Missing argument"
+
+
+def needs_click(values: dict[str, Any]) -> bool:
+    return any(values[OPTIONS[flag][0]] != OPTIONS[flag][2] for flag in FOR_CLICK)
+
+
+def submit(options: dict[str, Any], command: list[str]) -> bool:
+    """Queue the job and print what click's submit prints. False, having written nothing, where it must be
+    click's: a shared queue, or no GPU inventory recorded yet."""
+    from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_array
+
+    state = StateDir.from_env()
+    if state.is_foreign():
+        return False
+    inventory = Inventory.read(state.inventory)
+    if inventory is None:
+        return False
+    # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.
+    array = parse_array(options["array_spec"]) if options["array_spec"] else None
+    spec = capture_spec(
+        command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
+        name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
+        env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
+    )  # fmt: skip
+    state.ensure()
+    inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
+    job_id = post_submit(state, spec, array, submitted_at=time.time())
+    ensure_daemon(state)
+    members = range(job_id + 1, job_id + 1 + len(array[0])) if array else range(0)
+    if options["as_json"]:
+        import json
+
+        _print(json.dumps({"id": job_id, "jobs": list(members)} if array else {"id": job_id}))
+    elif array:
+        _print(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
+    else:
+        _print(f"submitted job {job_id}")
+    return True
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def error(line: str) -> None:
+    sys.stderr.write((line if sys.stderr.isatty() else _ANSI.sub("", line)) + "\n")
+    sys.stderr.flush()
+

@@ -1,0 +1,196 @@
+"""What follows a job's ending: record it, retry it, requeue an interrupted launch, deal with an
+orphaned job, hold an array that fails fast, and run --notify commands.
+
+Functions over the scheduler's state (like ``launcher.daemon.requests``), so the scheduler stays a table of
+contents; the rules themselves are pure functions in ``launcher.policy.lifecycle``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from typing import Any
+
+from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.policy import lifecycle
+
+log = logging.getLogger("gpuq.endings")
+
+
+def finish(
+    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
+) -> None:
+    """Record how a job ended, then what follows: a retry, an array held, a notification."""
+    ran = record.id in scheduler.running
+    if ran:
+        scheduler.charge(record, ended)
+    events.append({
+        "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
+        "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
+    })  # fmt: skip
+    biggest = max((g.total for g in scheduler.last_snapshot), default=None)
+    again = lifecycle.retry(record, outcome, backoff=scheduler.retry_backoff, biggest_gpu=biggest) if ran else None
+    scheduler.changes += 1
+    if again is not None:
+        scheduler.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
+        scheduler.table.update_spec(record.id, again.spec)
+        scheduler.table.requeue(record.id, again.reason, attempt=record.attempt + 1, not_before=ended + again.delay)
+        scheduler.running.pop(record.id, None)
+        _clean_run_files(scheduler, record.id)
+        scheduler.not_before[record.id] = ended + again.delay
+        full = scheduler.table.get(record.id, with_env=True)
+        if full is not None:
+            scheduler.pending[record.id] = full
+        events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
+        return
+    scheduler.table.finish(record.id, outcome, ended)
+    _ended(scheduler, record, outcome)
+
+
+def finish_pending(
+    scheduler: SchedulerState, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[dict[str, Any]]
+) -> None:
+    """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
+    scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
+    for record, outcome in endings:
+        events.append({"t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason})
+        _ended(scheduler, record, outcome)
+
+
+def _ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
+    """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
+    scheduler.changes += 1
+    scheduler.forget(record.id)
+    _clean_run_files(scheduler, record.id)
+    if record.array_id is not None:
+        scheduler.touched_arrays[record.array_id] = scheduler.touched_arrays.get(record.array_id, False) or (
+            outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
+        )
+    elif record.spec.notify:
+        _notify(scheduler, record.spec.notify, record.id, {
+            "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
+            "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
+            "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
+        }, record)  # fmt: skip
+    if record.array_id is None and scheduler.private is not None:
+        scheduler.private.forget(record.id)  # its private part, cached while it could run (and notify)
+
+
+def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
+    """For each array a member of which ended this tick: hold it if it fails fast, notify when done."""
+    events: list[dict[str, Any]] = []
+    touched, scheduler.touched_arrays = scheduler.touched_arrays, {}
+    for array_id, failed in touched.items():
+        _array_member_ended(scheduler, array_id, failed, now, events)
+    journal.append(scheduler.state.events, events)
+
+
+def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
+    """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
+    paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id))
+    scheduler.after_commit.append(lambda: _unlink(*paths))
+
+
+def _unlink(*paths: os.PathLike[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _array_member_ended(
+    scheduler: SchedulerState, array_id: int, failed: bool, now: float, events: list[dict[str, Any]]
+) -> None:
+    info = scheduler.arrays.get(array_id)
+    if info is None:
+        return
+    members = scheduler.table.members(array_id)
+    if failed:
+        why = lifecycle.fail_fast(members)
+        unheld = [m.id for m in members if m.state is JobState.PENDING and not m.held]
+        if why and unheld:
+            scheduler.table.set_held(unheld, True, why)
+            for job_id in unheld:
+                if job_id in scheduler.pending:
+                    scheduler.pending[job_id] = scheduler.pending[job_id].replace(held=True, reason=why)
+            events.append({"t": now, "array": array_id, "event": "held", "reason": why})
+            log.warning("array %d %s", array_id, why)
+    done = all(m.state.finished for m in members)
+    if info.notify and not info.notified and done:
+        counts: dict[str, int] = {}
+        for member in members:
+            counts[member.state.value] = counts.get(member.state.value, 0) + 1
+        state = "succeeded" if counts.get("succeeded", 0) == len(members) else "failed"
+        _notify(scheduler, info.notify, array_id, {
+            "GPUQ_ARRAY_ID": str(array_id), "GPUQ_JOB_NAME": info.name, "GPUQ_STATE": state,
+            "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+        }, members[0])  # fmt: skip
+        scheduler.table.set_notified(array_id)
+    if done:  # nothing more can happen to it (ended jobs never start again); the table keeps it
+        del scheduler.arrays[array_id]
+        if scheduler.private is not None:
+            scheduler.private.forget(array_id)
+
+
+def _notify(
+    scheduler: SchedulerState,
+    command: str,
+    job_id: int,
+    outcome: dict[str, str],
+    job: JobRecord,
+) -> None:
+    """Run the submitter's --notify command (as the submitter) with the outcome in its environment and the
+    job's cwd (an array's: its first member's); never waits on it."""
+    full = scheduler.table.get(job.id, with_env=True) or job
+    full_env, log_path = {**full.spec.env, **outcome}, scheduler.state.logs / f"{job_id}.notify.log"
+    account = accounts.account(job.uid) if scheduler.shared is not None else None
+
+    def run() -> None:
+        try:
+            processes.notify(command, full_env, full.spec.cwd, log_path, account)
+        except OSError as err:
+            log.warning("--notify for %d could not start: %s", job_id, err)
+
+    scheduler.after_commit.append(run)  # notify about an outcome only once it is recorded
+
+
+def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
+    scheduler.changes += 1
+    scheduler.table.requeue(job.record.id, reason)
+    scheduler.running.pop(job.record.id, None)
+    scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
+    exit_file = scheduler.state.exit_file(job.record.id)
+    scheduler.after_commit.append(lambda: _unlink(exit_file))
+    full = scheduler.table.get(job.record.id, with_env=True)
+    if full is not None:
+        scheduler.pending[job.record.id] = full
+    events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
+
+
+def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[dict[str, Any]]) -> None:
+    """The shim died without an exit file. Stop the job if it still runs; it can no longer be supervised."""
+    try:
+        info = json.loads(scheduler.state.pid_file(job.record.id).read_bytes())
+    except (OSError, ValueError):
+        if job.launch.cancel_by:  # it was being cancelled: it never started, and must not start again
+            finish(scheduler, job.record, Outcome.cancelled(job.launch.cancel_by), now, events)
+        else:
+            requeue(scheduler, job, "its launch was interrupted before it started; queued again", events, now)
+        return
+    pid = info.get("pid") if isinstance(info, dict) else None
+    if isinstance(pid, int) and processes.is_alive(pid, info.get("start")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, 9)
+        reason = "its gpuq supervisor was killed; the job was stopped"
+    else:
+        reason = "its gpuq supervisor was killed; the job's exit status is unknown"
+    finish(scheduler, job.record, Outcome.lost(reason), now, events)
+
+
+def _text(value: int | None) -> str:
+    return "" if value is None else str(value)

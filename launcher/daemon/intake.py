@@ -1,0 +1,138 @@
+"""Ingest: turn the spool's requests into table rows, in one transaction, and only then delete them.
+
+Submits become pending jobs (or fail at once when they can never run here); cancels and controls are
+applied (``launcher.daemon.requests``); files that are not requests are set aside with a note. In a shared
+queue a submit's private part (command, cwd, environment) is written for its owner first, and the
+per-user limit on queued jobs is enforced here, where no client can get around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.accounts import user_name
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.store import journal, outbox, spool
+from gpuq_scheduler.jobs.store.queue import expand
+from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.launcher.daemon import endings, requests
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+
+log = logging.getLogger("gpuq.intake")
+
+
+def ingest(scheduler: SchedulerState, now: float) -> None:
+    found = spool.scan(scheduler.state)
+    if not found:
+        return
+    events: list[dict[str, Any]] = []
+    submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
+    if submits:  # one query for all of them: ids already in the table are rare (a crash, or a clash)
+        taken = scheduler.table.owners([r.job_id for r in submits])
+        submits = [r for r in submits if r.job_id not in taken or not _clashes(scheduler, r, now, events)]
+    if scheduler.private is not None:
+        for submit in submits:
+            _keep_private(scheduler, submit)
+    fresh = [record for r in submits for record in expand(scheduler.state, r)]
+    arrays = [
+        ArrayInfo(
+            r.job_id, r.uid, user_name(r.uid), r.spec.display_name, len(r.array.indices), r.array.throttle,
+            r.spec.env, r.spec.notify, r.submitted_at,
+        )
+        for r in submits
+        if r.array is not None
+    ]  # fmt: skip
+    inserted = set(scheduler.table.insert_pending(fresh, arrays))
+    for info in arrays:
+        # Not its environment: the table has it, and thousands of arrays' environments kept for the
+        # daemon's lifetime were the one thing that grew in a long soak (12 KiB of RSS per array).
+        scheduler.arrays.setdefault(info.id, dataclasses.replace(info, env={}))
+    inventory = scheduler.inventory()
+    queued = _queued_by_user(scheduler)
+    for record in fresh:
+        if record.id not in inserted:
+            continue  # ingested before a crash that left its request behind
+        events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
+        problem = _impossible(record, inventory) or _over_cap(scheduler, record, queued)
+        if problem:
+            endings.finish(scheduler, record, Outcome(JobState.FAILED, reason=problem), now, events)
+        else:
+            scheduler.pending[record.id] = record
+            queued[record.user] = queued.get(record.user, 0) + 1
+    for submit in submits:
+        spool.remove(submit)
+    for other in found:
+        if isinstance(other, spool.CancelRequest):
+            requests.cancel(scheduler, other, now, events)
+            spool.remove(other)
+        elif isinstance(other, spool.ControlRequest):
+            requests.control(scheduler, other, now, events)
+            spool.remove(other)
+        elif isinstance(other, spool.BadRequest):
+            _set_aside(scheduler, other, now, events)
+    journal.append(scheduler.state.events, events)
+
+
+def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:
+    """A submit whose id the table already holds: the same request ingested before a crash (no clash), or a
+    *different* job because the id counter was rewound (by hand, from a backup, or by anyone in a shared
+    queue, where it is writable by all). Dropping that as "already ingested" would lose it silently: it is
+    set aside, saying why, and the counter moved past every id."""
+    existing = scheduler.table.get(request.job_id)
+    if existing is None or (existing.uid == request.uid and existing.submitted_at == request.submitted_at):
+        return False
+    reason = (
+        f"claims job id {request.job_id}, which job {request.job_id} of {existing.user} already has "
+        "(the id counter was rewound); submit it again"
+    )
+    _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+    outbox.raise_counter(scheduler.state, scheduler.table.max_id() + 1)
+    return True
+
+
+def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> None:
+    assert scheduler.private is not None
+    owner = accounts.account(submit.uid)
+    scheduler.private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
+
+
+def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
+    where = spool.set_aside(scheduler.state, bad)
+    log.warning("set aside %s: it %s (moved to %s)", bad.path.name, bad.reason, where)
+    events.append({"t": now, "event": "rejected", "file": bad.path.name, "reason": bad.reason})
+
+
+def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:
+    if scheduler.max_queued is None:
+        return {}
+    counts: dict[str, int] = {}
+    for record in scheduler.pending.values():
+        counts[record.user] = counts.get(record.user, 0) + 1
+    return counts
+
+
+def _over_cap(scheduler: SchedulerState, record: JobRecord, queued: dict[str, int]) -> str:
+    most = scheduler.shared.max_gpus_per_user if scheduler.shared else None
+    if most is not None and record.spec.gpus > most:
+        return (
+            f"user cap: a user may hold at most {most} GPUs at once (max_gpus_per_user); "
+            f"this job asks for {record.spec.gpus}"
+        )
+    cap = scheduler.max_queued
+    if cap is None or queued.get(record.user, 0) < cap:
+        return ""
+    return f"user cap: {record.user} already has {cap} jobs queued (max_queued_per_user = {cap})"
+
+
+def _impossible(record: JobRecord, inventory: Inventory | None) -> str:
+    """Why a job can never run on this machine ("" if it can): it fails at once instead of waiting forever."""
+    if inventory is None:
+        return ""
+    try:
+        inventory.check(record.spec)
+    except Exception as err:  # BadInput: the same words the submitting client would have printed
+        return str(err)
+    return ""

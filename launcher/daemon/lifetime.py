@@ -1,0 +1,231 @@
+"""The daemon's lifetime: one per state directory (a lock), signals, the wake-up FIFO, the loop.
+
+Run it in the foreground with ``python -m launcher.daemon.lifetime --home DIR`` (what ``gpuq daemon start``
+and auto-start do, detached, and what a systemd unit would run). SIGTERM or SIGINT stops it
+between ticks; running jobs keep running under their shims and are adopted by the next daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuq_scheduler.jobs import config
+from gpuq_scheduler.jobs.config import Shared
+from gpuq_scheduler.jobs.errors import DaemonError, GpuqError
+from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+
+if TYPE_CHECKING:
+    from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+
+log = logging.getLogger("gpuq.daemon")
+
+SETTLE = 0.005  # seconds without an event before spare shims are forked
+
+
+def running_pid(state: StateDir) -> int | None:
+    """The pid of the daemon holding this state directory's lock, or None if none does."""
+    try:
+        fd = os.open(state.lock, os.O_RDONLY)  # flock needs no write access: any user may probe a shared queue
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        try:
+            return int(state.pid.read_text().strip())
+        except (OSError, ValueError):
+            return -1  # held, but its pid file is not written yet
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> int:
+    """Start a detached daemon (if none runs) and wait until it holds the lock. Returns its pid."""
+    from gpuq_scheduler.jobs.api import start_daemon
+
+    pid = running_pid(state)
+    if pid is not None and pid > 0:
+        return pid
+    if shared:
+        if os.geteuid() != 0:
+            raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
+        state.ensure_shared()
+    start_daemon(state, shared=shared)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = running_pid(state)
+        if pid is not None and pid > 0:
+            return pid
+        time.sleep(0.02)
+    raise DaemonError(f"the daemon did not start within {timeout:.0f}s; see {state.daemon_log}")
+
+
+def stop(state: StateDir, timeout: float = 15.0) -> int | None:
+    """Stop the daemon (its jobs keep running). Returns the pid stopped, or None if none ran."""
+    pid = running_pid(state)
+    if pid is None or pid <= 0:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running_pid(state) is None:
+            return pid
+        time.sleep(0.02)
+    raise DaemonError(f"daemon {pid} did not stop within {timeout:.0f}s; `kill -9 {pid}` is safe: jobs survive it")
+
+
+class _Wakeups:
+    """The FIFO clients and shims poke, plus our own signals, as one thing to sleep on."""
+
+    def __init__(self, state: StateDir) -> None:
+        self.stopping = False
+        self.fifo = os.open(state.wake, os.O_RDONLY | os.O_NONBLOCK)
+        # Holding a writer open ourselves keeps the FIFO from reporting EOF (readable forever) between pokes.
+        self._keepalive = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
+        self._signals, signal_write = os.pipe()
+        os.set_blocking(signal_write, False)
+        os.set_blocking(self._signals, False)
+        signal.set_wakeup_fd(signal_write)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._stop)
+        # No wake-up on SIGCHLD: a shim pokes the FIFO after writing its exit file, just before it exits, and
+        # the signal would only wake a second, idle pass while the next job starts. Each pass reaps zombies.
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout."""
+        ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
+        for fd in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(fd, 4096):
+                    pass
+        return bool(ready)
+
+
+def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
+    """Wait for the next thing to do. Spare shims are forked here, once nothing happened for a moment:
+    forked right after a launch, they would take the CPU from the jobs just started."""
+    deadline = time.time() + scheduler.next_wakeup(time.time())
+    if scheduler.wants_spares():
+        if wakeups.wait(min(SETTLE, deadline - time.time())):
+            return
+        scheduler.fork_spares()
+    wakeups.wait(max(0.0, deadline - time.time()))
+
+
+def _keep_path_names_mortal() -> None:
+    """CPython 3.12 before 3.12.7 makes interned strings immortal (python/cpython#113993), and pathlib
+    interns every part of every path it turns into a string: each job's file names (``123.exit``,
+    ``123.pid``, ``123.log``, the spool's ``submit-...json``) stayed in the daemon for good, the most of
+    its memory growth in a long soak (~0.4 KiB per job). pathlib interns only to share strings; here it
+    does not, and paths are the same."""
+    if not (3, 12) <= sys.version_info < (3, 12, 7):
+        return
+    import pathlib
+
+    class PathlibSys:  # the sys module as pathlib sees it: intern() hands its string back
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sys, name)
+
+        @staticmethod
+        def intern(text: str) -> str:
+            return text
+
+    if isinstance(vars(pathlib).get("sys"), type(sys)):
+        vars(pathlib)["sys"] = PathlibSys()
+
+
+def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None) -> int:
+    """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
+
+    ``shared``: serve a whole machine's users (as root), with these settings (the config's [shared]).
+    """
+    from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+    from gpuq_scheduler.launcher.gpus.sources import open_source
+    from gpuq_scheduler.launcher.policy.placement import Policy
+
+    _keep_path_names_mortal()
+    if shared is None:
+        state.ensure()
+    elif os.geteuid() != 0:
+        raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
+    else:
+        state.ensure_shared()
+    # fcntl.flock, not the filelock package: filelock hooks every fork of its process, which made each
+    # shim's fork cost ~9 ms instead of ~1 ms here (measured), and a daemon's whole job is forking.
+    lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        log.info("another daemon already serves %s; exiting", state.root)
+        return 0
+    try:
+        write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
+        wakeups = _Wakeups(state)
+        grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
+        backoff = float(os.environ.get("GPUQ_RETRY_BACKOFF", "10"))
+        policy = Policy(cpu_slots=os.cpu_count())
+        scheduler = Scheduler(state, open_source(), policy, grace, backoff, shared)
+        log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
+        try:
+            while not wakeups.stopping:
+                try:
+                    scheduler.tick(time.time())
+                except GpuqError as err:  # a bad fake inventory file, a full disk: say so, keep serving
+                    log.error("%s", err)
+                    time.sleep(0.5)
+                except Exception:  # a bug must not take the queue down with it: log it and go on
+                    log.exception("tick failed; continuing")
+                    time.sleep(0.5)
+                if burst and scheduler.idle:
+                    break
+                _sleep(scheduler, wakeups)
+        finally:
+            scheduler.close()
+        log.info("daemon %d stopped", os.getpid())
+        return 0
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(state.pid)
+        os.close(lock)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuq_scheduler.launcher.daemon", description="The gpuq daemon.")
+    parser.add_argument("--home", type=Path, help="state directory (default: $GPUQ_HOME or ~/.local/state/gpuq)")
+    parser.add_argument("--burst", action="store_true", help="exit once no job is pending or running")
+    parser.add_argument("--shared", action="store_true", help="serve every user of this machine (as root)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = config.load()
+        home = args.home or settings.home or (config.SHARED_HOME if args.shared else None)
+        state = StateDir(home.absolute()) if home else StateDir.from_env()
+        return serve(state, burst=args.burst, shared=settings.shared if args.shared else None)
+    except GpuqError as err:
+        log.error("%s", err)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""From what a shim left on disk to an Outcome: exit code or signal, plus the reason a person wants to read."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+
+_TAIL_BYTES = 64 << 10
+_OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
+_EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
+
+
+def read_exit(path: Path) -> dict[str, Any] | None:
+    """The shim's exit file, or None if there is none yet (or it is torn: the shim died mid-write)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def log_reason(log: Path) -> str:
+    """A short diagnosis from the end of a failed job's log: CUDA OOM first, else its last exception."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - _TAIL_BYTES))
+            tail = handle.read()
+    except OSError:
+        return ""
+    if _OOM.search(tail):
+        return "CUDA out of memory"
+    matches = _EXCEPTION.findall(tail)
+    if matches:
+        name, message = matches[-1]
+        text: str = (name + b": " + message).decode(errors="replace").strip()
+        return text[:200]
+    return ""
+
+
+def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch) -> Outcome | None:
+    """How the job ended; None when it never started (the launch was interrupted: requeue it)."""
+    if not exit_data.get("started", True):
+        return None
+    if exit_data.get("spawn_error"):
+        return Outcome.failed_to_spawn(str(exit_data["spawn_error"]))
+    code, signum, reason = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
+    code = code if isinstance(code, int) else None
+    signum = signum if isinstance(signum, int) else None
+    if code == 0:
+        return Outcome.succeeded()
+    if reason == "timeout" and record.spec.time_limit is not None:
+        return Outcome.timeout(record.spec.time_limit, signum)
+    if reason == "cancel" or launch.cancel_by:
+        return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
+    diagnosis = log_reason(Path(record.log))
+    if signum is not None:
+        return Outcome.killed(signum, diagnosis)
+    if code is None:
+        return Outcome.lost("its supervisor reported no exit status")
+    return Outcome.failed(code, f"{diagnosis} (exit code {code})" if diagnosis else "")

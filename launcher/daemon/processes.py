@@ -1,0 +1,171 @@
+"""What a job runs as, with and where, and how to find and stop its processes.
+
+The command line and environment a job gets (``job_argv``, ``job_env``), the credentials it runs with
+in a shared queue (``as_user``), --notify commands, and the process facts the daemon checks (a pid's
+start time, a shim's liveness, a process tree). The shim that supervises a job is ``launcher.daemon.shim``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuq_scheduler.jobs.accounts import Account
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+
+# CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
+# its user may not. The job's cwd is entered by this shell instead, already running as the user.
+_ENTER_AS_USER = 'cd -- "$1" || exit 126; shift; exec "$@"'
+
+
+def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[list[str], str, dict[str, Any]]:
+    """(argv, cwd, Popen credentials) that run ``argv`` in ``cwd`` as ``account``, with privileges dropped
+    before anything the user controls (the directory, the program, its PATH lookup) is touched."""
+    if account is None or account.uid == os.geteuid():
+        return list(argv), cwd, {}
+    credentials = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+    return ["/bin/sh", "-c", _ENTER_AS_USER, "gpuq-job", cwd, *argv], "/", credentials
+
+
+def job_argv(spec: JobSpec, port: int | None) -> list[str]:
+    """The command line the job's process runs with."""
+    command = list(spec.command)
+    if spec.mode is Mode.TORCHRUN:
+        assert spec.python is not None and port is not None
+        return [
+            spec.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.gpus),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), *command,
+        ]  # fmt: skip
+    if spec.python is not None:
+        return [spec.python, *command]
+    return command
+
+
+def job_env(
+    spec: JobSpec, job_id: int, gpus: Sequence[int], uuids: Sequence[str], home: Path, record: JobRecord | None = None
+) -> dict[str, str]:
+    """The submitter's captured environment plus what tells the job which GPUs (and array index) are its own."""
+    env = dict(spec.env)
+    if record is not None:
+        env["GPUQ_ATTEMPT"] = str(record.attempt)
+        if record.array_id is not None:
+            env["GPUQ_ARRAY_ID"] = str(record.array_id)
+            env["GPUQ_ARRAY_INDEX"] = str(record.array_index)
+    visible = ",".join(str(i) for i in gpus)
+    env.update(
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",  # CUDA's default order is "fastest first", not NVML's indices
+        CUDA_VISIBLE_DEVICES=visible,  # "" hides every GPU from a CPU job
+        GPUQ_JOB_ID=str(job_id),
+        GPUQ_JOB_NAME=spec.display_name,
+        GPUQ_GPUS=visible,
+        GPUQ_GPU_UUIDS=",".join(uuids),
+        GPUQ_MEM_PER_GPU="" if spec.mem_per_gpu is None else str(spec.mem_per_gpu),
+        GPUQ_MODE=spec.mode.value,
+        GPUQ_HOME=str(home),
+    )
+    return env
+
+
+def notify(command: str, env: Mapping[str, str], cwd: str, log: Path, account: Account | None = None) -> None:
+    """Start a --notify command through the shell, detached (as the job's user); its output goes to ``log``.
+
+    The daemon reaps it like any child and never waits for it: a slow webhook cannot stall the queue.
+    """
+    argv, workdir, credentials = as_user(["/bin/sh", "-c", command], cwd, account)
+    with os.fdopen(open_log(log, account, None), "ab") as out:
+        subprocess.Popen(
+            argv, env=dict(env), cwd=workdir if os.path.isdir(workdir) else "/",
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, **credentials,
+        )  # fmt: skip
+
+
+def open_log(path: Path, account: Account | None, group: int | None) -> int:
+    """Open a log for appending; in a shared queue it belongs to the job's user and is readable by the
+    admin group only (``logs/`` is root's, so nobody can plant a link there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    if account is not None and account.uid != os.geteuid():
+        os.fchown(fd, account.uid, account.gid if group is None else group)
+        os.fchmod(fd, 0o640)
+    return fd
+
+
+def free_port(avoid: set[int]) -> int:
+    """A TCP port nothing listens on now and no other running torchrun job of ours was given."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise OSError(errno.EADDRINUSE, "no free port found for torchrun")
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def start_time(pid: int) -> float | None:
+    """A process's start time, which with its pid names one process even after pids are reused.
+
+    Read from /proc/<pid>/stat (field 22, clock ticks since boot) rather than through psutil: this
+    is on every launch, and psutil's lookup was a quarter of the time from placement to a shim's go.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the name in parentheses may itself hold spaces
+    try:
+        return int(fields[19]) / _CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def is_alive(pid: int, started: float | None) -> bool:
+    now_started = start_time(pid)
+    return now_started is not None and started is not None and abs(now_started - started) < 0.05
+
+
+def tree_pids(pid: int) -> list[int]:
+    """The pids of a process and all its descendants (a shim, its job, torchrun's workers...)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def signal_shim(pid: int, started: float | None) -> bool:
+    """Ask a shim to stop its job (it escalates to SIGKILL itself). False if that shim is gone."""
+    if not is_alive(pid, started):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        return True
+    return False
+
+
+def ancestors(pid: int) -> list[int]:
+    """A process's parent, grandparent and so on, up to init."""
+    import psutil
+
+    try:
+        return [parent.pid for parent in psutil.Process(pid).parents()]
+    except psutil.Error:
+        return []

@@ -1,0 +1,324 @@
+"""The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
+
+    reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample
+
+Requests (cancel, hold, drain...) are applied in ``launcher.daemon.requests``; the rules for dependencies,
+retries and fail-fast holds are pure functions in ``launcher.policy.lifecycle``.
+
+The job table on disk is the truth; the scheduler keeps the active jobs in memory because it is the
+table's only writer, so a pass over 10,000 pending jobs reads nothing from disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+from typing import Any
+
+from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.jobs.store.private import is_public
+from gpuq_scheduler.launcher.daemon import endings, intake, outcomes, processes, shim, watching
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy import fairshare, lifecycle
+from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
+
+log = logging.getLogger("gpuq.scheduler")
+
+SPARES = 8  # at most this many idle shims
+LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shim killed -9 writes no exit file)
+
+
+class Scheduler(SchedulerState):
+    """The daemon's loop over a :class:`SchedulerState`: ``tick`` runs the steps in order."""
+
+    def tick(self, now: float) -> None:
+        """One pass: everything the daemon does happens here, in this order.
+
+        Ingest commits on its own (its spool files go only once their jobs are on disk). The rest of the
+        tick is one transaction; what must follow the commit (a shim's go, removing an exit file, a
+        notification) waits in ``after_commit``, so a crash before the commit repeats nothing and loses
+        nothing, and a job ending and the next one starting cost one fsync between them.
+        """
+        self.reap()
+        self.ingest(now)
+        try:
+            with self.table.batch():
+                self.reconcile(now)
+                endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
+                snapshot = self.snapshot()
+                watching.stop_on_lost_gpus(self, now, snapshot)
+                self.place_and_launch(now, snapshot)
+                watching.sample(self, now, snapshot)
+        except BaseException:
+            for undo in self.on_rollback:
+                undo()
+            self.on_rollback, self.after_commit = [], []
+            self.reload()
+            raise
+        then, self.after_commit, self.on_rollback = self.after_commit, [], []
+        for action in then:
+            action()
+
+    def reload(self) -> None:
+        """Forget what this tick did in memory and read the active jobs back from the table."""
+        self.pending = {r.id: r for r in self.table.pending()}
+        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        self.not_before = self.table.not_before()
+        self.arrays = self.table.arrays(active_only=True)
+
+    def wants_spares(self) -> bool:
+        return self.shims.idle != self._spares_wanted()
+
+    def fork_spares(self) -> None:
+        """Fork idle shims so that the next launches need no fork: one per GPU while work waits, none once
+        nothing waits."""
+        self.shims.keep(self._spares_wanted())
+
+    def _spares_wanted(self) -> int:
+        return min(len(self.pending), max(len(self.last_snapshot), 1), SPARES)
+
+    def next_wakeup(self, now: float) -> float:
+        """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
+        if self.pending:
+            return 0.5
+        if self.running:
+            return max(0.05, min(self._next_liveness, self.next_sample) - now)
+        return 5.0
+
+    # -- steps ----------------------------------------------------------------------------------------
+
+    def reap(self) -> None:
+        """Collect exited shims (our children) so they do not linger as zombies."""
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+
+    def ingest(self, now: float) -> None:
+        """Turn spool requests into table rows in one transaction, then delete them (``launcher.daemon.intake``)."""
+        intake.ingest(self, now)
+
+    def reconcile(self, now: float) -> None:
+        """Collect outcomes from exit files; deal with shims that died without writing one."""
+        if not self.running:
+            return
+        events: list[dict[str, Any]] = []
+        check_liveness = now >= self._next_liveness
+        if check_liveness:
+            self._next_liveness = now + LIVENESS_EVERY
+        for job_id, job in list(self.running.items()):
+            exit_data = outcomes.read_exit(self.state.exit_file(job_id))
+            if exit_data is None and job.launch.boot_id != self.boot_id:
+                endings.finish(self, job.record, Outcome.lost("the machine restarted while it ran"), now, events)
+            elif (
+                exit_data is None
+                and check_liveness
+                and not processes.is_alive(job.launch.shim_pid, job.launch.shim_start)
+            ):
+                exit_data = outcomes.read_exit(self.state.exit_file(job_id))  # it may have just finished
+                if exit_data is None:
+                    endings.orphaned(self, job, now, events)
+            if exit_data is not None:
+                self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
+                outcome = outcomes.classify(exit_data, job.record, job.launch)
+                lost_gpu = self.gpu_lost.get(job_id)
+                if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                    outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"
+                ended = float(exit_data.get("ended_at") or now)
+                if outcome is None:
+                    endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
+                else:
+                    endings.finish(self, job.record, outcome, ended, events)
+        journal.append(self.state.events, events)
+
+    def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
+        if not self.pending:
+            self._record_reasons({}, now)
+            return
+        # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
+        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events.
+        key = (
+            tuple((g.index, g.used, g.lost) for g in snapshot), len(self.pending), len(self.running),
+            self.changes, frozenset(self.drained), self.paused_by,
+            min(self.not_before.values(), default=0.0) <= now,
+        )  # fmt: skip
+        if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
+            if self._unsaved_reasons is not None and now >= self._reasons_due:
+                self._record_reasons(self._unsaved_reasons, now)  # held back by the once-a-second limit
+            return
+        self._last_plan_key = key
+        ready, waiting = self.eligible(now)
+        plan = self.plan(now, snapshot, ready)
+        uuids = {g.index: g.uuid for g in snapshot}
+        for decision in plan.decisions:
+            record = self.pending.pop(decision.job_id)
+            self.not_before.pop(record.id, None)
+            self._requests.pop(record.id, None)
+            self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
+        self._record_reasons({**waiting, **plan.waiting}, now)
+
+    def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
+        """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
+        dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
+        ready: list[JobRecord] = []
+        waiting: dict[int, str] = {}
+        events: list[dict[str, Any]] = []
+        deps: dict[int, list[JobRecord]] = {}
+        never: list[tuple[JobRecord, Outcome]] = []
+        for record in list(self.pending.values()):
+            if record.held:
+                waiting[record.id] = record.reason or "held"
+            elif self.not_before.get(record.id, 0) > now:
+                waiting[record.id] = f"{record.reason} (in {self.not_before[record.id] - now:.0f}s)"
+            elif record.spec.after:
+                for dep in record.spec.after:
+                    if dep not in deps:
+                        deps[dep] = self._job_list(dep)
+                readiness = lifecycle.dependencies(record.spec, deps)
+                if isinstance(readiness, lifecycle.Never):
+                    never.append((record, Outcome(JobState.CANCELLED, reason=readiness.reason)))
+                elif isinstance(readiness, lifecycle.Waiting):
+                    waiting[record.id] = readiness.reason
+                else:
+                    ready.append(record)
+            else:
+                ready.append(record)
+        if never:
+            endings.finish_pending(self, never, now, events)
+        journal.append(self.state.events, events)
+        if self.paused_by is not None:
+            waiting.update(
+                {r.id: f"the queue is paused (by {self.paused_by}); `gpuq resume` resumes it" for r in ready}
+            )
+            return [], waiting
+        return ready, waiting
+
+    def _job_list(self, job_id: int) -> list[JobRecord]:
+        """A dependency's records: the job, or an array's members (``self.arrays`` forgets ended arrays)."""
+        if job_id in self.arrays:
+            return self.table.members(job_id)
+        record = self.pending.get(job_id) or self.table.get(job_id)
+        return self.table.members(job_id) if record is None else [record]
+
+    def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
+        jobs = list(self.pending.values()) if ready is None else ready
+        caps: dict[str, int] | None = None
+        held: dict[str, int] | None = None
+        used: dict[str, float] = {}
+        queue = jobs
+        if self.shared is None:  # one user: priority, then submission. Two stable sorts on C-level keys, not a
+            requests = [self._request(r) for r in jobs]
+            requests.sort(key=_BY_ID)  # Python key per job: with 10,000 pending that was a third of a pass
+            requests.sort(key=_BY_PRIORITY, reverse=True)  # (reverse keeps equal priorities in id order)
+        else:
+            used, held = self._use(now)
+            queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=self.shared.priority)
+            cap = self.shared.max_gpus_per_user
+            caps = None if cap is None else {r.user: cap for r in jobs}
+            requests = [self._request(r) for r in queue]
+        holdings = [
+            Holding(
+                job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
+                None if job.record.spec.time_limit is None or job.record.started_at is None
+                else job.record.started_at + job.record.spec.time_limit,
+            )
+            for job in self.running.values()
+        ]  # fmt: skip
+        cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
+        # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
+        live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
+        limits = {a: info.throttle for a in live if a is not None and (info := self.arrays.get(a)) and info.throttle}
+        in_group: dict[int, int] = {}
+        for job in self.running.values():
+            if job.record.array_id in limits:
+                in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
+        plan = place(
+            requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
+            limits, in_group, user_caps=caps, user_gpus=held,
+        )  # fmt: skip
+        if self.shared is not None:
+            plan.waiting.update(fairshare.explain(plan.waiting, queue, _fair_key, used, self.shared.priority))
+        return plan
+
+    def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:
+        """Each user's recent GPU-seconds (running jobs' time so far included) and GPUs held now."""
+        assert self.usage is not None
+        runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in self.running.values()]
+        return fairshare.recent_use(self.usage, runs, now), fairshare.held_gpus(runs)
+
+    def _request(self, record: JobRecord) -> Request:
+        """Placement's view of a pending job, built once per spec: building 10,000 of them on every pass
+        was most of a pass's time (14 of 17 ms, measured)."""
+        cached = self._requests.get(record.id)
+        if cached is None or cached[0] is not record.spec:
+            spec = record.spec
+            request = Request(
+                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority
+            )
+            cached = (spec, request)
+            self._requests[record.id] = cached
+        return cached[1]
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
+        spec = record.spec
+        account = None
+        if self.shared is not None:
+            account = accounts.account(record.uid)
+            problem = "" if account else f"its owner (uid {record.uid}) no longer has an account here"
+            if is_public(spec):
+                problem = f"its command and environment ({self.state.private_file(record.id)}) are missing"
+            if problem:
+                endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
+                return
+        port = None
+        if spec.mode.value == "torchrun":
+            port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
+        launch = shim.Launch(
+            job_id=record.id, argv=processes.job_argv(spec, port),
+            env=processes.job_env(spec, record.id, gpus, uuids, self.state.root, record), cwd=spec.cwd,
+            log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
+            pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=spec.time_limit,
+            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,
+        )  # fmt: skip
+        for stale in (launch.exit_file, launch.pid_file):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        try:
+            supervisor = self.shims.take(record.id)
+        except OSError as err:
+            endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
+            return
+        info = Launch(supervisor.pid, supervisor.started, self.boot_id, port)
+        self.on_rollback.append(lambda: self.shims.ended(record.id))  # it was sent nothing: idle again
+        self.table.mark_running(record.id, gpus, uuids, now, info)
+        self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
+        running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
+        self.running[record.id] = Running(running, info)
+        journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])
+
+    def _record_reasons(self, waiting: dict[int, str], now: float) -> None:
+        """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to
+        read and writing them on every tick would cost the dispatch path a write per tick."""
+        if now < self._reasons_due and set(waiting) <= set(self.waiting):
+            self._unsaved_reasons = waiting
+            return
+        self._unsaved_reasons = None
+        self._reasons_due = now + 1.0
+        changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
+        self.waiting = waiting
+        if changed:
+            self.table.set_reasons(changed)
+
+
+_BY_ID = operator.attrgetter("job_id")
+_BY_PRIORITY = operator.attrgetter("priority")
+
+
+def _fair_key(record: JobRecord) -> tuple[str, int, int, int]:
+    return record.user, record.spec.gpus, record.spec.priority, record.id

@@ -1,0 +1,413 @@
+# One module past 400 lines on purpose: both ends of the daemon-shim pipe share one message format.
+"""A job's supervisor, the *shim*: a fork of the daemon that starts one job and sees it to its end.
+
+Every job runs under a shim in its own session that starts the job (in the job's own process group),
+waits for it, enforces its time limit and cancellation (SIGTERM to the group, SIGKILL after a grace
+period), and writes the outcome to ``run/<id>.exit`` before waking the daemon. The daemon can die at any
+moment: the shim keeps going, and the outcome is on disk for the next daemon to collect. Forking the
+already-running daemon costs about a millisecond, where starting a fresh interpreter as the shim would
+cost tens, on every job.
+
+A shim is reused: once its job's exit file is written it waits for the next job, and the daemon keeps such
+idle shims (and forks a few ahead of need while work waits, ``Shims``). A launch then costs a message down
+a pipe instead of a fork: forking the daemon and the copy-on-write page faults that follow cost about 4 ms
+of CPU per job on a small VM, as much as the dispatch itself. An idle shim has no job, so a SIGTERM simply
+ends it, and so does the daemon's death (its pipe reaches end of file); a shim running a job when the
+daemon dies finishes supervising it first. One job at a time: a shim is in the daemon's pool only once its
+job has ended.
+
+The daemon sends a shim its job only once the job is recorded as running, so a job never runs unrecorded.
+If the daemon dies before that, the job is still pending; if it dies while sending, the shim reads a partial
+message and exits without starting anything, and the next daemon finds a running job whose shim is gone
+and that never started (no pid file), and queues it again. A job is never launched twice.
+
+The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.log``, up to
+``GPUQ_LOG_LIMIT`` bytes (default 1 GiB; read from the daemon's environment, which the shim inherits).
+Past the limit the shim writes one line saying so and discards the rest, still reading so that the
+job never blocks on a full pipe: a job printing in a loop cannot fill the disk unnoticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pickle
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuq_scheduler.jobs.accounts import Account
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.store.statedir import write_atomic
+from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, start_time
+
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+LOG_LIMIT = 1 << 30  # bytes of output kept per job unless GPUQ_LOG_LIMIT says otherwise
+_CHUNK = 1 << 20  # read the job's output this much at a time (and ask for a pipe this big)
+_DRAIN_IDLE = 2.0  # after the job ended: stop reading once its pipe stays quiet this long...
+_DRAIN_MAX = 10.0  # ...or after this long, if something that escaped its process group keeps writing
+_HEADER = 8  # bytes of the length that comes before a pickled Launch
+_JOB, _CANCEL = b"J", b"C"  # what the daemon writes down a shim's pipe: a job (then its length and Launch), a cancel
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a shim needs, fixed before the fork."""
+
+    job_id: int
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    log: Path
+    exit_file: Path
+    pid_file: Path
+    wake: Path
+    time_limit: float | None
+    grace: float
+    account: Account | None = None  # run as this user (a shared queue); None: as the daemon's own user
+    log_group: int | None = None  # the admin group, which may read every job's log
+
+
+class Shim:
+    """A forked supervisor: idle until ``start`` sends it a job."""
+
+    def __init__(self) -> None:
+        read_end, self._pipe = os.pipe()
+        # A SIGTERM must not meet the daemon's handler in the child (it would wake the daemon for nothing):
+        # blocked across the fork, the child unblocks it once its own dispositions are in place.
+        self.pid = -1
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: never returns into the daemon's code
+                code = 70
+                try:
+                    os.close(self._pipe)
+                    code = _serve(read_end)
+                finally:
+                    os._exit(code)
+        finally:
+            if self.pid != 0:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.close(read_end)
+        self.started = start_time(self.pid) or 0.0
+
+    def start(self, launch: Launch) -> None:
+        """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
+        by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
+        data = pickle.dumps(launch)
+        view = memoryview(_JOB + len(data).to_bytes(_HEADER, "big") + data)
+        with contextlib.suppress(OSError):
+            while view:
+                view = view[os.write(self._pipe, view) :]
+
+    def cancel(self) -> bool:
+        """Stop the job this shim runs (SIGTERM to its group, SIGKILL after the grace period). Down the pipe,
+        after the job itself, not as a signal: a signal could reach the shim before it has read its job, or,
+        late, reach the next job it is given. False if the shim is gone."""
+        try:
+            return os.write(self._pipe, _CANCEL) == 1
+        except OSError:
+            return False
+
+    def alive(self) -> bool:
+        return is_alive(self.pid, self.started)
+
+    def abandon(self) -> None:
+        """Close the pipe: the shim exits once it has no job."""
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)
+
+
+class Shims:
+    """The daemon's shims: idle ones (their jobs ended, or forked ahead of need), and the one supervising each
+    running job this daemon started. A shim is idle or busy with one job, never both."""
+
+    def __init__(self) -> None:
+        self._idle: list[Shim] = []
+        self._busy: dict[int, Shim] = {}  # job id -> its shim
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def take(self, job_id: int) -> Shim:
+        """A shim for ``job_id``: the last idle one to have finished a job, else a new fork (OSError if none)."""
+        while self._idle:
+            shim = self._idle.pop()
+            if shim.alive():
+                break
+            shim.abandon()  # a stray signal ended it
+        else:
+            shim = Shim()
+        self._busy[job_id] = shim
+        return shim
+
+    def ended(self, job_id: int) -> None:
+        """The job's exit file was read (its shim wrote it last and waits for the next job), or its launch was
+        rolled back before the shim was sent anything: the shim is idle."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            self._idle.append(shim)
+
+    def lost(self, job_id: int) -> None:
+        """The job ended without an exit file (its shim died): nothing to reuse."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            shim.abandon()
+
+    def cancel(self, job_id: int) -> bool:
+        """Ask the shim of ``job_id`` to stop it; False if this daemon did not start it (no pipe to its shim).
+        A shim that died meanwhile is found by the liveness check, which ends a job being cancelled as such."""
+        shim = self._busy.get(job_id)
+        if shim is None:
+            return False
+        shim.cancel()
+        return True
+
+    def keep(self, count: int) -> None:
+        """Have ``count`` idle shims: fork the missing ones, let the extra ones go."""
+        while len(self._idle) > count:
+            self._idle.pop().abandon()
+        with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
+            while len(self._idle) < count:
+                self._idle.append(Shim())
+
+    def close(self) -> None:
+        """Let every shim go: idle ones exit now, busy ones once their job has ended."""
+        self.keep(0)
+        for shim in self._busy.values():
+            shim.abandon()
+        self._busy.clear()
+
+
+def _serve(pipe: int) -> int:
+    os.setsid()
+    for signum in _RESET_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.closerange(3, pipe)  # the daemon's lock, database, FIFO and other shims' pipes: a shim keeps none
+    os.closerange(pipe + 1, 65536)
+    # Shims outlive their jobs now: in top and `ps -e` they say what they are, not "python3" (their command
+    # line stays the daemon's, which only a C extension could change).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("gpuq-shim")
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # idle, a stray SIGTERM just ends this shim
+    while True:
+        launch = _receive(pipe)  # sent only once the job is recorded as running
+        if launch is None:
+            return 0  # the daemon let this shim go, or died (maybe while sending: that job is queued again)
+        # From here a SIGTERM is a cancel, handled in the loop below via the wake-up fd. It comes from outside
+        # or from a daemon started after ours (ours cancels down the pipe); one that came before this line
+        # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
+        env = dict(launch.env)
+        outcome = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe)
+        # Idle again before the exit file says so: a SIGTERM from now on ends this idle shim and cannot be taken
+        # for a cancel of the next job it is given.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_read, 64):
+                pass
+        _finish(launch, outcome)
+
+
+def _receive(pipe: int) -> Launch | None:
+    """The next job the daemon sent, or None at end of file. A cancel read here came for a job that had
+    already ended when the daemon sent it: there is nothing to stop."""
+    kind = _CANCEL
+    while kind == _CANCEL:
+        kind = os.read(pipe, 1)
+    if kind != _JOB:
+        return None
+    header = _read_exactly(pipe, _HEADER)
+    if header is None:
+        return None
+    data = _read_exactly(pipe, int.from_bytes(header, "big"))
+    return None if data is None else pickle.loads(data)  # trusted: the daemon, our parent, wrote it
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _supervise(
+    launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int,
+    pipe: int,
+) -> dict[str, object]:
+    """Run the job to its end; its outcome, for the exit file."""
+    log_fd = open_log(launch.log, launch.account, launch.log_group)
+    out_read, out_write = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, _CHUNK)  # fewer wake-ups for a chatty job
+    try:
+        job = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=out_write, stderr=out_write, start_new_session=True, **credentials,
+        )  # fmt: skip
+    except OSError as err:
+        os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
+        os.close(out_read)
+        os.close(log_fd)
+        return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}
+    finally:
+        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+    output = _Log(log_fd, log_limit())
+    started = time.time()
+    write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
+
+    reason, kill_at = "", None
+    deadline = None if launch.time_limit is None else started + launch.time_limit
+    pidfd = os.pidfd_open(job.pid)
+    watched = [pidfd, wake_read, out_read, pipe]
+    while True:
+        now = time.time()
+        due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
+        timeout = max(0.0, min(due) - now) if due else None
+        ready, _, _ = select.select(watched, [], [], timeout)
+        if out_read in ready and not output.pump(out_read):
+            watched.remove(out_read)  # the job closed its stdout and stderr
+        if pidfd in ready:
+            break
+        now = time.time()
+        if _asked_to_stop(ready, watched, pipe, wake_read) and not reason:
+            reason = "cancel"
+        elif deadline is not None and now >= deadline and not reason:
+            reason = "timeout"
+        elif kill_at is not None and now >= kill_at:
+            _signal_group(job.pid, signal.SIGKILL)
+            kill_at = None
+            continue
+        else:
+            continue
+        _signal_group(job.pid, signal.SIGTERM)
+        kill_at = now + launch.grace
+    returncode = job.wait()
+    _signal_group(job.pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
+    if out_read in watched:
+        output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
+    for fd in (pidfd, out_read, log_fd):
+        os.close(fd)
+    return {
+        "started": True,
+        "exit_code": returncode if returncode >= 0 else None,
+        "signal": -returncode if returncode < 0 else None,
+        "reason": reason,
+    }
+
+
+def _asked_to_stop(ready: list[int], watched: list[int], pipe: int, wake_read: int) -> bool:
+    """Whether a cancel came: down the pipe from the daemon, or as a SIGTERM (from a daemon started after the
+    one that sent this job, which has no pipe to this shim)."""
+    asked = False
+    if pipe in ready:
+        word = os.read(pipe, 1)
+        if not word:
+            watched.remove(pipe)  # the daemon died: see this job through, then exit
+        asked = word == _CANCEL
+    if wake_read in ready:
+        asked = signal.SIGTERM in os.read(wake_read, 64) or asked
+    return asked
+
+
+def log_limit(environ: Mapping[str, str] | None = None) -> int:
+    """Bytes of a job's output kept in its log: GPUQ_LOG_LIMIT (bytes, or a size like 512M), else 1 GiB."""
+    raw = (os.environ if environ is None else environ).get("GPUQ_LOG_LIMIT", "").strip()
+    if raw.isdigit():
+        return int(raw)
+    try:
+        return parse_size(raw) if raw else LOG_LIMIT
+    except BadInput:
+        return LOG_LIMIT  # a shim has nobody to tell: keep the default rather than no limit at all
+
+
+class _Log:
+    """A job's output on its way from the pipe to the log file: kept up to a limit, then discarded."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.room = limit
+        self.full = False
+        self.broken = False  # a write failed (a full disk): keep reading, keep nothing
+        self.ends_line = True
+
+    def pump(self, pipe: int) -> bool:
+        """Copy what the pipe holds now. False at end of file (no process holds its write end)."""
+        data = os.read(pipe, _CHUNK)
+        if not data:
+            return False
+        self.take(data)
+        return True
+
+    def drain(self, pipe: int) -> None:
+        """Read until end of file, or until the pipe stays quiet: the job's process group is gone by now,
+        but a process that left it (a daemon it started) may hold the pipe open for ever."""
+        give_up = time.monotonic() + _DRAIN_MAX
+        while time.monotonic() < give_up:
+            ready, _, _ = select.select([pipe], [], [], _DRAIN_IDLE)
+            if not ready or not self.pump(pipe):
+                return
+
+    def take(self, data: bytes) -> None:
+        if self.full:
+            return
+        kept = data[: self.room]
+        self._write(kept)
+        self.room -= len(kept)
+        if len(kept) < len(data):
+            self.full = True
+            marker = f"gpuq: log limit of {self.limit} bytes reached; further output discarded\n".encode()
+            self._write(marker if self.ends_line else b"\n" + marker)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self.broken:
+            try:
+                view = view[os.write(self.fd, view) :]
+            except OSError:
+                self.broken = True
+        if data:
+            self.ends_line = data.endswith(b"\n")
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _finish(launch: Launch, outcome: dict[str, object]) -> None:
+    outcome["job"] = launch.job_id
+    outcome["ended_at"] = time.time()
+    # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
+    # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
+    # here would sit between every job's end and the next job's start.
+    write_atomic(launch.exit_file, json.dumps(outcome).encode(), durable=False)
+    with contextlib.suppress(OSError):
+        fd = os.open(launch.wake, os.O_WRONLY | os.O_NONBLOCK)
+        with contextlib.suppress(OSError):
+            os.write(fd, b"!")
+        os.close(fd)
+
+

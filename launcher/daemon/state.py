@@ -1,0 +1,127 @@
+"""What the daemon knows between ticks: the job table, the active jobs in memory, the shims, the GPUs it
+last saw; and the few acts every step shares (forget an ended job, stop a running one, charge fair share).
+
+The steps (``intake``, ``requests``, ``endings``, ``watching``) take this state, and ``scheduler`` runs
+them in order over it; so the steps never import the scheduler, and the scheduler imports the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.config import Shared
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.private import PrivateSpecs
+from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.table import JobTable
+from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.launcher.daemon import processes, shim
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
+from gpuq_scheduler.launcher.policy.fairshare import Usage
+from gpuq_scheduler.launcher.policy.placement import Policy, Request
+
+
+@dataclass
+class Running:
+    record: JobRecord
+    launch: Launch
+    pids: set[int] = field(default_factory=set)
+
+
+class SchedulerState:
+    def __init__(
+        self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
+        retry_backoff: float = 10.0, shared: Shared | None = None,
+    ) -> None:  # fmt: skip
+        """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
+        are kept private, and the per-user limits, priorities and fair share of the config apply."""
+        self.state = state
+        self.shared = shared
+        self.admins = shared.admins if shared else None
+        self.max_queued = shared.max_queued_per_user if shared else None
+        self.private = PrivateSpecs(state, accounts.group_id(self.admins)) if shared else None
+        self.usage: Usage | None = None  # each user's recent GPU use (a shared queue's fair share)
+        self.source = source
+        self.policy = policy or Policy()
+        self.grace = grace
+        self.retry_backoff = retry_backoff
+        self.boot_id = processes.boot_id()
+        self.table = JobTable(state.db, create=True, private=self.private)
+        if shared is not None:
+            now, half_life = time.time(), shared.fair_share_half_life
+            self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
+        self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
+        self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        # Arrays with a member pending or running (ingest adds new ones; endings forget those whose members
+        # have all ended): every array ever submitted, kept for the daemon's lifetime, grew without bound.
+        self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
+        self.not_before: dict[int, float] = self.table.not_before()
+        settings = self.table.settings()
+        self.drained: set[int] = set(settings.get("drained", []))
+        self.paused_by: str | None = settings.get("paused_by")
+        self.waiting: dict[int, str] = {}
+        self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
+        self.on_rollback: list[Callable[[], None]] = []  # run if it is not
+        self._reasons_due = 0.0
+        self._unsaved_reasons: dict[int, str] | None = None
+        self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
+        self._last_plan_key: object = None
+        self._requests: dict[int, tuple[JobSpec, Request]] = {}
+        self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
+        outbox.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
+        self.last_snapshot: list[GpuSnapshot] = []
+        self._inventory_key: object = None
+        self._next_liveness = 0.0
+        self.next_sample = 0.0
+        self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
+        self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
+        self.shims = shim.Shims()
+
+    def close(self) -> None:
+        self.shims.close()
+        self.table.close()
+        self.source.close()
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.running
+
+    def snapshot(self) -> list[GpuSnapshot]:
+        snapshot = self.source.snapshot()
+        self.last_snapshot = snapshot
+        key = [(g.index, g.uuid, g.name, g.total, g.lost) for g in snapshot]
+        if key != self._inventory_key:
+            self._inventory_key = key
+            body = {"gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost}
+                             for g in snapshot]}  # fmt: skip
+            # Readable by all: clients check --gpus against it (the directory decides who "all" is).
+            write_atomic(self.state.inventory, json.dumps(body).encode(), durable=False, mode=0o644)
+        return snapshot
+
+    def inventory(self) -> Inventory | None:
+        if not self.last_snapshot:
+            self.snapshot()
+        return Inventory(tuple(g.total for g in self.last_snapshot))
+
+    def charge(self, record: JobRecord, ended: float) -> None:
+        """Count a run that just ended toward its user's recent GPU use (fair share)."""
+        if self.usage is not None and record.gpus and record.started_at is not None:
+            self.usage = self.usage.charge(record.user, len(record.gpus), record.started_at, ended, ended)
+
+    def stop(self, job: Running) -> None:
+        """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
+        if not self.shims.cancel(job.record.id):  # started by an earlier daemon: we have no pipe to its shim
+            processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
+
+    def forget(self, job_id: int) -> None:
+        """Drop an ended job from the in-memory view of the queue."""
+        self.pending.pop(job_id, None)
+        self.running.pop(job_id, None)
+        self.not_before.pop(job_id, None)
+        self._requests.pop(job_id, None)
+        self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

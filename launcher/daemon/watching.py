@@ -1,0 +1,87 @@
+"""The daemon watching the GPUs: what placement sees of each, which processes are our jobs', each job's
+peak memory, and stopping the jobs of a GPU that stays lost."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy.placement import GpuView
+
+log = logging.getLogger("gpuq.scheduler")
+
+LOST_AFTER = 5.0  # seconds a GPU must stay lost before its jobs are stopped: one NVML hiccup is not a dead GPU
+SAMPLE_EVERY = 2.0  # seconds between samples of per-process GPU memory (peak memory of each job)
+
+
+def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Stop the jobs on a GPU that has stayed lost for LOST_AFTER seconds: their work is gone with it,
+    and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU."""
+    for gpu in snapshot:
+        if gpu.lost:
+            scheduler.lost_since.setdefault(gpu.index, now)
+        else:
+            scheduler.lost_since.pop(gpu.index, None)
+    dead = {g.index: g for g in snapshot if g.lost and now - scheduler.lost_since[g.index] >= LOST_AFTER}
+    for job_id in [j for j in scheduler.gpu_lost if j not in scheduler.running]:
+        del scheduler.gpu_lost[job_id]
+    events: list[dict[str, Any]] = []
+    for job_id, job in scheduler.running.items():
+        gone = [dead[i] for i in job.record.gpus if i in dead]
+        if not gone or job_id in scheduler.gpu_lost:
+            continue
+        why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
+        scheduler.gpu_lost[job_id] = why
+        scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
+        log.warning("stopping job %d: %s", job_id, why)
+        events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
+    journal.append(scheduler.state.events, events)
+
+
+def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
+    """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
+    ours = {pid for job in scheduler.running.values() for pid in job.pids}
+    views = []
+    for gpu in snapshot:
+        if gpu.processes is not None:
+            attribute(scheduler, gpu.processes)
+            ours |= {pid for job in scheduler.running.values() for pid in job.pids}
+        external = gpu.outside_use(ours)
+        available = not gpu.lost and gpu.index not in scheduler.drained
+        views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available))
+    return views
+
+
+def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Record each running job's peak GPU memory (the most it held on any one of its GPUs)."""
+    if not scheduler.running or now < scheduler.next_sample:
+        return
+    scheduler.next_sample = now + SAMPLE_EVERY
+    peaks: dict[int, int] = {}
+    for gpu in snapshot:
+        if not gpu.processes:
+            continue
+        attribute(scheduler, gpu.processes)
+        for job_id, job in scheduler.running.items():
+            held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
+            if held:
+                peaks[job_id] = max(peaks.get(job_id, 0), held)
+    if peaks:
+        scheduler.table.set_peak_mem(peaks)
+
+
+def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
+    """Learn which GPU-using pids belong to our jobs, by walking each pid's ancestors up to a shim."""
+    shims = {job.launch.shim_pid: job for job in scheduler.running.values()}
+    known = {pid for job in scheduler.running.values() for pid in job.pids}
+    for pid in usage:
+        if pid in known:
+            continue
+        for ancestor in processes.ancestors(pid):
+            if ancestor in shims:
+                shims[ancestor].pids.add(pid)
+                break

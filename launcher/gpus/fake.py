@@ -1,0 +1,97 @@
+"""The fake inventory of ``GPUQ_FAKE_GPUS``, for machines without GPUs: GPUs that hold memory, fill up and
+get lost, like real ones. Either a spec (``4x80GiB``, ``2x24GiB,2x48GiB``) or the path of a JSON file
+re-read at every snapshot, so a test can play a teammate filling a GPU or a GPU falling off the bus::
+
+    {"gpus": [{"name": "A100", "total": "80GiB", "used": "30GiB"}, {"total": "80GiB", "lost": true}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+
+_SPEC_PART = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\S+?)\s*$", re.IGNORECASE)
+
+
+class FakeGpus:
+    """GPUs that exist only on paper but behave: they hold memory, fill up, and get lost."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._path = Path(spec) if spec.endswith(".json") or os.path.sep in spec else None
+        if self._path is None:
+            self._fixed = parse_fake_spec(spec)
+        else:
+            self.snapshot()  # fail now, at start-up, if the file is unreadable
+
+    def snapshot(self) -> list[GpuSnapshot]:
+        if self._path is None:
+            return list(self._fixed)
+        try:
+            data = json.loads(self._path.read_text())
+        except (OSError, ValueError) as err:
+            raise BadInput(f"GPUQ_FAKE_GPUS={self._path}: cannot read it ({err}); fix the JSON file") from None
+        return parse_fake_json(data, str(self._path))
+
+    def distance(self, a: int, b: int) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+TEAMMATE_PID = (1 << 22) + 1  # the fake's "used" memory: a process outside gpuq, past Linux's largest pid
+
+
+def _fake(index: int, name: str, total: int, used: int = 0, lost: bool = False) -> GpuSnapshot:
+    return GpuSnapshot(
+        index=index, uuid=f"GPU-fake-{index:04d}", name=name, total=total, used=used,
+        processes={TEAMMATE_PID: used} if used else {}, lost=lost,
+        error="GPU lost (fake inventory)" if lost else "",
+    )  # fmt: skip
+
+
+def parse_fake_spec(spec: str) -> list[GpuSnapshot]:
+    gpus: list[GpuSnapshot] = []
+    for part in spec.split(","):
+        match = _SPEC_PART.match(part)
+        if not match:
+            raise BadInput(f"GPUQ_FAKE_GPUS={spec!r}: write it like 4x80GiB or 2x24GiB,2x48GiB")
+        count = int(match.group(1) or 1)
+        try:
+            total = parse_size(match.group(2))
+        except BadInput as err:
+            raise BadInput(f"GPUQ_FAKE_GPUS={spec!r}: {err}; write it like 4x80GiB or 2x24GiB,2x48GiB") from None
+        gpus.extend(_fake(len(gpus), "Fake GPU", total) for _ in range(count))
+    return gpus
+
+
+def parse_fake_json(data: Any, where: str) -> list[GpuSnapshot]:
+    items = data.get("gpus") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise BadInput(f'GPUQ_FAKE_GPUS={where}: expected a list of GPUs or {{"gpus": [...]}}')
+    gpus = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or "total" not in item:
+            raise BadInput(f'GPUQ_FAKE_GPUS={where}: GPU {index} needs at least a total, like {{"total": "80GiB"}}')
+        total, used = _bytes(item["total"], where), _bytes(item.get("used", 0), where)
+        gpus.append(_fake(index, str(item.get("name", "Fake GPU")), total, min(used, total), bool(item.get("lost"))))
+    return gpus
+
+
+def _bytes(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return 0 if value.strip() in ("0", "") else parse_size(value)
+        except BadInput as err:
+            raise BadInput(f"GPUQ_FAKE_GPUS={where}: {err}") from None
+    raise BadInput(f"GPUQ_FAKE_GPUS={where}: {value!r} is not a size")

@@ -1,0 +1,77 @@
+"""Real GPUs through NVML (``import pynvml``, from nvidia-ml-py): the only module that imports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+
+
+class NvmlGpus:
+    """Real GPUs. An error on one GPU marks that GPU lost; it never stops the snapshot of the others."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            self._nvml: Any = None
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            self._nvml = None  # no driver: a CPU-only machine, zero GPUs
+            return
+        self._nvml = pynvml
+        self._count = pynvml.nvmlDeviceGetCount()
+
+    def snapshot(self) -> list[GpuSnapshot]:
+        if self._nvml is None:
+            return []
+        return [self._one(index) for index in range(self._count)]
+
+    def _one(self, index: int) -> GpuSnapshot:
+        nvml = self._nvml
+        uuid, name, total = f"GPU-unknown-{index}", "unknown", 0
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            total = int(memory.total)
+            return GpuSnapshot(index, uuid, name, total, int(memory.used), self._processes(handle))
+        except nvml.NVMLError as err:
+            return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")
+
+    def _processes(self, handle: Any) -> dict[int, int] | None:
+        try:
+            found = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except self._nvml.NVMLError:
+            return None
+        usage: dict[int, int] = {}
+        for process in found:
+            used = process.usedGpuMemory
+            if used is None:
+                return None  # the driver hides per-process usage (some containers): attribute nothing
+            usage[int(process.pid)] = usage.get(int(process.pid), 0) + int(used)
+        return usage
+
+    def distance(self, a: int, b: int) -> int | None:
+        if self._nvml is None:
+            return None
+        nvml = self._nvml
+        try:
+            first, second = nvml.nvmlDeviceGetHandleByIndex(a), nvml.nvmlDeviceGetHandleByIndex(b)
+            status = nvml.nvmlDeviceGetP2PStatus(first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            if status == nvml.NVML_P2P_STATUS_OK:
+                return 0
+            return int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+        except nvml.NVMLError:
+            return None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

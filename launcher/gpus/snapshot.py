@@ -1,0 +1,44 @@
+"""GPU snapshots: what each GPU holds right now, and the source to ask.
+
+Two sources behave alike: real GPUs through NVML (``gpus.nvml``, the only NVML import), and the fake
+inventory of ``GPUQ_FAKE_GPUS`` for machines without GPUs (``gpus.fake``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU at one instant. ``used`` is all memory in use on the device (NVML's view), including
+    gpuq's own jobs; ``processes`` maps pids to their usage when the driver tells (None when it can't)."""
+
+    index: int
+    uuid: str
+    name: str
+    total: int
+    used: int
+    processes: Mapping[int, int] | None = None
+    lost: bool = False
+    error: str = ""
+
+    def outside_use(self, ours: set[int] | frozenset[int]) -> int:
+        """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses
+        what, all of it: counting a job's own use twice wastes room, counting a teammate's as ours
+        would over-commit the GPU. Placement and `gpuq gpus` both ask here, so they agree."""
+        if self.processes is None:
+            return self.used
+        return sum(used for pid, used in self.processes.items() if pid not in ours)
+
+
+class GpuSource(Protocol):
+    def snapshot(self) -> list[GpuSnapshot]: ...
+
+    def distance(self, a: int, b: int) -> int | None:
+        """How far apart two GPUs are (0 = NVLink; larger = further over PCIe); None if unknown."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,102 @@
+"""Pure rules for a job's life around its run: when its dependencies let it start, whether a failure
+earns a retry (and with how much memory), and when an array should stop burning through the night.
+
+No I/O: the scheduler gives these plain records and applies what they return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
+from gpuq_scheduler.jobs.units import format_size
+
+FAIL_FAST_MEMBERS = 3  # an array whose first three members to end all failed...
+FAIL_FAST_SECONDS = 120.0  # ...each within two minutes of starting, is held
+OOM_REASON = "CUDA out of memory"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Never:
+    reason: str
+
+
+Readiness = Waiting | Never | None  # None: free to start
+
+
+def dependencies(spec: JobSpec, ended: Mapping[int, Sequence[JobRecord]]) -> Readiness:
+    """Whether a job's dependencies let it start. ``ended`` maps each dependency id (a job, or an array
+    standing for its members) to its records; a dependency still pending or running makes it wait."""
+    for dep in spec.after:
+        records = ended.get(dep, ())
+        active = [r for r in records if not r.state.finished]
+        if active or not records:
+            what = f"job {dep}" if len(records) <= 1 else f"array {dep} ({len(active)} of {len(records)} active)"
+            goal = "end" if spec.after_any else "succeed"
+            return Waiting(f"waiting for {what} to {goal}")
+        if not spec.after_any:
+            bad = [r for r in records if r.state is not JobState.SUCCEEDED]
+            if bad:
+                first = bad[0]
+                why = first.reason or first.state.value
+                return Never(f"not run: dependency {first.id} {first.state.value} ({why})")
+    return None
+
+
+@dataclass(frozen=True)
+class Retry:
+    spec: JobSpec  # what the next attempt runs with (more memory after an out-of-memory)
+    delay: float
+    reason: str
+
+
+def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: int | None) -> Retry | None:
+    """A retry for a failed attempt, or None. Cancelled and successful jobs never retry.
+
+    Backoff doubles each attempt (``backoff`` seconds first), capped at 10 minutes. With --oom-retry, a
+    run that died of CUDA out-of-memory retries with twice the memory, or a whole GPU once twice would
+    not fit any GPU; --oom-retry alone allows one such retry.
+    """
+    if outcome.state not in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST):
+        return None
+    spec = record.spec
+    oom = spec.oom_retry and outcome.reason.startswith(OOM_REASON)
+    allowed = max(spec.retries, 1) if oom else spec.retries
+    if record.attempt > allowed:
+        return None
+    delay = min(backoff * 2 ** (record.attempt - 1), 600.0)
+    why = outcome.reason or outcome.state.value
+    if oom and spec.gpus > 0 and spec.mem_per_gpu is not None:
+        more = spec.mem_per_gpu * 2
+        grown = None if biggest_gpu is None or more >= biggest_gpu else more
+        what = "a whole GPU" if grown is None else f"{format_size(more)} per GPU"
+        return Retry(
+            dataclasses.replace(spec, mem_per_gpu=grown), delay, f"retry {record.attempt} with {what} after: {why}"
+        )
+    return Retry(spec, delay, f"retry {record.attempt} of {allowed} after: {why}")
+
+
+def fail_fast(members: Sequence[JobRecord]) -> str | None:
+    """Why an array should be held: its first members to end all failed quickly and none succeeded."""
+    ended = sorted((m for m in members if m.state.finished and m.ended_at is not None), key=lambda m: m.ended_at or 0)
+    if any(m.state is JobState.SUCCEEDED for m in ended):
+        return None
+    failed = [m for m in ended if m.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)]
+    needed = min(FAIL_FAST_MEMBERS, len(members))
+    if len(failed) < needed or len(members) <= 1:
+        return None
+    first = failed[:needed]
+    if any(m.started_at is None or (m.ended_at or 0) - m.started_at > FAIL_FAST_SECONDS for m in first):
+        return None
+    why = first[-1].reason or first[-1].state.value
+    return (
+        f"held: the first {needed} members failed within {FAIL_FAST_SECONDS:.0f}s ({why}); "
+        "fix the cause, then `gpuq release ARRAY_ID`"
+    )

@@ -1,0 +1,227 @@
+"""What the read-only commands print: tables and key/value views over records and GPU snapshots."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy.placement import Policy
+
+
+def runtime(record: JobRecord, now: float) -> float | None:
+    if record.started_at is None:
+        return None
+    return (record.ended_at or now) - record.started_at
+
+
+def _ending(record: JobRecord) -> str:
+    if record.state is JobState.SUCCEEDED:
+        return "0"
+    if record.state is JobState.PENDING:
+        return record.reason
+    if record.state is JobState.RUNNING:
+        return ""
+    return record.reason or (str(record.exit_code) if record.exit_code is not None else "")
+
+
+_HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
+
+
+def _row(r: JobRecord, now: float) -> tuple[str, ...]:
+    return (
+        str(r.id), r.spec.display_name[:24], r.user, r.state.value,
+        ",".join(map(str, r.gpus)) if r.gpus else ("-" if r.spec.gpus == 0 else f"({r.spec.gpus})"),
+        _mem(r), format_duration(runtime(r, now)), _ending(r),
+    )  # fmt: skip
+
+
+def _mem(r: JobRecord) -> str:
+    return format_size(r.spec.mem_per_gpu) if r.spec.mem_per_gpu else ("whole" if r.spec.gpus else "-")
+
+
+def status_table(records: Sequence[JobRecord], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    return _table(*_where(_HEADER, [(r, _row(r, now)) for r in records]))
+
+
+def _where(
+    header: tuple[str, ...], rows: Sequence[tuple[JobRecord, tuple[str, ...]]]
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """A WHERE column (``lab:1234``: cluster and Slurm id) after STATE, once any job went to a cluster."""
+    if not any(record.cluster for record, _ in rows):
+        return header, [row for _, row in rows]
+    return (*header[:4], "WHERE", *header[4:]), [(*row[:4], _place(r), *row[4:]) for r, row in rows]
+
+
+def _place(r: JobRecord) -> str:
+    if r.cluster is None:
+        return "local"
+    folded = r.id == r.array_id  # fold_arrays' line for a whole array: its Slurm array job
+    slurm_id = (r.external_id or "").split("_")[0] if folded else r.external_id
+    return f"{r.cluster}:{slurm_id}"
+
+
+def fold_arrays(records: Sequence[JobRecord], names: Mapping[int, str], now: float | None = None) -> str:
+    """The status table with each array folded into one line of counts by state (``names``: array names)."""
+    now = time.time() if now is None else now
+    rows: list[tuple[JobRecord, tuple[str, ...]]] = [(r, _row(r, now)) for r in records if r.array_id is None]
+    groups: dict[int, list[JobRecord]] = {}
+    for record in records:
+        if record.array_id is not None:
+            groups.setdefault(record.array_id, []).append(record)
+    order = ("running", "pending", "succeeded", "failed", "cancelled", "timeout", "lost")
+    for array_id, members in groups.items():
+        counts: dict[str, int] = {}
+        for member in members:
+            counts[member.state.value] = counts.get(member.state.value, 0) + 1
+        summary = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
+        held = sum(1 for m in members if m.held and m.state is JobState.PENDING)
+        first = members[0]
+        name = f"{(names.get(array_id) or first.spec.display_name)[:18]} [{len(members)}]"
+        gpus = ",".join(sorted({str(g) for m in members if m.state is JobState.RUNNING for g in m.gpus})) or "-"
+        why = f"{held} held: {first.reason}" if held else ""
+        row = (str(array_id), name, first.user, summary, gpus, _mem(first), "-", why)
+        rows.append((first.replace(id=array_id), row))
+    return _table(*_where(_HEADER, sorted(rows, key=lambda row: row[0].id)))
+
+
+class Progress:
+    """A one-line progress bar for `gpuq wait` on a terminal: done, failed, running, pending, ETA."""
+
+    def __init__(self, out: Any, width: int = 30) -> None:
+        self.out = out
+        self.width = width
+        self.started = time.monotonic()
+
+    def __call__(self, records: Sequence[JobRecord]) -> None:
+        total = len(records) or 1
+        done = sum(1 for r in records if r.state.finished)
+        failed = sum(1 for r in records if r.state.finished and r.state is not JobState.SUCCEEDED)
+        running = sum(1 for r in records if r.state is JobState.RUNNING)
+        filled = int(self.width * done / total)
+        elapsed = time.monotonic() - self.started
+        eta = format_duration(elapsed * (total - done) / done) if 0 < done < total else "-"
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.out.write(
+            f"\r[{bar}] {done}/{total} done, {failed} failed, {running} running, "
+            f"{total - done - running} pending, ETA {eta}  "
+        )
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+def show(record: JobRecord, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    spec = record.spec
+    lines = [
+        ("id", str(record.id)),
+        ("name", spec.display_name),
+        ("user", f"{record.user} (uid {record.uid})"),
+        ("state", record.state.value),
+        *(
+            [("cluster", record.cluster), ("slurm job", record.external_id or "-"), ("node", record.node or "-")]
+            if record.cluster
+            else []
+        ),
+        ("command", shlex.join(spec.command)),
+        ("python", spec.python or "-"),
+        ("cwd", spec.cwd),
+        ("mode", spec.mode.value),
+        ("priority", str(spec.priority)),
+        ("gpus requested", str(spec.gpus)),
+        ("memory per gpu", format_size(spec.mem_per_gpu) if spec.mem_per_gpu else "whole GPUs"),
+        ("time limit", format_duration(spec.time_limit)),
+        ("gpus", ",".join(map(str, record.gpus)) or "-"),
+        ("gpu uuids", ",".join(record.gpu_uuids) or "-"),
+        ("submitted", _when(record.submitted_at)),
+        ("started", _when(record.started_at)),
+        ("ended", _when(record.ended_at)),
+        ("runtime", format_duration(runtime(record, now))),
+        ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
+        ("signal", "-" if record.signal is None else str(record.signal)),
+        ("reason", record.reason or "-"),
+        ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
+        ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),
+        (
+            "after",
+            ",".join(map(str, record.spec.after)) + (" (however they end)" if record.spec.after_any else "")
+            if record.spec.after
+            else "-",
+        ),
+        ("peak gpu memory", format_size(record.peak_mem)),
+        ("log", record.log),
+    ]
+    width = max(len(key) for key, _ in lines)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in lines)
+
+
+def _when(stamp: float | None) -> str:
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    uuid: str
+    name: str
+    total: int
+    external: int
+    reserved: int
+    free: int
+    jobs: tuple[int, ...]
+    state: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "uuid": self.uuid, "name": self.name, "total": self.total,
+            "used_outside_gpuq": self.external, "reserved_by_gpuq": self.reserved, "free": self.free,
+            "jobs": list(self.jobs), "state": self.state,
+        }  # fmt: skip
+
+
+def gpu_rows(
+    snapshot: Sequence[GpuSnapshot], running: Sequence[JobRecord], ours: set[int], overhead: int = Policy().overhead
+) -> list[GpuRow]:
+    """Per GPU: what outside processes use, what gpuq reserved for its jobs, what is left, and who holds it.
+
+    ``ours`` are the pids of gpuq's jobs, so their usage is not mistaken for a teammate's. A --mem job's
+    reservation includes the per-process overhead placement adds for its CUDA context.
+    """
+    rows = []
+    for gpu in snapshot:
+        holders = [r for r in running if gpu.index in r.gpus]
+        reserved = sum(gpu.total if r.spec.mem_per_gpu is None else r.spec.mem_per_gpu + overhead for r in holders)
+        external = gpu.outside_use(ours)
+        free = max(0, gpu.total - max(gpu.used, reserved + external))
+        rows.append(
+            GpuRow(gpu.index, gpu.uuid, gpu.name, gpu.total, external, min(reserved, gpu.total), free,
+                   tuple(r.id for r in holders), "lost: " + gpu.error if gpu.lost else "ok")
+        )  # fmt: skip
+    return rows
+
+
+def gpu_table(rows: Sequence[GpuRow]) -> str:
+    header = ("GPU", "NAME", "TOTAL", "OUTSIDE", "RESERVED", "FREE", "JOBS", "STATE", "UUID")
+    body = [
+        (
+            str(r.index), r.name, format_size(r.total), format_size(r.external), format_size(r.reserved),
+            format_size(r.free), ",".join(map(str, r.jobs)) or "-", r.state, r.uuid,
+        )
+        for r in rows
+    ]  # fmt: skip
+    return _table(header, body)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)

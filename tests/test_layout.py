@@ -1,0 +1,81 @@
+"""The house's shape: gpuq installs one top-level import name, every folder of the package installs, and
+every module past ~400 lines says at its top why it stays one module."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+PACKAGE_FOLDERS = {
+    "gpuq_scheduler": "gpuq_scheduler", "jobs": "gpuq_scheduler.jobs", "launcher": "gpuq_scheduler.launcher",
+}  # fmt: skip
+LONG = 400
+
+
+def _python_files() -> list[Path]:
+    tops = [*PACKAGE_FOLDERS, "tests", "bench", "examples"]
+    return sorted(path for top in tops for path in (ROOT / top).rglob("*.py"))
+
+
+def test_every_folder_of_the_package_is_listed_for_installation() -> None:
+    """A subfolder missing from pyproject.toml works in an editable install and is absent from a wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join([name, *init.parent.relative_to(ROOT / folder).parts])
+        for folder, name in PACKAGE_FOLDERS.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert listed == found
+
+
+def test_gpuq_installs_no_generic_top_level_name(tmp_path: Path) -> None:
+    code = (
+        "import importlib.util as u, json\n"
+        "print(json.dumps({n: u.find_spec(n) is not None for n in ('gpuq_scheduler', 'jobs', 'launcher')}))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == '{"gpuq_scheduler": true, "jobs": false, "launcher": false}'
+
+
+def test_the_public_api_is_importable_from_the_package_itself(tmp_path: Path) -> None:
+    code = (
+        "import sys, gpuq_scheduler as g\n"
+        "assert 'gpuq_scheduler.jobs.api' not in sys.modules  # names load on first use\n"
+        "print(g.submit.__module__, g.array.__module__, g.wait.__module__, g.current.__module__)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    api, allocation = "gpuq_scheduler.jobs.api", "gpuq_scheduler.jobs.allocation"
+    assert found.stdout.split() == [api, api, api, allocation]
+
+
+def test_nothing_imports_the_old_top_level_names() -> None:
+    """From the repository root `jobs` and `launcher` are importable as folders: an import of them would
+    load a second copy of the code beside gpuq_scheduler's."""
+    stray = []
+    for path in _python_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            stray += [where for n in names if n.split(".")[0] in ("jobs", "launcher")]
+    assert stray == []
+
+
+def test_a_module_past_400_lines_argues_for_itself_at_its_top() -> None:
+    """The house rule: split by concern, or say in one line at the top why not."""
+    silent = []
+    for path in _python_files():
+        text = path.read_text()
+        if text.count("\n") > LONG and "One module past 400 lines" not in "\n".join(text.splitlines()[:3]):
+            silent.append(str(path.relative_to(ROOT)))
+    assert silent == []

@@ -65,11 +65,19 @@ class JobSpec:
     retries: int = 0  # runs again up to this many times after a failure, with backoff
     oom_retry: bool = False  # after CUDA out of memory, retry with twice the memory (or a whole GPU)
     notify: str | None = None  # a shell command run when the job (or its whole array) ends
+    # --mem auto: the daemon sets mem_per_gpu from the peaks of earlier jobs of the same kind, and says in
+    # mem_from where it came from. ``like`` names one job to learn from; ``kind`` is a digest of the command
+    # as typed (before {index}) and its cwd, fixed at submit time.
+    mem_auto: bool = False
+    like: int | None = None
+    kind: str = ""
+    mem_from: str = ""
 
     def __post_init__(self) -> None:
         check_spec(
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
+            mem_auto=self.mem_auto,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:
@@ -106,6 +114,10 @@ class JobSpec:
             "retries": self.retries,
             "oom_retry": self.oom_retry,
             "notify": self.notify,
+            "mem_auto": self.mem_auto,
+            "like": self.like,
+            "kind": self.kind,
+            "mem_from": self.mem_from,
         }
 
     @classmethod
@@ -134,6 +146,10 @@ class JobSpec:
                 retries=_typed(data.get("retries", 0), int, "retries"),
                 oom_retry=_typed(data.get("oom_retry", False), bool, "oom_retry"),
                 notify=_optional(data.get("notify"), str, "notify"),
+                mem_auto=_typed(data.get("mem_auto", False), bool, "mem_auto"),
+                like=_optional(data.get("like"), int, "like"),
+                kind=_typed(data.get("kind", ""), str, "kind"),
+                mem_from=_typed(data.get("mem_from", ""), str, "mem_from"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -263,6 +279,8 @@ class JobRecord:
             "gpus": list(self.gpus),
             "gpu_uuids": list(self.gpu_uuids),
             "mem_per_gpu": self.spec.mem_per_gpu,
+            "mem_auto": self.spec.mem_auto,
+            "mem_from": self.spec.mem_from,
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
             "ended_at": self.ended_at,

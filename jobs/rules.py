@@ -26,6 +26,7 @@ def check_spec(
     priority: int,
     time_limit: float | None,
     after: Sequence[int],
+    mem_auto: bool = False,
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
     if not command:
@@ -34,6 +35,8 @@ def check_spec(
         raise BadInput(f"--gpus must be 0 or more, not {gpus}")
     if gpus == 0 and mem_per_gpu is not None:
         raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
+    if gpus == 0 and mem_auto:
+        raise BadInput("--mem auto learns memory per GPU; a --gpus 0 (CPU) job has none to learn")
     if mode == "torchrun" and gpus == 0:
         raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
     if retries < 0:

@@ -90,6 +90,7 @@ def capture_spec(
     oom_retry: bool = False,
     notify: str | None = None,
     python: str | None = None,
+    like: int | None = None,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
@@ -114,12 +115,15 @@ def capture_spec(
         raise BadInput(f"--mode torchrun runs a Python script (*.py), not {program!r}")
     else:
         _require_program(program, workdir, captured.get("PATH", os.defpath))
-    mem_per_gpu = parse_size(mem) if isinstance(mem, str) else mem
+    mem_auto = like is not None or (isinstance(mem, str) and mem.strip().lower() == "auto")
+    mem_per_gpu = None if mem_auto else parse_size(mem) if isinstance(mem, str) else mem
+    if like is not None and like <= 0:
+        raise BadInput(f"--like takes a job id, which is a positive number, not {like}")
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
-        time_limit=seconds, after=after,
+        time_limit=seconds, after=after, mem_auto=mem_auto,
     )  # fmt: skip
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
@@ -137,7 +141,19 @@ def capture_spec(
         "retries": retries,
         "oom_retry": oom_retry,
         "notify": notify or None,
+        "mem_auto": mem_auto,
+        "like": like,
+        "kind": kind_of(command, workdir),
+        "mem_from": "",
     }
+
+
+def kind_of(command: Sequence[str], cwd: str) -> str:
+    """What ``--mem auto`` files a job's peak under: the command as typed and where it runs. An array's
+    members share it ({index} is still in the command here), and so does tomorrow's run of the same script."""
+    import hashlib  # ~1 ms, and only a submit pays it
+
+    return hashlib.blake2b("\0".join([cwd, *command]).encode(), digest_size=8).hexdigest()
 
 
 def find_python(environ: Mapping[str, str]) -> str:

@@ -845,3 +845,27 @@ def test_cpu_jobs_and_users_without_a_cap_are_not_capped() -> None:
     plan = place(pending, gpus, [], 0.0, user_caps={"alice": 0}, user_gpus={"alice": 5})
 
     assert plan.decisions == [Decision(1, ()), Decision(2, (0,)), Decision(3, (0,))]
+
+
+def test_a_gpu_whose_mps_server_serves_alice_takes_only_alices_packed_jobs() -> None:
+    """One MPS server serves one Unix user at a time: placement keeps bob's packed job off alice's GPU."""
+    gib = 1 << 30
+    gpus = [GpuView(0, 80 * gib, mps=True, fenced_for="alice"), GpuView(1, 80 * gib, mps=True)]
+    holdings = [Holding(1, (0,), 4 * gib), Holding(2, (1,), None)]  # GPU 1 is taken whole
+    bob = Request(10, 1, 4 * gib, user="bob")
+    alice = Request(11, 1, 4 * gib, user="alice")
+    plan = place([bob, alice], gpus, holdings, 0.0)
+    assert [(d.job_id, d.gpus) for d in plan.decisions] == [(11, (0,))]
+    assert "GPU 0's MPS server serves alice's jobs until they end" in plan.waiting[10]
+    whole = place([Request(12, 1, None, user="bob")], [GpuView(0, 80 * gib, mps=True)], [], 0.0)
+    assert [(d.job_id, d.gpus) for d in whole.decisions] == [(12, (0,))]  # whole-GPU jobs run without MPS
+
+
+def test_in_one_pass_the_first_users_packed_job_claims_a_free_gpus_mps_server() -> None:
+    gib = 1 << 30
+    gpus = [GpuView(0, 80 * gib, mps=True)]
+    plan = place([Request(1, 1, 4 * gib, user="alice"), Request(2, 1, 4 * gib, user="bob")], gpus, [], 0.0)
+    assert [d.job_id for d in plan.decisions] == [1]
+    assert "serves alice's jobs" in plan.waiting[2]
+    same = place([Request(1, 1, 4 * gib, user="alice"), Request(2, 1, 4 * gib, user="alice")], gpus, [], 0.0)
+    assert [d.job_id for d in same.decisions] == [1, 2]

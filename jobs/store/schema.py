@@ -14,6 +14,18 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
 TABLE_VERSION = 1
 
+# What --mem auto has learned: per kind of job (array:N, name:X, cmd:DIGEST), the most one of its jobs held
+# on one GPU, and which job; ``raised`` marks a share doubled after an out-of-memory, not a measured peak.
+# Added after table version 1 without a new version: the daemon creates it in an older table on opening.
+LEARNED = """
+CREATE TABLE IF NOT EXISTS learned (
+    kind TEXT PRIMARY KEY,
+    bytes INTEGER NOT NULL,
+    job_id INTEGER NOT NULL,
+    raised INTEGER NOT NULL DEFAULT 0
+);
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
@@ -58,6 +70,7 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+""" + LEARNED + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
 

@@ -68,6 +68,8 @@ class JobTable:
                 raise StateDirError(
                     f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
                 )
+            if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
+                self._db.executescript(schema.LEARNED)
         except sqlite3.DatabaseError as err:
             raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
 
@@ -167,6 +169,22 @@ class JobTable:
     def set_cancel_by(self, job_id: int, who: str) -> None:
         with self._transaction():
             self._db.execute("UPDATE jobs SET cancel_by=? WHERE id=? AND state='running'", (who, job_id))
+
+    def set_learned(self, learned: Mapping[str, tuple[int, int, bool]]) -> None:
+        """What --mem auto learned: kind -> (bytes, job id, raised after an out-of-memory)."""
+        with self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO learned (kind, bytes, job_id, raised) VALUES (?, ?, ?, ?)",
+                [(kind, size, job_id, int(raised)) for kind, (size, job_id, raised) in learned.items()],
+            )
+
+    @_reading
+    def learned(self) -> dict[str, tuple[int, int, bool]]:
+        try:
+            rows = self._db.execute("SELECT kind, bytes, job_id, raised FROM learned").fetchall()
+        except sqlite3.OperationalError:  # a table from before --mem auto, opened by a reader
+            return {}
+        return {kind: (size, job_id, bool(raised)) for kind, size, job_id, raised in rows}
 
     def set_peak_mem(self, peaks: dict[int, int]) -> None:
         with self._transaction():

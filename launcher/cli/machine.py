@@ -83,13 +83,22 @@ def gpus(ctx: Context, as_json: bool) -> None:
     ours = {pid for _, launch in running for pid in processes.tree_pids(launch.shim_pid)}
     source = open_source()
     try:
-        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours)
+        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours, fences=_fences(ctx))
     finally:
         source.close()
     if as_json:
         click.echo(json.dumps([row.to_json() for row in rows], indent=1))
     else:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
+
+
+def _fences(ctx: Context) -> dict[int, str]:
+    """Each GPU's fence, as the daemon last recorded it (gpus.json); none known before a daemon ran here."""
+    try:
+        gpus = json.loads(ctx.state.inventory.read_bytes())["gpus"]
+        return {int(gpu["index"]): str(gpu.get("fence", "-")) for gpu in gpus}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 @click.command()

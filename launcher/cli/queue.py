@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpuq_scheduler.jobs.errors import BadInput, NotPermitted
+from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
@@ -18,7 +18,11 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 
 @click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
-@click.option("--mem", help="Memory needed on each GPU (20G, 20GiB, 512M); without it the job gets whole GPUs.")
+@click.option(
+    "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
+    "kind. Without it the job gets whole GPUs.",
+)  # fmt: skip
+@click.option("--like", type=int, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
 @click.option("--name", default="", help="A name to show in status (default: the command).")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--time", "time_limit", help="Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.")
@@ -37,7 +41,8 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def submit(
-    ctx: Context, gpus: int, mem: str | None, name: str, priority: int, time_limit: str | None, mode: str,
+    ctx: Context, gpus: int, mem: str | None, like: int | None, name: str, priority: int, time_limit: str | None,
+    mode: str,
     env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
     oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
@@ -54,8 +59,13 @@ def submit(
     spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify,
+        retries=retries, oom_retry=oom_retry, notify=notify, like=like,
     ))  # fmt: skip
+    if like is not None and on is None:
+        try:
+            ctx.queue.get(like)
+        except UnknownJob:
+            raise BadInput(f"--like {like}: no job {like} here to learn from (see `gpuq status --all`)") from None
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 OPTIONS: dict[str, tuple[str, str, object]] = {
     "--gpus": ("gpus", "int", 1),
     "--mem": ("mem", "str", None),
+    "--like": ("like", "int", None),
     "--name": ("name", "str", ""),
     "--priority": ("priority", "int", 0),
     "--time": ("time_limit", "str", None),
@@ -50,7 +51,7 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
     "--on": ("on", "str", None),
 }
 # Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
-FOR_CLICK = ("--after", "--after-any", "--wait", "--on")
+FOR_CLICK = ("--after", "--after-any", "--wait", "--on", "--like")
 
 _ANSI = re.compile(r"\033\[[0-?]*[ -/]*[@-~]")  # what click.echo strips when the stream is not a terminal
 

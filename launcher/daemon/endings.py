@@ -16,7 +16,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store import journal
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
 
@@ -30,6 +30,8 @@ def finish(
     ran = record.id in scheduler.running
     if ran:
         scheduler.charge(record, ended)
+        learning.ended(scheduler, record, outcome)
+        fences.ended(scheduler, record.id)
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
         "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
@@ -161,6 +163,7 @@ def _notify(
 
 def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
     scheduler.changes += 1
+    fences.ended(scheduler, job.record.id)
     scheduler.table.requeue(job.record.id, reason)
     scheduler.running.pop(job.record.id, None)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -17,6 +18,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 
 if TYPE_CHECKING:
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+    from gpuq_scheduler.launcher.policy.placement import Policy
 
 log = logging.getLogger("gpuq.daemon")
 
@@ -154,14 +157,35 @@ def _keep_path_names_mortal() -> None:
         vars(pathlib)["sys"] = PathlibSys()
 
 
+def _policy(environ: Mapping[str, str]) -> Policy:
+    """Placement's knobs, from the daemon's environment where it sets them (``GPUQ_AUTO_MARGIN``: the
+    fraction --mem auto adds to a learned peak; ``GPUQ_AUTO_PROBE_MEM``: a probe's share instead of a GPU;
+    ``GPUQ_AUTO_SETTLE``: seconds a probe runs before its peak so far counts)."""
+    from gpuq_scheduler.jobs.units import parse_size
+    from gpuq_scheduler.launcher.policy.placement import Policy
+
+    policy = Policy(cpu_slots=os.cpu_count())
+    try:
+        if environ.get("GPUQ_AUTO_MARGIN"):
+            policy = dataclasses.replace(policy, auto_margin=float(environ["GPUQ_AUTO_MARGIN"]))
+        if environ.get("GPUQ_AUTO_SETTLE"):
+            policy = dataclasses.replace(policy, auto_settle=float(environ["GPUQ_AUTO_SETTLE"]))
+    except ValueError as err:
+        raise DaemonError(f"GPUQ_AUTO_MARGIN or GPUQ_AUTO_SETTLE: {err}; give a number such as 0.2") from None
+    if environ.get("GPUQ_AUTO_PROBE_MEM"):
+        policy = dataclasses.replace(policy, auto_probe_mem=parse_size(environ["GPUQ_AUTO_PROBE_MEM"]))
+    return policy
+
+
 def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None) -> int:
     """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
 
     ``shared``: serve a whole machine's users (as root), with these settings (the config's [shared]).
     """
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+    from gpuq_scheduler.launcher.gpus import mps
+    from gpuq_scheduler.launcher.gpus.fake import FakeGpus
     from gpuq_scheduler.launcher.gpus.sources import open_source
-    from gpuq_scheduler.launcher.policy.placement import Policy
 
     _keep_path_names_mortal()
     if shared is None:
@@ -184,8 +208,18 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None)
         wakeups = _Wakeups(state)
         grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
         backoff = float(os.environ.get("GPUQ_RETRY_BACKOFF", "10"))
-        policy = Policy(cpu_slots=os.cpu_count())
-        scheduler = Scheduler(state, open_source(), policy, grace, backoff, shared)
+        policy = _policy(os.environ)
+        source = open_source()
+        mode = os.environ.get("GPUQ_FENCE", "auto")
+        if mode not in ("auto", "mps", "cooperative", "none"):
+            raise DaemonError(f"GPUQ_FENCE={mode!r}: choose auto (the default), mps, cooperative or none")
+        servers = mps.for_gpus(state.root / "mps", isinstance(source, FakeGpus), os.environ)
+        if mode == "mps" and servers is None:
+            raise DaemonError(f"GPUQ_FENCE=mps: {mps.CONTROL} is not installed here; unset it for the default")
+        if mode in ("cooperative", "none"):
+            servers = None
+        fence = mode if mode in ("cooperative", "none") else "mps" if servers else "cooperative"
+        scheduler = Scheduler(state, source, policy, grace, backoff, shared, servers, fence)
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         try:
             while not wakeups.stopping:

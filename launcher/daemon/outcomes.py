@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+from gpuq_scheduler.jobs.units import format_size
 
 _TAIL_BYTES = 64 << 10
+OOM = "CUDA out of memory"  # lifecycle.OOM_REASON starts the same way: --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
 
@@ -34,7 +36,7 @@ def log_reason(log: Path) -> str:
     except OSError:
         return ""
     if _OOM.search(tail):
-        return "CUDA out of memory"
+        return OOM
     matches = _EXCEPTION.findall(tail)
     if matches:
         name, message = matches[-1]
@@ -59,6 +61,11 @@ def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch) -> Ou
     if reason == "cancel" or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     diagnosis = log_reason(Path(record.log))
+    share = record.spec.mem_per_gpu
+    if diagnosis == OOM and share is not None and record.spec.gpus:
+        # Every job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.
+        asked = "auto" if record.spec.mem_auto else format_size(share)
+        diagnosis = f"{OOM} at its {format_size(share)} share (--mem {asked})"
     if signum is not None:
         return Outcome.killed(signum, diagnosis)
     if code is None:

@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store import journal
 from gpuq_scheduler.jobs.store.private import is_public
-from gpuq_scheduler.launcher.daemon import endings, intake, outcomes, processes, shim, watching
+from gpuq_scheduler.launcher.daemon import endings, fences, intake, learning, outcomes, processes, shim, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, lifecycle
@@ -35,6 +35,14 @@ LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shi
 
 class Scheduler(SchedulerState):
     """The daemon's loop over a :class:`SchedulerState`: ``tick`` runs the steps in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
+
+    def close(self) -> None:
+        fences.close(self)
+        super().close()
 
     def tick(self, now: float) -> None:
         """One pass: everything the daemon does happens here, in this order.
@@ -187,6 +195,7 @@ class Scheduler(SchedulerState):
                     ready.append(record)
             else:
                 ready.append(record)
+        ready = self._with_learned_memory(ready, waiting)
         if never:
             endings.finish_pending(self, never, now, events)
         journal.append(self.state.events, events)
@@ -196,6 +205,24 @@ class Scheduler(SchedulerState):
             )
             return [], waiting
         return ready, waiting
+
+    def _with_learned_memory(self, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
+        """``--mem auto`` jobs with the reservation they get now (``daemon.learning``); those that wait for
+        their kind's probe move to ``waiting``."""
+        if not any(record.spec.mem_auto for record in ready):
+            return ready
+        placed: list[JobRecord] = []
+        for record in ready:
+            if not record.spec.mem_auto:
+                placed.append(record)
+                continue
+            resolved = learning.resolve(self, record)
+            if isinstance(resolved, str):
+                waiting[record.id] = resolved
+            else:
+                self.pending[record.id] = resolved
+                placed.append(resolved)
+        return placed
 
     def _job_list(self, job_id: int) -> list[JobRecord]:
         """A dependency's records: the job, or an array's members (``self.arrays`` forgets ended arrays)."""
@@ -279,9 +306,13 @@ class Scheduler(SchedulerState):
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
+        env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
+        env.update(fences.environment(self, record, gpus, uuids))  # MPS's limit, or PyTorch's, at its share
+        self.on_rollback.append(lambda: fences.forget(self, record.id))
+        if spec.mem_auto:
+            learning.launched(self, record)
         launch = shim.Launch(
-            job_id=record.id, argv=processes.job_argv(spec, port),
-            env=processes.job_env(spec, record.id, gpus, uuids, self.state.root, record), cwd=spec.cwd,
+            job_id=record.id, argv=processes.job_argv(spec, port), env=env, cwd=spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=spec.time_limit,
             grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,

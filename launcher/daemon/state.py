@@ -21,7 +21,9 @@ from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.launcher.daemon import processes, shim
+from gpuq_scheduler.launcher.gpus.mps import Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
+from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Policy, Request
 
@@ -36,7 +38,8 @@ class Running:
 class SchedulerState:
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
-        retry_backoff: float = 10.0, shared: Shared | None = None,
+        retry_backoff: float = 10.0, shared: Shared | None = None, mps: Mps | None = None,
+        fence: str | None = None,
     ) -> None:  # fmt: skip
         """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
         are kept private, and the per-user limits, priorities and fair share of the config apply."""
@@ -81,6 +84,19 @@ class SchedulerState:
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
         self.shims = shim.Shims()
+        # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
+        # the most each running job has held on one GPU so far.
+        self.learned: dict[str, memory.Peak] = {
+            kind: memory.Peak(size, job_id, raised=raised)
+            for kind, (size, job_id, raised) in self.table.learned().items()
+        }
+        self.probes: dict[str, int] = {}
+        self.job_peaks: dict[int, int] = {}
+        # The fence (daemon/fences.py): MPS control daemons by GPU uuid and the packed jobs each serves.
+        self.mps = mps
+        self.fence = fence or ("mps" if mps is not None else "cooperative")  # for packed jobs: mps, cooperative, none
+        self.mps_jobs: dict[str, set[int]] = {}
+        self.mps_broken: str | None = None  # why MPS failed to start here: the cooperative fence from then on
 
     def close(self) -> None:
         self.shims.close()
@@ -94,11 +110,12 @@ class SchedulerState:
     def snapshot(self) -> list[GpuSnapshot]:
         snapshot = self.source.snapshot()
         self.last_snapshot = snapshot
-        key = [(g.index, g.uuid, g.name, g.total, g.lost) for g in snapshot]
+        fence = "cooperative" if self.fence == "mps" and self.mps_broken else self.fence
+        key = [(g.index, g.uuid, g.name, g.total, g.lost, fence) for g in snapshot]
         if key != self._inventory_key:
             self._inventory_key = key
-            body = {"gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost}
-                             for g in snapshot]}  # fmt: skip
+            body = {"gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost,
+                              "fence": fence} for g in snapshot]}  # fmt: skip
             # Readable by all: clients check --gpus against it (the directory decides who "all" is).
             write_atomic(self.state.inventory, json.dumps(body).encode(), durable=False, mode=0o644)
         return snapshot
@@ -124,4 +141,7 @@ class SchedulerState:
         self.running.pop(job_id, None)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
+        self.job_peaks.pop(job_id, None)
+        for kind in [kind for kind, prober in self.probes.items() if prober == job_id]:
+            del self.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from gpuq_scheduler.jobs.store import journal
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView
@@ -45,6 +45,8 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
 def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
     """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
     ours = {pid for job in scheduler.running.values() for pid in job.pids}
+    owners = fences.owners(scheduler)
+    mps = scheduler.mps is not None and scheduler.mps_broken is None
     views = []
     for gpu in snapshot:
         if gpu.processes is not None:
@@ -52,7 +54,9 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
             ours |= {pid for job in scheduler.running.values() for pid in job.pids}
         external = gpu.outside_use(ours)
         available = not gpu.lost and gpu.index not in scheduler.drained
-        views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available))
+        views.append(GpuView(
+            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps, fenced_for=owners.get(gpu.index)
+        ))  # fmt: skip
     return views
 
 
@@ -72,6 +76,7 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
                 peaks[job_id] = max(peaks.get(job_id, 0), held)
     if peaks:
         scheduler.table.set_peak_mem(peaks)
+    learning.settle(scheduler, now, peaks)
 
 
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:

@@ -7,6 +7,7 @@ re-read at every snapshot, so a test can play a teammate filling a GPU or a GPU 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,10 +22,15 @@ _SPEC_PART = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\S+?)\s*$", re.IGNORECASE)
 
 
 class FakeGpus:
-    """GPUs that exist only on paper but behave: they hold memory, fill up, and get lost."""
+    """GPUs that exist only on paper but behave: they hold memory, fill up, and get lost.
 
-    def __init__(self, spec: str) -> None:
+    ``usage`` (``GPUQ_FAKE_USAGE``), when given, is where fake CUDA programs (tests/fixtures/fake_cuda.py)
+    say what they hold: ``<pid>.json`` = {"<gpu index>": bytes}. A snapshot lists each live one as NVML lists
+    a process, so gpuq sees its jobs' peaks on fake GPUs as it does on real ones."""
+
+    def __init__(self, spec: str, usage: str | None = None) -> None:
         self.spec = spec
+        self._usage = Path(usage) if usage else None
         self._path = Path(spec) if spec.endswith(".json") or os.path.sep in spec else None
         if self._path is None:
             self._fixed = parse_fake_spec(spec)
@@ -33,12 +39,33 @@ class FakeGpus:
 
     def snapshot(self) -> list[GpuSnapshot]:
         if self._path is None:
-            return list(self._fixed)
-        try:
-            data = json.loads(self._path.read_text())
-        except (OSError, ValueError) as err:
-            raise BadInput(f"GPUQ_FAKE_GPUS={self._path}: cannot read it ({err}); fix the JSON file") from None
-        return parse_fake_json(data, str(self._path))
+            gpus = list(self._fixed)
+        else:
+            try:
+                data = json.loads(self._path.read_text())
+            except (OSError, ValueError) as err:
+                raise BadInput(f"GPUQ_FAKE_GPUS={self._path}: cannot read it ({err}); fix the JSON file") from None
+            gpus = parse_fake_json(data, str(self._path))
+        return self._with_processes(gpus) if self._usage is not None else gpus
+
+    def _with_processes(self, gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
+        assert self._usage is not None
+        held: dict[int, dict[int, int]] = {}
+        for report in self._usage.glob("*.json"):
+            try:
+                pid = int(report.stem)
+                os.kill(pid, 0)  # a process that died without saying so holds nothing, as with a real driver
+                for index, size in json.loads(report.read_text()).items():
+                    held.setdefault(int(index), {})[pid] = int(size)
+            except (ValueError, OSError, AttributeError):
+                continue
+        return [
+            dataclasses.replace(
+                gpu, used=min(gpu.total, gpu.used + sum(held[gpu.index].values())),
+                processes={**(gpu.processes or {}), **held[gpu.index]},
+            ) if gpu.index in held and not gpu.lost else gpu
+            for gpu in gpus
+        ]  # fmt: skip
 
     def distance(self, a: int, b: int) -> int | None:
         return None

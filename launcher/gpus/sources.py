@@ -15,7 +15,7 @@ def open_source(environ: Mapping[str, str] | None = None) -> GpuSource:
     if fake:
         from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 
-        return FakeGpus(fake)
+        return FakeGpus(fake, environ.get("GPUQ_FAKE_USAGE"))
     from gpuq_scheduler.launcher.gpus.nvml import NvmlGpus
 
     return NvmlGpus()

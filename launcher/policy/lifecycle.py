@@ -62,12 +62,13 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
 
     Backoff doubles each attempt (``backoff`` seconds first), capped at 10 minutes. With --oom-retry, a
     run that died of CUDA out-of-memory retries with twice the memory, or a whole GPU once twice would
-    not fit any GPU; --oom-retry alone allows one such retry.
+    not fit any GPU; --oom-retry alone allows one such retry, and so does --mem auto.
     """
     if outcome.state not in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST):
         return None
     spec = record.spec
-    oom = spec.oom_retry and outcome.reason.startswith(OOM_REASON)
+    # --mem auto implies --oom-retry: a learned share is a guess, and a job that outgrows it comes back with more.
+    oom = (spec.oom_retry or spec.mem_auto) and outcome.reason.startswith(OOM_REASON)
     allowed = max(spec.retries, 1) if oom else spec.retries
     if record.attempt > allowed:
         return None

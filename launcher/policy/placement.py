@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.policy import memory
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -45,6 +46,8 @@ class GpuView:
     used: int = 0
     external: int = 0
     available: bool = True
+    mps: bool = False  # a job sharing this GPU alone runs as an MPS client (the fence: daemon/fences.py)
+    fenced_for: str | None = None  # the user whose MPS server runs here: it serves one user at a time
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ class Policy:
     overhead: int = 1 * GiB
     negligible: int = 1 * GiB  # external use below this still leaves a GPU "free" for a whole-GPU job
     cpu_slots: int | None = None  # how many --gpus 0 jobs run at once (None: no limit)
+    auto_margin: float = memory.MARGIN  # --mem auto: the learned reservation is the peak plus this much
+    auto_probe_mem: int | None = None  # --mem auto with no history: the probe's share (None: a whole GPU)
+    auto_settle: float = memory.SETTLE  # seconds a probe runs before its peak so far counts
 
 
 @dataclass
@@ -103,6 +109,15 @@ class _Gpu:
     jobs: int = 0
     whole: bool = False
     holds: list[tuple[int, float]] = field(default_factory=list)  # (bytes reserved, ends by; inf if unknown)
+    fenced_for: str | None = None  # the view's, or the user of a packed job placed here in this pass
+
+    def __post_init__(self) -> None:
+        self.fenced_for = self.view.fenced_for
+
+    def serves(self, request: Request) -> bool:
+        """False when this GPU's MPS server belongs to another user than a packed request's."""
+        packed = self.view.mps and request.mem_per_gpu is not None and request.gpus == 1
+        return not packed or self.fenced_for is None or request.user is None or self.fenced_for == request.user
 
     @property
     def headroom(self) -> int:
@@ -112,7 +127,7 @@ class _Gpu:
         return self.view.total - taken
 
     def fits(self, request: Request, policy: Policy) -> bool:
-        if not self.view.available or self.whole:
+        if not self.view.available or self.whole or not self.serves(request):
             return False
         if request.mem_per_gpu is None:
             return self.jobs == 0 and self.view.external <= policy.negligible and self.headroom > policy.margin
@@ -144,8 +159,10 @@ class _Gpu:
                 return end
         return math.inf
 
-    def hold(self, mem_per_gpu: int | None, ends_by: float | None, policy: Policy) -> None:
+    def hold(self, mem_per_gpu: int | None, ends_by: float | None, policy: Policy, user: str | None = None) -> None:
         self.jobs += 1
+        if self.view.mps and mem_per_gpu is not None and user is not None and self.fenced_for is None:
+            self.fenced_for = user
         size = self.view.total if mem_per_gpu is None else mem_per_gpu + policy.overhead
         self.holds.append((size, math.inf if ends_by is None else ends_by))
         if mem_per_gpu is None:
@@ -209,7 +226,7 @@ def place(
     claim: _Claim | None = None
     cpu_running = cpu_jobs_running
     # Within one pass capacity only shrinks, so a shape that failed once fails again: remember it.
-    failed: dict[tuple[int, int | None, float | None], str] = {}
+    failed: dict[tuple[int, int | None, float | None, str | None], str] = {}
     for request in pending:
         group = request.group
         if group is not None and group in limits and in_group.get(group, 0) >= limits[group]:
@@ -228,7 +245,10 @@ def place(
         if user is not None and user in caps and held.get(user, 0) + request.gpus > caps[user]:
             plan.waiting[request.job_id] = _over_cap(user, held.get(user, 0), caps[user], request.gpus)
             continue
-        shape = (request.gpus, request.mem_per_gpu, request.time_limit)
+        # Requests of one shape fit or fail alike, except that an MPS server serves one user: a packed
+        # request's shape includes its user.
+        user_part = request.user if request.mem_per_gpu is not None and request.gpus == 1 else None
+        shape = (request.gpus, request.mem_per_gpu, request.time_limit, user_part)
         if shape in failed and claim is not None:
             plan.waiting[request.job_id] = failed[shape]
             continue
@@ -240,7 +260,7 @@ def place(
             chosen = _choose(request, fitting, distance)
             ends_by = None if request.time_limit is None else now + request.time_limit
             for gpu in chosen:
-                gpu.hold(request.mem_per_gpu, ends_by, policy)
+                gpu.hold(request.mem_per_gpu, ends_by, policy, request.user if request.gpus == 1 else None)
             plan.decisions.append(Decision(request.job_id, tuple(sorted(g.view.index for g in chosen))))
             if group is not None:
                 in_group[group] = in_group.get(group, 0) + 1
@@ -315,4 +335,9 @@ def _why(
     if claim is not None and now_fit >= request.gpus:
         return f"held back for job {claim.head.job_id}, first in the queue, which needs GPU(s) this one fits"
     have = f" ({now_fit} has it now)" if now_fit == 1 else f" ({now_fit} have it now)" if now_fit else ""
-    return f"waiting for {_need(request)}{have}" + (" - first in line" if head else "")
+    fenced = sorted((g.view.index, g.fenced_for) for g in state.values() if not g.serves(request) and g.fenced_for)
+    mps = "".join(
+        f"; GPU {index}'s MPS server serves {owner}'s jobs until they end (one user per server)"
+        for index, owner in fenced
+    )
+    return f"waiting for {_need(request)}{have}" + (" - first in line" if head else "") + mps

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import Policy
@@ -26,7 +26,7 @@ def _ending(record: JobRecord) -> str:
     if record.state is JobState.PENDING:
         return record.reason
     if record.state is JobState.RUNNING:
-        return ""
+        return f"--mem auto: {record.spec.mem_from}" if record.spec.mem_auto and record.spec.mem_from else ""
     return record.reason or (str(record.exit_code) if record.exit_code is not None else "")
 
 
@@ -42,7 +42,10 @@ def _row(r: JobRecord, now: float) -> tuple[str, ...]:
 
 
 def _mem(r: JobRecord) -> str:
-    return format_size(r.spec.mem_per_gpu) if r.spec.mem_per_gpu else ("whole" if r.spec.gpus else "-")
+    size = format_size(r.spec.mem_per_gpu) if r.spec.mem_per_gpu else ("whole" if r.spec.gpus else "-")
+    if r.spec.mem_auto:  # "auto" until the daemon has chosen, then what it chose
+        return f"auto:{size}" if r.spec.mem_from else "auto"
+    return size
 
 
 def status_table(records: Sequence[JobRecord], now: float | None = None) -> str:
@@ -138,7 +141,7 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("mode", spec.mode.value),
         ("priority", str(spec.priority)),
         ("gpus requested", str(spec.gpus)),
-        ("memory per gpu", format_size(spec.mem_per_gpu) if spec.mem_per_gpu else "whole GPUs"),
+        ("memory per gpu", _memory(spec)),
         ("time limit", format_duration(spec.time_limit)),
         ("gpus", ",".join(map(str, record.gpus)) or "-"),
         ("gpu uuids", ",".join(record.gpu_uuids) or "-"),
@@ -164,6 +167,14 @@ def show(record: JobRecord, now: float | None = None) -> str:
     return "\n".join(f"{key:<{width}}  {value}" for key, value in lines)
 
 
+def _memory(spec: JobSpec) -> str:
+    chosen = format_size(spec.mem_per_gpu) if spec.mem_per_gpu else "whole GPUs"
+    if not spec.mem_auto:
+        return chosen
+    learned = f" from job {spec.like}" if spec.like is not None else ""
+    return f"{chosen} (--mem auto: {spec.mem_from})" if spec.mem_from else f"auto: learned{learned} when it starts"
+
+
 def _when(stamp: float | None) -> str:
     return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
@@ -179,17 +190,19 @@ class GpuRow:
     free: int
     jobs: tuple[int, ...]
     state: str
+    fence: str = "-"  # what holds a job that shares this GPU to its share: mps, cooperative or none
 
     def to_json(self) -> dict[str, Any]:
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name, "total": self.total,
             "used_outside_gpuq": self.external, "reserved_by_gpuq": self.reserved, "free": self.free,
-            "jobs": list(self.jobs), "state": self.state,
+            "jobs": list(self.jobs), "state": self.state, "fence": self.fence,
         }  # fmt: skip
 
 
 def gpu_rows(
-    snapshot: Sequence[GpuSnapshot], running: Sequence[JobRecord], ours: set[int], overhead: int = Policy().overhead
+    snapshot: Sequence[GpuSnapshot], running: Sequence[JobRecord], ours: set[int], overhead: int = Policy().overhead,
+    fences: Mapping[int, str] | None = None,
 ) -> list[GpuRow]:
     """Per GPU: what outside processes use, what gpuq reserved for its jobs, what is left, and who holds it.
 
@@ -204,17 +217,18 @@ def gpu_rows(
         free = max(0, gpu.total - max(gpu.used, reserved + external))
         rows.append(
             GpuRow(gpu.index, gpu.uuid, gpu.name, gpu.total, external, min(reserved, gpu.total), free,
-                   tuple(r.id for r in holders), "lost: " + gpu.error if gpu.lost else "ok")
+                   tuple(r.id for r in holders), "lost: " + gpu.error if gpu.lost else "ok",
+                   (fences or {}).get(gpu.index, "-"))
         )  # fmt: skip
     return rows
 
 
 def gpu_table(rows: Sequence[GpuRow]) -> str:
-    header = ("GPU", "NAME", "TOTAL", "OUTSIDE", "RESERVED", "FREE", "JOBS", "STATE", "UUID")
+    header = ("GPU", "NAME", "TOTAL", "OUTSIDE", "RESERVED", "FREE", "JOBS", "FENCE", "STATE", "UUID")
     body = [
         (
             str(r.index), r.name, format_size(r.total), format_size(r.external), format_size(r.reserved),
-            format_size(r.free), ",".join(map(str, r.jobs)) or "-", r.state, r.uuid,
+            format_size(r.free), ",".join(map(str, r.jobs)) or "-", r.fence, r.state, r.uuid,
         )
         for r in rows
     ]  # fmt: skip

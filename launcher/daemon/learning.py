@@ -1,0 +1,79 @@
+"""The daemon learning each kind of job's memory (``--mem auto``): resolve a pending job's reservation
+before placement, file a probe, let a probe's peak count once it has settled, and learn from every job
+that ends. The arithmetic is ``policy.memory``'s; this step keeps its inputs and writes what it learns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.launcher.policy.lifecycle import OOM_REASON
+
+
+def keys(record: JobRecord) -> list[str]:
+    spec = record.spec
+    return memory.kinds(like=spec.like, array_id=record.array_id, name=spec.name, kind=spec.kind)
+
+
+def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
+    """A pending ``--mem auto`` job with the reservation it would get now, or why it waits for a probe."""
+    biggest = max((g.total for g in scheduler.last_snapshot if not g.lost), default=None)
+    kinds = keys(record)
+    spec = record.spec
+    if spec.like is not None and f"job:{spec.like}" not in scheduler.learned:
+        model = scheduler.table.get(spec.like)  # --like: that job's recorded peak, looked up once
+        if model is not None and model.peak_mem:
+            scheduler.learned[f"job:{spec.like}"] = memory.Peak(model.peak_mem, model.id)
+    found = memory.estimate(
+        record.id, kinds, scheduler.learned, scheduler.probes, margin=scheduler.policy.auto_margin,
+        overhead=scheduler.policy.overhead, probe_mem=scheduler.policy.auto_probe_mem, biggest_gpu=biggest,
+    )  # fmt: skip
+    if isinstance(found, memory.Wait):
+        return found.reason
+    if found.probe:  # the others of its kind wait for this one's peak (filed now: they come later this pass)
+        for key in kinds:
+            scheduler.probes.setdefault(key, record.id)
+    if spec.mem_per_gpu == found.mem and spec.mem_from == found.note:
+        return record
+    return record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=found.note))
+
+
+def launched(scheduler: SchedulerState, record: JobRecord) -> None:
+    """An auto job starts: record the reservation it got and where it came from, for `gpuq show`."""
+    scheduler.table.update_spec(record.id, record.spec)
+
+
+def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None:
+    """Count the peaks sampled just now; a probe that has run ``settle`` seconds teaches its kinds."""
+    for job_id, held in peaks.items():
+        scheduler.job_peaks[job_id] = max(scheduler.job_peaks.get(job_id, 0), held)
+    for job_id in set(scheduler.probes.values()):
+        job = scheduler.running.get(job_id)
+        peak = scheduler.job_peaks.get(job_id, 0)
+        if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
+            continue
+        _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
+
+
+def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
+    """Learn from a job that ended: its peak, or, stopped out of memory at a share, twice that share."""
+    peak = scheduler.job_peaks.get(record.id, 0) or (record.peak_mem or 0)
+    share = record.spec.mem_per_gpu
+    if outcome.reason.startswith(OOM_REASON) and share is not None and record.spec.gpus:
+        _teach(scheduler, keys(record), memory.Peak(2 * share, record.id, raised=True))
+    elif peak > 0 and outcome.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT):
+        _teach(scheduler, keys(record), memory.Peak(peak, record.id))
+
+
+def _teach(scheduler: SchedulerState, keys: list[str], seen: memory.Peak) -> None:
+    changed = memory.learn(scheduler.learned, keys, seen)
+    if not changed:
+        return
+    scheduler.learned.update(changed)
+    scheduler.changes += 1  # waiting auto jobs may fit now: placement looks again
+    durable = {key: (peak.bytes, peak.job_id, peak.raised) for key, peak in changed.items() if not peak.running}
+    if durable:
+        scheduler.table.set_learned(durable)

@@ -1,0 +1,117 @@
+"""Learned memory (``--mem auto``): a job's reservation from the peaks of earlier jobs of its kind.
+
+Pure: the peaks the daemon has seen come in as plain values, an estimate or a reason to wait goes out.
+
+A job's kinds, most specific first: the job named by ``--like``, its array, its ``--name``, and its
+command line with its working directory (``spec.kind``, fixed at submit time from the command as typed,
+so an array's members and tomorrow's run of the same script share it). The first kind with a known peak
+gives the reservation: that peak plus a margin. With none known, one job of the kind runs as the *probe*
+(on a whole GPU, or on ``probe_mem`` when configured) and the others of its kind wait for the probe's
+peak: all of them running as probes would take every GPU whole, which is what ``auto`` is meant to avoid.
+A running probe's peak counts once the probe has run ``settle`` seconds, so an array does not wait for
+its first member to finish; a job whose memory grows later is stopped at its fence (CUDA out of memory),
+comes back with twice its reservation, and the raised figure is what its kind learns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuq_scheduler.jobs.units import format_size
+
+MARGIN = 0.20  # of the peak: NVML is sampled every 2 s and misses short spikes; allocators vary run to run
+FLOOR = 256 << 20  # the least margin: a CUDA context alone moves by this much between driver versions
+SETTLE = 20.0  # seconds a probe runs before its peak so far counts for the rest of its kind
+
+
+@dataclass(frozen=True)
+class Peak:
+    """What a kind has shown: the most memory one of its jobs held on one GPU, and which job it was."""
+
+    bytes: int
+    job_id: int
+    raised: bool = False  # a floor set after an out-of-memory, not a measured peak
+    running: bool = False  # the job still runs (a probe that has settled)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The reservation per GPU (None: whole GPUs) and where it came from, in words for `gpuq show`."""
+
+    mem: int | None
+    note: str
+    probe: bool = False  # no run of its kind is known: this job runs first and the others wait for it
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+
+
+def kinds(*, like: int | None, array_id: int | None, name: str, kind: str) -> list[str]:
+    """The keys a job's history is filed under, most specific first."""
+    keys = [f"job:{like}"] if like is not None else []
+    if array_id is not None:
+        keys.append(f"array:{array_id}")
+    if name:
+        keys.append(f"name:{name}")
+    if kind:
+        keys.append(f"cmd:{kind}")
+    return keys
+
+
+def reservation(peak: int, margin: float = MARGIN, floor: int = FLOOR) -> int:
+    """The peak plus a margin, rounded up to a whole MiB."""
+    wanted = peak + max(int(peak * margin), floor)
+    return -(-wanted // (1 << 20)) << 20
+
+
+def estimate(
+    job_id: int, keys: Sequence[str], peaks: Mapping[str, Peak], probes: Mapping[str, int], *,
+    margin: float = MARGIN, floor: int = FLOOR, overhead: int = 0, probe_mem: int | None = None,
+    biggest_gpu: int | None = None,
+) -> Estimate | Wait:  # fmt: skip
+    """How much ``job_id`` (filed under ``keys``) reserves on each GPU, or why it waits for a probe.
+
+    ``peaks`` holds what each key has shown, ``probes`` the job probing each key now. A peak is all the
+    process held (NVML counts its CUDA context too), while placement adds ``overhead`` to every share for
+    the context: the share is the reservation less that overhead, so the context is not counted twice. A
+    reservation that would not fit under ``biggest_gpu`` is a whole GPU."""
+    for key in keys:
+        peak = peaks.get(key)
+        if peak is None:
+            continue
+        if peak.raised:  # a share already: twice the one the job ran out of memory at
+            total, share = peak.bytes + overhead, peak.bytes
+            note = f"{format_size(share)} learned: twice its share after job {peak.job_id} ran out of memory"
+        else:
+            total = reservation(peak.bytes, margin, floor)
+            share = max(total - overhead, floor)
+            running = " (running)" if peak.running else ""
+            note = f"{format_size(total)} learned from job {peak.job_id}{running}: peak {format_size(peak.bytes)}"
+        if biggest_gpu is not None and total >= biggest_gpu:
+            return Estimate(None, f"whole GPU: learned {format_size(total)} from job {peak.job_id}, a GPU's worth")
+        return Estimate(share, note)
+    for key in keys:
+        prober = probes.get(key)
+        if prober is not None and prober != job_id:
+            return Wait(f"--mem auto: waiting for the peak memory of job {prober}, which runs first as a probe")
+    where = "a whole GPU" if probe_mem is None else f"{format_size(probe_mem)} (auto.probe_mem)"
+    return Estimate(probe_mem, f"a probe on {where}: no earlier run of its kind", probe=True)
+
+
+def learn(peaks: Mapping[str, Peak], keys: Sequence[str], seen: Peak) -> dict[str, Peak]:
+    """What ``peaks`` becomes once a job filed under ``keys`` has shown ``seen``. A measured peak replaces
+    an earlier one only when larger, or when the earlier was a running probe's or a raised floor (those
+    are provisional); the kind keeps its worst run, so one small run does not shrink every later share."""
+    changed: dict[str, Peak] = {}
+    for key in keys:
+        old = peaks.get(key)
+        if old == seen:
+            continue
+        if old is None or old.running or seen.bytes > old.bytes or (old.raised and not seen.running):
+            if old is not None and not old.running and not old.raised and seen.running:
+                continue  # a settled probe never overrides a finished run
+            changed[key] = seen
+    return changed

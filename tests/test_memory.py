@@ -1,0 +1,89 @@
+"""launcher.policy.memory: learned reservations for --mem auto, with plain values."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.launcher.policy.memory import Estimate, Peak, Wait
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def test_keys_go_from_the_most_specific_to_the_command_line() -> None:
+    keys = memory.kinds(like=17, array_id=40, name="resnet", kind="ab12")
+    assert keys == ["job:17", "array:40", "name:resnet", "cmd:ab12"]
+    assert memory.kinds(like=None, array_id=None, name="", kind="ab12") == ["cmd:ab12"]
+
+
+def test_a_known_peak_gives_the_peak_plus_a_margin_and_says_where_it_came_from() -> None:
+    peaks = {"cmd:ab12": Peak(5 * GiB, job_id=17)}
+    found = memory.estimate(30, ["array:40", "cmd:ab12"], peaks, {}, overhead=0)
+    assert isinstance(found, Estimate)
+    assert found.mem == 6 * GiB  # 5 GiB + 20 %
+    assert found.note == "6.0G learned from job 17: peak 5.0G"
+
+
+def test_the_array_s_own_peak_wins_over_the_command_line_s() -> None:
+    peaks = {"array:40": Peak(2 * GiB, 31), "cmd:ab12": Peak(9 * GiB, 17)}
+    found = memory.estimate(32, ["array:40", "cmd:ab12"], peaks, {}, overhead=0)
+    assert isinstance(found, Estimate) and "job 31" in found.note
+
+
+def test_the_overhead_placement_adds_is_taken_out_of_the_share_not_added_twice() -> None:
+    found = memory.estimate(30, ["cmd:x"], {"cmd:x": Peak(5 * GiB, 17)}, {}, overhead=1 * GiB)
+    assert isinstance(found, Estimate)
+    assert found.mem == 5 * GiB  # 6 GiB in all, 1 GiB of it the overhead placement counts on top
+    assert found.note.startswith("6.0G learned from job 17")
+
+
+def test_with_no_history_the_first_job_probes_on_a_whole_gpu_and_the_rest_wait_for_it() -> None:
+    first = memory.estimate(30, ["array:40", "cmd:ab12"], {}, {})
+    assert first == Estimate(None, "a probe on a whole GPU: no earlier run of its kind", probe=True)
+    waiting = memory.estimate(31, ["array:40", "cmd:ab12"], {}, {"array:40": 30, "cmd:ab12": 30})
+    assert isinstance(waiting, Wait) and "job 30" in waiting.reason
+    again = memory.estimate(30, ["array:40", "cmd:ab12"], {}, {"array:40": 30})
+    assert isinstance(again, Estimate)  # the probe itself never waits for itself
+
+
+def test_a_configured_probe_size_replaces_the_whole_gpu() -> None:
+    found = memory.estimate(30, ["cmd:x"], {}, {}, probe_mem=8 * GiB)
+    assert found == Estimate(8 * GiB, "a probe on 8.0G (auto.probe_mem): no earlier run of its kind", probe=True)
+
+
+def test_a_reservation_as_big_as_a_gpu_is_a_whole_gpu() -> None:
+    found = memory.estimate(30, ["cmd:x"], {"cmd:x": Peak(75 * GiB, 17)}, {}, biggest_gpu=80 * GiB)
+    assert isinstance(found, Estimate) and found.mem is None and found.note.startswith("whole GPU")
+
+
+def test_after_an_out_of_memory_the_raised_share_is_used_as_it_is() -> None:
+    found = memory.estimate(30, ["cmd:x"], {"cmd:x": Peak(12 * GiB, 17, raised=True)}, {}, overhead=0)
+    assert isinstance(found, Estimate) and found.mem == 12 * GiB
+    assert found.note == "12.0G learned: twice its share after job 17 ran out of memory"
+
+
+def test_a_settled_probe_is_shown_as_running() -> None:
+    found = memory.estimate(30, ["cmd:x"], {"cmd:x": Peak(1 * GiB, 17, running=True)}, {}, overhead=0)
+    assert isinstance(found, Estimate) and "job 17 (running)" in found.note
+
+
+def test_learning_keeps_the_worst_run_and_replaces_provisional_figures() -> None:
+    keys = ["array:40", "cmd:x"]
+    learned = memory.learn({}, keys, Peak(4 * GiB, 30, running=True))
+    assert set(learned) == set(keys)
+    learned = {**learned, **memory.learn(learned, keys, Peak(3 * GiB, 30))}  # the probe ended lower: it counts
+    assert learned["cmd:x"] == Peak(3 * GiB, 30)
+    assert memory.learn(learned, keys, Peak(2 * GiB, 31)) == {}  # a smaller run does not shrink the share
+    assert memory.learn(learned, keys, Peak(5 * GiB, 31, running=True)) == {}  # nor a probe override a run
+    grown = memory.learn(learned, keys, Peak(8 * GiB, 32, raised=True))
+    assert grown["cmd:x"].raised
+    assert memory.learn({**learned, **grown}, keys, Peak(7 * GiB, 33))["cmd:x"] == Peak(7 * GiB, 33)
+
+
+@given(st.integers(min_value=1, max_value=200 * GiB), st.floats(min_value=0, max_value=2))
+def test_a_reservation_always_covers_the_peak_with_at_least_the_floor_to_spare(peak: int, margin: float) -> None:
+    reserved = memory.reservation(peak, margin)
+    assert reserved >= peak + memory.FLOOR
+    assert reserved % MiB == 0

@@ -1,0 +1,165 @@
+"""Packing that needs no guess and cannot hurt a neighbour, on the fake inventory: --mem auto learns each
+kind of job's memory, and every job that shares a GPU is fenced at its share (fake MPS, or the
+cooperative PyTorch cap). The jobs are tests/fixtures/fake_cuda.py, which holds memory where gpuq's fake
+NVML sees it and meets its fence as a CUDA program would."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.launcher.policy.placement import Policy
+from tests.conftest import Gpuq, make_env, wait_for
+
+GiB = 1 << 30
+
+FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
+
+
+def _client(tmp_path: Path, **extra: str) -> Gpuq:
+    home = tmp_path / "state dir"
+    work = tmp_path / "work dir"
+    work.mkdir(parents=True)
+    usage = tmp_path / "usage"
+    usage.mkdir()
+    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
+    env = make_env(
+        home, "2x80GiB", GPUQ_FAKE_USAGE=str(usage), GPUQ_RETRY_BACKOFF="0.2", GPUQ_AUTO_SETTLE="1", **extra
+    )
+    return Gpuq(home, env, work)
+
+
+@pytest.fixture
+def mps(tmp_path: Path) -> Iterator[Gpuq]:
+    client = _client(tmp_path / "mps", GPUQ_FAKE_MPS="1")
+    yield client
+    client.cleanup()
+
+
+@pytest.fixture
+def cooperative(tmp_path: Path) -> Iterator[Gpuq]:
+    client = _client(tmp_path / "cooperative")
+    yield client
+    client.cleanup()
+
+
+def _ended(gpuq: Gpuq, ids: list[int], timeout: float = 90) -> list[dict[str, Any]]:
+    done = ("succeeded", "failed", "cancelled", "timeout", "lost")
+    return [gpuq.wait_state(job_id, *done, timeout=timeout) for job_id in ids]
+
+
+def _overlapped(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"] and set(a["gpus"]) & set(b["gpus"]))
+
+
+def test_a_liar_dies_at_its_share_under_mps_and_its_neighbours_finish(mps: Gpuq) -> None:
+    honest = [mps.submit("--mem", "4G", "fake_cuda.py", "3", "3") for _ in range(3)]
+    liar = mps.submit("--mem", "4G", "fake_cuda.py", "20", "3")
+    running = mps.wait_state(honest[0], "running")
+    gpu_dirs = wait_for(lambda: list((mps.home / "mps").glob("GPU-*/pipe")), 10, "an MPS control daemon to start")
+    assert gpu_dirs  # gpuq started one for the GPU its packed jobs share
+    records = _ended(mps, [*honest, liar])
+    assert [r["state"] for r in records[:3]] == ["succeeded"] * 3
+    assert records[3]["state"] == "failed"
+    assert records[3]["reason"] == "CUDA out of memory at its 4.0G share (--mem 4.0G) (exit code 1)"
+    log = Path(records[0]["log"]).read_text()
+    assert "fence: 5368709120" in log  # its share plus the 1 GiB placement adds for its CUDA context
+    assert running["gpus"]
+    wait_for(lambda: not list((mps.home / "mps").glob("GPU-*")), 10, "gpuq to quit the idle control daemon")
+
+
+def test_without_mps_the_fence_is_pytorchs_cap_and_the_liar_still_dies_at_its_share(cooperative: Gpuq) -> None:
+    honest = cooperative.submit("--mem", "4G", "fake_cuda.py", "3", "2")
+    liar = cooperative.submit("--mem", "4G", "fake_cuda.py", "20", "2")
+    first, second = _ended(cooperative, [honest, liar])
+    assert first["state"] == "succeeded"
+    assert second["reason"] == "CUDA out of memory at its 4.0G share (--mem 4.0G) (exit code 1)"
+    assert "fence: 4831838208" in Path(first["log"]).read_text()  # 4 GiB of 80 as a fraction, and its context
+    assert not (cooperative.home / "mps").exists()  # no MPS without a driver that has it
+
+
+def test_gpuq_gpus_says_which_fence_each_gpu_has(mps: Gpuq, cooperative: Gpuq) -> None:
+    for client, fence in ((mps, "mps"), (cooperative, "cooperative")):
+        _ended(client, [client.submit("--gpus", "0", "true")])
+        rows = __import__("json").loads(client.run("gpus", "--json").stdout)
+        assert [row["fence"] for row in rows] == [fence, fence]
+        assert "FENCE" in client.run("gpus").stdout
+
+
+def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(mps: Gpuq) -> None:
+    array = int(__import__("json").loads(
+        mps.run("submit", "--json", "--mem", "auto", "--array", "0-5", "fake_cuda.py", "3", "4").stdout
+    )["id"])  # fmt: skip
+    members = list(range(array + 1, array + 7))
+    probe = mps.wait_state(members[0], "running")
+    assert probe["mem_per_gpu"] is None and probe["mem_from"] == "a probe on a whole GPU: no earlier run of its kind"
+    second = mps.job(members[1])
+    assert second["state"] == "pending"
+    assert f"waiting for the peak memory of job {members[0]}" in second["reason"]
+    records = _ended(mps, members)
+    assert all(r["state"] == "succeeded" for r in records)
+    learned = records[1:]
+    prefix = f"4.2G learned from job {members[0]} (running): peak 3.5G"
+    assert [r["mem_from"] for r in learned] == [prefix] * 5
+    share = memory.reservation(int(3.5 * GiB)) - Policy().overhead  # NVML's peak includes the context
+    assert [r["mem_per_gpu"] for r in learned] == [share] * 5
+    assert any(_overlapped(a, b) for i, a in enumerate(learned) for b in learned[i + 1 :])  # packed on a GPU
+    shown = mps.run("show", str(members[1])).stdout
+    assert "--mem auto: 4.2G learned from job" in shown
+
+
+def test_an_auto_job_that_outgrows_its_share_comes_back_with_twice_and_its_kind_learns(mps: Gpuq) -> None:
+    first = mps.submit("--name", "grower", "--mem", "auto", "fake_cuda.py", "2", "3")
+    (probe,) = _ended(mps, [first])
+    assert probe["state"] == "succeeded" and probe["peak_mem"] == int(2.5 * (1 << 30))
+    grower = mps.submit("--name", "grower", "--mem", "auto", "fake_cuda.py", "2", "3", "--grow-to", "3.5")
+    (record,) = _ended(mps, [grower])
+    assert record["state"] == "succeeded" and record["attempt"] == 2
+    events = mps.home.joinpath("events.jsonl").read_text().splitlines()
+    assert [e for e in events if "CUDA out of memory at its 2.0G share (--mem auto)" in e] != [], events
+    assert record["mem_from"].startswith("4.0G learned: twice its share after job")
+    after = mps.submit("--name", "grower", "--mem", "auto", "fake_cuda.py", "1", "1")
+    (third,) = _ended(mps, [after])
+    assert third["mem_from"] == f"4.8G learned from job {grower}: peak 4.0G"
+
+
+def test_like_learns_from_the_job_it_names(mps: Gpuq) -> None:
+    model = mps.submit("fake_cuda.py", "5", "3")  # a whole GPU, no --mem: its peak is recorded all the same
+    _ended(mps, [model])
+    copy = mps.submit("--like", str(model), "fake_cuda.py", "5", "1")
+    (record,) = _ended(mps, [copy])
+    assert record["state"] == "succeeded"
+    assert record["mem_from"] == f"6.6G learned from job {model}: peak 5.5G"
+
+
+def test_mem_auto_is_refused_for_cpu_jobs_and_like_for_unknown_jobs(mps: Gpuq) -> None:
+    cpu = mps.run("submit", "--gpus", "0", "--mem", "auto", "true", check=False)
+    assert cpu.returncode == 2 and "--mem auto" in cpu.stderr and len(cpu.stderr.splitlines()) == 1
+    unknown = mps.run("submit", "--like", "999", "true", check=False)
+    assert unknown.returncode == 2 and "--like 999" in unknown.stderr
+    assert mps.status() == []
+
+
+def test_an_array_without_mem_keeps_whole_gpus(mps: Gpuq) -> None:
+    """auto is not the default for arrays (README: Packing): a member without --mem has a GPU to itself."""
+    array = mps.submit("--array", "0-1", "fake_cuda.py", "1", "1")
+    records = _ended(mps, [array + 1, array + 2])
+    assert all(r["mem_per_gpu"] is None and not r["mem_from"] for r in records)
+
+
+def test_control_daemons_left_by_a_killed_daemon_are_quit_once_their_jobs_end(mps: Gpuq) -> None:
+    job = mps.submit("--mem", "4G", "fake_cuda.py", "1", "4")
+    mps.wait_state(job, "running")
+    wait_for(lambda: list((mps.home / "mps").glob("GPU-*")), 10, "an MPS control daemon to start")
+    mps.kill_daemon()
+    time.sleep(4.5)  # the job ends while no daemon runs
+    mps.run("daemon", "start")
+    (record,) = _ended(mps, [job])
+    assert record["state"] == "succeeded"
+    wait_for(lambda: not list((mps.home / "mps").glob("GPU-*")), 10, "the new daemon to quit the old control daemon")

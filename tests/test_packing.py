@@ -72,6 +72,25 @@ def test_a_liar_dies_at_its_share_under_mps_and_its_neighbours_finish(mps: Gpuq)
     assert "fence: 5368709120" in log  # its share plus the 1 GiB placement adds for its CUDA context
     assert running["gpus"]
     wait_for(lambda: not list((mps.home / "mps").glob("GPU-*")), 10, "gpuq to quit the idle control daemon")
+    report = mps.run("report").stdout
+    assert "1 job(s) stopped at their fence" in report  # the morning report counts it, per user and array
+
+
+def test_with_the_fence_turned_off_a_liar_takes_what_it_wants(tmp_path: Path) -> None:
+    """GPUQ_FENCE=none: nothing stops the liar (on real GPUs its neighbours then die, bench/gpu_fence.py), and a
+    job that does run out of memory is not said to have met a fence it never had."""
+    client = _client(tmp_path, GPUQ_FAKE_MPS="1", GPUQ_FENCE="none", FAKE_CUDA_TOTAL=str(8 * GiB))
+    try:
+        liar = client.submit("--mem", "4G", "fake_cuda.py", "6", "1")
+        greedy = client.submit("--mem", "4G", "fake_cuda.py", "9", "1")
+        first, second = _ended(client, [liar, greedy])
+        assert first["state"] == "succeeded"  # 6 GiB on its 4 GiB share
+        assert second["reason"] == "CUDA out of memory (exit code 1)"  # more than the whole (8 GiB) GPU
+        rows = __import__("json").loads(client.run("gpus", "--json").stdout)
+        assert [row["fence"] for row in rows] == ["none", "none"]
+        assert not (client.home / "mps").exists()
+    finally:
+        client.cleanup()
 
 
 def test_without_mps_the_fence_is_pytorchs_cap_and_the_liar_still_dies_at_its_share(cooperative: Gpuq) -> None:
@@ -104,6 +123,8 @@ def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(mps: G
     assert f"waiting for the peak memory of job {members[0]}" in second["reason"]
     records = _ended(mps, members)
     assert all(r["state"] == "succeeded" for r in records)
+    # Once it settled, the probe held only its learned share: its GPU took packed members beside it.
+    assert records[0]["mem_from"].startswith(f"a probe; since it settled, 4.2G learned from job {members[0]}")
     learned = records[1:]
     prefix = f"4.2G learned from job {members[0]} (running): peak 3.5G"
     assert [r["mem_from"] for r in learned] == [prefix] * 5

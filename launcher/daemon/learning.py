@@ -47,7 +47,10 @@ def launched(scheduler: SchedulerState, record: JobRecord) -> None:
 
 
 def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None:
-    """Count the peaks sampled just now; a probe that has run ``settle`` seconds teaches its kinds."""
+    """Count the peaks sampled just now. A probe that has run ``settle`` seconds teaches its kinds, and from
+    then on holds only its own learned share, so its GPU takes packed jobs beside it: an array waits for its
+    probe for ``settle`` seconds, not for a whole run. (The probe itself started with no fence; a probe
+    that grows later is the one job of its kind that can still crowd its neighbours.)"""
     for job_id, held in peaks.items():
         scheduler.job_peaks[job_id] = max(scheduler.job_peaks.get(job_id, 0), held)
     for job_id in set(scheduler.probes.values()):
@@ -56,6 +59,17 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
         if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
             continue
         _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
+        spec = job.record.spec
+        if spec.mem_per_gpu is None and spec.mem_auto:
+            found = memory.estimate(
+                job_id, keys(job.record), scheduler.learned, {}, margin=scheduler.policy.auto_margin,
+                overhead=scheduler.policy.overhead,
+            )  # fmt: skip
+            if isinstance(found, memory.Estimate) and found.mem is not None:
+                note = f"a probe; since it settled, {found.note}"
+                job.record = job.record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=note))
+                scheduler.table.update_spec(job_id, job.record.spec)
+                scheduler.changes += 1
 
 
 def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:

@@ -9,9 +9,10 @@ from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.policy import lifecycle
 
 _TAIL_BYTES = 64 << 10
-OOM = "CUDA out of memory"  # lifecycle.OOM_REASON starts the same way: --oom-retry and --mem auto key on it
+OOM = lifecycle.OOM_REASON  # --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
 
@@ -45,7 +46,7 @@ def log_reason(log: Path) -> str:
     return ""
 
 
-def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch) -> Outcome | None:
+def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:
     """How the job ended; None when it never started (the launch was interrupted: requeue it)."""
     if not exit_data.get("started", True):
         return None
@@ -62,10 +63,10 @@ def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch) -> Ou
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     diagnosis = log_reason(Path(record.log))
     share = record.spec.mem_per_gpu
-    if diagnosis == OOM and share is not None and record.spec.gpus:
-        # Every job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.
+    if diagnosis == OOM and share is not None and record.spec.gpus and fenced:
+        # A job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.
         asked = "auto" if record.spec.mem_auto else format_size(share)
-        diagnosis = f"{OOM} at its {format_size(share)} share (--mem {asked})"
+        diagnosis = lifecycle.at_fence(format_size(share), asked)
     if signum is not None:
         return Outcome.killed(signum, diagnosis)
     if code is None:

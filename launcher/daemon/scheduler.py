@@ -132,7 +132,7 @@ class Scheduler(SchedulerState):
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
                 self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
-                outcome = outcomes.classify(exit_data, job.record, job.launch)
+                outcome = outcomes.classify(exit_data, job.record, job.launch, fenced=self.fence != fences.NONE)
                 lost_gpu = self.gpu_lost.get(job_id)
                 if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
                     outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"

@@ -46,11 +46,12 @@ class Mps:
         return self.root / uuid / "log"
 
     def client_env(self, uuid: str, limit: int) -> dict[str, str]:
-        """What a job on GPU ``uuid`` needs to be a client held to ``limit`` bytes: the server's pipe and
-        the limit on its device 0 (the job sees only its own GPU)."""
+        """What a job on GPU ``uuid`` needs to be a client held to ``limit`` bytes: the server's pipe, the
+        limit on its device 0 (the job sees only its own GPU), and that GPU named by UUID: a client counts
+        devices among its server's (this server has one), where an index would count the machine's."""
         return {
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(uuid)), "CUDA_MPS_LOG_DIRECTORY": str(self.logs(uuid)),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M", "CUDA_VISIBLE_DEVICES": uuid,
         }  # fmt: skip
 
     def running(self) -> list[str]:

@@ -18,6 +18,16 @@ FAIL_FAST_SECONDS = 120.0  # ...each within two minutes of starting, is held
 OOM_REASON = "CUDA out of memory"
 
 
+def at_fence(share: str, asked: str) -> str:
+    """How the reason of a job stopped at its fence reads: "CUDA out of memory at its 4.0G share (--mem 4G)".
+    --oom-retry and --mem auto key on its start (OOM_REASON); the report counts it (``stopped_at_fence``)."""
+    return f"{OOM_REASON} at its {share} share (--mem {asked})"
+
+
+def stopped_at_fence(reason: str) -> bool:
+    return reason.startswith(f"{OOM_REASON} at its ") and " share (--mem " in reason
+
+
 @dataclass(frozen=True)
 class Waiting:
     reason: str

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.views.report import build_report, render_html, render_text
+from gpuq_scheduler.launcher.views.report import build_report, render_text
+from gpuq_scheduler.launcher.views.report_html import render_html
 from tests.conftest import REPORT, Gpuq
 
 H = 3600.0
@@ -231,3 +232,27 @@ def test_report_from_a_real_daemon_run(gpuq: Gpuq) -> None:
     assert "4 jobs, 3 succeeded, 1 failed" in text and user in text
     page = render_html(report)
     assert page.count('class="lane-label"') == 4 and f'data-job="{big}"' in page
+
+
+def test_the_report_tells_packings_payoff_and_who_was_stopped_at_a_fence() -> None:
+    gib = 1 << 30
+
+    def packed(job_id: int, share: int, **more: Any) -> JobRecord:
+        record = job(job_id, **more)
+        return record.replace(spec=JobSpec(command=("x",), cwd="/", gpus=len(record.gpus), mem_per_gpu=share))
+
+    alice = [packed(i, 7 * gib, submitted=-1, started=-1, ended=0, gpus=(0,), array=10) for i in range(1, 5)]
+    stopped = packed(5, 3 * gib, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-59 / 60,
+                     gpus=(1,), reason="CUDA out of memory at its 3.0G share (--mem 3.0G) (exit code 1)")  # fmt: skip
+    whole = job(6, user="bob", submitted=-1, started=-0.5, ended=0, gpus=(1,))
+    report = build_report([*alice, stopped, whole], 2, now=NOW, totals=(80 * gib, 80 * gib), overhead=1 * gib)
+    assert report.saved_by_user["alice"] == pytest.approx(4 * 0.9)  # each held 8 of 80 GiB for an hour
+    assert report.saved_by_array == pytest.approx({10: 3.6})
+    assert report.saved_by_user["bob"] == pytest.approx((1 - 4 / 80) / 60)  # a minute at 4 of 80 GiB
+    assert report.fenced_by_user == {"bob": 1} and report.fenced_by_array == {}
+    text = render_text(report)
+    assert "packing saved 3.62 GPU-hours against whole GPUs; 1 job(s) stopped at their fence" in text
+    assert "array 10" in text and "user bob" in text
+    page = render_html(report)
+    assert '<table id="packing">' in page and "<td>user bob</td><td>0.02</td><td>1</td>" in page
+    assert "<b>3.62</b>GPU-hours saved by packing" in page

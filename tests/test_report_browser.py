@@ -24,7 +24,8 @@ import pytest
 
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.views.report import build_report, render_html
+from gpuq_scheduler.launcher.views.report import build_report
+from gpuq_scheduler.launcher.views.report_html import render_html
 from tests.conftest import REPORT, Gpuq
 
 CHROMIUM = shutil.which("chromium")

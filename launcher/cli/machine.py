@@ -56,12 +56,17 @@ def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message:
 def report(ctx: Context, since: str, html_file: Path | None) -> None:
     """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
     from gpuq_scheduler.jobs.units import parse_duration
-    from gpuq_scheduler.launcher.views.report import build_report, render_html, render_text
+    from gpuq_scheduler.launcher.policy.placement import Policy
+    from gpuq_scheduler.launcher.views.report import build_report, render_text
+    from gpuq_scheduler.launcher.views.report_html import render_html
 
     window = parse_duration(since)
     inventory = ctx.queue.inventory()
     records = ctx.jobs().records()
-    result = build_report(records, len(inventory.totals) if inventory else 0, now=time.time(), since=window)
+    totals = inventory.totals if inventory else ()
+    result = build_report(
+        records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead
+    )
     click.echo(render_text(result))
     if html_file is not None:
         html_file.write_text(render_html(result), encoding="utf-8")

@@ -1,0 +1,132 @@
+"""The morning report as one standalone page: the outcomes table and a per-GPU timeline of which job ran
+where and when (inline CSS and SVG, no scripts, nothing fetched, and a Content-Security-Policy that would
+block it)."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+
+from gpuq_scheduler.jobs.model import JobState
+from gpuq_scheduler.jobs.units import format_duration
+from gpuq_scheduler.launcher.views.report import (
+    COLUMNS,
+    HOUR,
+    PACKING_COLUMNS,
+    Report,
+    cells,
+    hours_text,
+    ordered_counts,
+    packing_rows,
+    when,
+)
+
+_COLOURS = {
+    JobState.SUCCEEDED: "#2e7d32", JobState.FAILED: "#c62828", JobState.RUNNING: "#1565c0",
+    JobState.CANCELLED: "#757575", JobState.TIMEOUT: "#e65100", JobState.LOST: "#6a1b9a",
+    JobState.PENDING: "#9e9e9e",
+}  # fmt: skip
+_WIDTH, _LABEL_W, _LANE_H, _GAP, _AXIS_H = 1200, 72, 30, 6, 34
+_TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+# No script, font, image or frame may load, even if something slipped past the escaping.
+_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+_CSS = """
+body{font:14px/1.4 "DejaVu Sans","Liberation Sans",Arial,sans-serif;margin:24px;color:#212121;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px}.note{color:#616161;margin:0 0 8px}
+#summary{display:flex;gap:28px;list-style:none;padding:0;margin:12px 0}#summary b{display:block;font-size:22px}
+#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.grid{stroke:#d0d0d0;stroke-width:1}
+.lane-bg{fill:#f5f5f5}.lane-label{font-size:13px;font-weight:bold;fill:#424242}.tick{font-size:12px;fill:#616161}
+.job-label{font-size:12px;fill:#fff;font-weight:bold;pointer-events:none}.legend span{margin-right:16px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}th{background:#fafafa}
+table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
+"""
+
+
+def render_html(report: Report) -> str:
+    """One self-contained page: summary, the per-GPU timeline as inline SVG, then the tables.
+
+    Every string a user chose (job names, reasons, user names) is escaped. Stable hooks for tests and
+    styling: ``svg#timeline``, ``g.lane[data-gpu]``, ``rect.job.state-<state>[data-job][data-gpu]``.
+    """
+    e = html.escape
+    summary = [(str(sum(report.counts.values())), "jobs")]
+    summary += [(str(n), state.value) for state, n in ordered_counts(report)]
+    summary += [(hours_text(report.gpu_hours), "GPU-hours held"), (hours_text(report.idle_gpu_hours), "idle GPU-hours")]
+    summary += [(hours_text(sum(report.saved_by_user.values())), "GPU-hours saved by packing")]
+    window = f"{when(report.start)} to {when(report.end)} ({format_duration(report.end - report.start)})"
+    legend = "".join(f'<span><i style="background:{c}"></i>{s.value}</span>' for s, c in _COLOURS.items())
+    users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
+    arrays = [(str(array), hours_text(h)) for array, h in report.gpu_hours_by_array.items()]
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+        f"<title>gpuq report {e(when(report.end))}</title><style>{_CSS}</style></head><body>",
+        f'<h1>gpuq report</h1><p id="window">{e(window)}, {report.gpu_count} GPUs</p>',
+        '<ul id="summary">' + "".join(f"<li><b>{e(n)}</b>{e(what)}</li>" for n, what in summary) + "</ul>",
+        '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
+        " its job.</p>", _timeline_svg(report), f'<p class="legend">{legend}</p>',
+        "<h2>Outcomes</h2>",
+        _html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
+        "<h2>GPU-hours by user</h2>", _html_table("by-user", ("USER", "GPU-HOURS"), users),
+        "<h2>GPU-hours by array</h2>", _html_table("by-array", ("ARRAY", "GPU-HOURS"), arrays),
+        "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
+        " and jobs stopped at their memory fence.</p>",
+        _html_table("packing", PACKING_COLUMNS, packing_rows(report)),
+        "</body></html>",
+    ])  # fmt: skip
+
+
+def _timeline_svg(report: Report) -> str:
+    t0, t1 = report.timeline_start, report.end
+    span = max(t1 - t0, 1e-9)
+    plot_w = _WIDTH - _LABEL_W - 32  # room for half of the last tick's label
+
+    def x(t: float) -> float:
+        return _LABEL_W + (t - t0) / span * plot_w
+
+    lanes_h = report.gpu_count * (_LANE_H + _GAP)
+    height = lanes_h + _AXIS_H
+    parts = [f'<svg id="timeline" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img">']
+    for gpu in range(report.gpu_count):
+        y = gpu * (_LANE_H + _GAP)
+        parts.append(
+            f'<g class="lane" data-gpu="{gpu}"><rect class="lane-bg" x="{_LABEL_W}" y="{y}" width="{plot_w}" '
+            f'height="{_LANE_H}"/><text class="lane-label" x="6" y="{y + 20}">GPU {gpu}</text></g>'
+        )
+    step = next((s for s in _TICK_STEPS if span / s <= 8), _TICK_STEPS[-1] * math.ceil(span / 8 / 86400))
+    fmt = "%H:%M:%S" if step < 60 else ("%H:%M" if step < 86400 else "%m-%d")
+    offset = time.localtime(t0).tm_gmtoff  # ticks on round local times, not round UTC ones
+    tick = math.ceil((t0 + offset) / step) * step - offset
+    while tick <= t1:
+        parts.append(
+            f'<line class="grid" x1="{x(tick):.1f}" y1="0" x2="{x(tick):.1f}" y2="{lanes_h + 4}"/>'
+            f'<text class="tick" x="{x(tick):.1f}" y="{lanes_h + 20}" text-anchor="middle">{when(tick, fmt)}</text>'
+        )
+        tick += step
+    clock = "%H:%M:%S" if span < 2 * HOUR else "%H:%M"
+    for seg in report.segments:
+        left, width = x(seg.start), max(x(seg.end) - x(seg.start), 2.0)  # a 1 s job on a 12 h axis still shows
+        y = seg.gpu * (_LANE_H + _GAP)
+        tip = f"job {seg.job_id} {seg.name} ({seg.user}) {when(seg.start, clock)}-{when(seg.end, clock)} "
+        parts.append(
+            f'<rect class="job state-{seg.state.value}" data-job="{seg.job_id}" data-gpu="{seg.gpu}" '
+            f'x="{left:.1f}" y="{y + 2}" width="{width:.1f}" height="{_LANE_H - 4}" rx="3" '
+            f'fill="{_COLOURS[seg.state]}"><title>{html.escape(tip + seg.state.value)}</title></rect>'
+        )
+        label = str(seg.job_id)
+        if width >= 8 * len(label) + 6:  # the id only where it fits; the tooltip always has it
+            parts.append(
+                f'<text class="job-label" x="{left + width / 2:.1f}" y="{y + 20}" text-anchor="middle">{label}</text>'
+            )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _html_table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    if not rows:
+        return f'<p id="{table_id}" class="empty">none</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -31,6 +31,7 @@ import pynvml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 from gpuq_scheduler.launcher.policy.placement import Policy  # noqa: E402
 
 GiB = 1 << 30
@@ -74,14 +75,27 @@ def job_of(pid: int, cache: dict[int, int | None]) -> int | None:
 
 
 class Gpuq:
-    def __init__(self, home: Path) -> None:
+    """The gpuq command against one state directory; as another Unix user (``user``) when given."""
+
+    def __init__(self, home: Path, user: str | None = None, **extra: str) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-        self.env.update(GPUQ_HOME=str(home), GPUQ_KILL_GRACE="5")
+        self.env.update(GPUQ_HOME=str(home), GPUQ_KILL_GRACE="5", **extra)
         self.env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + self.env.get("PATH", "")
         self.gpuq = shutil.which("gpuq", path=self.env["PATH"]) or "gpuq"
+        self.as_user: dict[str, Any] = {}
+        self.cwd = ROOT
+        if user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(user)
+            self.as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+            self.env.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
+            self.cwd = Path(entry.pw_dir)
 
     def __call__(self, *args: str) -> str:
-        done = subprocess.run([self.gpuq, *args], env=self.env, cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            [self.gpuq, *args], env=self.env, cwd=self.cwd, capture_output=True, text=True, **self.as_user
+        )
         if done.returncode != 0:
             raise RuntimeError(f"gpuq {' '.join(args)}: {done.stdout}{done.stderr}")
         return done.stdout
@@ -236,10 +250,40 @@ def packing(work: Path, jobs: int, epochs: int) -> dict[str, Any]:
     return {"jobs": jobs, "epochs": epochs, "makespan_s": makespans, "speedup": round(speedup, 2)}
 
 
+def fence_only(args: argparse.Namespace, machine: dict[str, Any]) -> None:
+    """The learned-memory and fence checks of bench/gpu_fence.py, with the gpu-marked tests."""
+    import gpu_fence
+
+    results: dict[str, Any] = {"machine": machine}
+    total_gib = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total // GiB
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        gpu_fence.write_scripts(work)
+        if args.fence:
+            results["contract"] = contract()
+            results["liar"] = gpu_fence.liar(Gpuq, work, hold_memory, int(total_gib))
+            results["non_root"] = gpu_fence.non_root(Gpuq, work)
+            results["compute_heavy"] = gpu_fence.compute_heavy(Gpuq, work, 4, 20.0)
+            results["kill9"] = gpu_fence.kill_nine(Gpuq, work)
+        if args.non_root:
+            results["non_root"] = gpu_fence.non_root(Gpuq, work)
+        if args.auto:
+            results["auto"] = gpu_fence.ensemble(Gpuq, work, 16, args.epochs, args.settle)
+    results["mps_left_at_end"] = gpu_fence.mps_left()
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "gpu_fence.json" if args.fence else ("gpu_auto.json" if args.auto else "gpu_non_root.json")
+    (args.out / name).write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1)[-3000:], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--fence", action="store_true", help="only the fence: a liar, MPS vs time-sliced, kill -9")
+    parser.add_argument("--auto", action="store_true", help="only --mem auto against whole GPUs and a given --mem")
+    parser.add_argument("--non-root", action="store_true", help="only an ordinary user's queue under MPS")
+    parser.add_argument("--settle", type=float, default=5.0, help="GPUQ_AUTO_SETTLE for --auto")
     args = parser.parse_args()
     pynvml.nvmlInit()
     names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -251,6 +295,9 @@ def main() -> None:
         "python": platform.python_version(), "cpus": os.cpu_count(),
     }  # fmt: skip
     print(json.dumps(machine), flush=True)
+    if args.fence or args.auto or args.non_root:
+        fence_only(args, machine)
+        return
     results: dict[str, Any] = {"machine": machine, "contract": contract()}
     with tempfile.TemporaryDirectory() as tmp:
         results["crowded"] = crowded_queue(Path(tmp))

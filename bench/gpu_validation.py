@@ -202,8 +202,10 @@ def check_crowded(
     for job, record in records.items():
         log = Path(record["log"]).read_text(errors="replace")
         expected = ",".join(map(str, record["gpus"]))
-        seen = re.findall(r"devices: (\d+) \[(.*?)\]\s+CUDA_VISIBLE_DEVICES='([\d,]*)'", log)
-        if not seen or any(cvd != expected or int(n) != len(record["gpus"]) for n, _, cvd in seen[:1]):
+        # A packed one-GPU job runs under MPS, where its GPU is named by UUID (launcher/gpus/mps.py).
+        named = {expected, ",".join(record.get("gpu_uuids") or ())}
+        seen = re.findall(r"devices: (\d+) \[(.*?)\]\s+CUDA_VISIBLE_DEVICES='([^']*)'", log)
+        if not seen or any(cvd not in named or int(n) != len(record["gpus"]) for n, _, cvd in seen[:1]):
             failures.append(f"job {job} ({kinds[job]}) saw {seen[:1]} but was given {expected}")
         if kinds[job] == "dataparallel":
             per_gpu = [int(b) for b in re.findall(r"gpu \d+: (\d+) bytes", log)]

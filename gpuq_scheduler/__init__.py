@@ -1,4 +1,4 @@
-"""gpuq's Python API: ``from gpuq_scheduler import submit, array, wait``.
+"""gpuq's Python API: ``from gpuq_scheduler import submit, array, wait`` for commands, ``Executor`` for functions.
 
 The import name is the distribution's (``gpuq-scheduler``): ``gpuq`` is taken on PyPI twice over (the
 ``gpuq`` GPU-query library and the ``gpuqu`` queue both install a top-level ``gpuq``), and the card's
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuq_scheduler.jobs.allocation import Allocation, current
     from gpuq_scheduler.jobs.api import array, cancel, status, submit, wait
     from gpuq_scheduler.jobs.errors import GpuqError
+    from gpuq_scheduler.jobs.functions.executor import Executor, Job, JobFailed, as_completed, wait_all
     from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Mode, Outcome
 
 _EXPORTS = {
@@ -38,6 +39,11 @@ _EXPORTS = {
     "wait": "gpuq_scheduler.jobs.api",
     "status": "gpuq_scheduler.jobs.api",
     "cancel": "gpuq_scheduler.jobs.api",
+    "Executor": "gpuq_scheduler.jobs.functions.executor",  # Python functions as jobs, as submitit runs them
+    "Job": "gpuq_scheduler.jobs.functions.executor",
+    "JobFailed": "gpuq_scheduler.jobs.functions.executor",
+    "as_completed": "gpuq_scheduler.jobs.functions.executor",
+    "wait_all": "gpuq_scheduler.jobs.functions.executor",
     "current": "gpuq_scheduler.jobs.allocation",  # inside a job: the GPUs, device and memory gpuq gave it
     "Allocation": "gpuq_scheduler.jobs.allocation",
     "GpuqError": "gpuq_scheduler.jobs.errors",
@@ -49,8 +55,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "Allocation", "GpuqError", "JobRecord", "JobSpec", "JobState", "Mode", "Outcome",
-    "array", "cancel", "current", "status", "submit", "wait",
+    "Allocation", "Executor", "GpuqError", "Job", "JobFailed", "JobRecord", "JobSpec", "JobState", "Mode", "Outcome",
+    "array", "as_completed", "cancel", "current", "status", "submit", "wait", "wait_all",
 ]  # fmt: skip
 
 

@@ -25,3 +25,20 @@ def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
     for _, job_id, gpu, _ in members:
         record = records[int(job_id)]
         assert record["state"] == "succeeded" and record["gpus"] == [int(gpu)] and record["mem_per_gpu"] == 2 << 30
+
+
+def test_the_function_sweep_example_trains_each_learning_rate_as_a_job_and_picks_the_best(gpuq: Gpuq) -> None:
+    """examples/sweep_functions.py as the README runs it, from another directory, on fake GPUs (--mem auto)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sweep_functions.py"), "--epochs", "3", "--mem", "auto",
+         "--throttle", "3"], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = re.findall(r"job (\d+): lr ([\d.e-]+) accuracy (0\.\d+) on (\w+)", result.stdout)
+    assert sorted(float(lr) for _, lr, _, _ in runs) == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    best = max(runs, key=lambda run: float(run[2]))
+    assert f"best learning rate: {best[1]} (test accuracy {best[2]})" in result.stdout and float(best[2]) > 0.8
+    records = {job["id"]: job for job in gpuq.status()}
+    members = [records[int(job_id)] for job_id, *_ in runs]
+    assert {r["state"] for r in members} == {"succeeded"} and {r["name"] for r in members} == {"lr-sweep"}
+    assert len({r["array_id"] for r in members}) == 1 and all(r["mem_auto"] for r in members)

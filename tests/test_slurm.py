@@ -309,3 +309,32 @@ def test_status_of_cluster_jobs_costs_one_squeue_call_per_cluster(gpuq: Gpuq, sl
         assert log.read_text() == "squeue\n"
     finally:
         slurm.release_partition()
+
+
+def test_functions_run_on_the_cluster_through_the_same_executor(gpuq: Gpuq) -> None:
+    """Executor(on="lab"): the pickles sit in the state directory, which the nodes share (here: one
+    machine), and slurmd's job runs them with the submitter's interpreter."""
+    path = gpuq.cwd / "sweep.py"
+    path.write_text(
+        "import json, os\n"
+        "from gpuq_scheduler import Executor\n"
+        "def where(x):\n"
+        "    return x * 10, os.environ.get('SLURM_JOB_ID'), os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+        "executor = Executor(gpus=1, on='lab')\n"
+        "single = executor.submit(where, 1)\n"
+        "many = executor.map_array(where, [2, 3, 4], throttle=2)\n"
+        "failing = executor.submit(lambda: 1 / 0)\n"
+        "print(json.dumps({'single': single.result(timeout=120), 'many': [j.result(timeout=120) for j in many],\n"
+        "                  'failing': repr(failing.exception(timeout=120)), 'ids': [j.id for j in [single, *many]]}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(path)], cwd=gpuq.cwd, env=gpuq.env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    value, slurm_id, visible = found["single"]
+    assert value == 10 and slurm_id and visible  # ran as a Slurm job on a GPU Slurm gave it
+    assert [m[0] for m in found["many"]] == [20, 30, 40]
+    assert found["failing"] == "ZeroDivisionError('division by zero')"
+    records = {r["id"]: r for r in gpuq.status()}
+    assert all(records[i]["cluster"] == "lab" for i in found["ids"])

@@ -21,16 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout: `jobs` and `launcher` sit beside examples/
 
 from gpuq_scheduler import JobState, submit, wait  # noqa: E402
-from gpuq_scheduler.launcher.gpus.sources import open_source  # noqa: E402
-
-
-def gpu_count() -> int:
-    """GPUs gpuq will place on: real ones through NVML, or the fake inventory of GPUQ_FAKE_GPUS."""
-    source = open_source()
-    try:
-        return sum(1 for gpu in source.snapshot() if not gpu.lost)
-    finally:
-        source.close()
+from gpuq_scheduler.launcher.gpus.sources import usable_gpus  # noqa: E402
 
 
 def majority_vote(member_predictions: list[list[int]]) -> list[int]:
@@ -48,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="run members as CPU jobs even where there are GPUs")
     args = parser.parse_args(argv)
 
-    gpus = 0 if args.cpu else min(1, gpu_count())
+    gpus = 0 if args.cpu else min(1, usable_gpus())
     where = "on the CPU (no GPU found)" if gpus == 0 and not args.cpu else "on the CPU" if gpus == 0 else (
         f"one GPU each{' with ' + args.mem if args.mem else ''}"
     )  # fmt: skip

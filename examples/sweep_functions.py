@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout: gpuq_scheduler sits beside examples/
 
 from gpuq_scheduler import Executor, as_completed  # noqa: E402
-from gpuq_scheduler.launcher.gpus.sources import open_source  # noqa: E402
+from gpuq_scheduler.launcher.gpus.sources import usable_gpus  # noqa: E402
 
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
@@ -46,14 +46,6 @@ def train(lr: float, epochs: int, seed: int) -> dict[str, float | int | str]:
     return {"lr": lr, "accuracy": accuracy, "device": str(device), "seconds": round(time.perf_counter() - started, 1)}
 
 
-def gpu_count() -> int:
-    source = open_source()
-    try:
-        return sum(1 for gpu in source.snapshot() if not gpu.lost)
-    finally:
-        source.close()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
@@ -63,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--on", help="a Slurm cluster from your gpuq config, instead of this machine")
     args = parser.parse_args(argv)
 
-    gpus = 1 if args.on or gpu_count() else 0
+    gpus = 1 if args.on or usable_gpus() else 0
     executor = Executor(gpus=gpus, mem=args.mem if gpus else None, name="lr-sweep", on=args.on)
     jobs = executor.map_array(
         train, LEARNING_RATES, [args.epochs] * len(LEARNING_RATES), [args.seed] * len(LEARNING_RATES),

@@ -115,6 +115,12 @@ def status(job_ids: Iterable[int] | None = None, *, home: str | os.PathLike[str]
     return [queue.get(job_id) for job_id in job_ids]
 
 
+def details(job_id: int, *, home: str | os.PathLike[str] | None = None) -> JobRecord:
+    """One job's record with its command, cwd and environment, where the caller may read them (in a shared
+    queue they are the owner's and the admins' alone)."""
+    return readers(_state(home)).details(job_id)
+
+
 def cancel(job_ids: Iterable[int], *, home: str | os.PathLike[str] | None = None) -> list[int]:
     state = _state(home)
     cancelled = readers(state).cancel(job_ids)

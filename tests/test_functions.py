@@ -198,6 +198,7 @@ def test_bad_input_is_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
     assert found[2].startswith("BadInput: cannot send <lambda> to a job: TypeError:")
     assert found[3].startswith("BadInput: cannot read size 'lots'")
     assert gpuq.status() == []
+    assert list((gpuq.home / "functions").iterdir()) == []  # no pickle left behind by a refused submit
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a result file to another user (CI runs as root)")

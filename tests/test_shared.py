@@ -170,10 +170,11 @@ def queue(users: dict[str, User]) -> Iterator[SharedQueue]:
     lib = base / "lib"
     lib.mkdir()
     import click
+    import cloudpickle
     import psutil
 
     gpuq = installed_tree() / "gpuq_scheduler"  # laid out as it installs: jobs/ and launcher/ inside
-    for package in (gpuq, Path(click.__file__).parent, Path(psutil.__file__).parent):
+    for package in (gpuq, *(Path(m.__file__).parent for m in (click, psutil, cloudpickle))):
         shutil.copytree(package, lib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     stamps = base / "stamps"
     stamps.mkdir()
@@ -439,3 +440,24 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
         assert log.read_text().strip() == str(alice.uid) and log.stat().st_uid == alice.uid
     finally:
         subprocess.run([*root, "daemon", "stop"], env=env, cwd=ROOT, capture_output=True, timeout=60)
+
+
+def test_a_users_functions_run_as_them_and_their_pickles_stay_their_own(
+    queue: SharedQueue, users: dict[str, User]
+) -> None:
+    """Executor in the shared queue: the queue's state directory is root's, so the pickles go to the user's
+    own state home (0700); the function runs as the user; another user cannot look inside."""
+    queue.start()
+    alice, bob = users["gqalice"], users["gqbob"]
+    code = (
+        "import json, os\nfrom gpuq_scheduler import Executor\n"
+        "job = Executor(gpus=1).submit(lambda: (os.getuid(), os.getcwd()))\n"
+        "print(json.dumps({'id': job.id, 'result': job.result(timeout=60)}))\n"
+    )
+    found = json.loads(queue.python_as(alice, code).splitlines()[-1])
+    assert found["result"] == [alice.uid, str(alice.home)]
+    folder = alice.home / ".local" / "state" / "gpuq" / "functions"
+    assert folder.stat().st_uid == alice.uid and oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert not (queue.home / "functions").exists()
+    peek = f"import os\ntry:\n    print(os.listdir({str(folder)!r}))\nexcept PermissionError:\n    print('refused')\n"
+    assert queue.python_as(bob, peek).strip() == "refused"

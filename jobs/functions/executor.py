@@ -19,8 +19,10 @@ Unpickling runs code, so a result is only ever unpickled when the file belongs t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import sys
 import time as clock
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -87,10 +89,10 @@ class Executor:
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         """Queue ``fn(*args, **kwargs)`` as one job."""
-        folder = self._new_folder()
-        _pickle_call(folder, "0", fn, args, kwargs)
-        words = runner.command(sys.executable, folder, "0")
-        job_id = api.submit(words, name=self.name or _name_of(fn), home=self.home, **self.options)
+        with self._new_folder() as folder:
+            _pickle_call(folder, "0", fn, args, kwargs)
+            words = runner.command(sys.executable, folder, "0")
+            job_id = api.submit(words, name=self.name or _name_of(fn), home=self.home, **self.options)
         return Job(job_id, home=self.home)
 
     def map_array(
@@ -101,21 +103,27 @@ class Executor:
         calls = list(zip(*iterables, strict=False)) if iterables else []
         if not calls:
             raise BadInput("map_array needs at least one item to call the function with")
-        folder = self._new_folder()
-        for index, items in enumerate(calls):
-            _pickle_call(folder, str(index), fn, items, {})
-        words = runner.command(sys.executable, folder, "{index}")
-        _, members = api.array(
-            words, range(len(calls)), throttle=throttle, name=self.name or _name_of(fn), home=self.home,
-            **self.options,
-        )  # fmt: skip
+        with self._new_folder() as folder:
+            for index, items in enumerate(calls):
+                _pickle_call(folder, str(index), fn, items, {})
+            words = runner.command(sys.executable, folder, "{index}")
+            _, members = api.array(
+                words, range(len(calls)), throttle=throttle, name=self.name or _name_of(fn), home=self.home,
+                **self.options,
+            )  # fmt: skip
         return [Job(job_id, home=self.home) for job_id in members]
 
-    def _new_folder(self) -> Path:
+    @contextlib.contextmanager
+    def _new_folder(self) -> Iterator[Path]:
+        """A new folder for one submit's pickles; gone again if the submit is refused (it changes nothing)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.folder / secrets.token_hex(8)
         folder.mkdir(mode=0o700)
-        return folder
+        try:
+            yield folder
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
 
 
 class Job:
@@ -181,7 +189,7 @@ class Job:
 
     def _location(self) -> tuple[Path, str]:
         if self._where is None:
-            found = runner.parse_command(self.record().spec.command)
+            found = runner.parse_command(api.details(self.id, home=self.home).spec.command)
             if found is None:
                 raise BadInput(f"job {self.id} is not a function job (its command is not gpuq's function runner)")
             self._where = found

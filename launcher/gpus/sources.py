@@ -19,3 +19,12 @@ def open_source(environ: Mapping[str, str] | None = None) -> GpuSource:
     from gpuq_scheduler.launcher.gpus.nvml import NvmlGpus
 
     return NvmlGpus()
+
+
+def usable_gpus(environ: Mapping[str, str] | None = None) -> int:
+    """How many GPUs gpuq would place on now (lost ones left out): 0 on a machine without any."""
+    source = open_source(environ)
+    try:
+        return sum(1 for gpu in source.snapshot() if not gpu.lost)
+    finally:
+        source.close()

@@ -29,7 +29,8 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuSource
         made: GpuSource = FakeGpus("2x24GiB,2x48GiB")
     elif request.param == "fake-json":
         path = tmp_path / "gpus.json"
-        path.write_text(json.dumps({"gpus": [{"name": "A", "total": "80GiB", "used": "10GiB"}, {"total": 1 << 30}]}))
+        path.write_text(json.dumps({"gpus": [{"name": "A", "total": "80GiB", "used": "10GiB", "util": 35},
+                                             {"total": 1 << 30}]}))  # fmt: skip
         made = FakeGpus(str(path))
     else:
         if not _nvml_gpus():
@@ -49,6 +50,7 @@ def test_snapshot_contract(source: GpuSource) -> None:
         assert gpu.total > 0 and 0 <= gpu.used <= gpu.total
         assert gpu.processes is None or all(pid > 0 and used >= 0 for pid, used in gpu.processes.items())
         assert not gpu.lost and gpu.error == ""
+        assert gpu.utilization is None or 0 <= gpu.utilization <= 100  # percent, as NVML reports it
     assert source.snapshot() == snapshot or [g.uuid for g in source.snapshot()] == [g.uuid for g in snapshot]
 
 
@@ -110,3 +112,14 @@ def test_an_nvml_error_on_one_gpu_marks_only_that_gpu_lost(monkeypatch: pytest.M
     assert not first.lost and first.total == 80 << 30 and first.name == "NVIDIA H200"
     assert second.lost and second.error == "NVML: GPU is lost" and second.uuid == "GPU-1"
     source.close()
+
+
+def test_a_fake_gpus_utilisation_is_a_whole_percent(tmp_path: Path) -> None:
+    from gpuq_scheduler.jobs.errors import BadInput
+
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"gpus": [{"total": "80GiB", "util": 35}, {"total": "80GiB"}]}))
+    assert [g.utilization for g in FakeGpus(str(path)).snapshot()] == [35, None]
+    path.write_text(json.dumps({"gpus": [{"total": "80GiB", "util": 120}]}))
+    with pytest.raises(BadInput, match="GPU 0's util must be a whole percent from 0 to 100"):
+        FakeGpus(str(path)).snapshot()

@@ -1,4 +1,4 @@
-"""`gpuq gpus, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
+"""`gpuq gpus, top, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 
 
@@ -80,6 +81,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
     """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
     from gpuq_scheduler.launcher.daemon import processes
     from gpuq_scheduler.launcher.gpus.sources import open_source
+    from gpuq_scheduler.launcher.views.live import fences
     from gpuq_scheduler.launcher.views.tables import gpu_rows, gpu_table
 
     table = ctx.queue.table()
@@ -88,7 +90,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
     ours = {pid for _, launch in running for pid in processes.tree_pids(launch.shim_pid)}
     source = open_source()
     try:
-        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours, fences=_fences(ctx))
+        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours, fences=fences(ctx.state))
     finally:
         source.close()
     if as_json:
@@ -97,13 +99,20 @@ def gpus(ctx: Context, as_json: bool) -> None:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
 
 
-def _fences(ctx: Context) -> dict[int, str]:
-    """Each GPU's fence, as the daemon last recorded it (gpus.json); none known before a daemon ran here."""
+
+@click.command()
+@click.option(
+    "--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True, help="Seconds between redraws."
+)
+@click.option("--mine", is_flag=True, help="Only my jobs (the GPUs are shown whole).")
+@pass_ctx
+def top(ctx: Context, interval: float, mine: bool) -> None:
+    """A live view: GPUs (memory by holder, utilisation, fence), running and waiting jobs; keys to act."""
     try:
-        gpus = json.loads(ctx.state.inventory.read_bytes())["gpus"]
-        return {int(gpu["index"]): str(gpu.get("fence", "-")) for gpu in gpus}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+        from gpuq_scheduler.launcher.views import top as live_top
+    except ImportError as err:  # textual is the optional `top` extra
+        raise GpuqError(f"gpuq top needs textual ({err.name} is missing): pip install 'gpuq-scheduler[top]'") from None
+    live_top.run(ctx.jobs(), interval, mine)
 
 
 @click.command()

@@ -2,7 +2,9 @@
 get lost, like real ones. Either a spec (``4x80GiB``, ``2x24GiB,2x48GiB``) or the path of a JSON file
 re-read at every snapshot, so a test can play a teammate filling a GPU or a GPU falling off the bus::
 
-    {"gpus": [{"name": "A100", "total": "80GiB", "used": "30GiB"}, {"total": "80GiB", "lost": true}]}
+    {"gpus": [{"name": "A100", "total": "80GiB", "used": "30GiB", "util": 35}, {"total": "80GiB", "lost": true}]}
+
+(``util``, optional: the GPU's utilisation in percent, as NVML would report it.)
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def parse_fake_json(data: Any, where: str) -> list[GpuSnapshot]:
         if not isinstance(item, dict) or "total" not in item:
             raise BadInput(f'GPUQ_FAKE_GPUS={where}: GPU {index} needs at least a total, like {{"total": "80GiB"}}')
         total, used = _bytes(item["total"], where), _bytes(item.get("used", 0), where)
-        gpus.append(_fake(index, str(item.get("name", "Fake GPU")), total, min(used, total), bool(item.get("lost"))))
+        util = item.get("util")
+        if util is not None and (not isinstance(util, int) or isinstance(util, bool) or not 0 <= util <= 100):
+            raise BadInput(f"GPUQ_FAKE_GPUS={where}: GPU {index}'s util must be a whole percent from 0 to 100")
+        gpu = _fake(index, str(item.get("name", "Fake GPU")), total, min(used, total), bool(item.get("lost")))
+        gpus.append(dataclasses.replace(gpu, utilization=util))
     return gpus
 
 

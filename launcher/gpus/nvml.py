@@ -38,9 +38,16 @@ class NvmlGpus:
             name = _text(nvml.nvmlDeviceGetName(handle))
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             total = int(memory.total)
-            return GpuSnapshot(index, uuid, name, total, int(memory.used), self._processes(handle))
+            processes = self._processes(handle)
+            return GpuSnapshot(index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle))
         except nvml.NVMLError as err:
             return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")
+
+    def _busy(self, handle: Any) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except self._nvml.NVMLError:
+            return None  # not supported on this GPU (or under MIG): shown as unknown, nothing depends on it
 
     def _processes(self, handle: Any) -> dict[int, int] | None:
         try:

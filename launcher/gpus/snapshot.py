@@ -24,6 +24,7 @@ class GpuSnapshot:
     processes: Mapping[int, int] | None = None
     lost: bool = False
     error: str = ""
+    utilization: int | None = None  # percent of the last sample period a kernel ran (NVML); None: not known
 
     def outside_use(self, ours: set[int] | frozenset[int]) -> int:
         """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses

@@ -1,0 +1,201 @@
+"""What a live view shows, as plain data: one ``Picture`` of the box (GPUs, running and waiting jobs) taken
+from the state directory and the GPUs, and the rows ``gpuq top`` draws from it. No terminal code here:
+``views.top`` draws it, and tests read it directly.
+
+Per GPU the memory is split four ways, each drawn with its own character so the bar reads without colour:
+``█`` held by gpuq's jobs (NVML, per process), ``▒`` reserved for them but not (yet) used, ``░`` used by
+processes outside gpuq, and blank: free.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
+from gpuq_scheduler.launcher.policy.placement import Policy
+from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows
+
+JOBS, RESERVED, OUTSIDE, FREE = "█", "▒", "░", " "
+
+
+@dataclass(frozen=True)
+class GpuLine:
+    row: GpuRow
+    jobs_use: int  # what gpuq's jobs hold on it now (NVML, per process)
+    utilization: int | None
+    drained: bool
+
+
+@dataclass(frozen=True)
+class Picture:
+    taken: float
+    gpus: list[GpuLine]
+    running: list[JobRecord]
+    waiting: list[JobRecord]
+    job_use: dict[int, int]  # job id -> memory its processes hold now, on its busiest GPU
+    paused: bool
+
+
+def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
+    """Read the queue and the GPUs once (readers only: the daemon need not run)."""
+    now = time.time() if now is None else now
+    active = queue.records(active_only=True)
+    running = [r for r in active if r.state is JobState.RUNNING]
+    waiting = [r for r in active if r.state is JobState.PENDING]
+    table = queue.table()
+    try:
+        launches = table.running()
+        settings = table.settings()
+    finally:
+        table.close()
+    pids = {record.id: set(processes.tree_pids(launch.shim_pid)) for record, launch in launches}
+    ours = {pid for found in pids.values() for pid in found}
+    snapshot = source.snapshot()
+    rows = gpu_rows(snapshot, running, ours, fences=fences(queue.state))
+    drained = set(settings.get("drained", []))
+    lines = [
+        GpuLine(row, _held(gpu, ours), gpu.utilization, gpu.index in drained)
+        for row, gpu in zip(rows, snapshot, strict=True)
+    ]  # fmt: skip
+    job_use = {
+        job_id: max((sum(u for p, u in (g.processes or {}).items() if p in found) for g in snapshot), default=0)
+        for job_id, found in pids.items()
+    }  # fmt: skip
+    return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")))
+
+
+def fences(state: StateDir) -> dict[int, str]:
+    """Each GPU's fence, as the daemon last recorded it (gpus.json); none known before a daemon ran here."""
+    try:
+        gpus = json.loads(state.inventory.read_bytes())["gpus"]
+        return {int(gpu["index"]): str(gpu.get("fence", "-")) for gpu in gpus}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _held(gpu: GpuSnapshot, ours: set[int]) -> int:
+    return sum(used for pid, used in (gpu.processes or {}).items() if pid in ours)
+
+
+def bar(line: GpuLine, width: int) -> str:
+    """The GPU's memory as ``width`` characters: jobs' use, reserved but unused, outside use, free."""
+    row = line.row
+    total = max(row.total, 1)
+    jobs = min(line.jobs_use, row.total)
+    reserved = max(0, row.reserved - jobs)
+    outside = min(row.external, max(0, row.total - jobs - reserved))
+    cells = [round(width * part / total) for part in (jobs, jobs + reserved, jobs + reserved + outside)]
+    drawn = JOBS * cells[0] + RESERVED * (cells[1] - cells[0]) + OUTSIDE * (cells[2] - cells[1])
+    return drawn + FREE * (width - cells[2])
+
+
+def gpu_label(line: GpuLine) -> str:
+    row = line.row
+    lost = row.state != "ok"
+    state = "LOST" if lost else ("drained" if line.drained else "ok")
+    util = "   -" if line.utilization is None or lost else f"{line.utilization:3d}%"
+    free = "-" if lost else format_size(row.free)
+    return f"GPU {row.index} {row.name[:22]:<22} util {util}  free {free:>6}  fence {row.fence:<11} {state}"
+
+
+def gpu_detail(line: GpuLine) -> str:
+    """What the bar shows, in figures (short enough to sit beside a 30-character bar in 80 columns)."""
+    row = line.row
+    return (
+        f"jobs {format_size(line.jobs_use)} res {format_size(row.reserved)} out {format_size(row.external)}"
+        f" /{format_size(row.total)}"
+    )
+
+
+RUNNING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "RESERVED", "USES", "RUNTIME", "LEFT")
+WAITING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "MEM", "WAITING", "WHY")
+SORTS = ("id", "user", "runtime", "gpus")
+
+
+def running_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] | None = None) -> list[tuple[str, ...]]:
+    """``folded``: array id -> how many members a folded array's line stands for."""
+    records = sorted(picture.running, key=_sort_key(sort, picture.taken))
+    overhead = Policy().overhead
+    return [
+        (
+            str(r.id), r.user, _name(r, folded), ",".join(map(str, r.gpus)) or "cpu",
+            "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu + overhead),
+            format_size(picture.job_use.get(r.id, 0)) if r.gpus else "-",
+            format_duration(picture.taken - (r.started_at or picture.taken)), _left(r, picture.taken),
+        )
+        for r in records
+    ]  # fmt: skip
+
+
+def waiting_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] | None = None) -> list[tuple[str, ...]]:
+    records = sorted(picture.waiting, key=_sort_key(sort, picture.taken))
+    return [
+        (
+            str(r.id), r.user, _name(r, folded), str(r.spec.gpus),
+            "auto" if r.spec.mem_auto and r.spec.mem_per_gpu is None else (
+                "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu)),
+            format_duration(picture.taken - r.submitted_at), ("held: " if r.held else "") + (r.reason or "-"),
+        )
+        for r in records
+    ]  # fmt: skip
+
+
+def only(picture: Picture, user: str) -> Picture:
+    """The same picture with only ``user``'s jobs (the GPUs stay whole: they are shared)."""
+    return Picture(
+        picture.taken, picture.gpus, [r for r in picture.running if r.user == user],
+        [r for r in picture.waiting if r.user == user], picture.job_use, picture.paused,
+    )  # fmt: skip
+
+
+def _left(record: JobRecord, now: float) -> str:
+    if record.spec.time_limit is None or record.started_at is None:
+        return "-"
+    return format_duration(max(0.0, record.started_at + record.spec.time_limit - now))
+
+
+def _sort_key(sort: str, now: float) -> Callable[[JobRecord], tuple[Any, ...]]:
+    if sort == "user":
+        return lambda r: (r.user, r.id)
+    if sort == "runtime":
+        return lambda r: (-(now - (r.started_at or r.submitted_at)), r.id)
+    if sort == "gpus":
+        return lambda r: (-r.spec.gpus, r.id)
+    return lambda r: (r.id,)
+
+
+def summary(picture: Picture, sort: str, mine: bool) -> str:
+    pieces = [f"{len(picture.running)} running", f"{len(picture.waiting)} waiting"]
+    if picture.paused:
+        pieces.append("queue PAUSED")
+    pieces += [f"sort: {sort}", "mine only" if mine else "everyone"]
+    return "  ".join(pieces) + f"   {JOBS} jobs {RESERVED} reserved {OUTSIDE} outside"
+
+
+def fold(records: Sequence[JobRecord]) -> tuple[list[JobRecord], dict[int, int]]:
+    """One line per array (its first member stands for it), and how many members each such line stands for."""
+    counts = Counter(r.array_id for r in records if r.array_id is not None)
+    seen: set[int] = set()
+    kept = []
+    for record in records:
+        if record.array_id is not None:
+            if record.array_id in seen:
+                continue
+            seen.add(record.array_id)
+        kept.append(record)
+    return kept, {array: n for array, n in counts.items() if n > 1}
+
+
+def _name(record: JobRecord, folded: Mapping[int, int] | None) -> str:
+    more = (folded or {}).get(record.array_id) if record.array_id is not None else None
+    return record.spec.display_name + (f" [+{more - 1} of array {record.array_id}]" if more else "")

@@ -1,0 +1,32 @@
+"""The live view's picture as plain data: memory bars and folded arrays, without a terminal."""
+
+from __future__ import annotations
+
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.launcher.views import live
+from gpuq_scheduler.launcher.views.tables import GpuRow
+
+G = 1 << 30
+
+
+def _line(total: int, jobs: int, reserved: int, outside: int, lost: bool = False) -> live.GpuLine:
+    row = GpuRow(0, "GPU-x", "H100", total, outside, reserved, 0, (), "lost: gone" if lost else "ok", "mps")
+    return live.GpuLine(row, jobs, 50, drained=False)
+
+
+def test_a_bar_splits_a_gpu_into_its_jobs_use_their_unused_reservation_outside_use_and_free() -> None:
+    bar = live.bar(_line(80 * G, jobs=20 * G, reserved=40 * G, outside=20 * G), 8)
+    assert bar == "██▒▒░░  "  # 20 used of 40 reserved, 20 outside, 20 free: a quarter each
+    assert live.bar(_line(80 * G, 0, 0, 0), 8) == " " * 8
+    assert live.bar(_line(80 * G, jobs=90 * G, reserved=10 * G, outside=10 * G), 8) == "█" * 8  # never past the card
+    assert "LOST" in live.gpu_label(_line(80 * G, 0, 0, 0, lost=True))
+
+
+def _member(job_id: int, array: int | None) -> JobRecord:
+    return JobRecord(job_id, JobSpec(command=("x",), cwd="/"), "alice", 1000, JobState.RUNNING, 0.0, array_id=array)
+
+
+def test_an_array_folds_to_its_first_member_and_says_how_many_it_stands_for() -> None:
+    records = [_member(1, None), _member(3, 2), _member(4, 2), _member(5, 2), _member(9, 8)]
+    kept, counts = live.fold(records)
+    assert [r.id for r in kept] == [1, 3, 9] and counts == {2: 3}  # a one-member line needs no count

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,10 +172,11 @@ def queue(users: dict[str, User]) -> Iterator[SharedQueue]:
     lib.mkdir()
     import click
     import cloudpickle
+    import prometheus_client
     import psutil
 
     gpuq = installed_tree() / "gpuq_scheduler"  # laid out as it installs: jobs/ and launcher/ inside
-    for package in (gpuq, *(Path(m.__file__).parent for m in (click, psutil, cloudpickle))):
+    for package in (gpuq, *(Path(m.__file__).parent for m in (click, psutil, cloudpickle, prometheus_client))):
         shutil.copytree(package, lib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     stamps = base / "stamps"
     stamps.mkdir()
@@ -461,3 +463,33 @@ def test_a_users_functions_run_as_them_and_their_pickles_stay_their_own(
     assert not (queue.home / "functions").exists()
     peek = f"import os\ntry:\n    print(os.listdir({str(folder)!r}))\nexcept PermissionError:\n    print('refused')\n"
     assert queue.python_as(bob, peek).strip() == "refused"
+
+
+def test_the_dashboard_shows_every_users_jobs_and_nobodys_commands(queue: SharedQueue, users: dict[str, User]) -> None:
+    """`gpuq serve` on the shared queue (run by bob, who may bind a port as anyone can): alice's job is there
+    with its owner, GPUs and state; her command, environment and working directory are nowhere."""
+    queue.start()
+    alice, bob = users["gqalice"], users["gqbob"]
+    secret = "alice-private-9d2c"
+    job = queue.submit(alice, "--gpus", "1", "--env", f"TOKEN={secret}", "sh", "-c", f": {secret}; sleep 30")
+    wait_for(lambda: queue.records()[job]["state"] == "running", 20, "alice's job to run")
+    server = subprocess.Popen(
+        [queue.python, "-m", "gpuq_scheduler", "serve", "--port", "0"], cwd=bob.home,
+        env={**queue.env(bob), "GPUQ_FAKE_GPUS": "2x80GiB"}, user=bob.uid, group=bob.gid, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[1]
+        bodies = {}
+        for path in ("", "api/gpus", "api/jobs", "metrics"):
+            with urllib.request.urlopen(url + path, timeout=30) as answer:
+                bodies[path] = answer.read().decode()
+        running = json.loads(bodies["api/jobs"])["running"]
+        assert [(j["id"], j["user"]) for j in running] == [(job, "gqalice")]
+        assert 'user="gqalice"' in bodies["metrics"] and "gqalice" in bodies[""]
+        for path, body in bodies.items():
+            assert secret not in body and str(alice.home) not in body, path
+    finally:
+        server.terminate()
+        server.wait(10)

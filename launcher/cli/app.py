@@ -29,7 +29,7 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 for command in (
     queue.submit, queue.status, queue.show, queue.logs, queue.cancel, queue.wait_command, queue.hold,
     queue.release, queue.update, machine.gpus, machine.drain, machine.pause, machine.resume, machine.report,
-    machine.doctor, machine.top, daemon,
+    machine.doctor, machine.top, machine.serve, daemon,
 ):  # fmt: skip
     gpuq.add_command(command)
 

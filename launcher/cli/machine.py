@@ -1,4 +1,4 @@
-"""`gpuq gpus, top, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
+"""`gpuq gpus, top, serve, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
 
 from __future__ import annotations
 
@@ -113,6 +113,28 @@ def top(ctx: Context, interval: float, mine: bool) -> None:
     except ImportError as err:  # textual is the optional `top` extra
         raise GpuqError(f"gpuq top needs textual ({err.name} is missing): pip install 'gpuq-scheduler[top]'") from None
     live_top.run(ctx.jobs(), interval, mine)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="0: any free port.")
+@pass_ctx
+def serve(ctx: Context, host: str, port: int) -> None:
+    """A read-only web dashboard for the team, /api/gpus and /api/jobs as JSON, and Prometheus /metrics."""
+    try:
+        import prometheus_client  # noqa: F401 (the optional `serve` extra: fail now, not at the first scrape)
+    except ImportError:
+        raise GpuqError("gpuq serve needs prometheus-client: pip install 'gpuq-scheduler[serve]'") from None
+    from gpuq_scheduler.launcher.gpus.sources import open_source
+    from gpuq_scheduler.launcher.views.serve import serve as run_server
+
+    source = open_source()
+    try:
+        run_server(ctx.jobs(), source, host, port, lambda url: click.echo(f"serving {url} (Ctrl-C stops)"))
+    except OSError as err:
+        raise GpuqError(f"cannot listen on {host}:{port}: {err.strerror}; pick another --port or --host") from None
+    finally:
+        source.close()
 
 
 @click.command()

@@ -66,7 +66,7 @@ def render_html(report: Report) -> str:
         f'<h1>gpuq report</h1><p id="window">{e(window)}, {report.gpu_count} GPUs</p>',
         '<ul id="summary">' + "".join(f"<li><b>{e(n)}</b>{e(what)}</li>" for n, what in summary) + "</ul>",
         '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
-        " its job.</p>", _timeline_svg(report), f'<p class="legend">{legend}</p>',
+        " its job.</p>", timeline_svg(report), f'<p class="legend">{legend}</p>',
         "<h2>Outcomes</h2>",
         _html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
         "<h2>GPU-hours by user</h2>", _html_table("by-user", ("USER", "GPU-HOURS"), users),
@@ -78,7 +78,7 @@ def render_html(report: Report) -> str:
     ])  # fmt: skip
 
 
-def _timeline_svg(report: Report) -> str:
+def timeline_svg(report: Report) -> str:
     t0, t1 = report.timeline_start, report.end
     span = max(t1 - t0, 1e-9)
     plot_w = _WIDTH - _LABEL_W - 32  # room for half of the last tick's label

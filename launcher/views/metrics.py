@@ -1,0 +1,85 @@
+"""Prometheus metrics for `gpuq serve`'s ``/metrics``, computed from the queue and the GPUs at each scrape
+(prometheus-client's custom collector: nothing is kept between scrapes, so a restart loses nothing).
+
+    gpuq_jobs{state,user}                      gauge: jobs pending or running now
+    gpuq_jobs_started_total                    counter: jobs that have started, ever (from the job table)
+    gpuq_jobs_ended_total{outcome}             counter: jobs that ended, by outcome (succeeded, failed, ...)
+    gpuq_queue_wait_seconds                    histogram: submit -> start of every job that started
+    gpuq_gpu_memory_total_bytes{gpu,uuid}      gauge: each GPU's memory
+    gpuq_gpu_memory_bytes{gpu,uuid,holder}     gauge: holder = jobs (what gpuq's jobs use now), reserved (reserved
+                                               for them, not used), outside (processes outside gpuq), free
+    gpuq_gpu_utilization_ratio{gpu,uuid}       gauge: 0-1, NVML's utilisation (absent where unknown)
+    gpuq_gpu_up{gpu,uuid}                      gauge: 1, or 0 once the GPU is lost
+
+The counters are monotonic because the job table only grows; like the dashboard they name no command.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.launcher.views.live import Picture
+
+WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
+
+
+class QueueCollector(Collector):
+    """Reads ``picture()`` (the GPUs and active jobs) and ``records()`` (every job) at each scrape."""
+
+    def __init__(self, picture: Callable[[], Picture], records: Callable[[], list[JobRecord]]) -> None:
+        self.picture, self.records = picture, records
+
+    def collect(self) -> Iterator[Metric]:
+        picture = self.picture()
+        records = self.records()
+        active = GaugeMetricFamily("gpuq_jobs", "Jobs pending or running now", labels=["state", "user"])
+        waiting_or_running = Counter((r.state.value, r.user) for r in records if not r.state.finished)
+        for (state, user), count in sorted(waiting_or_running.items()):
+            active.add_metric([state, user], count)
+        yield active
+        started = [r for r in records if r.started_at is not None]
+        yield CounterMetricFamily("gpuq_jobs_started", "Jobs that have started", value=len(started))
+        ended = CounterMetricFamily("gpuq_jobs_ended", "Jobs that ended, by outcome", labels=["outcome"])
+        counts = Counter(r.state.value for r in records if r.state.finished)
+        for state in JobState:
+            if state.finished:
+                ended.add_metric([state.value], counts.get(state.value, 0))
+        yield ended
+        waits = sorted(max(0.0, (r.started_at or 0.0) - r.submitted_at) for r in started)
+        buckets = [(_le(b), sum(1 for w in waits if w <= b)) for b in WAIT_BUCKETS] + [("+Inf", len(waits))]
+        yield HistogramMetricFamily(
+            "gpuq_queue_wait_seconds", "Time from submit to start of the jobs that started", buckets=buckets,
+            sum_value=sum(waits),
+        )  # fmt: skip
+        total = GaugeMetricFamily("gpuq_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
+        memory = GaugeMetricFamily("gpuq_gpu_memory_bytes", "GPU memory by holder", labels=["gpu", "uuid", "holder"])
+        util = GaugeMetricFamily("gpuq_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "uuid"])
+        up = GaugeMetricFamily("gpuq_gpu_up", "1 while the GPU answers, 0 once lost", labels=["gpu", "uuid"])
+        for line in picture.gpus:
+            row, labels = line.row, [str(line.row.index), line.row.uuid]
+            total.add_metric(labels, row.total)
+            jobs, lost = min(line.jobs_use, row.total), row.state != "ok"
+            held = {"jobs": jobs, "reserved": max(0, row.reserved - jobs), "outside": row.external}
+            for holder, value in {**held, "free": 0 if lost else row.free}.items():
+                memory.add_metric([*labels, holder], value)
+            if line.utilization is not None:
+                util.add_metric(labels, line.utilization / 100)
+            up.add_metric(labels, 0 if lost else 1)
+        yield from (total, memory, util, up)
+
+
+def _le(bound: float) -> str:
+    return f"{bound:g}" if bound != int(bound) else f"{bound:.1f}"
+
+
+def exposition(picture: Callable[[], Picture], records: Callable[[], list[JobRecord]]) -> Callable[[], bytes]:
+    """What ``/metrics`` answers, made anew at each call."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(picture, records))
+    return lambda: generate_latest(registry)

@@ -1,0 +1,183 @@
+"""`gpuq serve`: a small read-only web dashboard for the team, the same picture as JSON, and Prometheus metrics.
+
+    /            GPUs (memory by holder, utilisation, fence), running and waiting jobs, GPU-hours by user
+                 and a per-GPU timeline of the last hours; it reloads itself every 5 s (no script, nothing
+                 fetched, and a Content-Security-Policy that would refuse either)
+    /api/gpus    per GPU, as JSON
+    /api/jobs    running and waiting jobs, as JSON
+    /metrics     Prometheus' text format (``metrics.py``)
+
+It shows only what every user of a shared queue may see (``gpuq status``'s public columns): never a
+command line, a working directory, an environment or a log. It binds to 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from gpuq_scheduler.jobs.errors import GpuqError
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
+from gpuq_scheduler.launcher.views import live, report_html
+from gpuq_scheduler.launcher.views.report import build_report, hours_text
+
+TIMELINE_HOURS = 6.0
+_CSS = """
+body{font:14px/1.4 "DejaVu Sans",Arial,sans-serif;margin:20px;color:#212121}h1{font-size:20px;margin:0 0 4px}
+h2{font-size:16px;margin:20px 0 6px}table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;
+border-bottom:1px solid #eee}th{background:#fafafa}.bar{display:flex;width:240px;height:14px;border:1px solid #bbb}
+.jobs{background:#1565c0}.reserved{background:#90caf9}.outside{background:#ef6c00}.note{color:#616161}
+#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.lost{color:#c62828;font-weight:bold}
+"""
+
+
+class Dashboard:
+    """The queue and the GPUs, read once per request (one request at a time reads the GPUs)."""
+
+    def __init__(self, queue: Queue, source: GpuSource) -> None:
+        self.queue, self.source = queue, source
+        self.lock = threading.Lock()
+
+    def picture(self) -> live.Picture:
+        with self.lock:
+            return live.take(self.queue, self.source)
+
+    def gpus(self, picture: live.Picture) -> list[dict[str, Any]]:
+        return [
+            {**line.row.to_json(), "used_by_gpuq_jobs": line.jobs_use, "utilization": line.utilization,
+             "drained": line.drained}
+            for line in picture.gpus
+        ]  # fmt: skip
+
+    def jobs(self, picture: live.Picture) -> dict[str, list[dict[str, Any]]]:
+        return {
+            "running": [_public(r, picture.job_use.get(r.id)) for r in picture.running],
+            "waiting": [_public(r, None) for r in picture.waiting],
+        }
+
+    def page(self, picture: live.Picture) -> str:
+        e = html.escape
+        now = picture.taken
+        report = build_report(self.queue.records(), len(picture.gpus), now=now, since=TIMELINE_HOURS * 3600)
+        gpus = [
+            (
+                f"GPU {g.row.index}", g.row.name, _bar(g), format_size(g.jobs_use), format_size(g.row.reserved),
+                format_size(g.row.external), format_size(g.row.total),
+                "-" if g.utilization is None else f"{g.utilization}%", g.row.fence,
+                "LOST" if g.row.state != "ok" else ("drained" if g.drained else "ok"),
+            )
+            for g in picture.gpus
+        ]  # fmt: skip
+        users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
+        return "\n".join([
+            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{report_html._CSP}">',
+            '<meta http-equiv="refresh" content="5">',
+            f"<title>gpuq: {e(str(self.queue.state.root))}</title><style>{_CSS}</style></head><body>",
+            f'<h1>gpuq</h1><p class="note" id="taken">{e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))}'
+            f" &middot; {len(picture.running)} running &middot; {len(picture.waiting)} waiting"
+            f'{" &middot; queue PAUSED" if picture.paused else ""}</p>',
+            "<h2>GPUs</h2>", _table("gpus", ("GPU", "NAME", "MEMORY", "JOBS USE", "RESERVED", "OUTSIDE", "TOTAL",
+                                               "UTIL", "FENCE", "STATE"), gpus, raw_column=2),
+            '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
+            '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
+            '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
+            "<h2>Running</h2>", _table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
+            "<h2>Waiting</h2>", _table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
+            f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", _table("users", ("USER", "GPU-HOURS"), users),
+            f"<h2>Timeline, last {TIMELINE_HOURS:g} h</h2>", report_html.timeline_svg(report),
+            "</body></html>",
+        ])  # fmt: skip
+
+
+def _public(record: JobRecord, uses: int | None) -> dict[str, Any]:
+    """A job as every user may see it: no command, cwd, environment or log."""
+    return {
+        "id": record.id, "name": record.spec.display_name, "user": record.user, "state": record.state.value,
+        "gpus_requested": record.spec.gpus, "gpus": list(record.gpus), "mem_per_gpu": record.spec.mem_per_gpu,
+        "mem_auto": record.spec.mem_auto, "uses": uses, "submitted_at": record.submitted_at,
+        "started_at": record.started_at, "time_limit": record.spec.time_limit, "reason": record.reason,
+        "array_id": record.array_id, "held": record.held,
+    }  # fmt: skip
+
+
+def _bar(line: live.GpuLine) -> str:
+    total = max(line.row.total, 1)
+    jobs = min(line.jobs_use, line.row.total)
+    parts = (("jobs", jobs), ("reserved", max(0, line.row.reserved - jobs)), ("outside", line.row.external))
+    cells = "".join(f'<span class="{name}" style="width:{100 * size / total:.1f}%"></span>' for name, size in parts)
+    return f'<div class="bar" data-gpu="{line.row.index}">{cells}</div>'
+
+
+def _table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str]], raw_column: int = -1) -> str:
+    if not rows:
+        return f'<p id="{table_id}" class="note">none</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{c if i == raw_column else html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gpuq"
+
+        def do_GET(self) -> None:
+            try:
+                self._get(self.path.split("?", 1)[0])
+            except GpuqError as err:  # a damaged or unreadable state directory: say so, keep serving
+                self._send(503, "text/plain; charset=utf-8", f"gpuq: {err}\n".encode())
+
+        def _get(self, path: str) -> None:
+            if path == "/metrics":
+                self._send(200, "text/plain; version=0.0.4; charset=utf-8", metrics())
+                return
+            if path not in ("/", "/api/gpus", "/api/jobs"):
+                self._send(404, "text/plain; charset=utf-8", b"not found: try /, /api/gpus, /api/jobs or /metrics\n")
+                return
+            picture = dashboard.picture()
+            if path == "/":
+                self._send(200, "text/html; charset=utf-8", dashboard.page(picture).encode())
+                return
+            data = dashboard.gpus(picture) if path == "/api/gpus" else dashboard.jobs(picture)
+            self._send(200, "application/json", (json.dumps(data, indent=1) + "\n").encode())
+
+        def _send(self, status: int, kind: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: a dashboard polled every few seconds would fill the terminal."""
+
+    return Handler
+
+
+def serve(queue: Queue, source: GpuSource, host: str, port: int, ready: Callable[[str], None]) -> None:
+    """Serve until interrupted; ``ready`` gets the address once the socket listens."""
+    from gpuq_scheduler.launcher.views import metrics
+
+    dashboard = Dashboard(queue, source)
+    answer_metrics = metrics.exposition(dashboard.picture, dashboard.queue.records)
+    server = ThreadingHTTPServer((host, port), handler(dashboard, answer_metrics))
+    name, bound = str(server.server_address[0]), server.server_address[1]
+    ready(f"http://{'[' + name + ']' if ':' in name else name}:{bound}/")
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

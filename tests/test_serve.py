@@ -1,0 +1,154 @@
+"""`gpuq serve` against a real daemon on fake GPUs: the JSON, the Prometheus text (read with
+prometheus-client's own parser and checked against the queue), and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Gpuq, make_env, wait_for
+from tests.test_report_browser import CHROMIUM, chromium, near, read_png
+
+FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
+SECRET = "SECRET-7f3a"  # in a job's command line and environment: it must never be served
+JOBS_BLUE, OUTSIDE_ORANGE = (0x15, 0x65, 0xC0), (0xEF, 0x6C, 0x00)  # views/serve.py's bar colours
+
+
+class Served:
+    def __init__(self, gpuq: Gpuq, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpuq_scheduler", "serve", "--port", "0", *args], env=gpuq.env, cwd=gpuq.cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:"), line + self.process.stderr.read()  # type: ignore[union-attr]
+        self.url = line.split()[1]
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=30) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def json(self, path: str) -> Any:
+        status, body = self.get(path)
+        assert status == 200, body
+        return json.loads(body)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, body = self.get("/metrics")
+        assert status == 200, body
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body)
+            for sample in family.samples
+        }
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Gpuq, Served, dict[str, int]]]:
+    home, work, usage = tmp_path / "state dir", tmp_path / "work dir", tmp_path / "usage"
+    work.mkdir()
+    usage.mkdir()
+    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps({"gpus": [
+        {"name": "H100", "total": "80GiB", "used": "20GiB", "util": 35}, {"name": "H100", "total": "80GiB", "util": 80},
+        {"total": "80GiB", "lost": True},
+    ]}))  # fmt: skip
+    gpuq = Gpuq(home, make_env(home, str(inventory), GPUQ_FAKE_USAGE=str(usage)), work)
+    jobs = {
+        "packed": gpuq.submit("--mem", "8G", "--name", "packed", "--env", f"TOKEN={SECRET}", "fake_cuda.py", "3", "99"),
+        "big": gpuq.submit("--gpus", "2", "--name", "big", "sh", "-c", f"echo {SECRET}; sleep 300"),
+        "done": gpuq.submit("--gpus", "0", "--name", "quick", "true"),
+    }
+    gpuq.wait_state(jobs["packed"], "running")
+    gpuq.wait_state(jobs["done"], "succeeded")
+    server = Served(gpuq)
+    yield gpuq, server, jobs
+    server.close()
+    gpuq.cleanup()
+
+
+def test_the_json_api_shows_gpus_and_jobs_and_never_a_command(served: tuple[Gpuq, Served, dict[str, int]]) -> None:
+    gpuq, server, jobs = served
+    gpus = wait_for(lambda: (g := server.json("/api/gpus")) and any(x["used_by_gpuq_jobs"] for x in g) and g, 20)
+    assert [g["utilization"] for g in gpus] == [35, 80, None] and [g["state"][:4] for g in gpus] == ["ok", "ok", "lost"]
+    placed = gpuq.job(jobs["packed"])["gpus"][0]
+    assert gpus[placed]["used_by_gpuq_jobs"] == int(3.5 * (1 << 30)) and gpus[0]["used_outside_gpuq"] == 20 << 30
+    listed = server.json("/api/jobs")
+    assert [j["id"] for j in listed["running"]] == [jobs["packed"]]
+    assert [(j["id"], j["name"], j["reason"][:20]) for j in listed["waiting"]] == [
+        (jobs["big"], "big", "waiting for 2 GPUs t")
+    ]
+    assert listed["running"][0]["uses"] == int(3.5 * (1 << 30)) and "command" not in listed["running"][0]
+    for path in ("/", "/api/gpus", "/api/jobs", "/metrics"):
+        status, body = server.get(path)
+        assert status == 200 and SECRET not in body and str(gpuq.cwd) not in body, path
+    assert server.get("/nothing-here")[0] == 404
+
+
+def test_metrics_follow_the_queue_by_prometheus_conventions(served: tuple[Gpuq, Served, dict[str, int]]) -> None:
+    gpuq, server, jobs = served
+    me = gpuq.job(jobs["packed"])["user"]
+    found = server.metrics()
+    assert found[("gpuq_jobs", (("state", "running"), ("user", me)))] == 1
+    assert found[("gpuq_jobs", (("state", "pending"), ("user", me)))] == 1
+    assert found[("gpuq_jobs_started_total", ())] == 2  # packed and quick
+    assert found[("gpuq_jobs_ended_total", (("outcome", "succeeded"),))] == 1
+    assert found[("gpuq_queue_wait_seconds_count", ())] == 2 and found[("gpuq_queue_wait_seconds_sum", ())] >= 0
+    assert found[("gpuq_queue_wait_seconds_bucket", (("le", "+Inf"),))] == 2
+    gpu0 = (("gpu", "0"), ("uuid", "GPU-fake-0000"))
+    assert found[("gpuq_gpu_memory_total_bytes", gpu0)] == 80 << 30
+    assert found[("gpuq_gpu_memory_bytes", (*gpu0[:1], ("holder", "outside"), gpu0[1]))] == 20 << 30
+    assert found[("gpuq_gpu_utilization_ratio", gpu0)] == 0.35
+    assert found[("gpuq_gpu_up", (("gpu", "2"), ("uuid", "GPU-fake-0002")))] == 0
+    gpuq.run("cancel", str(jobs["packed"]))
+    gpuq.wait_state(jobs["packed"], "cancelled")
+    after = server.metrics()
+    assert after[("gpuq_jobs_ended_total", (("outcome", "cancelled"),))] == 1
+    assert ("gpuq_jobs", (("state", "running"), ("user", me))) not in after
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it)")
+def test_the_dashboard_in_headless_chromium_shows_the_gpus_and_jobs(
+    served: tuple[Gpuq, Served, dict[str, int]], tmp_path: Path
+) -> None:
+    _, server, jobs = served
+    wait_for(lambda: any(g["used_by_gpuq_jobs"] for g in server.json("/api/gpus")), 20, "the job's memory sampled")
+    dom = chromium(tmp_path, "--dump-dom", server.url).stdout
+    assert dom.count('<div class="bar" data-gpu=') == 3 and "LOST" in dom
+    assert f"<td>{jobs['packed']}</td>" in dom and "<td>packed</td>" in dom and "<td>big</td>" in dom
+    assert 'id="timeline"' in dom and SECRET not in dom
+    shot = tmp_path / "dashboard.png"
+    chromium(tmp_path, f"--screenshot={shot}", server.url)
+    _, _, pixels = read_png(shot)
+    assert any(near(p, JOBS_BLUE) for p in pixels) and any(near(p, OUTSIDE_ORANGE) for p in pixels)
+
+
+def test_a_port_in_use_is_one_line_and_exit_code_2(gpuq: Gpuq) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = gpuq.run("serve", "--port", str(port), check=False, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"gpuq: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port or --host"
+    )

@@ -5,7 +5,10 @@ NVML sees it and meets its fence as a CUDA program would."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +187,31 @@ def test_control_daemons_left_by_a_killed_daemon_are_quit_once_their_jobs_end(mp
     (record,) = _ended(mps, [job])
     assert record["state"] == "succeeded"
     wait_for(lambda: not list((mps.home / "mps").glob("GPU-*")), 10, "the new daemon to quit the old control daemon")
+
+
+def _fake_mps_server(pipe_root: Path) -> subprocess.Popen[bytes]:
+    """A process named as NVIDIA's MPS server, with the pipe directory a control daemon under ``pipe_root``
+    gives its server (the real one cannot run without a GPU)."""
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_root / "GPU-fake-0000" / "pipe")}
+    return subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-server sleep 60"], env=env)
+
+
+def test_gpuqs_own_mps_servers_are_not_counted_as_outside_use(mps: Gpuq) -> None:
+    """Measured on an H100: the MPS server of gpuq's fence holds 66 MiB, which `gpuq gpus` and `gpuq top`
+    first showed as a teammate's. A server of another control daemon still counts as outside use."""
+    from gpuq_scheduler.launcher.gpus.mps import server_pids
+
+    ours, theirs = _fake_mps_server(mps.home / "mps"), _fake_mps_server(mps.home.parent / "elsewhere")
+    try:
+        wait_for(lambda: Path(f"/proc/{ours.pid}/cmdline").read_bytes().startswith(b"nvidia-cuda-mps-server"), 10)
+        wait_for(lambda: Path(f"/proc/{theirs.pid}/cmdline").read_bytes().startswith(b"nvidia-cuda-mps-server"), 10)
+        assert server_pids(mps.home / "mps", [ours.pid, theirs.pid, os.getpid()]) == {ours.pid}
+        usage = Path(mps.env["GPUQ_FAKE_USAGE"])
+        for server in (ours, theirs):
+            (usage / f"{server.pid}.json").write_text(json.dumps({"0": 66 << 20}))
+        rows = json.loads(mps.run("gpus", "--json").stdout)
+        assert rows[0]["used_outside_gpuq"] == 66 << 20  # theirs only
+    finally:
+        for server in (ours, theirs):
+            server.kill()
+            server.wait()

@@ -13,6 +13,7 @@ $GPUQ_HOME/
   gpus.json        the last GPU inventory the daemon saw (lets `gpuq submit` check --gpus without NVML)
   run/<id>.exit    written by a job's shim when the job ends: the outcome survives a daemon crash
   run/<id>.pid     the job's own pid and start time, written by its shim
+  mps/<gpu uuid>/  pipe and log directories of the MPS control daemon gpuq runs on that GPU (launcher.gpus.mps)
   logs/<id>.log    the job's stdout and stderr
   private/<id>.json  shared mode: a job's (or array's) command, cwd and environment, readable by its
                    owner and the admin group only (jobs.db then holds only what everyone may see)
@@ -128,6 +129,10 @@ class StateDir:
     @property
     def run(self) -> Path:
         return self.root / "run"
+
+    @property
+    def mps(self) -> Path:
+        return self.root / "mps"
 
     @property
     def logs(self) -> Path:

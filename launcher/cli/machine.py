@@ -79,18 +79,13 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
 @pass_ctx
 def gpus(ctx: Context, as_json: bool) -> None:
     """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
-    from gpuq_scheduler.launcher.daemon import processes
     from gpuq_scheduler.launcher.gpus.sources import open_source
-    from gpuq_scheduler.launcher.views.live import fences
-    from gpuq_scheduler.launcher.views.tables import gpu_rows, gpu_table
+    from gpuq_scheduler.launcher.views import live
+    from gpuq_scheduler.launcher.views.tables import gpu_table
 
-    table = ctx.queue.table()
-    running = table.running()
-    table.close()
-    ours = {pid for _, launch in running for pid in processes.tree_pids(launch.shim_pid)}
     source = open_source()
     try:
-        rows = gpu_rows(source.snapshot(), [record for record, _ in running], ours, fences=fences(ctx.state))
+        rows = [line.row for line in live.take(ctx.queue, source).gpus]
     finally:
         source.close()
     if as_json:

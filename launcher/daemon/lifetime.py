@@ -213,7 +213,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None)
         mode = os.environ.get("GPUQ_FENCE", "auto")
         if mode not in ("auto", "mps", "cooperative", "none"):
             raise DaemonError(f"GPUQ_FENCE={mode!r}: choose auto (the default), mps, cooperative or none")
-        servers = mps.for_gpus(state.root / "mps", isinstance(source, FakeGpus), os.environ)
+        servers = mps.for_gpus(state.mps, isinstance(source, FakeGpus), os.environ)
         if mode == "mps" and servers is None:
             raise DaemonError(f"GPUQ_FENCE=mps: {mps.CONTROL} is not installed here; unset it for the default")
         if mode in ("cooperative", "none"):

@@ -9,6 +9,7 @@ from typing import Any
 from gpuq_scheduler.jobs.store import journal
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.mps import server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView
 
@@ -52,6 +53,8 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
         if gpu.processes is not None:
             attribute(scheduler, gpu.processes)
             ours |= {pid for job in scheduler.running.values() for pid in job.pids}
+            if scheduler.mps_jobs:  # our MPS servers hold memory for our fence: not a teammate's
+                ours |= server_pids(scheduler.state.mps, set(gpu.processes) - ours)
         external = gpu.outside_use(ours)
         available = not gpu.lost and gpu.index not in scheduler.drained
         views.append(GpuView(

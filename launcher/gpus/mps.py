@@ -19,7 +19,7 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -114,6 +114,34 @@ class FakeMps(Mps):
 
     def stop(self, uuid: str) -> None:
         self._forget(uuid)
+
+
+SERVER = b"nvidia-cuda-mps-server"
+PIPE = b"CUDA_MPS_PIPE_DIRECTORY="
+
+
+def server_pids(root: Path, candidates: Iterable[int]) -> set[int]:
+    """Those of ``candidates`` (pids NVML lists on a GPU) that are MPS servers of control daemons under
+    ``root``: their memory is held for gpuq's fence, not by a teammate. Known by their command and the
+    pipe directory in their environment or their parent's (the control daemon gpuq started with it); a
+    process of another user whose environment cannot be read is not claimed."""
+    prefix = PIPE + os.fsencode(root) + b"/"
+    found = set()
+    for pid in candidates:
+        try:
+            if os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) != SERVER:
+                continue
+            parent = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1].decode()
+        except (OSError, IndexError):
+            continue
+        for owner in (str(pid), parent):
+            try:
+                if any(e.startswith(prefix) for e in Path(f"/proc/{owner}/environ").read_bytes().split(b"\0")):
+                    found.add(pid)
+                    break
+            except OSError:
+                continue
+    return found
 
 
 def for_gpus(root: Path, fake_gpus: bool, environ: Mapping[str, str]) -> Mps | None:

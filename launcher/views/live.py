@@ -3,8 +3,8 @@ from the state directory and the GPUs, and the rows ``gpuq top`` draws from it. 
 ``views.top`` draws it, and tests read it directly.
 
 Per GPU the memory is split four ways, each drawn with its own character so the bar reads without colour:
-``█`` held by gpuq's jobs (NVML, per process), ``▒`` reserved for them but not (yet) used, ``░`` used by
-processes outside gpuq, and blank: free.
+``█`` held by gpuq's jobs (NVML, per process; with the MPS servers of their fence), ``▒`` reserved for them
+but not (yet) used, ``░`` used by processes outside gpuq, and blank: free.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
 from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows
@@ -49,7 +50,7 @@ class Picture:
 def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     """Read the queue and the GPUs once (readers only: the daemon need not run)."""
     now = time.time() if now is None else now
-    active = queue.records(active_only=True)
+    active = [r for r in queue.records(active_only=True) if r.cluster is None]  # a cluster's jobs: not on this box
     running = [r for r in active if r.state is JobState.RUNNING]
     waiting = [r for r in active if r.state is JobState.PENDING]
     table = queue.table()
@@ -61,6 +62,8 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     pids = {record.id: set(processes.tree_pids(launch.shim_pid)) for record, launch in launches}
     ours = {pid for found in pids.values() for pid in found}
     snapshot = source.snapshot()
+    on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}
+    ours |= mps.server_pids(queue.state.mps, on_gpus - ours)  # gpuq's fence: counted with its jobs
     rows = gpu_rows(snapshot, running, ours, fences=fences(queue.state))
     drained = set(settings.get("drained", []))
     lines = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,3 +127,26 @@ def read_reports(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
+# Three fake GPUs as tests of the views see them: a teammate's 10 GiB on GPU 0, a busy GPU 1, a lost GPU 2.
+THREE_GPUS: list[dict[str, Any]] = [
+    {"name": "H100", "total": "80GiB", "used": "10GiB", "util": 35}, {"name": "H100", "total": "80GiB", "util": 80},
+    {"total": "80GiB", "lost": True},
+]  # fmt: skip
+
+
+def fake_cuda_queue(tmp_path: Path, gpus: str | list[dict[str, Any]], **extra: str) -> Gpuq:
+    """A queue whose jobs can run tests/fixtures/fake_cuda.py (copied into its work directory), which holds
+    memory where the fake NVML sees it (GPUQ_FAKE_USAGE). ``gpus``: a spec like 2x80GiB, or the JSON
+    inventory's list of GPUs."""
+    home, work, usage = tmp_path / "state dir", tmp_path / "work dir", tmp_path / "usage"
+    work.mkdir(parents=True)
+    usage.mkdir()
+    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
+    if not isinstance(gpus, str):
+        inventory = tmp_path / "gpus.json"
+        inventory.write_text(json.dumps({"gpus": gpus}))
+        gpus = str(inventory)
+    return Gpuq(home, make_env(home, gpus, GPUQ_FAKE_USAGE=str(usage), **extra), work)

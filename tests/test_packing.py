@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,24 +17,14 @@ import pytest
 
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.placement import Policy
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 
 GiB = 1 << 30
 
-FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
 
 
 def _client(tmp_path: Path, **extra: str) -> Gpuq:
-    home = tmp_path / "state dir"
-    work = tmp_path / "work dir"
-    work.mkdir(parents=True)
-    usage = tmp_path / "usage"
-    usage.mkdir()
-    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
-    env = make_env(
-        home, "2x80GiB", GPUQ_FAKE_USAGE=str(usage), GPUQ_RETRY_BACKOFF="0.2", GPUQ_AUTO_SETTLE="1", **extra
-    )
-    return Gpuq(home, env, work)
+    return fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_RETRY_BACKOFF="0.2", GPUQ_AUTO_SETTLE="1", **extra)
 
 
 @pytest.fixture

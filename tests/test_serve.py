@@ -4,7 +4,6 @@ prometheus-client's own parser and checked against the queue), and the page in h
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,10 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import THREE_GPUS, Gpuq, fake_cuda_queue, wait_for
 from tests.test_report_browser import CHROMIUM, chromium, near, read_png
 
-FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
 SECRET = "SECRET-7f3a"  # in a job's command line and environment: it must never be served
 JOBS_BLUE, OUTSIDE_ORANGE = (0x15, 0x65, 0xC0), (0xEF, 0x6C, 0x00)  # views/serve.py's bar colours
 
@@ -63,16 +61,8 @@ class Served:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Gpuq, Served, dict[str, int]]]:
-    home, work, usage = tmp_path / "state dir", tmp_path / "work dir", tmp_path / "usage"
-    work.mkdir()
-    usage.mkdir()
-    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
-    inventory = tmp_path / "gpus.json"
-    inventory.write_text(json.dumps({"gpus": [
-        {"name": "H100", "total": "80GiB", "used": "20GiB", "util": 35}, {"name": "H100", "total": "80GiB", "util": 80},
-        {"total": "80GiB", "lost": True},
-    ]}))  # fmt: skip
-    gpuq = Gpuq(home, make_env(home, str(inventory), GPUQ_FAKE_USAGE=str(usage)), work)
+    teammate = [{**THREE_GPUS[0], "used": "20GiB"}, *THREE_GPUS[1:]]  # 20 GiB outside gpuq on GPU 0
+    gpuq = fake_cuda_queue(tmp_path, teammate)
     jobs = {
         "packed": gpuq.submit("--mem", "8G", "--name", "packed", "--env", f"TOKEN={SECRET}", "fake_cuda.py", "3", "99"),
         "big": gpuq.submit("--gpus", "2", "--name", "big", "sh", "-c", f"echo {SECRET}; sleep 300"),

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import THREE_GPUS, Gpuq, fake_cuda_queue, wait_for
 
-FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(
     TMUX is None and not os.environ.get("CI"), reason="needs tmux (CI installs it: .ci/run)"
@@ -49,17 +48,7 @@ class Terminal:
 def box(tmp_path: Path) -> Iterator[tuple[Gpuq, dict[str, int]]]:
     """Three GPUs (one with a teammate's 10 GiB on it, one lost), a packed job holding 3 GiB, a 2-GPU job
     that cannot start, and an array."""
-    home, work, usage = tmp_path / "state dir", tmp_path / "work", tmp_path / "usage"
-    work.mkdir()
-    usage.mkdir()
-    shutil.copy(FAKE_CUDA, work / "fake_cuda.py")
-    inventory = tmp_path / "gpus.json"
-    inventory.write_text(json.dumps({"gpus": [
-        {"name": "H100", "total": "80GiB", "used": "10GiB", "util": 35}, {"name": "H100", "total": "80GiB", "util": 80},
-        {"total": "80GiB", "lost": True},
-    ]}))  # fmt: skip
-    env = make_env(home, str(inventory), GPUQ_FAKE_USAGE=str(usage), TERM="xterm-256color", COLUMNS="80", LINES="24")
-    gpuq = Gpuq(home, env, work)
+    gpuq = fake_cuda_queue(tmp_path, THREE_GPUS, TERM="xterm-256color", COLUMNS="80", LINES="24")
     jobs = {
         "packed": gpuq.submit("--mem", "8G", "--name", "packed", "fake_cuda.py", "3", "300"),
         "big": gpuq.submit("--gpus", "2", "--name", "big", "sleep", "300"),

@@ -111,6 +111,7 @@ def main() -> None:
             "top_shows_the_same_jobs_use": f"jobs {_size(smi_jobs)}" in line,
             "top_shows_the_same_outside_use": f"out {_size(smi_outside)}" in line,
             "utilisation_busy_in_both": bool(top_util) and int(top_util.group(1)) > 0 and int(per_gpu[0][3]) > 0,
+            "each_job_shows_its_utilisation": len(re.findall(r"^ \d+ +\S+ +busy\.py .* (\d+)% ", screen, re.M)) == 2,
             "metrics_agree": any(
                 'holder="jobs"' in m and float(m.split()[-1]) == smi_jobs for m in result["metrics_gpu0"]
             ),

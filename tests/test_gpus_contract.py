@@ -51,6 +51,7 @@ def test_snapshot_contract(source: GpuSource) -> None:
         assert gpu.processes is None or all(pid > 0 and used >= 0 for pid, used in gpu.processes.items())
         assert not gpu.lost and gpu.error == ""
         assert gpu.utilization is None or 0 <= gpu.utilization <= 100  # percent, as NVML reports it
+        assert gpu.process_utilization is None or all(0 <= u <= 100 for u in gpu.process_utilization.values())
     assert source.snapshot() == snapshot or [g.uuid for g in source.snapshot()] == [g.uuid for g in snapshot]
 
 

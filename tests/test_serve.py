@@ -65,7 +65,9 @@ def served(tmp_path: Path) -> Iterator[tuple[Gpuq, Served, dict[str, int]]]:
     teammate = [{**THREE_GPUS[0], "used": "20GiB"}, *THREE_GPUS[1:]]  # 20 GiB outside gpuq on GPU 0
     gpuq = fake_cuda_queue(tmp_path, teammate)
     jobs = {
-        "packed": gpuq.submit("--mem", "8G", "--name", "packed", "--env", f"TOKEN={SECRET}", "fake_cuda.py", "3", "99"),
+        "packed": gpuq.submit(
+            "--mem", "8G", "--name", "packed", "--env", f"TOKEN={SECRET}", "fake_cuda.py", "3", "99", "--busy", "60"
+        ),
         "big": gpuq.submit("--gpus", "2", "--name", "big", "sh", "-c", f"echo {SECRET}; sleep 300"),
         "done": gpuq.submit("--gpus", "0", "--name", "quick", "true"),
     }
@@ -89,6 +91,7 @@ def test_the_json_api_shows_gpus_and_jobs_and_never_a_command(served: tuple[Gpuq
         (jobs["big"], "big", "waiting for 2 GPUs t")
     ]
     assert listed["running"][0]["uses"] == int(3.5 * (1 << 30)) and "command" not in listed["running"][0]
+    assert listed["running"][0]["utilization"] == 60  # its processes' share of the GPU, as NVML would say
     for path in ("/", "/api/gpus", "/api/jobs", "/metrics"):
         status, body = server.get(path)
         assert status == 200 and SECRET not in body and str(gpuq.cwd) not in body, path

@@ -50,7 +50,7 @@ def box(tmp_path: Path) -> Iterator[tuple[Gpuq, dict[str, int]]]:
     that cannot start, and an array."""
     gpuq = fake_cuda_queue(tmp_path, THREE_GPUS, TERM="xterm-256color", COLUMNS="80", LINES="24")
     jobs = {
-        "packed": gpuq.submit("--mem", "8G", "--name", "packed", "fake_cuda.py", "3", "300"),
+        "packed": gpuq.submit("--mem", "8G", "--name", "packed", "fake_cuda.py", "3", "300", "--busy", "60"),
         "big": gpuq.submit("--gpus", "2", "--name", "big", "sleep", "300"),
     }
     array = json.loads(gpuq.run("submit", "--json", "--array", "0-3", "--gpus", "0", "--name", "seeds",
@@ -70,7 +70,7 @@ def test_top_shows_the_gpus_and_the_jobs_in_80_columns(box: tuple[Gpuq, dict[str
     gpuq, jobs = box
     term = _top(gpuq, tmp_path)
     try:
-        screen = term.shows(r"USES\s+RUNTIME")
+        screen = term.shows(r"USES\s+UTIL\s+RUNTIME")
         screen = term.shows(r"jobs 3\.5G")  # the packed job's memory, as fake NVML sees it, once sampled
         lines = screen.splitlines()
         assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
@@ -80,7 +80,7 @@ def test_top_shows_the_gpus_and_the_jobs_in_80_columns(box: tuple[Gpuq, dict[str
         placed = gpuq.job(jobs["packed"])["gpus"][0]
         assert "█" in bars[placed] and "▒" in bars[placed] and "jobs 3.5G res 9.0G" in bars[placed]  # use, share
         assert "░" in bars[0] and "out 10.0G" in bars[0]  # the teammate's 10 GiB on GPU 0
-        assert re.search(rf"^ {jobs['packed']} +\S+ +packed +\d +9\.0G +3\.5G ", screen, re.MULTILINE)
+        assert re.search(rf"^ {jobs['packed']} +\S+ +packed +\d +9\.0G +3\.5G +60% ", screen, re.MULTILINE)
         assert re.search(rf"^ {jobs['big']} +\S+ +big +2 +whole .* waiting for 2 GPUs", screen, re.MULTILINE)
         # The array is folded: one line in each table it has members in (2 cores: some wait for a CPU slot).
         assert len(re.findall(rf"seeds \[\+\d of array {jobs['array']}\]", screen)) in (1, 2)
@@ -99,7 +99,7 @@ def test_top_cancels_and_holds_ones_own_jobs_after_a_yes(box: tuple[Gpuq, dict[s
     gpuq, jobs = box
     term = _top(gpuq, tmp_path)
     try:
-        term.shows(r"USES\s+RUNTIME")
+        term.shows(r"USES\s+UTIL\s+RUNTIME")
         term.keys("c")  # the cursor starts on the first running job: the packed one
         term.shows(rf"cancel job {jobs['packed']} \(packed\)\?  \[y/n\]")
         term.keys("n")
@@ -119,7 +119,7 @@ def test_top_cancels_and_holds_ones_own_jobs_after_a_yes(box: tuple[Gpuq, dict[s
         term.keys("l")
         term.shows(rf"log of job {jobs['big']} \(big\)")
         term.keys("q")
-        term.shows(r"USES\s+RUNTIME")
+        term.shows(r"USES\s+UTIL\s+RUNTIME")
     finally:
         term.close()
 

@@ -53,18 +53,24 @@ class FakeGpus:
     def _with_processes(self, gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
         assert self._usage is not None
         held: dict[int, dict[int, int]] = {}
+        busy: dict[int, dict[int, int]] = {}
         for report in self._usage.glob("*.json"):
             try:
                 pid = int(report.stem)
                 os.kill(pid, 0)  # a process that died without saying so holds nothing, as with a real driver
-                for index, size in json.loads(report.read_text()).items():
+                said = json.loads(report.read_text())
+                share = said.pop("busy", None)  # the process's share of its GPUs' time, percent
+                for index, size in said.items():
                     held.setdefault(int(index), {})[pid] = int(size)
-            except (ValueError, OSError, AttributeError):
+                    if share is not None:
+                        busy.setdefault(int(index), {})[pid] = int(share)
+            except (ValueError, OSError, AttributeError, TypeError):
                 continue
         return [
             dataclasses.replace(
                 gpu, used=min(gpu.total, gpu.used + sum(held[gpu.index].values())),
                 processes={**(gpu.processes or {}), **held[gpu.index]},
+                process_utilization=busy.get(gpu.index, {}),
             ) if gpu.index in held and not gpu.lost else gpu
             for gpu in gpus
         ]  # fmt: skip

@@ -39,7 +39,10 @@ class NvmlGpus:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             total = int(memory.total)
             processes = self._processes(handle)
-            return GpuSnapshot(index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle))
+            return GpuSnapshot(
+                index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle),
+                process_utilization=self._busy_processes(handle),
+            )  # fmt: skip
         except nvml.NVMLError as err:
             return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")
 
@@ -48,6 +51,19 @@ class NvmlGpus:
             return int(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except self._nvml.NVMLError:
             return None  # not supported on this GPU (or under MIG): shown as unknown, nothing depends on it
+
+    def _busy_processes(self, handle: Any) -> dict[int, int] | None:
+        """Each process's latest share of the GPU's time (SM utilisation), from NVML's recent samples."""
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        except self._nvml.NVMLError:
+            return None  # no samples yet, or not supported here
+        latest: dict[int, tuple[int, int]] = {}
+        for sample in samples:
+            pid, stamp = int(sample.pid), int(sample.timeStamp)
+            if stamp >= latest.get(pid, (-1, 0))[0]:
+                latest[pid] = (stamp, int(sample.smUtil))
+        return {pid: util for pid, (_, util) in latest.items()}
 
     def _processes(self, handle: Any) -> dict[int, int] | None:
         try:

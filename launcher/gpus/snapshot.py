@@ -25,6 +25,7 @@ class GpuSnapshot:
     lost: bool = False
     error: str = ""
     utilization: int | None = None  # percent of the last sample period a kernel ran (NVML); None: not known
+    process_utilization: Mapping[int, int] | None = None  # pid -> its share of the GPU's time, percent (NVML)
 
     def outside_use(self, ours: set[int] | frozenset[int]) -> int:
         """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses

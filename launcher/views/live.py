@@ -9,11 +9,12 @@ but not (yet) used, ``░`` used by processes outside gpuq, and blank: free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobState
@@ -45,6 +46,7 @@ class Picture:
     waiting: list[JobRecord]
     job_use: dict[int, int]  # job id -> memory its processes hold now, on its busiest GPU
     paused: bool
+    job_util: dict[int, int] = field(default_factory=dict)  # job id -> its processes' share of a GPU's time, %
 
 
 def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
@@ -74,7 +76,12 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         job_id: max((sum(u for p, u in (g.processes or {}).items() if p in found) for g in snapshot), default=0)
         for job_id, found in pids.items()
     }  # fmt: skip
-    return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")))
+    job_util = {
+        job_id: max(util for g in snapshot for p, util in (g.process_utilization or {}).items() if p in found)
+        for job_id, found in pids.items()
+        if any(p in found for g in snapshot for p in (g.process_utilization or {}))
+    }  # fmt: skip
+    return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util)
 
 
 def fences(state: StateDir) -> dict[int, str]:
@@ -120,7 +127,7 @@ def gpu_detail(line: GpuLine) -> str:
     )
 
 
-RUNNING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "RESERVED", "USES", "RUNTIME", "LEFT")
+RUNNING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "RESERVED", "USES", "UTIL", "RUNTIME", "LEFT")
 WAITING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "MEM", "WAITING", "WHY")
 SORTS = ("id", "user", "runtime", "gpus")
 
@@ -134,6 +141,7 @@ def running_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] |
             str(r.id), r.user, _name(r, folded), ",".join(map(str, r.gpus)) or "cpu",
             "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu + overhead),
             format_size(picture.job_use.get(r.id, 0)) if r.gpus else "-",
+            f"{picture.job_util[r.id]}%" if r.id in picture.job_util else "-",
             format_duration(picture.taken - (r.started_at or picture.taken)), _left(r, picture.taken),
         )
         for r in records
@@ -155,9 +163,9 @@ def waiting_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] |
 
 def only(picture: Picture, user: str) -> Picture:
     """The same picture with only ``user``'s jobs (the GPUs stay whole: they are shared)."""
-    return Picture(
-        picture.taken, picture.gpus, [r for r in picture.running if r.user == user],
-        [r for r in picture.waiting if r.user == user], picture.job_use, picture.paused,
+    return dataclasses.replace(
+        picture, running=[r for r in picture.running if r.user == user],
+        waiting=[r for r in picture.waiting if r.user == user],
     )  # fmt: skip
 
 

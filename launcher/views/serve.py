@@ -59,7 +59,10 @@ class Dashboard:
 
     def jobs(self, picture: live.Picture) -> dict[str, list[dict[str, Any]]]:
         return {
-            "running": [_public(r, picture.job_use.get(r.id)) for r in picture.running],
+            "running": [
+                {**_public(r, picture.job_use.get(r.id)), "utilization": picture.job_util.get(r.id)}
+                for r in picture.running
+            ],
             "waiting": [_public(r, None) for r in picture.waiting],
         }
 

@@ -10,6 +10,7 @@ the same requests as the CLI, so the daemon checks ownership again.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 from pathlib import Path
@@ -141,7 +142,7 @@ class Top(App[None]):
             (running, folded["running"]), (waiting, folded["waiting"]) = (
                 live.fold(picture.running), live.fold(picture.waiting)
             )  # fmt: skip
-            picture = live.Picture(picture.taken, picture.gpus, running, waiting, picture.job_use, picture.paused)
+            picture = dataclasses.replace(picture, running=running, waiting=waiting)
         lines = []
         for gpu in picture.gpus:
             lines += [live.gpu_label(gpu), f"[{live.bar(gpu, BAR)}] {live.gpu_detail(gpu)}"]

@@ -53,7 +53,8 @@ class NvmlGpus:
             return None  # not supported on this GPU (or under MIG): shown as unknown, nothing depends on it
 
     def _busy_processes(self, handle: Any) -> dict[int, int] | None:
-        """Each process's latest share of the GPU's time (SM utilisation), from NVML's recent samples."""
+        """Each process's latest share of the GPU's time (SM utilisation), from NVML's recent samples. MPS
+        clients have none: NVML files their work under the MPS server's pid (measured on H100)."""
         try:
             samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, 0)
         except self._nvml.NVMLError:

@@ -9,6 +9,7 @@ NCCL between GPUs or gloo on the CPU. gpuq's "torchrun" mode starts it with a fr
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -102,8 +103,12 @@ def main(argv: list[str] | None = None) -> None:
                     "seconds": round(time.perf_counter() - started, 3),
                 },
             )
-    # Tear down together: a rank that destroys its gloo group while rank 0 is still evaluating can
-    # abort in gloo's teardown ("terminate called without an active exception", seen in CI).
+    # Tear down together, and release DDP first: a rank that destroys its gloo group while rank 0 is
+    # still evaluating can abort in gloo's teardown ("terminate called without an active exception",
+    # seen in CI), and so can gloo work that DDP's reducer still holds when the interpreter finalises
+    # after the group is gone (pytorch/pytorch#179291 describes that abort).
+    del ddp_model, optimizer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ command line, a working directory, an environment or a log. It binds to 127.0.0.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import threading
@@ -179,8 +180,7 @@ def serve(queue: Queue, source: GpuSource, host: str, port: int, ready: Callable
     name, bound = str(server.server_address[0]), server.server_address[1]
     ready(f"http://{'[' + name + ']' if ':' in name else name}:{bound}/")
     try:
-        server.serve_forever(poll_interval=0.5)
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a foreground dashboard is stopped
+            server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()

@@ -37,6 +37,16 @@ class GpuLine:
     utilization: int | None
     drained: bool
 
+    def holders(self) -> dict[str, int]:
+        """The GPU's memory split four ways, adding up to at most its total: what gpuq's jobs use, what is
+        reserved for them and unused, what processes outside gpuq use, and what is free (none on a lost GPU).
+        The bar of `gpuq top`, the page and the metrics of `gpuq serve` all draw this."""
+        row = self.row
+        jobs = min(self.jobs_use, row.total)
+        reserved = min(max(0, row.reserved - jobs), row.total - jobs)
+        outside = min(row.external, row.total - jobs - reserved)
+        return {"jobs": jobs, "reserved": reserved, "outside": outside, "free": 0 if row.state != "ok" else row.free}
+
 
 @dataclass(frozen=True)
 class Picture:
@@ -76,11 +86,11 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         job_id: max((sum(u for p, u in (g.processes or {}).items() if p in found) for g in snapshot), default=0)
         for job_id, found in pids.items()
     }  # fmt: skip
-    job_util = {
-        job_id: max(util for g in snapshot for p, util in (g.process_utilization or {}).items() if p in found)
-        for job_id, found in pids.items()
-        if any(p in found for g in snapshot for p in (g.process_utilization or {}))
-    }  # fmt: skip
+    job_util: dict[int, int] = {}
+    for job_id, found in pids.items():
+        shares = [u for g in snapshot for p, u in (g.process_utilization or {}).items() if p in found]
+        if shares:  # none under MPS: NVML files an MPS client's work under the server's pid
+            job_util[job_id] = max(shares)
     return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util)
 
 
@@ -99,11 +109,8 @@ def _held(gpu: GpuSnapshot, ours: set[int]) -> int:
 
 def bar(line: GpuLine, width: int) -> str:
     """The GPU's memory as ``width`` characters: jobs' use, reserved but unused, outside use, free."""
-    row = line.row
-    total = max(row.total, 1)
-    jobs = min(line.jobs_use, row.total)
-    reserved = max(0, row.reserved - jobs)
-    outside = min(row.external, max(0, row.total - jobs - reserved))
+    total, part = max(line.row.total, 1), line.holders()
+    jobs, reserved, outside = part["jobs"], part["reserved"], part["outside"]
     cells = [round(width * part / total) for part in (jobs, jobs + reserved, jobs + reserved + outside)]
     drawn = JOBS * cells[0] + RESERVED * (cells[1] - cells[0]) + OUTSIDE * (cells[2] - cells[1])
     return drawn + FREE * (width - cells[2])

@@ -64,13 +64,11 @@ class QueueCollector(Collector):
         for line in picture.gpus:
             row, labels = line.row, [str(line.row.index), line.row.uuid]
             total.add_metric(labels, row.total)
-            jobs, lost = min(line.jobs_use, row.total), row.state != "ok"
-            held = {"jobs": jobs, "reserved": max(0, row.reserved - jobs), "outside": row.external}
-            for holder, value in {**held, "free": 0 if lost else row.free}.items():
+            for holder, value in line.holders().items():
                 memory.add_metric([*labels, holder], value)
             if line.utilization is not None:
                 util.add_metric(labels, line.utilization / 100)
-            up.add_metric(labels, 0 if lost else 1)
+            up.add_metric(labels, 0 if row.state != "ok" else 1)
         yield from (total, memory, util, up)
 
 

@@ -68,12 +68,12 @@ def render_html(report: Report) -> str:
         '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
         " its job.</p>", timeline_svg(report), f'<p class="legend">{legend}</p>',
         "<h2>Outcomes</h2>",
-        _html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
-        "<h2>GPU-hours by user</h2>", _html_table("by-user", ("USER", "GPU-HOURS"), users),
-        "<h2>GPU-hours by array</h2>", _html_table("by-array", ("ARRAY", "GPU-HOURS"), arrays),
+        html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
+        "<h2>GPU-hours by user</h2>", html_table("by-user", ("USER", "GPU-HOURS"), users),
+        "<h2>GPU-hours by array</h2>", html_table("by-array", ("ARRAY", "GPU-HOURS"), arrays),
         "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
         " and jobs stopped at their memory fence.</p>",
-        _html_table("packing", PACKING_COLUMNS, packing_rows(report)),
+        html_table("packing", PACKING_COLUMNS, packing_rows(report)),
         "</body></html>",
     ])  # fmt: skip
 
@@ -124,9 +124,14 @@ def timeline_svg(report: Report) -> str:
     return "\n".join(parts)
 
 
-def _html_table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str]], markup_column: int = -1) -> str:
+    """A table with every cell escaped, except column ``markup_column``, which holds markup we made."""
     if not rows:
         return f'<p id="{table_id}" class="empty">none</p>'
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{c if i == markup_column else html.escape(c)}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

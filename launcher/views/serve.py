@@ -18,7 +18,7 @@ import html
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,14 +29,16 @@ from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
 from gpuq_scheduler.launcher.views import live, report_html
 from gpuq_scheduler.launcher.views.report import build_report, hours_text
+from gpuq_scheduler.launcher.views.report_html import html_table
 
 TIMELINE_HOURS = 6.0
+GPU_COLUMNS = ("GPU", "NAME", "MEMORY", "JOBS USE", "RESERVED", "OUTSIDE", "TOTAL", "UTIL", "FENCE", "STATE")
 _CSS = """
 body{font:14px/1.4 "DejaVu Sans",Arial,sans-serif;margin:20px;color:#212121}h1{font-size:20px;margin:0 0 4px}
 h2{font-size:16px;margin:20px 0 6px}table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;
 border-bottom:1px solid #eee}th{background:#fafafa}.bar{display:flex;width:240px;height:14px;border:1px solid #bbb}
 .jobs{background:#1565c0}.reserved{background:#90caf9}.outside{background:#ef6c00}.note{color:#616161}
-#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.lost{color:#c62828;font-weight:bold}
+#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.empty{color:#616161}
 """
 
 
@@ -89,14 +91,13 @@ class Dashboard:
             f'<h1>gpuq</h1><p class="note" id="taken">{e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))}'
             f" &middot; {len(picture.running)} running &middot; {len(picture.waiting)} waiting"
             f'{" &middot; queue PAUSED" if picture.paused else ""}</p>',
-            "<h2>GPUs</h2>", _table("gpus", ("GPU", "NAME", "MEMORY", "JOBS USE", "RESERVED", "OUTSIDE", "TOTAL",
-                                               "UTIL", "FENCE", "STATE"), gpus, raw_column=2),
+            "<h2>GPUs</h2>", html_table("gpus", GPU_COLUMNS, gpus, markup_column=2),
             '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
             '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
             '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
-            "<h2>Running</h2>", _table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
-            "<h2>Waiting</h2>", _table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
-            f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", _table("users", ("USER", "GPU-HOURS"), users),
+            "<h2>Running</h2>", html_table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
+            "<h2>Waiting</h2>", html_table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
+            f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", html_table("users", ("USER", "GPU-HOURS"), users),
             f"<h2>Timeline, last {TIMELINE_HOURS:g} h</h2>", report_html.timeline_svg(report),
             "</body></html>",
         ])  # fmt: skip
@@ -114,22 +115,12 @@ def _public(record: JobRecord, uses: int | None) -> dict[str, Any]:
 
 
 def _bar(line: live.GpuLine) -> str:
-    total = max(line.row.total, 1)
-    jobs = min(line.jobs_use, line.row.total)
-    parts = (("jobs", jobs), ("reserved", max(0, line.row.reserved - jobs)), ("outside", line.row.external))
-    cells = "".join(f'<span class="{name}" style="width:{100 * size / total:.1f}%"></span>' for name, size in parts)
-    return f'<div class="bar" data-gpu="{line.row.index}">{cells}</div>'
-
-
-def _table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str]], raw_column: int = -1) -> str:
-    if not rows:
-        return f'<p id="{table_id}" class="note">none</p>'
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{c if i == raw_column else html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows
+    total, parts = max(line.row.total, 1), line.holders()
+    cells = "".join(
+        f'<span class="{name}" style="width:{100 * parts[name] / total:.1f}%"></span>'
+        for name in ("jobs", "reserved", "outside")
     )
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="bar" data-gpu="{line.row.index}">{cells}</div>'
 
 
 def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:

@@ -200,6 +200,28 @@ def test_daemon_start_stop_status(gpuq: Gpuq) -> None:
     assert gpuq.daemon_pid() is None
 
 
+def test_clients_that_all_find_no_daemon_start_exactly_one(gpuq: Gpuq) -> None:
+    """Regression (CI, 2026-11-24): two submits that both found no daemon listening started two; when the
+    first was stopped while the second was still importing, the second took the lock and served on, and
+    `daemon stop` waited on it until its timeout. The starting client now hands its lock to the daemon."""
+    command = [sys.executable, "-m", gpuq.entry, "submit", "--gpus", "0", "true"]
+    clients = [subprocess.Popen(command, env=gpuq.env, cwd=gpuq.cwd, stdout=subprocess.DEVNULL) for _ in range(6)]
+    assert [c.wait(60) for c in clients] == [0] * 6
+    gpuq.run("daemon", "stop")
+    time.sleep(1.0)  # a second daemon, still importing when the first stopped, would hold the lock by now
+    assert gpuq.daemon_pid() is None
+    log = (gpuq.home / "daemon.log").read_text()
+    assert "another daemon already serves" not in log and log.count(" serving ") <= 1
+
+
+def test_a_daemon_stopped_while_it_starts_stops(gpuq: Gpuq) -> None:
+    gpuq.submit("--gpus", "0", "true")  # starts a daemon, which is still importing now
+    gpuq.run("daemon", "stop")
+    assert gpuq.daemon_pid() is None
+    gpuq.run("daemon", "start")
+    assert gpuq.daemon_pid()
+
+
 def test_jobs_keep_running_while_the_daemon_is_stopped(gpuq: Gpuq) -> None:
     report = gpuq.cwd / "r.jsonl"
     job_id = gpuq.submit(str(REPORT), str(report), "1.5")

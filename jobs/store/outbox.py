@@ -164,16 +164,18 @@ def ensure_daemon(state: StateDir) -> bool:
             "(ask its admin: `sudo systemctl start gpuq`)\n"
         )
         return False
-    start_daemon(state)
-    return True
+    return start_daemon(state)
 
 
-def start_daemon(state: StateDir, *, shared: bool = False) -> None:
-    """Start a daemon for ``state`` in its own session, detached from this process.
+def start_daemon(state: StateDir, *, shared: bool = False) -> bool:
+    """Start a daemon for ``state`` in its own session, detached from this process. False if one already
+    holds the lock (it runs, or is starting and will read the spool on its first pass).
 
     The daemon lives in ``launcher.daemon.lifetime``; we start it as a process, not an import, so that ``jobs``
-    stays free of the launcher (and its NVML and psutil). If another client raced us, the loser finds
-    the lock taken and exits quietly.
+    stays free of the launcher (and its NVML and psutil). We take the daemon's lock here and hand it to the
+    child, so that there is no moment in which a daemon is starting but the lock is free: two clients that
+    both found no daemon listening could otherwise start two, and the second would take over the queue
+    if the first was stopped while the second was still importing (a `daemon stop` then never ends).
     """
     if state.is_foreign():
         from gpuq_scheduler.jobs.accounts import user_name
@@ -185,12 +187,28 @@ def start_daemon(state: StateDir, *, shared: bool = False) -> None:
     import subprocess  # ~15 ms: paid only by the submit that finds no daemon running
 
     state.ensure()
-    with state.daemon_log.open("ab") as log:
+    try:
+        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise DaemonError(f"cannot open {state.lock}: {err.strerror}") from None
+    try:
         try:
-            subprocess.Popen(
-                [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--home", str(state.root),
-                 *(["--shared"] if shared else [])],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
-            )  # fmt: skip
-        except OSError as err:
-            raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        with state.daemon_log.open("ab") as log:
+            try:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--home", str(state.root),
+                     "--lock-fd", str(lock), *(["--shared"] if shared else [])],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
+                    pass_fds=(lock,),
+                )  # fmt: skip
+            except OSError as err:
+                raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None
+        # The lock is the child's from here on (it shares this open file); its pid is known now, so nobody
+        # probing the lock reads a pid file left by an earlier daemon.
+        write_atomic(state.pid, f"{child.pid}\n".encode(), durable=False, mode=0o644)
+        return True
+    finally:
+        os.close(lock)

@@ -81,12 +81,16 @@ def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> in
 
 def stop(state: StateDir, timeout: float = 15.0) -> int | None:
     """Stop the daemon (its jobs keep running). Returns the pid stopped, or None if none ran."""
-    pid = running_pid(state)
-    if pid is None or pid <= 0:
-        return None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
+    pid = running_pid(state)
+    while pid == -1 and time.monotonic() < deadline:  # a daemon is starting: its pid file comes at once
+        time.sleep(0.02)
+        pid = running_pid(state)
+    if pid is None:
+        return None
+    if pid > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     while time.monotonic() < deadline:
         if running_pid(state) is None:
             return pid
@@ -177,10 +181,11 @@ def _policy(environ: Mapping[str, str]) -> Policy:
     return policy
 
 
-def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None) -> int:
+def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None, lock_fd: int | None = None) -> int:
     """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
 
     ``shared``: serve a whole machine's users (as root), with these settings (the config's [shared]).
+    ``lock_fd``: the state directory's lock, already taken by the client that started us (``start_daemon``).
     """
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
     from gpuq_scheduler.launcher.gpus import mps
@@ -196,9 +201,13 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None)
         state.ensure_shared()
     # fcntl.flock, not the filelock package: filelock hooks every fork of its process, which made each
     # shim's fork cost ~9 ms instead of ~1 ms here (measured), and a daemon's whole job is forking.
-    lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if lock_fd is None:
+        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    else:
+        lock = lock_fd
+        os.set_inheritable(lock, False)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # on a handed-over lock: ours already, so this holds
     except OSError:
         os.close(lock)
         log.info("another daemon already serves %s; exiting", state.root)
@@ -249,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", type=Path, help="state directory (default: $GPUQ_HOME or ~/.local/state/gpuq)")
     parser.add_argument("--burst", action="store_true", help="exit once no job is pending or running")
     parser.add_argument("--shared", action="store_true", help="serve every user of this machine (as root)")
+    parser.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # the lock, taken by the starting client
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         settings = config.load()
         home = args.home or settings.home or (config.SHARED_HOME if args.shared else None)
         state = StateDir(home.absolute()) if home else StateDir.from_env()
-        return serve(state, burst=args.burst, shared=settings.shared if args.shared else None)
+        return serve(state, burst=args.burst, shared=settings.shared if args.shared else None, lock_fd=args.lock_fd)
     except GpuqError as err:
         log.error("%s", err)
         return err.exit_code

@@ -19,6 +19,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts, config
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NotPermitted, StateDirError, UnknownJob
+from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
@@ -339,6 +340,11 @@ class Everywhere(Queue):
             remote = table.records(active_only=active_only, limit=limit)
         merged = sorted([*super().records(active_only=active_only, limit=limit), *remote], key=lambda r: r.id)
         return merged if limit is None else merged[-limit:]
+
+    def lines(self) -> list[Line]:
+        with self._clusters() as table:
+            remote = [Line.of(r) for r in table.records()]
+        return sorted([*super().lines(), *remote], key=lambda line: line.id) if remote else super().lines()
 
     def array_names(self) -> dict[int, str]:
         with ClusterTable(self.state.clusters_db) as table:

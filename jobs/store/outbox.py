@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-
 def allocate_ids(state: StateDir, count: int = 1) -> int:
     """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
     try:

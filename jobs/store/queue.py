@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
+from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -199,6 +200,19 @@ class Queue:
         for record in spooled:
             records.setdefault(record.id, record)
         return [records[i] for i in sorted(records)]
+
+    def lines(self) -> list[Line]:
+        """Every job as a listing's line, in id order: what ``gpuq status --all`` prints, without building
+        a record per job. The spool first, as in ``records``."""
+        spooled = self._spooled()
+        table = self.table()
+        try:
+            lines = table.lines()
+        finally:
+            table.close()
+        have = {line.id for line in lines} if spooled else set()
+        extra = [Line.of(r) for r in spooled if r.id not in have]
+        return sorted([*lines, *extra], key=lambda line: line.id) if extra else lines
 
     def array_names(self) -> dict[int, str]:
         table = self.table()

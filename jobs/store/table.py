@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from gpuq_scheduler.jobs import listing
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
+from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
@@ -217,6 +219,11 @@ class JobTable:
                 (limit,),
             ).fetchall()
         return [schema.record_from(row) for row in rows]
+
+    @_reading
+    def lines(self) -> list[Line]:
+        """Every job as a listing's line (``jobs.listing``), in id order: no record is built."""
+        return [listing.line_from(row) for row in self._db.execute(f"SELECT {listing.COLUMNS} FROM jobs ORDER BY id")]
 
     @_reading
     def pending(self) -> list[JobRecord]:

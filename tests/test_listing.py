@@ -1,0 +1,65 @@
+"""A listing's lines, read straight from the table, say what the full records say (``jobs.listing``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuq_scheduler.jobs.listing import Line
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
+from tests.conftest import make_env
+
+names = st.sampled_from(["", "seed 1", "a,b", "ünï", "x" * 40])
+programs = st.sampled_from(["python", "/usr/bin/python3", "train.py", "dir/", "/", "a/b/c.sh"])
+specs = st.builds(
+    lambda name, program, gpus, mem, auto, chosen: JobSpec(
+        command=(program, "--seed", "1"), cwd="/work", gpus=gpus, mem_per_gpu=mem if gpus else None, name=name,
+        mem_auto=auto and gpus > 0, mem_from=chosen if auto and gpus > 0 else "",
+    ),
+    names, programs, st.integers(0, 8), st.one_of(st.none(), st.integers(1, 1 << 40)), st.booleans(),
+    st.sampled_from(["", "learned from job 3 (4.0G)"]),
+)  # fmt: skip
+fates = st.sampled_from(["pending", "running", "succeeded", "failed", "cancelled"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(st.tuples(specs, fates, st.booleans()), min_size=1, max_size=12))
+def test_lines_from_the_table_equal_lines_made_from_its_records(
+    tmp_path: Path, jobs: list[tuple[JobSpec, str, bool]]
+) -> None:
+    path = tmp_path / "jobs.db"
+    path.unlink(missing_ok=True)
+    table = JobTable(path, create=True)
+    try:
+        table.insert_pending([
+            JobRecord(id=i, spec=spec, uid=0, user="root", state=JobState.PENDING, submitted_at=1000.0 + i,
+                      log=f"/logs/{i}.log", held=held)
+            for i, (spec, _, held) in enumerate(jobs, start=1)
+        ])  # fmt: skip
+        for i, (spec, fate, _) in enumerate(jobs, start=1):
+            if fate != "pending":
+                table.mark_running(i, list(range(spec.gpus)), [], 2000.0 + i, Launch(1, 1.0, "boot"))
+            if fate == "succeeded":
+                table.finish(i, Outcome.succeeded(), 2100.0 + i)
+            elif fate == "failed":
+                table.finish(i, Outcome.failed(3), 2100.0 + i)
+            elif fate == "cancelled":
+                table.finish(i, Outcome.cancelled("alice"), 2100.0 + i)
+        assert table.lines() == [Line.of(record) for record in table.records()]
+    finally:
+        table.close()
+
+
+def test_a_listing_shows_a_job_still_in_the_spool(tmp_path: Path) -> None:
+    """No daemon has read the request yet: `gpuq status --all` shows the job all the same."""
+    env = make_env(tmp_path / "home")
+    state = StateDir(Path(env["GPUQ_HOME"]))
+    queue = Queue(state)
+    job_id = queue.submit(JobSpec(command=("true",), cwd=str(tmp_path), gpus=0, name="spooled"))
+    (line,) = queue.lines()
+    assert (line.id, line.name, line.state, line.want_gpus) == (job_id, "spooled", JobState.PENDING, 0)

@@ -38,7 +38,8 @@ DRIVER = (
     "    sys.stderr.write('\\nLOADED ' + ' '.join(sorted(sys.modules)) + '\\n')\n"
 )
 HEAVY = (
-    "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch",
+    "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch", "hashlib",
+    "shutil",  # ~2 ms each (OpenSSL; bz2 and lzma)
     *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.store.spool", "jobs.store.queue", "jobs.api", "jobs.config",
                                       "launcher.cli.app")),
 )  # fmt: skip

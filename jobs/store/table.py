@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -80,16 +81,39 @@ class JobTable:
 
     # -- writes (daemon only) ------------------------------------------------------------------
 
-    def insert_pending(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = ()) -> list[int]:
+    def insert_pending(
+        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True
+    ) -> list[int]:
         """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
 
         Array members keep no environment of their own: they share their array's, stored once.
+        ``durable=False``: the caller keeps the requests until ``sync`` (the daemon: after this tick's launches).
         """
+        if not durable:
+            return self._insert(records, arrays)
         self._db.execute("PRAGMA synchronous=FULL")  # the spool files go next: this must be on disk
         try:
             return self._insert(records, arrays)
         finally:
             self._db.execute("PRAGMA synchronous=NORMAL")
+
+    def sync(self) -> None:
+        """Make every commit so far survive a power cut, as ``synchronous=FULL`` does at each commit: every
+        commit is in the write-ahead log once it returns, so an fsync of the log (and of the directory that
+        names it) is enough."""
+        try:
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+        except FileNotFoundError:
+            return  # checkpointed and removed: everything is in the table file, which SQLite synced then
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def _insert(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo]) -> list[int]:
         with self._transaction():

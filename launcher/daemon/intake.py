@@ -45,7 +45,9 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
         for r in submits
         if r.array is not None
     ]  # fmt: skip
-    inserted = set(scheduler.table.insert_pending(fresh, arrays))
+    # Not fsynced here: the requests stay in the spool until the tick has sent its launches and synced the
+    # table (``Scheduler.tick``), so a job submitted to an idle queue starts without waiting on the disk.
+    inserted = set(scheduler.table.insert_pending(fresh, arrays, durable=False))
     for info in arrays:
         # Not its environment: the table has it, and thousands of arrays' environments kept for the
         # daemon's lifetime were the one thing that grew in a long soak (12 KiB of RSS per array).
@@ -62,8 +64,7 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
         else:
             scheduler.pending[record.id] = record
             queued[record.user] = queued.get(record.user, 0) + 1
-    for submit in submits:
-        spool.remove(submit)
+    scheduler.ingested.extend(submits)
     for other in found:
         if isinstance(other, spool.CancelRequest):
             requests.cancel(scheduler, other, now, events)

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
-from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import endings, fences, intake, learning, outcomes, processes, shim, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -71,6 +71,16 @@ class Scheduler(SchedulerState):
         then, self.after_commit, self.on_rollback = self.after_commit, [], []
         for action in then:
             action()
+        self.forget_ingested()
+
+    def forget_ingested(self) -> None:
+        """Once the jobs ingested are on disk, their requests go. A crash before: the next daemon reads them
+        again and finds their ids taken by the same requests (a no-op); a power cut: they are ingested anew."""
+        if self.ingested:
+            self.table.sync()
+            for request in self.ingested:
+                spool.remove(request)
+            self.ingested = []
 
     def reload(self) -> None:
         """Forget what this tick did in memory and read the active jobs back from the table."""
@@ -83,12 +93,12 @@ class Scheduler(SchedulerState):
         return self.shims.idle != self._spares_wanted()
 
     def fork_spares(self) -> None:
-        """Fork idle shims so that the next launches need no fork: one per GPU while work waits, none once
-        nothing waits."""
+        """Fork idle shims so that the next launches need no fork: one per GPU while work waits, one once
+        nothing waits (the next submit to an idle queue then starts without a fork of the daemon)."""
         self.shims.keep(self._spares_wanted())
 
     def _spares_wanted(self) -> int:
-        return min(len(self.pending), max(len(self.last_snapshot), 1), SPARES)
+        return min(max(len(self.pending), 1), max(len(self.last_snapshot), 1), SPARES)
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""

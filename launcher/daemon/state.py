@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
-from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
@@ -70,6 +70,7 @@ class SchedulerState:
         self.waiting: dict[int, str] = {}
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
+        self.ingested: list[spool.SubmitRequest] = []  # in the table, to be removed from the spool once synced
         self._reasons_due = 0.0
         self._unsaved_reasons: dict[int, str] | None = None
         self.changes = 0  # bumped by every ending and every request, so placement knows when to look again

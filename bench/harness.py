@@ -285,8 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpuq-bench-"))
     log(f"work directory {work}; tools {', '.join(tools)}; workloads {','.join(sorted(args.workloads))}; "
         f"{'quick' if args.quick else 'full'} sizes, {args.repeat} repeat(s)")  # fmt: skip
+    gpuq_install = "editable (the development venv)"
+    if "gpuq" in tools and not os.environ.get("GPUQ_BENCH_COMMAND"):
+        # Timed as users install it: an editable install loads setuptools' import hook at every start.
+        regular = gpuq_peer.install_regular(work)
+        if regular is not None:
+            os.environ["GPUQ_BENCH_COMMAND"] = regular
+            gpuq_install = "regular (pip install ., in a venv of its own)"
+        log(f"gpuq: {gpuq_install}")
     try:
         info = machine()
+        info["gpuq_install"] = gpuq_install
         found_versions = versions(tools, work)
         runs = run_all(args, tools, work)
     finally:

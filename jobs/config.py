@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs import locations
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.locations import SHARED_HOME as SHARED_HOME
-from gpuq_scheduler.jobs.locations import SYSTEM_CONFIG as SYSTEM_CONFIG
 from gpuq_scheduler.jobs.locations import config_paths as config_paths
 from gpuq_scheduler.jobs.units import parse_duration
+
+SHARED_HOME = Path(locations.SHARED_HOME)  # a shared queue's state directory unless the config names another
+SYSTEM_CONFIG = Path(locations.SYSTEM_CONFIG)
 
 BACKENDS = ("slurm",)
 

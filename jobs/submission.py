@@ -42,10 +42,11 @@ class Inventory:
         return hash(self.totals)
 
     @classmethod
-    def read(cls, path: Path) -> Inventory | None:
+    def read(cls, path: str | Path) -> Inventory | None:
         """The GPUs the daemon last saw (``gpus.json``, ``StateDir.inventory``), or None if it never ran here."""
         try:
-            data = json.loads(path.read_bytes())
+            with open(path, "rb") as handle:
+                data = json.loads(handle.read())
             return cls(tuple(int(gpu["total"]) for gpu in data["gpus"]))
         except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return None  # damaged: the daemon rewrites it at its next look at the GPUs

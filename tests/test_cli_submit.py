@@ -23,6 +23,7 @@ from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.cli import queue as click_commands
 from gpuq_scheduler.launcher.cli import submit as cli_submit
 from tests.conftest import Gpuq, make_env
+from tests.installed import installed_tree
 from tests.test_cli_errors import BAD_SUBMITS
 
 GiB = 1 << 30
@@ -39,7 +40,7 @@ DRIVER = (
 )
 HEAVY = (
     "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch", "hashlib",
-    "shutil",  # ~2 ms each (OpenSSL; bz2 and lzma)
+    "shutil", "pathlib",  # ~2 ms each (OpenSSL; bz2 and lzma; urllib.parse and ipaddress)
     *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.store.spool", "jobs.store.queue", "jobs.api", "jobs.config",
                                       "launcher.cli.app")),
 )  # fmt: skip
@@ -72,8 +73,13 @@ class Queue:
                 for i, total in enumerate(totals)]  # fmt: skip
         (self.home / "gpus.json").write_text(json.dumps({"gpus": gpus}))
 
-    def gpuq(self, entry: str, *args: str) -> Run:
-        done = subprocess.run([sys.executable, "-c", DRIVER, entry, *args], env=self.env, cwd=self.work,
+    def gpuq(self, entry: str, *args: str, bare: bool = False) -> Run:
+        """``bare``: without site (-S), from the package laid out as it installs: an editable install's
+        import hook, loaded by site, imports pathlib and more before gpuq runs at all."""
+        python, env = [sys.executable], self.env
+        if bare:
+            python, env = [sys.executable, "-S"], {**self.env, "PYTHONPATH": str(installed_tree())}
+        done = subprocess.run([*python, "-c", DRIVER, entry, *args], env=env, cwd=self.work,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         return Run(done)
 
@@ -221,7 +227,7 @@ def test_a_quick_submit_loads_no_heavy_module(tmp_path: Path, home_from: str) ->
     for queue in _open_queue(tmp_path, env, home):
         for args in (["--gpus", "2", "--mem", "20G", "--time", "2h", "true"],
                      ["--json", "--array", "0-3%2", "--env", "A=1", "train.py", "{index}"]):  # fmt: skip
-            run = queue.gpuq(QUICK, "submit", *args)
+            run = queue.gpuq(QUICK, "submit", *args, bare=True)
             assert run.returncode == 0, run.stderr
             assert sorted(run.modules & set(HEAVY)) == []
         assert len(queue.requests()) == 2

@@ -31,7 +31,8 @@ def _submit_many(home: str, count: int) -> list[int]:
 def test_a_state_dir_is_an_immutable_value(tmp_path: Path) -> None:
     state = StateDir(tmp_path)
     assert state == StateDir(Path(str(tmp_path))) and state != StateDir(tmp_path / "other") and state != tmp_path
-    assert len({state, StateDir(tmp_path)}) == 1 and repr(state) == f"StateDir(root={tmp_path!r})"
+    assert len({state, StateDir(tmp_path)}) == 1 and repr(state) == f"StateDir({str(tmp_path)!r})"
+    assert state == StateDir(str(tmp_path)) == StateDir(f"{tmp_path}/") and state.root == tmp_path
     with pytest.raises(AttributeError):
         state.root = tmp_path / "other"
     assert pickle.loads(pickle.dumps(state)) == copy.deepcopy(state) == state

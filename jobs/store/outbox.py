@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from gpuq_scheduler.jobs.errors import DaemonError, StateDirError
-from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, StateDir, write_atomic
+from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name, write_atomic
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 
 def allocate_ids(state: StateDir, count: int = 1) -> int:
     """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
+    counter = state.at(NEXT_ID)
     try:
-        fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(counter, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as err:
-        raise StateDirError(f"cannot open {state.next_id}: {err.strerror}") from None
+        raise StateDirError(f"cannot open {counter}: {err.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 64, 0).strip()
@@ -41,8 +42,8 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
         return first
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StateDirError(f"no space left in {state.root}: free some disk space and try again") from None
-        raise StateDirError(f"cannot update {state.next_id}: {err.strerror}") from None
+            raise StateDirError(f"no space left in {state.text}: free some disk space and try again") from None
+        raise StateDirError(f"cannot update {counter}: {err.strerror}") from None
     finally:
         os.close(fd)
 
@@ -107,8 +108,8 @@ def write_submit(
     spec: Mapping[str, Any],
     submitted_at: float,
     array: tuple[tuple[int, ...], int | None] | None = None,
-) -> Path:
-    path = state.submit_request(job_id)
+) -> str:
+    path = state.at(SPOOL, submit_name(job_id))
     body: dict[str, Any] = {
         "schema": REQUEST_SCHEMA,
         "kind": "submit",
@@ -139,11 +140,11 @@ def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
 def poke(state: StateDir) -> bool:
     """Wake the daemon. False when no daemon is listening (nobody holds the FIFO open for reading)."""
     try:
-        fd = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(state.at(WAKE), os.O_WRONLY | os.O_NONBLOCK)
     except OSError as err:
         if err.errno in (errno.ENXIO, errno.ENOENT):
             return False
-        raise StateDirError(f"cannot reach the daemon through {state.wake}: {err.strerror}") from None
+        raise StateDirError(f"cannot reach the daemon through {state.at(WAKE)}: {err.strerror}") from None
     try:
         os.write(fd, b"!")
     except BlockingIOError:

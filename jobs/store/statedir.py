@@ -28,39 +28,72 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from pathlib import Path
 
 from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.locations import any_config
 
+TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
 REQUEST_SCHEMA = 1  # of the spool's request files: ``outbox`` writes it, ``spool`` refuses any other
 
+# The names the quick ``gpuq submit`` path opens as plain strings (``StateDir.at``): importing pathlib
+# cost 2.3 ms of its 18 (2-core VM), so it builds no Path.
+NEXT_ID = "next_id"
+SPOOL = "spool"
+WAKE = "wake.fifo"
+INVENTORY = "gpus.json"
 
-def default_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
+
+def submit_name(job_id: int) -> str:
+    return f"submit-{job_id:012d}.json"
+
+
+def _path(text: str) -> Path:
+    from pathlib import Path
+
+    return Path(text)
+
+
+def home_text(env: Mapping[str, str] | None = None) -> str:
+    """The state directory to use, absolute (as ``Path.absolute``: not resolved), as a string."""
     env = os.environ if env is None else env
-    if env.get("GPUQ_HOME"):
-        return Path(env["GPUQ_HOME"]).expanduser()
+    home = os.path.expanduser(env["GPUQ_HOME"]) if env.get("GPUQ_HOME") else _configured_home(env)
+    return home if os.path.isabs(home) else os.path.join(os.getcwd(), home)
+
+
+def _configured_home(env: Mapping[str, str]) -> str:
     if any_config(env):  # jobs.config (dataclasses, a TOML parser) loads only when there is a file to read
         from gpuq_scheduler.jobs import config
 
         configured = config.load(env).home
         if configured is not None:
-            return configured
+            return os.fspath(configured)
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "gpuq"
+    return os.path.join(state, "gpuq")
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    return _path(home_text(env))
 
 
 class StateDir:
     """One state directory: an immutable value (equal, hashable) naming the files in it.
 
     A plain class, not a dataclass: the quick ``gpuq submit`` path must not pay for importing dataclasses.
+    It holds its directory as a string (``text``) and builds ``root``, a Path, on first use.
     """
 
-    __slots__ = ("root",)
-    root: Path
+    __slots__ = ("_root", "text")
+    text: str
+    _root: Path | None
 
-    def __init__(self, root: Path) -> None:
-        object.__setattr__(self, "root", root)
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        text = os.fspath(root)
+        object.__setattr__(self, "text", text.rstrip("/") or text)
+        object.__setattr__(self, "_root", None)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"StateDir is immutable: cannot set {name!r}")
@@ -71,20 +104,32 @@ class StateDir:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StateDir):
             return NotImplemented
-        return self.root == other.root
+        return self.text == other.text
 
     def __hash__(self) -> int:
-        return hash((self.root,))
+        return hash((self.text,))
 
     def __repr__(self) -> str:
-        return f"StateDir(root={self.root!r})"
+        return f"StateDir({self.text!r})"
 
-    def __reduce__(self) -> tuple[type[StateDir], tuple[Path]]:
-        return StateDir, (self.root,)  # pickling and copying go through __init__, not the refused __setattr__
+    def __reduce__(self) -> tuple[type[StateDir], tuple[str]]:
+        return StateDir, (self.text,)  # pickling and copying go through __init__, not the refused __setattr__
 
     @classmethod
     def from_env(cls) -> StateDir:
-        return cls(default_home().absolute())
+        return cls(home_text())
+
+    @property
+    def root(self) -> Path:
+        root: Path | None = self._root
+        if root is None:
+            root = _path(self.text)
+            object.__setattr__(self, "_root", root)
+        return root
+
+    def at(self, *names: str) -> str:
+        """A path in the directory as a string, for the quick submit path (``NEXT_ID``, ``SPOOL``, ...)."""
+        return os.path.join(self.text, *names)
 
     @property
     def lock(self) -> Path:
@@ -100,15 +145,15 @@ class StateDir:
 
     @property
     def wake(self) -> Path:
-        return self.root / "wake.fifo"
+        return self.root / WAKE
 
     @property
     def next_id(self) -> Path:
-        return self.root / "next_id"
+        return self.root / NEXT_ID
 
     @property
     def spool(self) -> Path:
-        return self.root / "spool"
+        return self.root / SPOOL
 
     @property
     def rejected(self) -> Path:
@@ -124,7 +169,7 @@ class StateDir:
 
     @property
     def inventory(self) -> Path:
-        return self.root / "gpus.json"
+        return self.root / INVENTORY
 
     @property
     def run(self) -> Path:
@@ -150,7 +195,7 @@ class StateDir:
         return self.root / "events.jsonl"
 
     def submit_request(self, job_id: int) -> Path:
-        return self.spool / f"submit-{job_id:012d}.json"
+        return self.spool / submit_name(job_id)
 
     def cancel_request(self, token: str) -> Path:
         return self.spool / f"cancel-{token}.json"
@@ -168,12 +213,12 @@ class StateDir:
         return self.logs / f"{job_id}.log"
 
     def exists(self) -> bool:
-        return self.spool.is_dir()
+        return os.path.isdir(self.at(SPOOL))
 
     def is_foreign(self) -> bool:
         """True for a queue run by someone else (a shared queue): it is not ours to set up or start."""
         try:
-            return self.root.stat().st_uid != os.geteuid()
+            return os.stat(self.text).st_uid != os.geteuid()
         except OSError:
             return False
 
@@ -183,25 +228,25 @@ class StateDir:
         Someone else's queue (a shared one) is only checked: we need to be able to drop requests in it.
         """
         if self.is_foreign():
-            if not os.access(self.spool, os.W_OK | os.X_OK):
+            if not os.access(self.at(SPOOL), os.W_OK | os.X_OK):
                 raise StateDirError(
-                    f"you cannot submit to the queue in {self.root}: its spool is not writable by you; "
+                    f"you cannot submit to the queue in {self.text}: its spool is not writable by you; "
                     "ask its admin (a shared queue is set up with `gpuq daemon setup`)"
                 )
             return
         try:
-            for directory in (self.root, self.spool, self.rejected, self.run, self.logs):
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for directory in ((), (SPOOL,), (SPOOL, "rejected"), ("run",), ("logs",)):
+                os.makedirs(self.at(*directory), mode=0o700, exist_ok=True)
             with contextlib.suppress(FileExistsError):
-                os.mkfifo(self.wake, 0o600)
+                os.mkfifo(self.at(WAKE), 0o600)
         except OSError as err:
             raise StateDirError(
-                f"cannot set up the state directory {self.root}: {err.strerror}; "
+                f"cannot set up the state directory {self.text}: {err.strerror}; "
                 "set GPUQ_HOME to a directory you can write"
             ) from None
-        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+        if not os.access(self.text, os.R_OK | os.W_OK | os.X_OK):
             raise StateDirError(
-                f"the state directory {self.root} is not writable by you; set GPUQ_HOME to a directory you can write"
+                f"the state directory {self.text} is not writable by you; set GPUQ_HOME to a directory you can write"
             )
 
     def ensure_shared(self) -> None:
@@ -229,13 +274,15 @@ class StateDir:
             raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
     """Write ``data`` to a temp name beside ``path`` and rename it in, so readers see all or nothing.
 
     ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
     On failure (a full disk, say) the temp file is removed and nothing is left half-written.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
@@ -246,26 +293,26 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         if durable:
-            _sync_directory_of(path)
+            _sync_directory_of(target)
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StateDirError(
-                f"no space left to write {path}: free some disk space under {path.parent} and try again"
+                f"no space left to write {target}: free some disk space under {directory or '.'} and try again"
             ) from None
-        raise StateDirError(f"cannot write {path}: {err.strerror}") from None
+        raise StateDirError(f"cannot write {target}: {err.strerror}") from None
 
 
-def _sync_directory_of(path: Path) -> None:
+def _sync_directory_of(path: str) -> None:
     """Make a rename into ``path``'s directory durable. A shared queue's spool cannot be opened by its users
     (it is write-only, like cron's): then the renamed file is synced once more, which on ext4 and XFS commits
     the journal that holds the rename too (POSIX does not promise it; the daemon's ingest, moments later,
     is fsynced either way)."""
     try:
-        fd = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     except PermissionError:
         fd = os.open(path, os.O_RDONLY)
     try:

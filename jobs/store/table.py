@@ -13,6 +13,7 @@ path 0.3 ms on an idle disk and ~9 ms on a busy one (measured here).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -98,22 +99,15 @@ class JobTable:
             self._db.execute("PRAGMA synchronous=NORMAL")
 
     def sync(self) -> None:
-        """Make every commit so far survive a power cut, as ``synchronous=FULL`` does at each commit: every
-        commit is in the write-ahead log once it returns, so an fsync of the log (and of the directory that
-        names it) is enough."""
-        try:
-            fd = os.open(f"{self.path}-wal", os.O_RDONLY)
-        except FileNotFoundError:
-            return  # checkpointed and removed: everything is in the table file, which SQLite synced then
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        """Make every commit so far survive a power cut, as synchronous=FULL does per commit: each one is in
+        the write-ahead log once it returns, so an fsync of the log and of the directory naming it suffices."""
+        for path in (f"{self.path}-wal", self.path.parent):
+            with contextlib.suppress(FileNotFoundError):  # no log: checkpointed into the table, synced then
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _insert(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo]) -> list[int]:
         with self._transaction():

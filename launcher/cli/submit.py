@@ -110,13 +110,13 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     """Queue the job and print what click's submit prints. False, having written nothing, where it must be
     click's: a shared queue, or no GPU inventory recorded yet."""
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
-    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
     from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_array
 
     state = StateDir.from_env()
     if state.is_foreign():
         return False
-    inventory = Inventory.read(state.inventory)
+    inventory = Inventory.read(state.at(INVENTORY))
     if inventory is None:
         return False
     # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.

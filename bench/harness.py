@@ -288,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     gpuq_install = "editable (the development venv)"
     if "gpuq" in tools and not os.environ.get("GPUQ_BENCH_COMMAND"):
         # Timed as users install it: an editable install loads setuptools' import hook at every start.
-        regular = gpuq_peer.install_regular(work)
+        regular, how = gpuq_peer.install_regular(work)
         if regular is not None:
             os.environ["GPUQ_BENCH_COMMAND"] = regular
-            gpuq_install = "regular (pip install ., in a venv of its own)"
+            gpuq_install = how
+        else:
+            gpuq_install += f"; a regular install failed: {how}"
         log(f"gpuq: {gpuq_install}")
     try:
         info = machine()

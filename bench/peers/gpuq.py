@@ -24,9 +24,9 @@ def binary() -> str | None:
     return str(here) if here.exists() else shutil.which("gpuq")
 
 
-def install_regular(work: Path) -> str | None:
+def install_regular(work: Path) -> tuple[str | None, str]:
     """This checkout installed the way users get gpuq (``pip install .``, not editable), in a venv under
-    ``work``; its ``gpuq`` command, or None if pip could not do it (say why in the results).
+    ``work``: (its ``gpuq`` command, or None if that failed; what was installed, or why it failed).
 
     The development venv's install is editable: setuptools serves the jobs/ and launcher/ folders under
     ``gpuq_scheduler`` through an import hook that every Python start there loads (~8 ms on the 2-core VM,
@@ -34,22 +34,32 @@ def install_regular(work: Path) -> str | None:
     through a path file, but not its .pth files, so not that hook.
     """
     venv = work / "gpuq-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        return None, f"python -m venv failed: {made.stderr.strip()[-300:]}"
+    why, wheels = "", work / "gpuq-wheel"
     for isolation in ([], ["--no-build-isolation"]):  # without an index (a lent GPU host), build with ours
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", *isolation, str(ROOT)],
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(wheels), str(ROOT)],
             capture_output=True, text=True,
         )  # fmt: skip
-        if done.returncode == 0:
+        if built.returncode == 0:
             break
+        why = f"pip wheel failed: {(built.stderr or built.stdout).strip()[-300:]}"
     else:
-        return None
+        return None, why
+    wheel, python = next(wheels.glob("*.whl")), venv / "bin" / "python"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None, f"pip install failed: {(done.stderr or done.stdout).strip()[-300:]}"
     site = next((venv / "lib").glob("python*/site-packages"))
-    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    ours = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
     (site / "bench-deps.pth").write_text("".join(f"{p}\n" for p in ours))
     found = venv / "bin" / "gpuq"
-    return str(found) if found.exists() else None
+    return (str(found), "regular (pip install ., in a venv of its own)") if found.exists() else (None, "no gpuq script")
 
 
 class Gpuq(Tool):

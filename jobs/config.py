@@ -12,6 +12,7 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     max_gpus_per_user = 4            # GPUs one user's running jobs may hold at once
     max_queued_per_user = 1000       # jobs one user may have waiting
     fair_share_half_life = "24h"     # how fast past GPU use is forgotten
+    idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
@@ -66,6 +67,7 @@ class Shared:
     max_queued_per_user: int | None = None
     fair_share_half_life: float = 24 * 3600.0
     priority: Mapping[str, int] = field(default_factory=dict)
+    idle_limit: float | None = 4 * 3600.0  # seconds an interactive job's GPUs may do no work; None: no limit
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,8 @@ def _build(raw: dict[str, Any], sources: tuple[Path, ...]) -> Config:
 def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
-    _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority"},
-                path, "shared.")  # fmt: skip
+    _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
+                      "idle_limit"}, path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
@@ -159,7 +161,13 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         raise
     except BadInput as err:
         raise ConfigError(f"{path}: shared.fair_share_half_life: {err}") from None
+    idle = _typed(raw.get("idle_limit", "4h"), str, path, "shared.idle_limit")
+    try:
+        idle_limit = None if idle == "off" else parse_duration(idle)
+    except BadInput as err:
+        raise ConfigError(f"{path}: shared.idle_limit: {err} (or \"off\")") from None
     return Shared(
+        idle_limit=idle_limit,
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
         max_queued_per_user=_count(raw.get("max_queued_per_user"), path, "shared.max_queued_per_user"),

@@ -72,6 +72,9 @@ class JobSpec:
     like: int | None = None
     kind: str = ""
     mem_from: str = ""
+    # An interactive job (`gpuq run`, `gpuq alloc`): the pid of the gpuq process whose program uses its
+    # GPUs from the user's terminal. GPU processes under it count as the job's.
+    client: int | None = None
 
     def __post_init__(self) -> None:
         check_spec(
@@ -88,6 +91,11 @@ class JobSpec:
             name=self.name.replace("{index}", str(index)) if self.name else "",
             notify=None,  # an array notifies once, when every member has ended
         )
+
+    @property
+    def interactive(self) -> bool:
+        """A `gpuq run` or `gpuq alloc` job: its program runs in a user's terminal (``jobs.hold``)."""
+        return self.client is not None or "gpuq_scheduler.jobs.hold" in self.command
 
     @property
     def whole_gpus(self) -> bool:
@@ -118,6 +126,7 @@ class JobSpec:
             "like": self.like,
             "kind": self.kind,
             "mem_from": self.mem_from,
+            "client": self.client,
         }
 
     @classmethod
@@ -150,6 +159,7 @@ class JobSpec:
                 like=_optional(data.get("like"), int, "like"),
                 kind=_typed(data.get("kind", ""), str, "kind"),
                 mem_from=_typed(data.get("mem_from", ""), str, "mem_from"),
+                client=_optional(data.get("client"), int, "client"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None

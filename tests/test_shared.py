@@ -493,3 +493,21 @@ def test_the_dashboard_shows_every_users_jobs_and_nobodys_commands(queue: Shared
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_interactive_work_runs_as_its_user_and_an_allocation_is_released_by_its_owner_only(
+    queue: SharedQueue, users: dict[str, User]
+) -> None:
+    queue.start()
+    alice, bob = users["gqalice"], users["gqbob"]
+    ran = queue.gpuq(alice, "run", "--gpus", "1", "sh", "-c", 'echo "$(id -u) $CUDA_VISIBLE_DEVICES $GPUQ_JOB_ID"')
+    uid, gpus, job_id = ran.stdout.split()
+    assert (int(uid), gpus) == (alice.uid, "0")
+    queue.wait(alice, int(job_id))
+    assert queue.records()[int(job_id)]["user"] == "gqalice"
+    held = json.loads(queue.gpuq(alice, "alloc", "--no-shell", "--json").stdout)
+    refused = queue.gpuq(bob, "release-alloc", str(held["id"]), check=False)
+    assert refused.returncode == 2, refused.stderr
+    queue.gpuq(alice, "release-alloc", str(held["id"]))
+    queue.wait(alice, held["id"])
+    assert queue.records()[held["id"]]["state"] == "cancelled"

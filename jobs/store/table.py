@@ -138,7 +138,7 @@ class JobTable:
     ) -> None:
         with self._transaction():
             self._db.execute(
-                "UPDATE jobs SET state='running', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
+                "UPDATE jobs SET state='running', reason='', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
                 " shim_start=?, boot_id=?, port=? WHERE id=? AND state='pending'",
                 (json.dumps(list(gpus)), json.dumps(list(uuids)), started_at, launch.shim_pid,
                  launch.shim_start, launch.boot_id, launch.port, job_id),
@@ -179,11 +179,11 @@ class JobTable:
         rows = self._db.execute("SELECT id, not_before FROM jobs WHERE state='pending' AND not_before IS NOT NULL")
         return {row[0]: row[1] for row in rows}
 
-    def set_reasons(self, reasons: dict[int, str]) -> None:
-        """Record why pending jobs wait, for `gpuq status`."""
+    def set_reasons(self, reasons: dict[int, str], state: str = "pending") -> None:
+        """Record why pending jobs wait (or, ``state="running"``, how long an interactive job was idle)."""
         with self._transaction():
             self._db.executemany(
-                "UPDATE jobs SET reason=? WHERE id=? AND state='pending'", [(r, i) for i, r in reasons.items()]
+                "UPDATE jobs SET reason=? WHERE id=? AND state=?", [(r, i, state) for i, r in reasons.items()]
             )
 
     def set_cancel_by(self, job_id: int, who: str) -> None:

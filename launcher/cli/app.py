@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import click
 
 from gpuq_scheduler.jobs.errors import GpuqError
-from gpuq_scheduler.launcher.cli import machine, queue
+from gpuq_scheduler.launcher.cli import interactive, machine, queue
 from gpuq_scheduler.launcher.cli.context import Context
 from gpuq_scheduler.launcher.cli.daemon import daemon
 
@@ -29,7 +29,9 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 for command in (
     queue.submit, queue.status, queue.show, queue.logs, queue.cancel, queue.wait_command, queue.hold,
     queue.release, queue.update, machine.gpus, machine.drain, machine.pause, machine.resume, machine.report,
-    machine.doctor, machine.top, machine.serve, daemon,
+    machine.doctor, machine.top, machine.serve, interactive.run, interactive.alloc, interactive.release_alloc,
+    interactive.jupyter,
+    daemon,
 ):  # fmt: skip
     gpuq.add_command(command)
 

@@ -229,6 +229,11 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             servers = None
         fence = mode if mode in ("cooperative", "none") else "mps" if servers else "cooperative"
         scheduler = Scheduler(state, source, policy, grace, backoff, shared, servers, fence)
+        if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
+            from gpuq_scheduler.jobs.units import parse_duration
+
+            scheduler.idle_limit = None if os.environ["GPUQ_IDLE_LIMIT"] == "off" else parse_duration(
+                os.environ["GPUQ_IDLE_LIMIT"])
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         try:
             while not wakeups.stopping:

@@ -151,6 +151,16 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
+def job_pids(record: JobRecord, shim_pid: int) -> set[int]:
+    """A running job's processes: its shim's tree and, for an interactive job, everything under the gpuq
+    client whose program uses its GPUs (if that client is the job owner's)."""
+    found = set(tree_pids(shim_pid))
+    client = record.spec.client
+    if client is not None and owner(client) == record.uid:
+        found.update(tree_pids(client))
+    return found
+
+
 def signal_shim(pid: int, started: float | None) -> bool:
     """Ask a shim to stop its job (it escalates to SIGKILL itself). False if that shim is gone."""
     if not is_alive(pid, started):
@@ -159,6 +169,14 @@ def signal_shim(pid: int, started: float | None) -> bool:
         os.kill(pid, signal.SIGTERM)
         return True
     return False
+
+
+def owner(pid: int) -> int | None:
+    """The uid a process runs as, or None if it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def ancestors(pid: int) -> list[int]:

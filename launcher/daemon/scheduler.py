@@ -62,6 +62,7 @@ class Scheduler(SchedulerState):
                 watching.stop_on_lost_gpus(self, now, snapshot)
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
+                watching.release_idle(self, now, snapshot)
         except BaseException:
             for undo in self.on_rollback:
                 undo()
@@ -105,7 +106,8 @@ class Scheduler(SchedulerState):
         if self.pending:
             return 0.5
         if self.running:
-            return max(0.05, min(self._next_liveness, self.next_sample) - now)
+            idle_check = self.next_idle_check if self.idle_limit is not None else self.next_sample
+            return max(0.05, min(self._next_liveness, self.next_sample, idle_check) - now)
         return 5.0
 
     # -- steps ----------------------------------------------------------------------------------------

@@ -82,6 +82,11 @@ class SchedulerState:
         self._inventory_key: object = None
         self._next_liveness = 0.0
         self.next_sample = 0.0
+        # Interactive jobs (gpuq run, gpuq alloc): released after this many seconds without GPU work (None: never);
+        # when each last did some. A shared queue's config sets it, a personal one GPUQ_IDLE_LIMIT.
+        self.idle_limit: float | None = shared.idle_limit if shared else None
+        self.active_at: dict[int, float] = {}
+        self.next_idle_check = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
         self.shims = shim.Shims()
@@ -143,6 +148,7 @@ class SchedulerState:
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
         self.job_peaks.pop(job_id, None)
+        self.active_at.pop(job_id, None)
         for kind in [kind for kind, prober in self.probes.items() if prober == job_id]:
             del self.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpuq_scheduler.jobs.model import Launch
 from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
@@ -82,9 +84,56 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     learning.settle(scheduler, now, peaks)
 
 
+def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Release interactive jobs whose GPUs did no work for the idle limit. In its last tenth (10 minutes at
+    most, three checks at least) the job's reason says when, which its `gpuq run` shows on the terminal.
+    Under an MPS fence NVML files a client's work under the MPS server: an MPS-fenced job is never idle."""
+    limit = scheduler.idle_limit
+    if limit is None or now < scheduler.next_idle_check:
+        return
+    every = min(SAMPLE_EVERY, limit / 10)
+    scheduler.next_idle_check = now + every
+    busy: dict[int, int] = {}
+    for gpu in snapshot:
+        if gpu.process_utilization is not None:
+            attribute(scheduler, gpu.process_utilization)
+            busy.update(gpu.process_utilization)
+    reasons: dict[int, str] = {}
+    events: list[dict[str, Any]] = []
+    for job_id, job in list(scheduler.running.items()):
+        record = job.record
+        watched = record.spec.interactive and record.gpus and not job.launch.cancel_by
+        if not watched or fences.kind(scheduler, record) == fences.MPS:
+            continue
+        if any(busy.get(pid, 0) > 0 for pid in job.pids):
+            scheduler.active_at[job_id] = now
+        idle = now - scheduler.active_at.setdefault(job_id, record.started_at or now)
+        if idle >= limit:
+            who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
+            scheduler.table.set_cancel_by(job_id, who)
+            job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
+            scheduler.stop(job)
+            events.append({"t": now, "job": job_id, "event": "idle-released", "idle": idle})
+            continue
+        warn = limit - max(min(limit / 10, 600.0), 3 * every)  # seen by a client that looks twice a second
+        reason = f"idle {format_duration(idle)}" if idle >= min(60.0, limit / 10) else ""
+        if reason and idle >= warn:
+            reason += f"; released after {format_duration(limit)} without GPU work"
+        if reason != record.reason:
+            reasons[job_id] = reason
+            job.record = record.replace(reason=reason)
+    if reasons:
+        scheduler.table.set_reasons(reasons, state="running")
+    journal.append(scheduler.state.events, events)
+
+
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
     """Learn which GPU-using pids belong to our jobs, by walking each pid's ancestors up to a shim."""
     shims = {job.launch.shim_pid: job for job in scheduler.running.values()}
+    for job in scheduler.running.values():  # an interactive job's program runs under its gpuq client
+        client = job.record.spec.client
+        if client is not None and processes.owner(client) == job.record.uid:
+            shims.setdefault(client, job)
     known = {pid for job in scheduler.running.values() for pid in job.pids}
     for pid in usage:
         if pid in known:

@@ -71,7 +71,7 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         settings = table.settings()
     finally:
         table.close()
-    pids = {record.id: set(processes.tree_pids(launch.shim_pid)) for record, launch in launches}
+    pids = {record.id: processes.job_pids(record, launch.shim_pid) for record, launch in launches}
     ours = {pid for found in pids.values() for pid in found}
     snapshot = source.snapshot()
     on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}

@@ -27,8 +27,8 @@ def _ending(line: Line) -> str:
         return "0"
     if line.state is JobState.PENDING:
         return line.reason
-    if line.state is JobState.RUNNING:
-        return f"--mem auto: {line.mem_from}" if line.mem_auto and line.mem_from else ""
+    if line.state is JobState.RUNNING:  # an interactive job's idle time, or where --mem auto's share came from
+        return line.reason or (f"--mem auto: {line.mem_from}" if line.mem_auto and line.mem_from else "")
     return line.reason or (str(line.exit_code) if line.exit_code is not None else "")
 
 

@@ -1,0 +1,271 @@
+"""`gpuq run`, `gpuq alloc`, `gpuq release-alloc`: interactive work that takes its turn in the queue.
+
+The queue holds the GPUs with a placeholder job (``jobs.hold``), placed, limited and recorded like any
+other; the program itself runs here, in the user's own terminal (a shell, ipython, htop: no pty to relay,
+window sizes and job control as usual), with the job's environment. While it waits, Ctrl-C withdraws the
+job; once it runs, Ctrl-C is the program's. The placeholder ends with the program (and says how it
+ended), with this process (a closed terminal, a kill -9: the GPUs are freed at once), or at the time
+limit or a cancel, which end the program here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import click
+
+from gpuq_scheduler.jobs.errors import BadInput, GpuqError
+from gpuq_scheduler.jobs.hold import start_ticks
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+
+HOLD = "gpuq_scheduler.jobs.hold"
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a program whose allocation ended
+
+
+def _options(command: Any) -> Any:
+    for option in reversed((
+        click.option("--gpus", type=int, default=1, show_default=True, help="GPUs to hold (0: none, a CPU slot)."),
+        click.option("--mem", help="Memory on each GPU (20G), or auto; without it, whole GPUs."),
+        click.option("--name", default="", help="A name to show in status (default: the program)."),
+        click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first."),
+        click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
+        click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
+    )):  # fmt: skip
+        command = option(command)
+    return command
+
+
+def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) -> int:
+    """Queue the placeholder job and return its id."""
+    from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
+    from gpuq_scheduler.jobs.submission import capture_spec
+
+    argv = [sys.executable, "-m", HOLD]
+    ticks = start_ticks(os.getpid())
+    if client and ticks is not None:
+        argv += ["--client", str(os.getpid()), ticks]
+    spec = JobSpec.from_json(capture_spec(
+        argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
+        name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
+        mode="single", env=options["env"],
+    ))  # fmt: skip
+    spec = dataclasses.replace(spec, client=os.getpid() if client else None)
+    job_id = queue_job(ctx.state, spec)
+    ensure_daemon(ctx.state)
+    return job_id
+
+
+def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
+    """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it."""
+    queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
+    try:
+        while True:
+            record = queue.get(job_id)
+            if record.state is JobState.RUNNING:
+                if live:
+                    click.echo("\r\033[K", nl=False, err=True)
+                return record
+            if record.state.finished:
+                raise GpuqError(f"job {job_id} ended before it started: {record.state.value}: {record.reason}")
+            if live:
+                ahead = (-record.spec.priority, job_id)
+                place = 1 + sum(1 for r in queue.records(active_only=True)
+                                if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead)  # fmt: skip
+                why = record.reason or "waiting for the daemon"
+                line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
+                click.echo(f"\r\033[K{line[:200]}", nl=False, err=True)
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        queue.cancel([job_id])
+        from gpuq_scheduler.jobs.api import ensure_daemon
+
+        ensure_daemon(ctx.state)
+        click.echo(("\r\033[K" if live else "") + f"gpuq: withdrew job {job_id}", err=True)
+        sys.exit(130)
+
+
+def _given(record: JobRecord, timeout: float = 30.0) -> dict[str, Any]:
+    """What the placeholder wrote first to its log: the environment gpuq gave it, and where to report."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            with open(record.log, "rb") as log:
+                line = log.readline()
+            if line.endswith(b"\n"):
+                given: dict[str, Any] = json.loads(line)
+                return given
+        time.sleep(0.02)
+    raise GpuqError(f"job {record.id} started but said nothing in {record.log}; see `gpuq logs {record.id}`")
+
+
+def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -> int:
+    """Run ``command`` here once job ``job_id`` holds its GPUs; report how it ended; its exit code."""
+    record = _wait_for_start(ctx, job_id)
+    given = _given(record)
+    env = {**os.environ, **given.get("env", {})}
+    if banner:
+        click.echo(banner.format(job=job_id, gpus=env.get("CUDA_VISIBLE_DEVICES", "")), err=True)
+    try:
+        child = subprocess.Popen(command, env=env, preexec_fn=_die_with(os.getpid()))
+    except OSError as err:
+        _report(given, 127)
+        raise BadInput(f"cannot run {command[0]}: {err.strerror}") from None
+    # The terminal's Ctrl-C and Ctrl-\ are the program's; we stay to report how it ended. A SIGTERM (Jupyter
+    # shutting a kernel down) or a hang-up is passed on to the program, whose end we then report.
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda received, _: child.send_signal(received))
+    ended_at, warned = None, False
+    while True:
+        try:
+            code = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = ctx.queue.get(job_id)
+        if not warned and "released after" in now.reason:  # the idle limit is near
+            click.echo(f"\ngpuq: job {job_id}: {now.reason}", err=True)
+            warned = True
+        if ended_at is None and now.state.finished:  # time limit, a cancel, the idle limit
+            click.echo(f"\ngpuq: job {job_id} ended ({now.state.value}: {now.reason or 'stopped'}); "
+                       "stopping the program", err=True)  # fmt: skip
+            child.terminate()
+            ended_at = time.monotonic()
+        elif ended_at is not None and time.monotonic() - ended_at > GRACE:
+            child.kill()
+    _report(given, code)
+    return code if code >= 0 else 128 - code
+
+
+def _die_with(parent: int) -> Any:
+    """In the child, before it runs the program: a hang-up when this process dies (a kill -9 here must not
+    leave the program on GPUs the queue has already given to the next job)."""
+
+    def arrange() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
+        if os.getppid() != parent:  # it died before the line above
+            os._exit(129)
+
+    return arrange
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _report(given: dict[str, Any], code: int) -> None:
+    with contextlib.suppress(OSError, KeyError):
+        fd = os.open(given["outcome"], os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, f"{code}\n".encode())
+        finally:
+            os.close(fd)
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
+    """Run COMMAND [ARGS]... in this terminal once the queue gives it GPUs; exit with its exit code.
+
+    It waits its turn like any job (Ctrl-C while waiting withdraws it), then runs here with
+    CUDA_VISIBLE_DEVICES and GPUQ_JOB_ID set. Its output is this terminal's, not in `gpuq logs`.
+    """
+    job_id = _hold(ctx, os.path.basename(command[0]), options, client=True)
+    sys.exit(_run_held(ctx, job_id, list(command)))
+
+
+@click.command()
+@_options
+@click.option("--no-shell", is_flag=True, help="Hold the GPUs and print their environment; release with release-alloc.")
+@click.option("--json", "as_json", is_flag=True, help="With --no-shell: print the allocation as JSON.")
+@pass_ctx
+def alloc(ctx: Context, /, no_shell: bool, as_json: bool, **options: Any) -> None:
+    """Hold GPUs and start a shell that sees them: everything started in it (jupyter lab too) uses them.
+    Leaving the shell, or the time limit, releases them."""
+    if as_json and not no_shell:
+        raise BadInput("--json prints an allocation for tools: give --no-shell too")
+    if not no_shell:
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        job_id = _hold(ctx, "alloc", options, client=True)
+        banner = "gpuq: job {job} holds GPUs [{gpus}] until you leave this shell"
+        sys.exit(_run_held(ctx, job_id, [shell], banner=banner))
+    job_id = _hold(ctx, "alloc", options, client=False)
+    env = _given(_wait_for_start(ctx, job_id)).get("env", {})
+    if as_json:
+        click.echo(json.dumps({"id": job_id, "env": env}))
+    else:
+        click.echo("".join(f"export {key}={shlex.quote(value)}\n" for key, value in sorted(env.items())), nl=False)
+        click.echo(f"# gpuq: job {job_id} holds these GPUs until `gpuq release-alloc {job_id}`", err=True)
+
+
+@click.command("release-alloc")
+@click.argument("job_id", type=int)
+@pass_ctx
+def release_alloc(ctx: Context, job_id: int) -> None:
+    """Give back the GPUs an allocation (`gpuq alloc --no-shell`) holds."""
+    from gpuq_scheduler.jobs.api import ensure_daemon
+
+    record = ctx.queue.details(job_id)  # the command, which a shared queue shows its owner alone
+    if HOLD not in record.spec.command:
+        raise BadInput(f"job {job_id} is not an allocation; `gpuq cancel {job_id}` stops a job")
+    if record.state.finished:
+        click.echo(f"job {job_id} already ended ({record.state.value})")
+        return
+    ctx.queue.cancel([job_id])
+    ensure_daemon(ctx.state)
+    click.echo(f"releasing job {job_id}")
+
+
+@click.group()
+def jupyter() -> None:
+    """Notebooks whose kernels take their GPUs from the queue."""
+
+
+@jupyter.command("install-kernel")
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs each kernel holds.")
+@click.option("--mem", help="Memory on each GPU (16G); without it, whole GPUs.")
+@click.option("--time", "time_limit", help="Time limit of each kernel (8h); then it is stopped.")
+@click.option("--name", "kernel", default="", help="The kernel's folder name (default: gpuq-1gpu, gpuq-1gpu-16g).")
+@click.option("--python", "python", default=sys.executable, show_default=True, help="The Python that runs the kernel.")
+def install_kernel(gpus: int, mem: str | None, time_limit: str | None, kernel: str, python: str) -> None:
+    """Add a Jupyter kernel that starts through `gpuq run`: each notebook waits its turn, then holds its GPUs
+    as a job of yours (in `gpuq status` and `gpuq gpus`) until the kernel shuts down."""
+    from gpuq_scheduler.jobs.units import parse_duration, parse_size
+
+    size = parse_size(mem) if mem else None
+    if gpus < 1:
+        raise BadInput(f"--gpus {gpus}: a GPU kernel holds at least one GPU")
+    if time_limit:
+        parse_duration(time_limit)
+    folder = kernel or f"gpuq-{gpus}gpu" + (f"-{mem.lower()}" if mem else "")
+    if not folder.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise BadInput(f"--name {folder!r}: use letters, digits, '-', '_' and '.'")
+    shape = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (f", {mem} each" if size else "")
+    argv = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "run", "--gpus", str(gpus),
+            "--name", f"jupyter-{folder}", *(["--mem", mem] if mem else []),
+            *(["--time", time_limit] if time_limit else []),
+            "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # fmt: skip
+    spec = {"argv": argv, "display_name": f"Python (gpuq, {shape})", "language": "python",
+            "metadata": {"debugger": False}}  # fmt: skip
+    home = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter"
+    )
+    target = os.path.join(home, "kernels", folder)
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, "kernel.json"), "w") as handle:
+        handle.write(json.dumps(spec, indent=1) + "\n")
+    click.echo(f"installed kernel {folder!r} ({spec['display_name']}) in {target}")

@@ -99,7 +99,7 @@ def capture_spec(
     if not os.path.isdir(workdir):
         raise BadInput(f"--cwd {workdir}: no such directory")
     captured = dict(environ)
-    captured.update(_env_pairs(env))
+    captured.update(env_pairs(env))
     mode_name = next((known for known in MODES if known == mode), None)  # a jobs.model.Mode equals its value
     if mode_name is None:
         raise BadInput(f"--mode {mode!r}: choose single, dataparallel or torchrun")
@@ -186,7 +186,7 @@ def _which(program: str, path: str) -> str | None:
     return None
 
 
-def _env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+def env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
     if isinstance(env, Mapping):
         return dict(env)
     pairs = {}

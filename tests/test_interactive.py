@@ -23,7 +23,7 @@ class Terminal:
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", gpuq.entry, *args], env=env or gpuq.env, cwd=gpuq.cwd,
-            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=_controlling_terminal,
         )  # fmt: skip
         os.close(slave)
         self.seen = b""
@@ -47,6 +47,14 @@ class Terminal:
         code = self.proc.wait(timeout=60)
         os.close(self.master)
         return code
+
+
+def _controlling_terminal() -> None:
+    """In the child, in its new session: the pty on its stdin becomes its controlling terminal, as a login's is."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def test_gpuq_run_in_a_terminal_reads_input_sees_its_gpus_and_exits_with_its_code(gpuq: Gpuq) -> None:

@@ -338,3 +338,40 @@ def test_functions_run_on_the_cluster_through_the_same_executor(gpuq: Gpuq) -> N
     assert found["failing"] == "ZeroDivisionError('division by zero')"
     records = {r["id"]: r for r in gpuq.status()}
     assert all(records[i]["cluster"] == "lab" for i in found["ids"])
+
+
+# -- interactive work on the cluster: srun --pty and salloc --------------------------------------------------
+
+
+def test_gpuq_run_on_a_cluster_is_srun_with_the_jobs_shape_and_its_exit_code(gpuq: Gpuq) -> None:
+    done = gpuq.run("run", "--on", "lab", "--gpus", "2", "--time", "5m", "sh", "-c",
+                    'echo "gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID name=$SLURM_JOB_NAME"; exit 4',
+                    check=False)  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    words = dict(word.split("=", 1) for word in done.stdout.split())
+    assert len(words["gpus"].split(",")) == 2 and words["job"].isdigit() and words["name"] == "sh"
+    refused = gpuq.run("run", "--on", "lab", "--mem", "8G", "true", check=False)
+    assert refused.returncode == 2 and "whole GPUs" in refused.stderr
+
+
+def test_gpuq_run_on_a_cluster_in_a_terminal_gets_a_pty_there(gpuq: Gpuq) -> None:
+    from tests.test_interactive import Terminal
+
+    term = Terminal(gpuq, "run", "--on", "lab", "--gpus", "1", sys.executable, "-i", "-q")
+    term.expect(">>> ", timeout=60)
+    term.type("import os, sys; print('TTY', sys.stdin.isatty(), 'JOB', os.environ['SLURM_JOB_ID'])\n")
+    term.expect("TTY True JOB ")
+    term.type("exit(5)\n")
+    assert term.close() == 5
+
+
+def test_gpuq_alloc_on_a_cluster_is_salloc_whose_shell_reaches_the_allocation(gpuq: Gpuq) -> None:
+    from tests.test_interactive import Terminal
+
+    term = Terminal(gpuq, "alloc", "--on", "lab", "--gpus", "1", env={**gpuq.env, "SHELL": "/bin/sh"})
+    term.expect("Granted job allocation", timeout=60)
+    term.type("srun sh -c 'echo ALLOC=$SLURM_JOB_ID GPUS=$CUDA_VISIBLE_DEVICES'; exit\n")
+    screen = term.expect("GPUS=", timeout=60)
+    assert term.close() == 0, screen
+    refused = gpuq.run("alloc", "--on", "lab", "--no-shell", check=False)
+    assert refused.returncode == 2 and "salloc --no-shell" in refused.stderr

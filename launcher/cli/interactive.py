@@ -40,9 +40,42 @@ def _options(command: Any) -> Any:
         click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first."),
         click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
+        click.option("--on", "on", metavar="CLUSTER", help="On this cluster of your config: srun --pty, salloc."),
     )):  # fmt: skip
         command = option(command)
     return command
+
+
+def _on_cluster(tool: str, options: dict[str, Any], label: str, command: list[str]) -> None:
+    """Hand the terminal to Slurm: ``srun --pty COMMAND`` or ``salloc`` (a shell on the login node whose
+    ``srun``s reach the allocation), with the job shape translated as for sbatch (``jobs.slurm.sbatch``).
+    Slurm keeps the record; gpuq's queue does not see these jobs."""
+    from gpuq_scheduler.jobs import config
+    from gpuq_scheduler.jobs.slurm import commands
+    from gpuq_scheduler.jobs.slurm.sbatch import slurm_minutes
+    from gpuq_scheduler.jobs.submission import env_pairs
+    from gpuq_scheduler.jobs.units import parse_duration
+
+    cluster = config.load().cluster(options["on"])
+    where = f"on cluster {cluster.name}"
+    if options["mem"]:
+        raise BadInput(f"--mem shares a GPU by memory, which Slurm cannot do: {where} you get whole GPUs; drop --mem")
+    if options["priority"] > 0:
+        raise BadInput(f"--priority {options['priority']}: {where} only admins can raise a job's priority")
+    argv = [commands.command(tool), f"--job-name={options['name'] or label}"]
+    argv += [f"--partition={cluster.partition}"] if cluster.partition else []
+    argv += [f"--account={cluster.account}"] if cluster.account else []
+    argv += [f"--gres=gpu:{options['gpus']}"] if options["gpus"] else []
+    limit = parse_duration(options["time_limit"]) if options["time_limit"] else cluster.time
+    argv += [f"--time={slurm_minutes(limit)}"] if limit is not None else []
+    argv += [f"--nice={-options['priority']}"] if options["priority"] < 0 else []
+    argv += list(cluster.sbatch_flags)  # srun and salloc take sbatch's options
+    if tool == "srun":
+        argv += ["--pty"] if sys.stdin.isatty() else []
+        argv += command
+    env = {**os.environ, **env_pairs(options["env"])}
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
 
 
 def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) -> int:
@@ -184,6 +217,8 @@ def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     It waits its turn like any job (Ctrl-C while waiting withdraws it), then runs here with
     CUDA_VISIBLE_DEVICES and GPUQ_JOB_ID set. Its output is this terminal's, not in `gpuq logs`.
     """
+    if options["on"]:
+        _on_cluster("srun", options, os.path.basename(command[0]), list(command))
     job_id = _hold(ctx, os.path.basename(command[0]), options, client=True)
     sys.exit(_run_held(ctx, job_id, list(command)))
 
@@ -198,6 +233,10 @@ def alloc(ctx: Context, /, no_shell: bool, as_json: bool, **options: Any) -> Non
     Leaving the shell, or the time limit, releases them."""
     if as_json and not no_shell:
         raise BadInput("--json prints an allocation for tools: give --no-shell too")
+    if options["on"]:
+        if no_shell:
+            raise BadInput(f"--no-shell --on {options['on']}: Slurm keeps that allocation; use `salloc --no-shell`")
+        _on_cluster("salloc", options, "alloc", [])
     if not no_shell:
         shell = os.environ.get("SHELL") or "/bin/sh"
         job_id = _hold(ctx, "alloc", options, client=True)

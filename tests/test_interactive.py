@@ -201,3 +201,19 @@ def test_an_interactive_job_whose_gpus_do_no_work_is_warned_then_released_and_a_
         assert any(e.get("event") == "idle-released" for e in map(json.loads, (gpuq.home / "events.jsonl").open()))
     finally:
         gpuq.cleanup()
+
+
+def test_without_an_idle_limit_status_still_shows_how_long_an_interactive_job_was_idle(tmp_path: Path) -> None:
+    """A personal queue releases nothing by default, but says after a minute how long the GPUs did no work."""
+    gpuq = fake_cuda_queue(tmp_path, "1x80GiB")
+    try:
+        client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1", "90",
+                                   "--busy", "0"], env=gpuq.env, cwd=gpuq.cwd)  # fmt: skip
+        gpuq.wait_state(1, "running")
+        shown = wait_for(lambda: (j := gpuq.job(1))["reason"].startswith("idle 1m") and j, 90, "the idle time")
+        assert shown["state"] == "running" and "released" not in shown["reason"]
+        assert "idle 1m" in gpuq.run("status").stdout
+        gpuq.run("cancel", "1")
+        client.wait(timeout=60)
+    finally:
+        gpuq.cleanup()

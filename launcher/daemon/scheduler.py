@@ -106,8 +106,7 @@ class Scheduler(SchedulerState):
         if self.pending:
             return 0.5
         if self.running:
-            idle_check = self.next_idle_check if self.idle_limit is not None else self.next_sample
-            return max(0.05, min(self._next_liveness, self.next_sample, idle_check) - now)
+            return max(0.05, min(self._next_liveness, self.next_sample, self.next_idle_check) - now)
         return 5.0
 
     # -- steps ----------------------------------------------------------------------------------------

@@ -85,14 +85,22 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
 
 
 def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
-    """Release interactive jobs whose GPUs did no work for the idle limit. In its last tenth (10 minutes at
-    most, three checks at least) the job's reason says when, which its `gpuq run` shows on the terminal.
+    """Say how long each interactive job's GPUs did no work (its reason, once a minute or a tenth of the
+    limit has passed), and with an idle limit release those idle that long. In the limit's last tenth (10
+    minutes at most, three checks at least) the reason says when, which its `gpuq run` shows on the terminal.
     Under an MPS fence NVML files a client's work under the MPS server: an MPS-fenced job is never idle."""
     limit = scheduler.idle_limit
-    if limit is None or now < scheduler.next_idle_check:
+    if now < scheduler.next_idle_check:
         return
-    every = min(SAMPLE_EVERY, limit / 10)
+    every = SAMPLE_EVERY if limit is None else min(SAMPLE_EVERY, limit / 10)
     scheduler.next_idle_check = now + every
+    watched = [
+        (job_id, job) for job_id, job in scheduler.running.items()
+        if job.record.spec.interactive and job.record.gpus and not job.launch.cancel_by
+        and fences.kind(scheduler, job.record) != fences.MPS
+    ]  # fmt: skip
+    if not watched:
+        return
     busy: dict[int, int] = {}
     for gpu in snapshot:
         if gpu.process_utilization is not None:
@@ -100,24 +108,22 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
             busy.update(gpu.process_utilization)
     reasons: dict[int, str] = {}
     events: list[dict[str, Any]] = []
-    for job_id, job in list(scheduler.running.items()):
+    for job_id, job in watched:
         record = job.record
-        watched = record.spec.interactive and record.gpus and not job.launch.cancel_by
-        if not watched or fences.kind(scheduler, record) == fences.MPS:
-            continue
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
             scheduler.active_at[job_id] = now
         idle = now - scheduler.active_at.setdefault(job_id, record.started_at or now)
-        if idle >= limit:
+        if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.table.set_cancel_by(job_id, who)
             job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
             scheduler.stop(job)
             events.append({"t": now, "job": job_id, "event": "idle-released", "idle": idle})
             continue
-        warn = limit - max(min(limit / 10, 600.0), 3 * every)  # seen by a client that looks twice a second
-        reason = f"idle {format_duration(idle)}" if idle >= min(60.0, limit / 10) else ""
-        if reason and idle >= warn:
+        shown = 60.0 if limit is None else min(60.0, limit / 10)
+        reason = f"idle {format_duration(idle)}" if idle >= shown else ""
+        # The warning's window is three checks at least: a client looks twice a second, it must see one.
+        if limit is not None and reason and idle >= limit - max(min(limit / 10, 600.0), 3 * every):
             reason += f"; released after {format_duration(limit)} without GPU work"
         if reason != record.reason:
             reasons[job_id] = reason

@@ -145,6 +145,7 @@ def capture_spec(
         "like": like,
         "kind": kind_of(command, workdir),
         "mem_from": "",
+        "client": None,
     }
 
 

@@ -217,3 +217,13 @@ def test_without_an_idle_limit_status_still_shows_how_long_an_interactive_job_wa
         client.wait(timeout=60)
     finally:
         gpuq.cleanup()
+
+
+def test_closing_the_terminal_hangs_up_the_program_and_ends_the_job(gpuq: Gpuq) -> None:
+    term = Terminal(gpuq, "run", "--gpus", "4", "sh", "-c", "echo READY; exec sleep 300")
+    term.expect("READY")
+    os.close(term.master)  # the terminal window closes: the kernel hangs up its session
+    assert term.proc.wait(timeout=30) == 128 + signal.SIGHUP
+    ended = gpuq.wait_state(1, "failed", timeout=30)
+    assert ended["signal"] == signal.SIGHUP and "SIGHUP" in ended["reason"]
+    assert gpuq.wait_state(gpuq.submit("--gpus", "4", "true"), "succeeded")["gpus"] == [0, 1, 2, 3]

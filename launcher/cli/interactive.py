@@ -148,17 +148,29 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
     env = {**os.environ, **given.get("env", {})}
     if banner:
         click.echo(banner.format(job=job_id, gpus=env.get("CUDA_VISIBLE_DEVICES", "")), err=True)
+    # The terminal's Ctrl-C and Ctrl-\ are the program's; we stay to report how it ended. A SIGTERM (Jupyter
+    # shutting a kernel down) or a hang-up (the terminal closed) is passed on to the program, whose end we
+    # then report. Handlers, not SIG_IGN, and set before the program starts: an exec keeps ignored signals
+    # ignored, and a hang-up may come as soon as the program has printed its first word.
+    child: subprocess.Popen[bytes] | None = None
+    came: list[int] = []
+
+    def pass_on(signum: int, frame: object) -> None:
+        if signum in (signal.SIGTERM, signal.SIGHUP):
+            if child is not None:
+                child.send_signal(signum)
+            else:
+                came.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, pass_on)
     try:
         child = subprocess.Popen(command, env=env, preexec_fn=_die_with(os.getpid()))
     except OSError as err:
         _report(given, 127)
         raise BadInput(f"cannot run {command[0]}: {err.strerror}") from None
-    # The terminal's Ctrl-C and Ctrl-\ are the program's; we stay to report how it ended. A SIGTERM (Jupyter
-    # shutting a kernel down) or a hang-up is passed on to the program, whose end we then report.
-    for signum in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_IGN)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda received, _: child.send_signal(received))
+    for early in came:  # came while it was being started
+        child.send_signal(early)
     ended_at, warned = None, False
     while True:
         try:

@@ -101,6 +101,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
 def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
+    place, counted = 1, -float("inf")
     try:
         while True:
             record = queue.get(job_id)
@@ -110,10 +111,11 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 return record
             if record.state.finished:
                 raise GpuqError(f"job {job_id} ended before it started: {record.state.value}: {record.reason}")
-            if live:
-                ahead = (-record.spec.priority, job_id)
+            if live and time.monotonic() - counted >= 2.0:  # reading every waiting job: not ten times a second
+                ahead, counted = (-record.spec.priority, job_id), time.monotonic()
                 place = 1 + sum(1 for r in queue.records(active_only=True)
                                 if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead)  # fmt: skip
+            if live:
                 why = record.reason or "waiting for the daemon"
                 line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
                 click.echo(f"\r\033[K{line[:200]}", nl=False, err=True)
@@ -172,12 +174,7 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
     for early in came:  # came while it was being started
         child.send_signal(early)
     ended_at, warned = None, False
-    while True:
-        try:
-            code = child.wait(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            pass
+    while (code := _exited(child, 0.5)) is None:
         now = ctx.queue.get(job_id)
         if not warned and "released after" in now.reason:  # the idle limit is near
             click.echo(f"\ngpuq: job {job_id}: {now.reason}", err=True)
@@ -191,6 +188,13 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
             child.kill()
     _report(given, code)
     return code if code >= 0 else 128 - code
+
+
+def _exited(child: subprocess.Popen[bytes], timeout: float) -> int | None:
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _die_with(parent: int) -> Any:

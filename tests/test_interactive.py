@@ -227,3 +227,12 @@ def test_closing_the_terminal_hangs_up_the_program_and_ends_the_job(gpuq: Gpuq) 
     ended = gpuq.wait_state(1, "failed", timeout=30)
     assert ended["signal"] == signal.SIGHUP and "SIGHUP" in ended["reason"]
     assert gpuq.wait_state(gpuq.submit("--gpus", "4", "true"), "succeeded")["gpus"] == [0, 1, 2, 3]
+
+
+def test_bad_input_is_refused_in_one_line_before_anything_is_queued(gpuq: Gpuq) -> None:
+    for args, words in ((["run", "no-such-program-here"], "command not found: no-such-program-here"),
+                        (["run", "--gpus", "9", "true"], "GPU"), (["alloc", "--json"], "give --no-shell"),
+                        (["run", "--time", "soon", "true"], "soon")):  # fmt: skip
+        done = gpuq.run(*args, check=False)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+    assert gpuq.status() == []

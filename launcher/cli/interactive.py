@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,10 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
         mode="single", env=options["env"],
     ))  # fmt: skip
     spec = dataclasses.replace(spec, client=os.getpid() if client else None)
+    if ctx.queue.inventory() is None:  # no daemon has recorded the GPUs yet: check --gpus against them here
+        from gpuq_scheduler.launcher.cli.queue import check_live_inventory
+
+        check_live_inventory(spec)
     job_id = queue_job(ctx.state, spec)
     ensure_daemon(ctx.state)
     return job_id
@@ -235,6 +240,8 @@ def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     """
     if options["on"]:
         _on_cluster("srun", options, os.path.basename(command[0]), list(command))
+    if shutil.which(command[0]) is None:  # refused before anything is queued, as `gpuq submit` does
+        raise BadInput(f"command not found: {command[0]}; check the name or give its full path")
     job_id = _hold(ctx, os.path.basename(command[0]), options, client=True)
     sys.exit(_run_held(ctx, job_id, list(command)))
 

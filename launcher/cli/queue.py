@@ -69,7 +69,7 @@ def submit(
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:
-        _check_live_inventory(spec)
+        check_live_inventory(spec)
     job_id = queue_job(ctx.state, spec, plan, on=on)
     if on is None:
         ensure_daemon(ctx.state)
@@ -85,7 +85,7 @@ def submit(
         sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
 
 
-def _check_live_inventory(spec: JobSpec) -> None:
+def check_live_inventory(spec: JobSpec) -> None:
     """No daemon has recorded the GPUs here yet: look at them ourselves (once per state directory)."""
     from gpuq_scheduler.jobs.submission import Inventory
     from gpuq_scheduler.launcher.gpus.sources import open_source

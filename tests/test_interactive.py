@@ -236,3 +236,18 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_queued(gpuq: Gpuq) 
         done = gpuq.run(*args, check=False)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
     assert gpuq.status() == []
+
+
+def test_ctrl_c_while_it_runs_is_the_programs_and_gpuq_run_stays_to_report(gpuq: Gpuq) -> None:
+    program = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *_: (print('GOT INT', flush=True), sys.exit(7)))\n"
+        "print('READY', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    term = Terminal(gpuq, "run", "--gpus", "1", sys.executable, "-c", program)
+    term.expect("READY")
+    term.type("\x03")  # Ctrl-C: the terminal signals its foreground process group
+    term.expect("GOT INT")
+    assert term.close() == 7
+    assert gpuq.wait_state(1, "failed")["exit_code"] == 7

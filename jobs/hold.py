@@ -37,20 +37,21 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--client"]:
         pid, ticks = int(argv[1]), argv[2]
         client = os.pidfd_open(pid) if start_ticks(pid) == ticks else None
-        if client is None or start_ticks(pid) != ticks:  # gone before we started: nobody to hold GPUs for
+        if client is None or start_ticks(pid) != ticks:  # gone (or its pid reused) before we started
             sys.stdout.write(json.dumps({"gone": True}) + "\n")
             return 0
     place = tempfile.mkdtemp(prefix="gpuq-hold-")
     outcome = os.path.join(place, "outcome")
     os.mkfifo(outcome, 0o600)
 
-    def leave(signum: int, frame: object) -> None:
+    def die(signum: int) -> None:
+        """End as the program did, or as gpuq's signal says (the record then reads cancelled, timed out)."""
         shutil.rmtree(place, ignore_errors=True)
         signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)  # die of it: the record says cancelled, or timed out
+        os.kill(os.getpid(), signum)
 
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, leave)
+        signal.signal(signum, lambda received, _: die(received))
     reader = os.open(outcome, os.O_RDONLY | os.O_NONBLOCK)
     keep = os.open(outcome, os.O_WRONLY | os.O_NONBLOCK)  # no end of file between writers
     given = {k: v for k, v in os.environ.items() if k.startswith(GIVEN)}
@@ -61,16 +62,12 @@ def main(argv: list[str]) -> int:
         while True:
             ready, _, _ = select.select([reader] + ([client] if client is not None else []), [], [])
             if client in ready:  # the client ended without a word: its terminal closed, or it was killed
-                signal.signal(signal.SIGHUP, signal.SIG_DFL)
-                shutil.rmtree(place, ignore_errors=True)
-                os.kill(os.getpid(), signal.SIGHUP)  # as a terminal's hang-up would end a program
+                die(signal.SIGHUP)  # as a terminal's hang-up would end a program
             words += os.read(reader, 64)
             if words.endswith(b"\n"):
                 code = int(words.split()[-1])
                 if code < 0:
-                    signal.signal(-code, signal.SIG_DFL)
-                    shutil.rmtree(place, ignore_errors=True)
-                    os.kill(os.getpid(), -code)
+                    die(-code)
                 return code
     finally:
         os.close(keep)

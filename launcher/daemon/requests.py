@@ -14,7 +14,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import endings
@@ -52,10 +52,7 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
         if record.id in scheduler.pending:
             pending.append(record)
             continue
-        job = scheduler.running[record.id]
-        scheduler.table.set_cancel_by(record.id, who)
-        job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
-        scheduler.stop(job)
+        scheduler.cancel(scheduler.running[record.id], who)
         events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
     if pending:
         endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)

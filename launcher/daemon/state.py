@@ -7,6 +7,7 @@ them in order over it; so the steps never import the scheduler, and the schedule
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -140,6 +141,12 @@ class SchedulerState:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
         if not self.shims.cancel(job.record.id):  # started by an earlier daemon: we have no pipe to its shim
             processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
+
+    def cancel(self, job: Running, who: str) -> None:
+        """Stop a running job so that it ends as cancelled by ``who`` (a user, or gpuq's idle limit)."""
+        self.table.set_cancel_by(job.record.id, who)
+        job.launch = dataclasses.replace(job.launch, cancel_by=who)
+        self.stop(job)
 
     def forget(self, job_id: int) -> None:
         """Drop an ended job from the in-memory view of the queue."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gpuq_scheduler.jobs.model import Launch
 from gpuq_scheduler.jobs.store import journal
 from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
@@ -115,9 +114,7 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
         idle = now - scheduler.active_at.setdefault(job_id, record.started_at or now)
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
-            scheduler.table.set_cancel_by(job_id, who)
-            job.launch = Launch(job.launch.shim_pid, job.launch.shim_start, job.launch.boot_id, job.launch.port, who)
-            scheduler.stop(job)
+            scheduler.cancel(job, who)
             events.append({"t": now, "job": job_id, "event": "idle-released", "idle": idle})
             continue
         shown = 60.0 if limit is None else min(60.0, limit / 10)

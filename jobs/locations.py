@@ -7,10 +7,10 @@ a ``stat``: a machine without one never imports the config's parser and dataclas
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
 SYSTEM_CONFIG = "/etc/gpuq/config.toml"

@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from gpuq_scheduler.jobs.errors import BadInput
+
+TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
 MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode, in its order

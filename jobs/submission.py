@@ -8,20 +8,28 @@ it as it is; the Python API and the click command turn the same dict into a JobS
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping, Sequence
 
+from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.rules import MODES, check_spec
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
     from typing import Any
 
     from gpuq_scheduler.jobs.model import JobSpec
+
+_TOTALS = b'{"totals": ['
+
+
+def inventory_json(gpus: Sequence[Mapping[str, Any]]) -> bytes:
+    """``gpus.json``'s text: each GPU's total memory first, as ``Inventory.read`` reads it without json, then
+    the GPUs in full (index, uuid, name, total, lost, fence) for everyone else."""
+    return jsontext.encode({"totals": [int(gpu["total"]) for gpu in gpus], "gpus": list(gpus)})
 
 
 class Inventory:
@@ -46,7 +54,16 @@ class Inventory:
         """The GPUs the daemon last saw (``gpus.json``, ``StateDir.inventory``), or None if it never ran here."""
         try:
             with open(path, "rb") as handle:
-                data = json.loads(handle.read())
+                raw = handle.read()
+            # The daemon writes the totals first, as a list of plain integers (``inventory_json``): read so,
+            # they cost no json (and re) import on the quick submit path. Any other file is parsed in full.
+            if raw.startswith(_TOTALS):
+                listed = raw[len(_TOTALS) : raw.index(b"]")].split(b",")
+                if all(item.strip().isdigit() for item in listed):
+                    return cls(tuple(int(item) for item in listed))
+            import json
+
+            data = json.loads(raw)
             return cls(tuple(int(gpu["total"]) for gpu in data["gpus"]))
         except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return None  # damaged: the daemon rewrites it at its next look at the GPUs
@@ -188,7 +205,7 @@ def _which(program: str, path: str) -> str | None:
 
 
 def env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
-    if isinstance(env, Mapping):
+    if hasattr(env, "keys"):  # a mapping, as dict() tells one (collections.abc costs ~1 ms to import)
         return dict(env)
     pairs = {}
     for item in env:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -46,3 +48,56 @@ def test_format_size_is_short(size: int) -> None:
 def test_formatting() -> None:
     assert format_size(None) == "-" and format_size(20 << 30) == "20.0G"
     assert format_duration(None) == "-" and format_duration(65) == "1m05s" and format_duration(3 * 3600) == "3h00m"
+
+
+# The regular expressions the parsers used before they dropped `re` (for the quick submit's start-up): the
+# parsers must still accept exactly what these accepted, with the same values.
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def _size_before(text: str) -> int | None:
+    match = _SIZE_RE.match(text)
+    if not match:
+        return None
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    unit = match.group(2).upper()
+    factor = scale.get(unit[:1]) if unit[1:] in ("", "I", "IB") else 10 ** (3 * "KMGT".index(unit[0]) + 3) if (
+        unit[1:] == "B" and unit[0] in "KMGT") else None  # fmt: skip
+    size = None if factor is None else int(float(match.group(1)) * factor)
+    return size if size else None
+
+
+def _duration_before(text: str) -> float | None:
+    cleaned = text.strip().lower()
+    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", cleaned):
+        seconds = 0
+        for part in cleaned.split(":"):
+            seconds = seconds * 60 + int(part)
+        return seconds or None
+    if cleaned and _DURATION_PART.sub("", cleaned) == "":
+        return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(cleaned)) or None
+    return None
+
+
+SIZE_TEXT = st.text(st.sampled_from([*"0123456789. \t\n", "٣", *"gGiIbBkKmMtTx", "²"]), max_size=8)
+DURATION_TEXT = st.text(st.sampled_from([*"0123456789.: \t", "٣", *"dhmsHMx", "²"]), max_size=9)
+
+
+@given(SIZE_TEXT)
+def test_sizes_accepted_as_the_regular_expression_did(text: str) -> None:
+    try:
+        got: int | None = parse_size(text)
+    except BadInput:
+        got = None
+    assert got == _size_before(text)
+
+
+@given(DURATION_TEXT)
+def test_durations_accepted_as_the_regular_expression_did(text: str) -> None:
+    try:
+        got: float | None = parse_duration(text)
+    except BadInput:
+        got = None
+    assert got == _duration_before(text)

@@ -1,24 +1,24 @@
 """The clients' side of the spool (see ``jobs.store.spool``): reserve job ids, drop a request in, wake the daemon.
 
 Standard library and plain dicts only, so that the quick ``gpuq submit`` path writes requests without
-loading the job model (dataclasses, enum), SQLite or subprocess. The daemon reads what is written here
-through ``jobs.store.spool``.
+loading the job model (dataclasses, enum), SQLite, subprocess or json (``jobs.jsontext`` writes the
+JSON). The daemon reads what is written here through ``jobs.store.spool``.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import sys
-from collections.abc import Mapping
 
+from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import DaemonError, StateDirError
 from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name, write_atomic
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
     from typing import Any
 
@@ -119,21 +119,21 @@ def write_submit(
     }
     if array is not None:
         body["array"] = {"indices": list(array[0]), "throttle": array[1]}
-    write_atomic(path, json.dumps(body).encode())
+    write_atomic(path, jsontext.encode(body))
     return path
 
 
 def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> Path:
     path = state.control_request(os.urandom(8).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
-    write_atomic(path, json.dumps(body).encode())
+    write_atomic(path, jsontext.encode(body))
     return path
 
 
 def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
     path = state.cancel_request(os.urandom(8).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "cancel", "ids": job_ids}
-    write_atomic(path, json.dumps(body).encode())
+    write_atomic(path, jsontext.encode(body))
     return path
 
 

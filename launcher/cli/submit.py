@@ -16,15 +16,14 @@ state directory whose daemon has not recorded the GPUs yet (click's path looks a
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
-from collections.abc import Sequence
 
 from gpuq_scheduler.jobs.rules import MODES
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 # Submit's options as launcher/cli/queue.py declares them: flag -> (dest, kind, default). "flag" takes no value;
@@ -52,8 +51,6 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
 }
 # Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
 FOR_CLICK = ("--after", "--after-any", "--wait", "--on", "--like")
-
-_ANSI = re.compile(r"\033\[[0-?]*[ -/]*[@-~]")  # what click.echo strips when the stream is not a terminal
 
 
 def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
@@ -132,9 +129,9 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     ensure_daemon(state)
     members = range(job_id + 1, job_id + 1 + len(array[0])) if array else range(0)
     if options["as_json"]:
-        import json
+        from gpuq_scheduler.jobs import jsontext
 
-        _print(json.dumps({"id": job_id, "jobs": list(members)} if array else {"id": job_id}))
+        _print(jsontext.dumps({"id": job_id, "jobs": list(members)} if array else {"id": job_id}))
     elif array:
         _print(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
     else:
@@ -148,6 +145,9 @@ def _print(line: str) -> None:
 
 
 def error(line: str) -> None:
-    sys.stderr.write((line if sys.stderr.isatty() else _ANSI.sub("", line)) + "\n")
-    sys.stderr.flush()
+    if not sys.stderr.isatty():
+        import re  # ~4 ms: paid by errors only
 
+        line = re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", line)  # what click.echo strips when not on a terminal
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

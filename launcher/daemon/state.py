@@ -8,7 +8,6 @@ them in order over it; so the steps never import the scheduler, and the schedule
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
-from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import processes, shim
 from gpuq_scheduler.launcher.gpus.mps import Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
@@ -121,10 +120,10 @@ class SchedulerState:
         key = [(g.index, g.uuid, g.name, g.total, g.lost, fence) for g in snapshot]
         if key != self._inventory_key:
             self._inventory_key = key
-            body = {"gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost,
-                              "fence": fence} for g in snapshot]}  # fmt: skip
+            body = [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost,
+                     "fence": fence} for g in snapshot]  # fmt: skip
             # Readable by all: clients check --gpus against it (the directory decides who "all" is).
-            write_atomic(self.state.inventory, json.dumps(body).encode(), durable=False, mode=0o644)
+            write_atomic(self.state.inventory, inventory_json(body), durable=False, mode=0o644)
         return snapshot
 
     def inventory(self) -> Inventory | None:

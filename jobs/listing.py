@@ -43,8 +43,13 @@ class Line(NamedTuple):
         )  # fmt: skip
 
 
-# The columns of ``jobs`` a Line is read from, in ``line_from``'s order.
+# The columns of ``jobs`` a Line is read from, in ``line_from``'s order: the spec's fields from their copies
+# (``jobs.store.schema.LISTED``), or, in a table no daemon of table version 2 has opened yet, from the spec.
 COLUMNS = (
+    "id, name, program, user, state, gpus, want_gpus, mem_per_gpu, mem_auto, mem_from, started_at, ended_at, "
+    "reason, exit_code, array_id, held"
+)
+FROM_SPEC = (
     "id, json_extract(spec, '$.name'), json_extract(spec, '$.command[0]'), user, state, gpus, "
     "json_extract(spec, '$.gpus'), json_extract(spec, '$.mem_per_gpu'), json_extract(spec, '$.mem_auto'), "
     "json_extract(spec, '$.mem_from'), started_at, ended_at, reason, exit_code, array_id, held"

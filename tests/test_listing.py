@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
@@ -50,9 +53,44 @@ def test_lines_from_the_table_equal_lines_made_from_its_records(
                 table.finish(i, Outcome.failed(3), 2100.0 + i)
             elif fate == "cancelled":
                 table.finish(i, Outcome.cancelled("alice"), 2100.0 + i)
+            elif i % 2:  # a pending job's spec changed (a new priority, a retry's doubled memory)
+                table.update_spec(i, dataclasses.replace(spec, name=f"renamed {i}", priority=5))
         assert table.lines() == [Line.of(record) for record in table.records()]
     finally:
         table.close()
+
+
+def _as_version_1(path: Path) -> None:
+    """Make a version-2 table what version 1 was: no copies of the spec's listed fields."""
+    db = sqlite3.connect(path, isolation_level=None)
+    for column, _, _ in schema.LISTED:
+        db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    db.execute("PRAGMA user_version=1")
+    db.close()
+
+
+def test_a_version_1_table_is_listed_from_its_specs_then_migrated_by_the_daemon(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    table = JobTable(path, create=True)
+    table.insert_pending([
+        JobRecord(id=i, spec=JobSpec(command=(f"/bin/job{i}",), cwd="/", gpus=1 + i % 3, mem_per_gpu=i << 30,
+                  name="" if i % 2 else f"n{i}"), uid=0, user="root", state=JobState.PENDING, submitted_at=i, log="")
+        for i in range(1, 7)
+    ])  # fmt: skip
+    expected = table.lines()
+    table.close()
+    _as_version_1(path)
+    reader = JobTable(path)  # `gpuq status` before the new daemon has opened the table
+    assert reader.lines() == expected
+    reader.close()
+    daemon = JobTable(path, create=True)
+    assert daemon.lines() == expected
+    daemon.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION
+    copied = db.execute("SELECT name, program, mem_per_gpu FROM jobs WHERE id=2").fetchone()
+    assert copied == ("n2", "/bin/job2", 2 << 30)
+    db.close()
 
 
 def test_a_listing_shows_a_job_still_in_the_spool(tmp_path: Path) -> None:

@@ -12,7 +12,16 @@ from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2
+
+# Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
+# so that `gpuq status --all` reads 100,000 jobs without parsing 100,000 specs (json_extract of six fields
+# cost 0.29 s of its 0.9 s on the 2-core VM). (column, its type, the spec's field it copies).
+LISTED = (
+    ("name", "TEXT", "$.name"), ("program", "TEXT", "$.command[0]"), ("want_gpus", "INTEGER", "$.gpus"),
+    ("mem_per_gpu", "INTEGER", "$.mem_per_gpu"), ("mem_auto", "INTEGER", "$.mem_auto"),
+    ("mem_from", "TEXT", "$.mem_from"),
+)  # fmt: skip
 
 # What --mem auto has learned: per kind of job (array:N, name:X, cmd:DIGEST), the most one of its jobs held
 # on one GPU, and which job; ``raised`` marks a share doubled after an out-of-memory, not a measured peak.
@@ -54,7 +63,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_index INTEGER,
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
-    not_before REAL
+    not_before REAL,
+""" + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED) + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -97,10 +107,32 @@ def create(path: Path) -> None:
     os.replace(tmp, path)
 
 
-def spec_json(spec: JobSpec) -> str:
+def migrate(db: sqlite3.Connection, version: int) -> None:
+    """Bring a table of an older version up to this one (the daemon does, on opening it), in one transaction."""
+    if version >= TABLE_VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for column, kind, _ in LISTED:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+        copies = ", ".join(f"{column} = json_extract(spec, '{field}')" for column, _, field in LISTED)
+        db.execute(f"UPDATE jobs SET {copies}")
+        db.execute(f"PRAGMA user_version={TABLE_VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def spec_row(spec: JobSpec) -> tuple[Any, ...]:
+    """The spec's column and its LISTED copies, in that order."""
     data = spec.to_json()
     del data["env"]  # kept in its own column: listings never parse environments
-    return json.dumps(data)
+    return (json.dumps(data), spec.name, spec.command[0], spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
+
+
+SPEC_COLUMNS = ", ".join(["spec", *(column for column, _, _ in LISTED)])  # spec_row's columns...
+SPEC_VALUES = ", ".join("?" * (1 + len(LISTED)))  # ...and a placeholder for each
 
 
 def record_from(

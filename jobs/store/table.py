@@ -63,6 +63,7 @@ class JobTable:
         if not path.exists():
             self._db = sqlite3.connect(":memory:", isolation_level=None)
             self._db.executescript(schema.SCHEMA)  # an empty queue: nothing was ever submitted here
+            self._listed = True
             return
         try:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
@@ -74,6 +75,9 @@ class JobTable:
                 )
             if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
                 self._db.executescript(schema.LEARNED)
+                schema.migrate(self._db, version)
+                version = schema.TABLE_VERSION
+            self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
         except sqlite3.DatabaseError as err:
             raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
 
@@ -110,8 +114,8 @@ class JobTable:
                     os.close(fd)
 
     def _insert(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo]) -> list[int]:
-        with self._transaction():
-            known = self._existing({r.id for r in records})
+        with self.batch():
+            known = set(self.owners({r.id for r in records})) if records else set()
             fresh = [r for r in records if r.id not in known]
             known_arrays = {row[0] for row in self._db.execute("SELECT id FROM arrays")} if arrays else set()
             self._db.executemany(
@@ -122,12 +126,12 @@ class JobTable:
                  for a in arrays if a.id not in known_arrays],
             )  # fmt: skip
             self._db.executemany(
-                "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, log, array_id,"
-                " array_index, held) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO jobs (id, state, uid, user, priority, env, submitted_at, log, array_id, array_index,"
+                f" held, {schema.SPEC_COLUMNS}) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, {schema.SPEC_VALUES})",
                 [
-                    (r.id, r.uid, r.user, r.spec.priority, self._spec_json(r.spec),
+                    (r.id, r.uid, r.user, r.spec.priority,
                      "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
-                     r.submitted_at, r.log, r.array_id, r.array_index, int(r.held))
+                     r.submitted_at, r.log, r.array_id, r.array_index, int(r.held), *self._spec_row(r.spec))
                     for r in fresh
                 ],
             )  # fmt: skip
@@ -136,7 +140,7 @@ class JobTable:
     def mark_running(
         self, job_id: int, gpus: Sequence[int], uuids: Sequence[str], started_at: float, launch: Launch
     ) -> None:
-        with self._transaction():
+        with self.batch():
             self._db.execute(
                 "UPDATE jobs SET state='running', reason='', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
                 " shim_start=?, boot_id=?, port=? WHERE id=? AND state='pending'",
@@ -146,7 +150,7 @@ class JobTable:
 
     def finish(self, job_id: int, outcome: Outcome, ended_at: float) -> bool:
         """Record how an active job ended. False if it had already ended (a second report is ignored)."""
-        with self._transaction():
+        with self.batch():
             cursor = self._db.execute(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
                 " WHERE id=? AND state IN ('pending', 'running')",
@@ -156,7 +160,7 @@ class JobTable:
 
     def finish_many(self, endings: Sequence[tuple[int, Outcome, float]]) -> None:
         """Record many endings in one transaction (cancelling a 10,000-member array is one fsync)."""
-        with self._transaction():
+        with self.batch():
             self._db.executemany(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
                 " WHERE id=? AND state IN ('pending', 'running')",
@@ -165,7 +169,7 @@ class JobTable:
 
     def requeue(self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None) -> None:
         """Put a job back in the queue: a launch interrupted before its go, or a retry (a new attempt)."""
-        with self._transaction():
+        with self.batch():
             self._db.execute(
                 "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
                 " exit_code=NULL, signal=NULL, shim_pid=NULL, shim_start=NULL, boot_id=NULL, port=NULL,"
@@ -181,18 +185,18 @@ class JobTable:
 
     def set_reasons(self, reasons: dict[int, str], state: str = "pending") -> None:
         """Record why pending jobs wait (or, ``state="running"``, how long an interactive job was idle)."""
-        with self._transaction():
+        with self.batch():
             self._db.executemany(
                 "UPDATE jobs SET reason=? WHERE id=? AND state=?", [(r, i, state) for i, r in reasons.items()]
             )
 
     def set_cancel_by(self, job_id: int, who: str) -> None:
-        with self._transaction():
+        with self.batch():
             self._db.execute("UPDATE jobs SET cancel_by=? WHERE id=? AND state='running'", (who, job_id))
 
     def set_learned(self, learned: Mapping[str, tuple[int, int, bool]]) -> None:
         """What --mem auto learned: kind -> (bytes, job id, raised after an out-of-memory)."""
-        with self._transaction():
+        with self.batch():
             self._db.executemany(
                 "INSERT OR REPLACE INTO learned (kind, bytes, job_id, raised) VALUES (?, ?, ?, ?)",
                 [(kind, size, job_id, int(raised)) for kind, (size, job_id, raised) in learned.items()],
@@ -207,7 +211,7 @@ class JobTable:
         return {kind: (size, job_id, bool(raised)) for kind, size, job_id, raised in rows}
 
     def set_peak_mem(self, peaks: dict[int, int]) -> None:
-        with self._transaction():
+        with self.batch():
             self._db.executemany(
                 "UPDATE jobs SET peak_mem=MAX(COALESCE(peak_mem, 0), ?) WHERE id=?",
                 [(peak, job_id) for job_id, peak in peaks.items()],
@@ -241,7 +245,8 @@ class JobTable:
     @_reading
     def lines(self) -> list[Line]:
         """Every job as a listing's line (``jobs.listing``), in id order: no record is built."""
-        return [listing.line_from(row) for row in self._db.execute(f"SELECT {listing.COLUMNS} FROM jobs ORDER BY id")]
+        columns = listing.COLUMNS if self._listed else listing.FROM_SPEC
+        return [listing.line_from(row) for row in self._db.execute(f"SELECT {columns} FROM jobs ORDER BY id")]
 
     @_reading
     def pending(self) -> list[JobRecord]:
@@ -290,7 +295,7 @@ class JobTable:
         return [schema.record_from(row) for row in rows]
 
     def set_notified(self, array_id: int) -> None:
-        with self._transaction():
+        with self.batch():
             self._db.execute("UPDATE arrays SET notified=1 WHERE id=?", (array_id,))
 
     @_reading
@@ -298,11 +303,11 @@ class JobTable:
         return {key: json.loads(value) for key, value in self._db.execute("SELECT key, value FROM settings")}
 
     def set_setting(self, key: str, value: Any) -> None:
-        with self._transaction():
+        with self.batch():
             self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     def set_held(self, job_ids: Iterable[int], held: bool, reason: str = "") -> None:
-        with self._transaction():
+        with self.batch():
             self._db.executemany(
                 "UPDATE jobs SET held=?, reason=? WHERE id=? AND state='pending'",
                 [(int(held), reason, job_id) for job_id in job_ids],
@@ -310,10 +315,10 @@ class JobTable:
 
     def update_spec(self, job_id: int, spec: JobSpec) -> None:
         """A pending job's new priority or time limit, or a retry's new memory (callers check the state)."""
-        with self._transaction():
+        with self.batch():
             self._db.execute(
-                "UPDATE jobs SET spec=?, priority=? WHERE id=?",
-                (self._spec_json(spec), spec.priority, job_id),
+                f"UPDATE jobs SET ({schema.SPEC_COLUMNS}) = ({schema.SPEC_VALUES}), priority=? WHERE id=?",
+                (*self._spec_row(spec), spec.priority, job_id),
             )
 
     @_reading
@@ -349,8 +354,8 @@ class JobTable:
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
 
-    def _spec_json(self, spec: JobSpec) -> str:
-        return schema.spec_json(public(spec) if self.private is not None else spec)
+    def _spec_row(self, spec: JobSpec) -> tuple[Any, ...]:
+        return schema.spec_row(public(spec) if self.private is not None else spec)
 
     def _whole(self, record: JobRecord) -> JobRecord:
         """The record with its full spec, for the daemon of a shared queue (a no-op otherwise). A job whose
@@ -369,12 +374,6 @@ class JobTable:
             return self.private.fields(owner_id).get(key)
         except (BadInput, OSError):
             return None
-
-    def _existing(self, ids: set[int]) -> set[int]:
-        return set(self.owners(ids)) if ids else set()
-
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
 
     def batch(self) -> _Transaction:
         """Group the writes of a whole tick into one transaction: every commit costs an fsync, and a

@@ -105,19 +105,20 @@ def check_live_inventory(spec: JobSpec) -> None:
 def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
     """What is queued, running and recently done, and which GPUs each job got."""
     from gpuq_scheduler.jobs.listing import Line
-    from gpuq_scheduler.launcher.views.tables import fold_arrays, status_table
+    from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
     queue = ctx.jobs()
-    if as_json:
-        records = queue.records() if show_all else _active_and_recent(queue)
-        click.echo(json.dumps([r.to_json() for r in records], indent=1))
-    else:
-        # --all reads a listing's few fields straight from the table: no record is built per job.
-        lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
-        if lines:
-            click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
+    with many_rows():
+        if as_json:
+            records = queue.records() if show_all else _active_and_recent(queue)
+            click.echo(json.dumps([r.to_json() for r in records], indent=1))
         else:
-            click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+            # --all reads a listing's few fields straight from the table: no record is built per job.
+            lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
+            if lines:
+                click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
+            else:
+                click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
     rejected = ctx.queue.rejected()
     if rejected and not as_json:
         click.echo(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,20 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import Policy
+
+
+@contextlib.contextmanager
+def many_rows() -> Iterator[None]:
+    """Cycle collection off while a listing is built: 100,000 jobs make half a million tuples and strings
+    and not one reference cycle, and the collector, triggered by every 700 of them, scanned the growing
+    heap again and again (0.25 s of `gpuq status --all`'s 0.67 s on the 2-core VM). Turned back on after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def runtime(record: JobRecord, now: float) -> float | None:
@@ -32,13 +48,14 @@ def _ending(line: Line) -> str:
     return line.reason or (str(line.exit_code) if line.exit_code is not None else "")
 
 
+_STATE_TEXT = {state: state.value for state in JobState}  # an enum's .value is a descriptor call: 0.04 s a 100,000
 _HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
 
 
 def _row(r: Line, now: float) -> tuple[str, ...]:
     started = r.started_at
     return (
-        str(r.id), r.name[:24], r.user, r.state.value, _gpus(r.gpus, r.want_gpus),
+        str(r.id), r.name[:24], r.user, _STATE_TEXT[r.state], _gpus(r.gpus, r.want_gpus),
         _mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from),
         "-" if started is None else format_duration((r.ended_at or now) - started), _ending(r),
     )  # fmt: skip
@@ -254,5 +271,5 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns two spaces apart. One format string for every row: 100,000 rows in ~0.1 s."""
     columns = list(zip(header, *rows, strict=False))
     widths = [max(map(len, column)) for column in columns]
-    line = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
-    return "\n".join(line.format(*row).rstrip() for row in [header, *rows])
+    line = "  ".join(f"%-{w}s" for w in widths[:-1]) + "  %s"  # %: a fifth faster than str.format here
+    return "\n".join([(line % tuple(row)).rstrip() for row in [header, *rows]])

@@ -162,6 +162,12 @@ def workload_b(tool: Tool, work: Path, singles: int, many: int, idle_runs: int) 
     result["many_submits"] = many
     result["many_submits_s"] = time.perf_counter() - started
     tool.discard()
+    python = getattr(tool, "python", None)  # a tool whose command is a Python script: its interpreter's floor
+    if python:
+        started = time.perf_counter()
+        for _ in range(many):
+            timed([python, "-c", "pass"], tool.env)
+        result["python_floor_s"] = time.perf_counter() - started
 
     out = fresh_dir(work / "b-out")
     to_start, call_to_start = [], []

@@ -78,6 +78,13 @@ class Gpuq(Tool):
         self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": fake})
         self._up = False
 
+    @property
+    def python(self) -> str | None:
+        """The interpreter the gpuq command runs on (its #! line): B times its bare start as the floor."""
+        with open(self.binary, "rb") as script:
+            first = script.readline()
+        return first[2:].strip().decode() if first.startswith(b"#!") and b"python" in first else None
+
     def gpuq(self, *args: str, check: bool = True, timeout: float = 120.0) -> str:
         return run([self.binary, *args], self.env, check=check, timeout=timeout)
 

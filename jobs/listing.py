@@ -45,14 +45,17 @@ class Line(NamedTuple):
 
 # The columns of ``jobs`` a Line is read from, in ``line_from``'s order: the spec's fields from their copies
 # (``jobs.store.schema.LISTED``), or, in a table no daemon of table version 2 has opened yet, from the spec.
+# The program only for a job without a name, and --mem auto's source only for an auto job: a value not
+# read (NULL) costs the sqlite3 module less than one made into a Python object.
 COLUMNS = (
-    "id, name, program, user, state, gpus, want_gpus, mem_per_gpu, mem_auto, mem_from, started_at, ended_at, "
-    "reason, exit_code, array_id, held"
+    "id, name, CASE WHEN name = '' THEN program END, user, state, gpus, want_gpus, mem_per_gpu, "
+    "CASE WHEN mem_auto THEN COALESCE(mem_from, '') END, started_at, ended_at, reason, exit_code, array_id, held"
 )
 FROM_SPEC = (
     "id, json_extract(spec, '$.name'), json_extract(spec, '$.command[0]'), user, state, gpus, "
-    "json_extract(spec, '$.gpus'), json_extract(spec, '$.mem_per_gpu'), json_extract(spec, '$.mem_auto'), "
-    "json_extract(spec, '$.mem_from'), started_at, ended_at, reason, exit_code, array_id, held"
+    "json_extract(spec, '$.gpus'), json_extract(spec, '$.mem_per_gpu'), "
+    "CASE WHEN json_extract(spec, '$.mem_auto') THEN COALESCE(json_extract(spec, '$.mem_from'), '') END, "
+    "started_at, ended_at, reason, exit_code, array_id, held"
 )
 
 _STATES = {state.value: state for state in JobState}
@@ -64,7 +67,8 @@ def line_from(row: Sequence[Any]) -> Line:
     if gpus is None:
         gpus = _GPUS[row[5]] = tuple(int(g) for g in row[5][1:-1].split(","))
     name = row[1] or row[2].rstrip("/").rsplit("/", 1)[-1] or row[2]  # as JobSpec.display_name
+    auto_from = row[8]  # None: not --mem auto
     return Line(
-        row[0], name, row[3], _STATES[row[4]], gpus, 1 if row[6] is None else row[6], row[7], bool(row[8]),
-        row[9] or "", row[10], row[11], row[12], row[13], row[14], bool(row[15]),
+        row[0], name, row[3], _STATES[row[4]], gpus, 1 if row[6] is None else row[6], row[7], auto_from is not None,
+        auto_from or "", row[9], row[10], row[11], row[12], row[13], bool(row[14]),
     )  # fmt: skip

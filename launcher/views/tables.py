@@ -9,13 +9,14 @@ import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy.placement import Policy
+
+if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq status` needs none of it
+    from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 
 
 @contextlib.contextmanager
@@ -76,6 +77,8 @@ def _mem(mem_per_gpu: int | None, wanted: int, auto: bool, chosen_from: str) -> 
 
 def status_table(lines: Sequence[Line], now: float | None = None) -> str:
     now = time.time() if now is None else now
+    if not any(line.cluster for line in lines):
+        return _table(_HEADER, [_row(r, now) for r in lines])
     return _table(*_where(_HEADER, [(r, _row(r, now)) for r in lines]))
 
 
@@ -99,11 +102,13 @@ def _place(r: Line) -> str:
 def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | None = None) -> str:
     """The status table with each array folded into one line of counts by state (``names``: array names)."""
     now = time.time() if now is None else now
-    rows: list[tuple[Line, tuple[str, ...]]] = [(r, _row(r, now)) for r in lines if r.array_id is None]
     groups: dict[int, list[Line]] = {}
     for line in lines:
         if line.array_id is not None:
             groups.setdefault(line.array_id, []).append(line)
+    if not groups:
+        return status_table(lines, now)  # nothing to fold: no pairs of line and row to keep for sorting
+    rows: list[tuple[Line, tuple[str, ...]]] = [(r, _row(r, now)) for r in lines if r.array_id is None]
     order = ("running", "pending", "succeeded", "failed", "cancelled", "timeout", "lost")
     for array_id, members in groups.items():
         counts: dict[str, int] = {}
@@ -118,8 +123,7 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
         mem = _mem(first.mem_per_gpu, first.want_gpus, first.mem_auto, first.mem_from)
         row = (str(array_id), name, first.user, summary, gpus, mem, "-", why)
         rows.append((first._replace(id=array_id), row))
-    if groups:
-        rows.sort(key=lambda row: row[0].id)
+    rows.sort(key=lambda row: row[0].id)
     return _table(*_where(_HEADER, rows))
 
 
@@ -233,14 +237,18 @@ def gpu_rows(
     snapshot: Sequence[GpuSnapshot],
     running: Sequence[JobRecord],
     ours: set[int],
-    overhead: int = Policy().overhead,
+    overhead: int | None = None,
     fences: Mapping[int, str] | None = None,
 ) -> list[GpuRow]:
     """Per GPU: what outside processes use, what gpuq reserved for its jobs, what is left, and who holds it.
 
     ``ours`` are the pids of gpuq's jobs, so their usage is not mistaken for a teammate's. A --mem job's
-    reservation includes the per-process overhead placement adds for its CUDA context.
+    reservation includes the per-process overhead placement adds for its CUDA context (None: the default).
     """
+    if overhead is None:
+        from gpuq_scheduler.launcher.policy.placement import Policy
+
+        overhead = Policy().overhead
     rows = []
     for gpu in snapshot:
         holders = [r for r in running if gpu.index in r.gpus]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.launcher.policy.placement import Policy
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
 
@@ -258,3 +260,36 @@ def test_python_api_runs_scripts_with_the_callers_interpreter_not_paths(gpuq: Gp
     assert out.returncode == 0, out.stderr
     logged = Path(out.stdout.strip()).read_text().strip()
     assert os.path.realpath(logged) == os.path.realpath(sys.executable)
+
+
+def test_an_upgraded_daemon_migrates_a_version_1_table_with_a_job_running(gpuq: Gpuq) -> None:
+    """The upgrade users make: jobs ran (one still runs) under a daemon of table version 1; `gpuq status`
+    of the new version lists them before any new daemon ran, and the new daemon migrates the table, adopts
+    the running job and sees it end."""
+    done = gpuq.submit("--name", "first", "true")
+    gpuq.run("wait", str(done))
+    report = gpuq.cwd / "r.jsonl"
+    running = gpuq.submit("--mem", "2G", str(REPORT), str(report), "2")
+    gpuq.wait_state(running, "running")
+    before = gpuq.run("status", "--all").stdout
+    gpuq.run("daemon", "stop")
+    db = sqlite3.connect(gpuq.home / "jobs.db", isolation_level=None)
+    for column, _, _ in schema.LISTED:
+        db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    db.execute("PRAGMA user_version=1")
+    db.close()
+    assert _without_runtimes(gpuq.run("status", "--all").stdout) == _without_runtimes(before)
+    gpuq.run("daemon", "start")
+    assert gpuq.wait_state(running, "succeeded")["exit_code"] == 0
+    db = sqlite3.connect(gpuq.home / "jobs.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION
+    assert db.execute("SELECT name, want_gpus, mem_per_gpu FROM jobs ORDER BY id").fetchall() == [
+        ("first", 1, None), ("", 1, 2 << 30)]  # fmt: skip
+    db.close()
+    lines = gpuq.run("status", "--all").stdout.splitlines()
+    assert lines[1].split()[:4] == [str(done), "first", lines[1].split()[2], "succeeded"]
+    assert lines[2].split()[1:2] == ["report.py"] and "2.0G" in lines[2] and "succeeded" in lines[2]
+
+
+def _without_runtimes(table: str) -> list[list[str]]:
+    return [line.split()[:6] for line in table.splitlines()]

@@ -65,9 +65,19 @@ class Gpuq:
         return dict(json.loads(self.run("show", "--json", str(job_id)).stdout))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 60) -> dict[str, Any]:
-        return dict(
-            wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout, f"job {job_id} {states}")
-        )
+        """The job once it is in one of ``states``. A job not known yet is waited for too: another process
+        (`gpuq run`, a client under test) may still be starting when the test asks."""
+
+        def reached() -> dict[str, Any] | None:
+            shown = self.run("show", "--json", str(job_id), check=False)
+            if shown.returncode != 0 and f"no job {job_id} " in shown.stderr:
+                return None
+            if shown.returncode != 0:
+                raise AssertionError(f"gpuq show {job_id} exited {shown.returncode}: {shown.stderr}")
+            job = dict(json.loads(shown.stdout))
+            return job if job["state"] in states else None
+
+        return dict(wait_for(reached, timeout, f"job {job_id} {states}"))
 
     def daemon_pid(self) -> int | None:
         info = json.loads(self.run("daemon", "status", "--json").stdout)

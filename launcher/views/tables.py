@@ -53,13 +53,19 @@ _STATE_TEXT = {state: state.value for state in JobState}  # an enum's .value is 
 _HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
 
 
-def _row(r: Line, now: float) -> tuple[str, ...]:
-    started = r.started_at
-    return (
-        str(r.id), r.name[:24], r.user, _STATE_TEXT[r.state], _gpus(r.gpus, r.want_gpus),
-        _mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from),
-        "-" if started is None else format_duration((r.ended_at or now) - started), _ending(r),
-    )  # fmt: skip
+def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
+    """The status table's cells, a list per column: one comprehension per column costs 40 ms less over
+    100,000 jobs than a function call per row, and the table needs the columns for their widths anyway."""
+    return [
+        [str(r.id) for r in lines],
+        [r.name[:24] for r in lines],
+        [r.user for r in lines],
+        [_STATE_TEXT[r.state] for r in lines],
+        [_gpus(r.gpus, r.want_gpus) for r in lines],
+        [_mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from) for r in lines],
+        ["-" if r.started_at is None else format_duration((r.ended_at or now) - r.started_at) for r in lines],
+        [_ending(r) for r in lines],
+    ]
 
 
 @functools.cache  # a listing of 100,000 jobs holds a few dozen distinct values of each: format each once
@@ -77,9 +83,10 @@ def _mem(mem_per_gpu: int | None, wanted: int, auto: bool, chosen_from: str) -> 
 
 def status_table(lines: Sequence[Line], now: float | None = None) -> str:
     now = time.time() if now is None else now
+    columns = _cells(lines, now)
     if not any(line.cluster for line in lines):
-        return _table(_HEADER, [_row(r, now) for r in lines])
-    return _table(*_where(_HEADER, [(r, _row(r, now)) for r in lines]))
+        return _column_table(_HEADER, columns)
+    return _table(*_where(_HEADER, list(zip(lines, zip(*columns, strict=True), strict=True))))
 
 
 def _where(
@@ -108,7 +115,8 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
             groups.setdefault(line.array_id, []).append(line)
     if not groups:
         return status_table(lines, now)  # nothing to fold: no pairs of line and row to keep for sorting
-    rows: list[tuple[Line, tuple[str, ...]]] = [(r, _row(r, now)) for r in lines if r.array_id is None]
+    alone = [r for r in lines if r.array_id is None]
+    rows: list[tuple[Line, tuple[str, ...]]] = list(zip(alone, zip(*_cells(alone, now), strict=True), strict=True))
     order = ("running", "pending", "succeeded", "failed", "cancelled", "timeout", "lost")
     for array_id, members in groups.items():
         counts: dict[str, int] = {}
@@ -276,8 +284,14 @@ def gpu_table(rows: Sequence[GpuRow]) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart. One format string for every row: 100,000 rows in ~0.1 s."""
-    columns = list(zip(header, *rows, strict=False))
-    widths = [max(map(len, column)) for column in columns]
+    """Left-aligned columns two spaces apart."""
+    columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in header]
+    return _column_table(header, columns)
+
+
+def _column_table(header: Sequence[str], columns: Sequence[Sequence[str]]) -> str:
+    """``_table`` from the cells a list per column. One format string for every row: 100,000 rows in ~0.1 s."""
+    widths = [max(len(title), *map(len, column)) for title, column in zip(header, columns, strict=True)]
     line = "  ".join(f"%-{w}s" for w in widths[:-1]) + "  %s"  # %: a fifth faster than str.format here
-    return "\n".join([(line % tuple(row)).rstrip() for row in [header, *rows]])
+    body = [(line % row).rstrip() for row in zip(*columns, strict=True)]
+    return "\n".join([(line % tuple(header)).rstrip(), *body])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,15 @@ _TAIL_BYTES = 64 << 10
 OOM = lifecycle.OOM_REASON  # --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
+
+
+def exit_files(run: Path) -> set[str] | None:
+    """The names of the exit files in ``run/`` now, or None if it cannot be listed (then read each job's).
+    One listing per pass, not one failed open per running job: 40 packed jobs cost 40 opens, each raising."""
+    try:
+        return {name for name in os.listdir(run) if name.endswith(".exit")}
+    except OSError:
+        return None
 
 
 def read_exit(path: Path) -> dict[str, Any] | None:

@@ -129,8 +129,13 @@ class Scheduler(SchedulerState):
         check_liveness = now >= self._next_liveness
         if check_liveness:
             self._next_liveness = now + LIVENESS_EVERY
+        written = outcomes.exit_files(self.state.run)
         for job_id, job in list(self.running.items()):
-            exit_data = outcomes.read_exit(self.state.exit_file(job_id))
+            exit_data = (
+                outcomes.read_exit(self.state.exit_file(job_id))
+                if written is None or f"{job_id}.exit" in written
+                else None
+            )  # fmt: skip
             if exit_data is None and job.launch.boot_id != self.boot_id:
                 endings.finish(self, job.record, Outcome.lost("the machine restarted while it ran"), now, events)
             elif (

@@ -65,12 +65,13 @@ class Gpuq:
         return dict(json.loads(self.run("show", "--json", str(job_id)).stdout))
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 60) -> dict[str, Any]:
-        """The job once it is in one of ``states``. A job not known yet is waited for too: another process
-        (`gpuq run`, a client under test) may still be starting when the test asks."""
+        """The job once it is in one of ``states``. A job not known yet, or a queue not made yet, is waited
+        for too: another process (`gpuq run`, a client under test) may still be starting when the test asks."""
 
         def reached() -> dict[str, Any] | None:
             shown = self.run("show", "--json", str(job_id), check=False)
-            if shown.returncode != 0 and f"no job {job_id} " in shown.stderr:
+            not_yet = (f"no job {job_id} ", "is not a gpuq state directory")
+            if shown.returncode != 0 and any(words in shown.stderr for words in not_yet):
                 return None
             if shown.returncode != 0:
                 raise AssertionError(f"gpuq show {job_id} exited {shown.returncode}: {shown.stderr}")

@@ -15,7 +15,6 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
-from gpuq_scheduler.jobs.store import journal
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
@@ -90,7 +89,7 @@ def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
     touched, scheduler.touched_arrays = scheduler.touched_arrays, {}
     for array_id, failed in touched.items():
         _array_member_ended(scheduler, array_id, failed, now, events)
-    journal.append(scheduler.state.events, events)
+    scheduler.journal.extend(events)
 
 
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:

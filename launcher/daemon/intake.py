@@ -15,7 +15,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
-from gpuq_scheduler.jobs.store import journal, outbox, spool
+from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.launcher.daemon import endings, requests
@@ -74,7 +74,7 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
             spool.remove(other)
         elif isinstance(other, spool.BadRequest):
             _set_aside(scheduler, other, now, events)
-    journal.append(scheduler.state.events, events)
+    scheduler.journal.extend(events)
 
 
 def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:

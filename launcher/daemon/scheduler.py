@@ -54,6 +54,7 @@ class Scheduler(SchedulerState):
         """
         self.reap()
         self.ingest(now)
+        self.write_journal()  # ingest committed on its own
         try:
             with self.table.batch():
                 self.reconcile(now)
@@ -66,13 +67,18 @@ class Scheduler(SchedulerState):
         except BaseException:
             for undo in self.on_rollback:
                 undo()
-            self.on_rollback, self.after_commit = [], []
+            self.on_rollback, self.after_commit, self.journal = [], [], []  # none of it happened
             self.reload()
             raise
         then, self.after_commit, self.on_rollback = self.after_commit, [], []
         for action in then:
             action()
+        self.write_journal()
         self.forget_ingested()
+
+    def write_journal(self) -> None:
+        journal.append(self.state.events, self.journal)
+        self.journal = []
 
     def forget_ingested(self) -> None:
         """Once the jobs ingested are on disk, their requests go. A crash before: the next daemon reads them
@@ -157,7 +163,7 @@ class Scheduler(SchedulerState):
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
                     endings.finish(self, job.record, outcome, ended, events)
-        journal.append(self.state.events, events)
+        self.journal.extend(events)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
         if not self.pending:
@@ -214,7 +220,7 @@ class Scheduler(SchedulerState):
         ready = self._with_learned_memory(ready, waiting)
         if never:
             endings.finish_pending(self, never, now, events)
-        journal.append(self.state.events, events)
+        self.journal.extend(events)
         if self.paused_by is not None:
             waiting.update(
                 {r.id: f"the queue is paused (by {self.paused_by}); `gpuq resume` resumes it" for r in ready}
@@ -347,7 +353,7 @@ class Scheduler(SchedulerState):
         self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
         self.running[record.id] = Running(running, info)
-        journal.append(self.state.events, [{"t": now, "job": record.id, "event": "started", "gpus": list(gpus)}])
+        self.journal.append({"t": now, "job": record.id, "event": "started", "gpus": list(gpus)})
 
     def _record_reasons(self, waiting: dict[int, str], now: float) -> None:
         """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to

@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
@@ -70,6 +71,9 @@ class SchedulerState:
         self.waiting: dict[int, str] = {}
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
+        # This tick's events for events.jsonl, written once what they record is committed (and the launches
+        # are sent): one append per tick, off the path from a job's end to the next one's start.
+        self.journal: list[dict[str, Any]] = []
         self.ingested: list[spool.SubmitRequest] = []  # in the table, to be removed from the spool once synced
         self._reasons_due = 0.0
         self._unsaved_reasons: dict[int, str] | None = None

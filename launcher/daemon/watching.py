@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gpuq_scheduler.jobs.store import journal
 from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
@@ -41,7 +40,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
         events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
-    journal.append(scheduler.state.events, events)
+    scheduler.journal.extend(events)
 
 
 def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
@@ -127,7 +126,7 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
             job.record = record.replace(reason=reason)
     if reasons:
         scheduler.table.set_reasons(reasons, state="running")
-    journal.append(scheduler.state.events, events)
+    scheduler.journal.extend(events)
 
 
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:

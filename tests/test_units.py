@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -85,19 +86,19 @@ SIZE_TEXT = st.text(st.sampled_from([*"0123456789. \t\n", "٣", *"gGiIbBkKmMtTx"
 DURATION_TEXT = st.text(st.sampled_from([*"0123456789.: \t", "٣", *"dhmsHMx", "²"]), max_size=9)
 
 
-@given(SIZE_TEXT)
-def test_sizes_accepted_as_the_regular_expression_did(text: str) -> None:
+@pytest.mark.parametrize(
+    ("parse", "before", "texts"),
+    [(parse_size, _size_before, SIZE_TEXT), (parse_duration, _duration_before, DURATION_TEXT)],
+    ids=["size", "duration"],
+)
+@given(data=st.data())
+def test_parsers_accept_what_the_regular_expressions_did(
+    parse: Callable[[str], float], before: Callable[[str], float | None], texts: st.SearchStrategy[str],
+    data: st.DataObject,
+) -> None:  # fmt: skip
+    text = data.draw(texts)
     try:
-        got: int | None = parse_size(text)
+        got: float | None = parse(text)
     except BadInput:
         got = None
-    assert got == _size_before(text)
-
-
-@given(DURATION_TEXT)
-def test_durations_accepted_as_the_regular_expression_did(text: str) -> None:
-    try:
-        got: float | None = parse_duration(text)
-    except BadInput:
-        got = None
-    assert got == _duration_before(text)
+    assert got == before(text)

@@ -1,4 +1,3 @@
-# One module past 400 lines on purpose: both ends of the daemon-shim pipe share one message format.
 """A job's supervisor, the *shim*: a fork of the daemon that starts one job and sees it to its end.
 
 Every job runs under a shim in its own session that starts the job (in the job's own process group),
@@ -21,10 +20,8 @@ If the daemon dies before that, the job is still pending; if it dies while sendi
 message and exits without starting anything, and the next daemon finds a running job whose shim is gone
 and that never started (no pid file), and queues it again. A job is never launched twice.
 
-The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.log``, up to
-``GPUQ_LOG_LIMIT`` bytes (default 1 GiB; read from the daemon's environment, which the shim inherits).
-Past the limit the shim writes one line saying so and discards the rest, still reading so that the
-job never blocks on a full pipe: a job printing in a loop cannot fill the disk unnoticed.
+The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.log``, up to a limit
+(``launcher.daemon.joblog``).
 """
 
 from __future__ import annotations
@@ -44,17 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
-from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.store.statedir import write_atomic
-from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, start_time
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
-LOG_LIMIT = 1 << 30  # bytes of output kept per job unless GPUQ_LOG_LIMIT says otherwise
-_CHUNK = 1 << 20  # read the job's output this much at a time (and ask for a pipe this big)
-_DRAIN_IDLE = 2.0  # after the job ended: stop reading once its pipe stays quiet this long...
-_DRAIN_MAX = 10.0  # ...or after this long, if something that escaped its process group keeps writing
 _HEADER = 8  # bytes of the length that comes before a pickled Launch
 _JOB, _CANCEL = b"J", b"C"  # what the daemon writes down a shim's pipe: a job (then its length and Launch), a cancel
 
@@ -260,7 +252,7 @@ def _supervise(
     log_fd = open_log(launch.log, launch.account, launch.log_group)
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
-        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, _CHUNK)  # fewer wake-ups for a chatty job
+        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
     try:
         job = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -273,7 +265,7 @@ def _supervise(
         return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
-    output = _Log(log_fd, log_limit())
+    output = JobLog(log_fd, log_limit())
     started = time.time()
     write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
 
@@ -329,67 +321,6 @@ def _asked_to_stop(ready: list[int], watched: list[int], pipe: int, wake_read: i
     if wake_read in ready:
         asked = signal.SIGTERM in os.read(wake_read, 64) or asked
     return asked
-
-
-def log_limit(environ: Mapping[str, str] | None = None) -> int:
-    """Bytes of a job's output kept in its log: GPUQ_LOG_LIMIT (bytes, or a size like 512M), else 1 GiB."""
-    raw = (os.environ if environ is None else environ).get("GPUQ_LOG_LIMIT", "").strip()
-    if raw.isdigit():
-        return int(raw)
-    try:
-        return parse_size(raw) if raw else LOG_LIMIT
-    except BadInput:
-        return LOG_LIMIT  # a shim has nobody to tell: keep the default rather than no limit at all
-
-
-class _Log:
-    """A job's output on its way from the pipe to the log file: kept up to a limit, then discarded."""
-
-    def __init__(self, fd: int, limit: int) -> None:
-        self.fd = fd
-        self.limit = limit
-        self.room = limit
-        self.full = False
-        self.broken = False  # a write failed (a full disk): keep reading, keep nothing
-        self.ends_line = True
-
-    def pump(self, pipe: int) -> bool:
-        """Copy what the pipe holds now. False at end of file (no process holds its write end)."""
-        data = os.read(pipe, _CHUNK)
-        if not data:
-            return False
-        self.take(data)
-        return True
-
-    def drain(self, pipe: int) -> None:
-        """Read until end of file, or until the pipe stays quiet: the job's process group is gone by now,
-        but a process that left it (a daemon it started) may hold the pipe open for ever."""
-        give_up = time.monotonic() + _DRAIN_MAX
-        while time.monotonic() < give_up:
-            ready, _, _ = select.select([pipe], [], [], _DRAIN_IDLE)
-            if not ready or not self.pump(pipe):
-                return
-
-    def take(self, data: bytes) -> None:
-        if self.full:
-            return
-        kept = data[: self.room]
-        self._write(kept)
-        self.room -= len(kept)
-        if len(kept) < len(data):
-            self.full = True
-            marker = f"gpuq: log limit of {self.limit} bytes reached; further output discarded\n".encode()
-            self._write(marker if self.ends_line else b"\n" + marker)
-
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view and not self.broken:
-            try:
-                view = view[os.write(self.fd, view) :]
-            except OSError:
-                self.broken = True
-        if data:
-            self.ends_line = data.endswith(b"\n")
 
 
 def _signal_group(pgid: int, signum: int) -> None:

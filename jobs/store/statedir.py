@@ -13,6 +13,8 @@ $GPUQ_HOME/
   gpus.json        the last GPU inventory the daemon saw (lets `gpuq submit` check --gpus without NVML)
   run/<id>.exit    written by a job's shim when the job ends: the outcome survives a daemon crash
   run/<id>.pid     the job's own pid and start time, written by its shim
+  run/<id>.next    the daemon's: this pending job is staged behind a running one, whose shim starts it
+                   when that one ends (launcher.daemon.handoff); read back by a restarted daemon
   mps/<gpu uuid>/  pipe and log directories of the MPS control daemon gpuq runs on that GPU (launcher.gpus.mps)
   logs/<id>.log    the job's stdout and stderr
   private/<id>.json  shared mode: a job's (or array's) command, cwd and environment, readable by its
@@ -207,6 +209,9 @@ class StateDir:
 
     def pid_file(self, job_id: int) -> Path:
         return self.run / f"{job_id}.pid"
+
+    def next_file(self, job_id: int) -> Path:
+        return self.run / f"{job_id}.next"
 
     def log(self, job_id: int) -> Path:
         return self.logs / f"{job_id}.log"

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuq.daemon")
 
 SETTLE = 0.005  # seconds without an event before spare shims are forked
+HANDOFF_SETTLE = 0.005  # seconds a pass waits when only hand-offs woke it (see _Wakeups.wait)
 
 
 def running_pid(state: StateDir) -> int | None:
@@ -102,6 +103,9 @@ class _Wakeups:
     """The FIFO clients and shims poke, plus our own signals, as one thing to sleep on."""
 
     def __init__(self, state: StateDir) -> None:
+        from gpuq_scheduler.launcher.daemon.shim import HANDED_OFF  # the daemon's own: off the CLI's import path
+
+        self._handed = HANDED_OFF
         self.stopping = False
         self.fifo = os.open(state.wake, os.O_RDONLY | os.O_NONBLOCK)
         # Holding a writer open ourselves keeps the FIFO from reporting EOF (readable forever) between pokes.
@@ -119,13 +123,25 @@ class _Wakeups:
         self.stopping = True
 
     def wait(self, timeout: float) -> bool:
-        """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout."""
+        """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout.
+
+        Woken only by hand-offs (jobs that started themselves as the ones before them ended), wait a moment
+        more: the rest of the burst they came in ends and starts meanwhile, and one pass records it all
+        after those jobs have had the CPU to start."""
         ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
-        for fd in ready:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(fd, 4096):
-                    pass
+        words = b"".join(_drain(fd) for fd in ready)
+        if words and not words.strip(self._handed) and self._signals not in ready:
+            time.sleep(HANDOFF_SETTLE)
+            _drain(self.fifo)
         return bool(ready)
+
+
+def _drain(fd: int) -> bytes:
+    chunks = []
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:

@@ -17,7 +17,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import endings
+from gpuq_scheduler.launcher.daemon import endings, handoff
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.requests")
@@ -44,10 +44,18 @@ def _named(scheduler: SchedulerState, ids: tuple[int, ...]) -> list[JobRecord]:
 def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, events: list[dict[str, Any]]) -> None:
     who = user_name(request.uid)
     pending: list[JobRecord] = []
-    for record in _named(scheduler, request.job_ids):
+    named = _named(scheduler, request.job_ids)
+    # Staged jobs first: cancelling the job ahead of one could otherwise end it, and start the staged one,
+    # before the staged one's cancel is sent.
+    named.sort(key=lambda record: record.id not in scheduler.staged)
+    for record in named:
         if not _may_act(scheduler, request.uid, record):
             log.warning("refused cancel of job %d (owner %s) from %s", record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": "cancel-refused", "by": who})
+            continue
+        if record.id in scheduler.staged:  # its shim may be starting it: it ends once we know which
+            handoff.cancel(scheduler, record.id, who)
+            events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
             continue
         if record.id in scheduler.pending:
             pending.append(record)
@@ -71,6 +79,7 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
             continue
+        handoff.withdraw(scheduler, record.id)  # held or changed, it may no longer be the one to go next
         if request.action in ("hold", "release"):
             held = request.action == "hold"
             reason = f"held by {who}; `gpuq release {record.id}` lets it run" if held else ""

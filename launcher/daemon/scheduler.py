@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
-from gpuq_scheduler.launcher.daemon import endings, fences, intake, learning, outcomes, processes, shim, watching
+from gpuq_scheduler.launcher.daemon import endings, fences, handoff, intake, learning, outcomes, processes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, lifecycle
@@ -38,6 +38,7 @@ class Scheduler(SchedulerState):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
 
     def close(self) -> None:
@@ -95,6 +96,7 @@ class Scheduler(SchedulerState):
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
+        handoff.load(self)
 
     def wants_spares(self) -> bool:
         return self.shims.idle != self._spares_wanted()
@@ -136,6 +138,7 @@ class Scheduler(SchedulerState):
         if check_liveness:
             self._next_liveness = now + LIVENESS_EVERY
         written = outcomes.exit_files(self.state.run)
+        ended: dict[int, tuple[dict[str, Any] | None, Launch]] = {}  # for what was staged behind them
         for job_id, job in list(self.running.items()):
             exit_data = (
                 outcomes.read_exit(self.state.exit_file(job_id))
@@ -143,6 +146,7 @@ class Scheduler(SchedulerState):
                 else None
             )  # fmt: skip
             if exit_data is None and job.launch.boot_id != self.boot_id:
+                ended[job_id] = None, job.launch
                 endings.finish(self, job.record, Outcome.lost("the machine restarted while it ran"), now, events)
             elif (
                 exit_data is None
@@ -151,18 +155,25 @@ class Scheduler(SchedulerState):
             ):
                 exit_data = outcomes.read_exit(self.state.exit_file(job_id))  # it may have just finished
                 if exit_data is None:
+                    ended[job_id] = None, job.launch
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
-                self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
+                ended[job_id] = exit_data, job.launch
+                if exit_data.get("next") in self.staged:
+                    self.shims.handed(job_id, exit_data["next"])  # its shim went on to the job staged behind it
+                else:
+                    self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(exit_data, job.record, job.launch, fenced=self.fence != fences.NONE)
                 lost_gpu = self.gpu_lost.get(job_id)
                 if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
                     outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"
-                ended = float(exit_data.get("ended_at") or now)
+                ended_at = float(exit_data.get("ended_at") or now)
                 if outcome is None:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
-                    endings.finish(self, job.record, outcome, ended, events)
+                    endings.finish(self, job.record, outcome, ended_at, events)
+        if self.staged and ended:
+            handoff.settle(self, ended, now, events)  # after the ends: a successor that started follows its first
         self.journal.extend(events)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -189,6 +200,9 @@ class Scheduler(SchedulerState):
             self.not_before.pop(record.id, None)
             self._requests.pop(record.id, None)
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
+        placed = {decision.job_id for decision in plan.decisions}
+        handoff.stage(self, [r for r in ready if r.id not in placed], snapshot, now)
+        waiting.update({job_id: handoff.reason(staged) for job_id, staged in self.staged.items()})
         self._record_reasons({**waiting, **plan.waiting}, now)
 
     def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
@@ -200,6 +214,8 @@ class Scheduler(SchedulerState):
         deps: dict[int, list[JobRecord]] = {}
         never: list[tuple[JobRecord, Outcome]] = []
         for record in list(self.pending.values()):
+            if record.id in self.staged:
+                continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
             if record.held:
                 waiting[record.id] = record.reason or "held"
             elif self.not_before.get(record.id, 0) > now:
@@ -333,12 +349,7 @@ class Scheduler(SchedulerState):
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)
-        launch = shim.Launch(
-            job_id=record.id, argv=processes.job_argv(spec, port), env=env, cwd=spec.cwd,
-            log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
-            pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=spec.time_limit,
-            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,
-        )  # fmt: skip
+        launch = self.shim_launch(record, gpus, env, port, account)
         for stale in (launch.exit_file, launch.pid_file):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)

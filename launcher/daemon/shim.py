@@ -15,6 +15,13 @@ ends it, and so does the daemon's death (its pipe reaches end of file); a shim r
 daemon dies finishes supervising it first. One job at a time: a shim is in the daemon's pool only once its
 job has ended.
 
+A shim running a job may also be given the job to start once it ends (a *successor hand-off*,
+``launcher.daemon.handoff``): the next job on the same GPUs then starts without a round trip through the
+daemon. The shim names the successor in the first job's exit file, written before the successor starts,
+and the daemon records it as running when it reads that file. The daemon can take a staged job back (a
+drop, or a cancel naming it) until then; a shim whose daemon is gone (its pipe at end of file) starts
+nothing staged.
+
 The daemon sends a shim its job only once the job is recorded as running, so a job never runs unrecorded.
 If the daemon dies before that, the job is still pending; if it dies while sending, the shim reads a partial
 message and exits without starting anything, and the next daemon finds a running job whose shim is gone
@@ -47,8 +54,12 @@ from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
-_HEADER = 8  # bytes of the length that comes before a pickled Launch
-_JOB, _CANCEL = b"J", b"C"  # what the daemon writes down a shim's pipe: a job (then its length and Launch), a cancel
+_HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a job id after a cancel or drop
+# What the daemon writes down a shim's pipe: a job to start now, or the job to start once this one ends (each
+# then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
+# names its job, so a late one cannot stop the job handed the GPUs after it; naming a staged job, it drops it.
+_JOB, _NEXT, _CANCEL, _DROP = b"J", b"N", b"C", b"D"
+HANDED_OFF = b"h"  # the poke after a hand-off: the daemon may wait for the burst to settle before it records it
 
 
 @dataclass(frozen=True)
@@ -96,20 +107,35 @@ class Shim:
     def start(self, launch: Launch) -> None:
         """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
         by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
+        self._send(_JOB, launch)
+
+    def stage(self, launch: Launch) -> None:
+        """Send the job to start once the one this shim runs ends (its exit file will say whether it did)."""
+        self._send(_NEXT, launch)
+
+    def cancel(self, job_id: int) -> bool:
+        """Stop job ``job_id`` if this shim runs it (SIGTERM to its group, SIGKILL after the grace period), or
+        drop it if it is staged here. Down the pipe, after the job itself, not as a signal: a signal could
+        reach the shim before it has read its job, or, late, reach the next job it is given. False if the shim
+        is gone."""
+        return self._write(_CANCEL + job_id.to_bytes(_HEADER, "big"))
+
+    def drop(self, job_id: int) -> bool:
+        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on."""
+        return self._write(_DROP + job_id.to_bytes(_HEADER, "big"))
+
+    def _send(self, kind: bytes, launch: Launch) -> None:
         data = pickle.dumps(launch)
-        view = memoryview(_JOB + len(data).to_bytes(_HEADER, "big") + data)
-        with contextlib.suppress(OSError):
+        self._write(kind + len(data).to_bytes(_HEADER, "big") + data)
+
+    def _write(self, message: bytes) -> bool:
+        view = memoryview(message)
+        try:
             while view:
                 view = view[os.write(self._pipe, view) :]
-
-    def cancel(self) -> bool:
-        """Stop the job this shim runs (SIGTERM to its group, SIGKILL after the grace period). Down the pipe,
-        after the job itself, not as a signal: a signal could reach the shim before it has read its job, or,
-        late, reach the next job it is given. False if the shim is gone."""
-        try:
-            return os.write(self._pipe, _CANCEL) == 1
         except OSError:
             return False
+        return True
 
     def alive(self) -> bool:
         return is_alive(self.pid, self.started)
@@ -157,14 +183,35 @@ class Shims:
         if shim is not None:
             shim.abandon()
 
-    def cancel(self, job_id: int) -> bool:
-        """Ask the shim of ``job_id`` to stop it; False if this daemon did not start it (no pipe to its shim).
-        A shim that died meanwhile is found by the liveness check, which ends a job being cancelled as such."""
-        shim = self._busy.get(job_id)
+    def has(self, job_id: int) -> bool:
+        """Whether this daemon started ``job_id``'s shim (and so has a pipe to it)."""
+        return job_id in self._busy
+
+    def cancel(self, job_id: int, shim_of: int | None = None) -> bool:
+        """Ask the shim of ``job_id`` (or of ``shim_of``, the job a staged ``job_id`` follows) to stop it; False
+        if this daemon did not start that shim's job (no pipe to it). A shim that died meanwhile is found by
+        the liveness check, which ends a job being cancelled as such."""
+        shim = self._busy.get(job_id if shim_of is None else shim_of)
+        return shim is not None and shim.cancel(job_id)
+
+    def stage(self, after: int, launch: Launch) -> bool:
+        """Give the shim running job ``after`` the job to start when it ends; False if we have no pipe to it."""
+        shim = self._busy.get(after)
         if shim is None:
             return False
-        shim.cancel()
+        shim.stage(launch)
         return True
+
+    def drop(self, after: int, job_id: int) -> None:
+        shim = self._busy.get(after)
+        if shim is not None:
+            shim.drop(job_id)
+
+    def handed(self, after: int, job_id: int) -> None:
+        """Job ``after`` ended and its shim started ``job_id``, staged behind it: the shim is busy with that."""
+        shim = self._busy.pop(after, None)
+        if shim is not None:
+            self._busy[job_id] = shim
 
     def keep(self, count: int) -> None:
         """Have ``count`` idle shims: fork the missing ones, let the extra ones go."""
@@ -197,8 +244,10 @@ def _serve(pipe: int) -> int:
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # idle, a stray SIGTERM just ends this shim
+    following: Launch | None = None
     while True:
-        launch = _receive(pipe)  # sent only once the job is recorded as running
+        handed = following is not None
+        launch = following or _receive(pipe)  # sent only once the job is recorded as running (or staged)
         if launch is None:
             return 0  # the daemon let this shim go, or died (maybe while sending: that job is queued again)
         # From here a SIGTERM is a cancel, handled in the loop below via the wake-up fd. It comes from outside
@@ -208,29 +257,42 @@ def _serve(pipe: int) -> int:
         signal.signal(signal.SIGTERM, lambda *_: None)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
-        outcome = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe)
-        # Idle again before the exit file says so: a SIGTERM from now on ends this idle shim and cannot be taken
-        # for a cancel of the next job it is given.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
+        # A SIGTERM that came for the job that ended goes with it: read before the exit file says it ended.
         with contextlib.suppress(BlockingIOError):
             while os.read(wake_read, 64):
-                pass
-        _finish(launch, outcome)
+                continue
+        if following is None:
+            # Idle again before the exit file says so: a SIGTERM from now on ends this idle shim and cannot be
+            # taken for a cancel of the next job it is given.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _finish(launch, outcome, following)
 
 
 def _receive(pipe: int) -> Launch | None:
-    """The next job the daemon sent, or None at end of file. A cancel read here came for a job that had
-    already ended when the daemon sent it: there is nothing to stop."""
-    kind = _CANCEL
-    while kind == _CANCEL:
-        kind = os.read(pipe, 1)
-    if kind != _JOB:
-        return None
-    header = _read_exactly(pipe, _HEADER)
+    """The next job the daemon sent, or None at end of file. A cancel or a drop read here came for a job
+    that had already ended when the daemon sent it, and a staged job for one that had ended (its exit file,
+    naming no successor, tells the daemon it did not start): there is nothing to do."""
+    while True:
+        kind, value = _message(pipe)
+        if kind == _JOB:
+            assert isinstance(value, Launch)
+            return value
+        if not kind:
+            return None
+
+
+def _message(pipe: int) -> tuple[bytes, Launch | int | None]:
+    """One message from the daemon: (kind, its Launch or job id); (b"", None) at end of file, also when the
+    daemon died in the middle of writing one."""
+    kind = os.read(pipe, 1)
+    header = _read_exactly(pipe, _HEADER) if kind else None
     if header is None:
-        return None
+        return b"", None
+    if kind in (_CANCEL, _DROP):
+        return kind, int.from_bytes(header, "big")
     data = _read_exactly(pipe, int.from_bytes(header, "big"))
-    return None if data is None else pickle.loads(data)  # trusted: the daemon, our parent, wrote it
+    return (b"", None) if data is None else (kind, pickle.loads(data))  # trusted: the daemon, our parent, wrote it
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
@@ -246,9 +308,10 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 def _supervise(
     launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int,
-    pipe: int,
-) -> dict[str, object]:
-    """Run the job to its end; its outcome, for the exit file."""
+    pipe: int, handed: bool,
+) -> tuple[dict[str, object], Launch | None]:
+    """Run the job to its end: its outcome, for the exit file, and the job staged to follow it, if any.
+    ``handed``: this job followed one that just ended, and the daemon learns of both once this one started."""
     log_fd = open_log(launch.log, launch.account, launch.log_group)
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
@@ -262,17 +325,20 @@ def _supervise(
         os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
         os.close(out_read)
         os.close(log_fd)
-        return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}
+        return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}, None
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     output = JobLog(log_fd, log_limit())
     started = time.time()
     write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
+    if handed:
+        _poke(launch.wake, HANDED_OFF)
 
     reason, kill_at = "", None
     deadline = None if launch.time_limit is None else started + launch.time_limit
     pidfd = os.pidfd_open(job.pid)
     watched = [pidfd, wake_read, out_read, pipe]
+    following: Launch | None = None
     while True:
         now = time.time()
         due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
@@ -283,7 +349,8 @@ def _supervise(
         if pidfd in ready:
             break
         now = time.time()
-        if _asked_to_stop(ready, watched, pipe, wake_read) and not reason:
+        asked, following = _requests(ready, watched, pipe, wake_read, launch.job_id, following)
+        if asked and not reason:
             reason = "cancel"
         elif deadline is not None and now >= deadline and not reason:
             reason = "timeout"
@@ -301,26 +368,38 @@ def _supervise(
         output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
     for fd in (pidfd, out_read, log_fd):
         os.close(fd)
+    # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
+    while pipe in watched and select.select([pipe], [], [], 0)[0]:
+        _, following = _requests([pipe], watched, pipe, wake_read, launch.job_id, following)
     return {
         "started": True,
         "exit_code": returncode if returncode >= 0 else None,
         "signal": -returncode if returncode < 0 else None,
         "reason": reason,
-    }
+    }, following
 
 
-def _asked_to_stop(ready: list[int], watched: list[int], pipe: int, wake_read: int) -> bool:
-    """Whether a cancel came: down the pipe from the daemon, or as a SIGTERM (from a daemon started after the
-    one that sent this job, which has no pipe to this shim)."""
+def _requests(
+    ready: list[int], watched: list[int], pipe: int, wake_read: int, job_id: int, following: Launch | None
+) -> tuple[bool, Launch | None]:
+    """Whether a cancel of this job came (down the pipe from the daemon, or as a SIGTERM from a daemon started
+    after the one that sent this job, which has no pipe to this shim), and the job staged to follow it now."""
     asked = False
     if pipe in ready:
-        word = os.read(pipe, 1)
-        if not word:
-            watched.remove(pipe)  # the daemon died: see this job through, then exit
-        asked = word == _CANCEL
+        kind, value = _message(pipe)
+        if not kind:
+            watched.remove(pipe)  # the daemon died: see this job through, start nothing staged, then exit
+            following = None
+        elif kind == _NEXT:
+            assert isinstance(value, Launch)
+            following = value
+        elif kind in (_CANCEL, _DROP) and following is not None and value == following.job_id:
+            following = None
+        else:
+            asked = kind == _CANCEL and value == job_id
     if wake_read in ready:
         asked = signal.SIGTERM in os.read(wake_read, 64) or asked
-    return asked
+    return asked, following
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -328,17 +407,24 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def _finish(launch: Launch, outcome: dict[str, object]) -> None:
+def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None) -> None:
     outcome["job"] = launch.job_id
     outcome["ended_at"] = time.time()
+    if following is not None:
+        outcome["next"] = following.job_id  # starts once this file is written; the daemon hears of it after
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
     write_atomic(launch.exit_file, json.dumps(outcome).encode(), durable=False)
+    if following is None:
+        _poke(launch.wake, b"!")
+
+
+def _poke(wake: Path, word: bytes) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(launch.wake, os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
         with contextlib.suppress(OSError):
-            os.write(fd, b"!")
+            os.write(fd, word)
         os.close(fd)
 
 

@@ -36,6 +36,19 @@ class Running:
     pids: set[int] = field(default_factory=set)
 
 
+@dataclass
+class Staged:
+    """A pending job handed to the shim of the running job ``after``, to start on its GPUs when it ends
+    (``launcher.daemon.handoff``). It stays pending, out of placement, until that job's end says whether it
+    started."""
+
+    after: int
+    gpus: tuple[int, ...]
+    uuids: tuple[str, ...]
+    dropping: bool = False  # taken back: it starts only if the drop reached the shim too late
+    cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
+
+
 class SchedulerState:
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
@@ -69,6 +82,7 @@ class SchedulerState:
         self.drained: set[int] = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
+        self.staged: dict[int, Staged] = {}  # pending job id -> the running job it follows (daemon/handoff.py)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         # This tick's events for events.jsonl, written once what they record is committed (and the launches
@@ -139,6 +153,18 @@ class SchedulerState:
         """Count a run that just ended toward its user's recent GPU use (fair share)."""
         if self.usage is not None and record.gpus and record.started_at is not None:
             self.usage = self.usage.charge(record.user, len(record.gpus), record.started_at, ended, ended)
+
+    def shim_launch(
+        self, record: JobRecord, gpus: tuple[int, ...], env: dict[str, str], port: int | None = None,
+        account: accounts.Account | None = None,
+    ) -> shim.Launch:  # fmt: skip
+        """What a shim needs to run ``record`` on ``gpus`` with ``env``."""
+        return shim.Launch(
+            job_id=record.id, argv=processes.job_argv(record.spec, port), env=env, cwd=record.spec.cwd,
+            log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
+            pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=record.spec.time_limit,
+            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,
+        )  # fmt: skip
 
     def stop(self, job: Running) -> None:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""

@@ -74,7 +74,7 @@ def stage(scheduler: SchedulerState, unplaced: Sequence[JobRecord], snapshot: li
     next (``unplaced``: ready jobs this pass placed nowhere) behind the running jobs whose GPUs they would
     get. Inside the tick's transaction; the shims are told after the commit."""
     order = sorted(unplaced, key=_rank)
-    _review(scheduler, order[0] if order else None)
+    _review(scheduler, order[0] if order else None, {g.index for g in snapshot if g.lost})
     if scheduler.shared is not None or scheduler.paused_by is not None or not order:
         return
     followed = {s.after for s in scheduler.staged.values()}
@@ -82,6 +82,8 @@ def stage(scheduler: SchedulerState, unplaced: Sequence[JobRecord], snapshot: li
         (job for job in scheduler.running.values() if job.record.id not in followed and _may_hand_off(scheduler, job)),
         key=lambda job: (job.record.started_at or now, job.record.id),
     )  # fmt: skip
+    if not ahead:
+        return
     views = {v.index: v for v in watching.views(scheduler, snapshot)}
     for job, record in zip(ahead, order, strict=False):
         if not _may_follow(scheduler, record, job) or not _fits(scheduler, record, job, views, now):
@@ -143,15 +145,16 @@ def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     scheduler.after_commit.append(tell)
 
 
-def _review(scheduler: SchedulerState, head: JobRecord | None) -> None:
-    """Take back staged jobs that no longer come next on their GPUs."""
+def _review(scheduler: SchedulerState, head: JobRecord | None, lost: set[int]) -> None:
+    """Take back staged jobs that no longer come next on their GPUs, or whose GPUs are lost or drained."""
     for job_id, staged in scheduler.staged.items():
         if staged.dropping:
             continue
         record = scheduler.pending.get(job_id)
         if (
             record is None or record.held or scheduler.paused_by is not None or scheduler.shared is not None
-            or set(staged.gpus) & scheduler.drained or (head is not None and _rank(head) < _rank(record))
+            or set(staged.gpus) & (scheduler.drained | lost) or staged.after in scheduler.gpu_lost
+            or (head is not None and _rank(head) < _rank(record))
         ):  # fmt: skip
             withdraw(scheduler, job_id)
 

@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
-from gpuq_scheduler.launcher.daemon import processes, shim
+from gpuq_scheduler.launcher.daemon import processes, shim, shims
 from gpuq_scheduler.launcher.gpus.mps import Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
@@ -107,7 +107,7 @@ class SchedulerState:
         self.next_idle_check = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
-        self.shims = shim.Shims()
+        self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
         self.learned: dict[str, memory.Peak] = {

@@ -1,0 +1,91 @@
+"""The daemon's shims (``launcher.daemon.shim``): idle ones, kept so that a launch costs a message rather than
+a fork, and the one supervising each running job this daemon started."""
+
+from __future__ import annotations
+
+import contextlib
+
+from gpuq_scheduler.launcher.daemon.shim import Launch, Shim
+
+
+class Shims:
+    """The daemon's shims: idle ones (their jobs ended, or forked ahead of need), and the one supervising each
+    running job this daemon started. A shim is idle or busy with one job, never both."""
+
+    def __init__(self) -> None:
+        self._idle: list[Shim] = []
+        self._busy: dict[int, Shim] = {}  # job id -> its shim
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def take(self, job_id: int) -> Shim:
+        """A shim for ``job_id``: the last idle one to have finished a job, else a new fork (OSError if none)."""
+        while self._idle:
+            shim = self._idle.pop()
+            if shim.alive():
+                break
+            shim.abandon()  # a stray signal ended it
+        else:
+            shim = Shim()
+        self._busy[job_id] = shim
+        return shim
+
+    def ended(self, job_id: int) -> None:
+        """The job's exit file was read (its shim wrote it last and waits for the next job), or its launch was
+        rolled back before the shim was sent anything: the shim is idle."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            self._idle.append(shim)
+
+    def lost(self, job_id: int) -> None:
+        """The job ended without an exit file (its shim died): nothing to reuse."""
+        shim = self._busy.pop(job_id, None)
+        if shim is not None:
+            shim.abandon()
+
+    def has(self, job_id: int) -> bool:
+        """Whether this daemon started ``job_id``'s shim (and so has a pipe to it)."""
+        return job_id in self._busy
+
+    def cancel(self, job_id: int, shim_of: int | None = None) -> bool:
+        """Ask the shim of ``job_id`` (or of ``shim_of``, the job a staged ``job_id`` follows) to stop it; False
+        if this daemon did not start that shim's job (no pipe to it). A shim that died meanwhile is found by
+        the liveness check, which ends a job being cancelled as such."""
+        shim = self._busy.get(job_id if shim_of is None else shim_of)
+        return shim is not None and shim.cancel(job_id)
+
+    def stage(self, after: int, launch: Launch) -> bool:
+        """Give the shim running job ``after`` the job to start when it ends; False if we have no pipe to it."""
+        shim = self._busy.get(after)
+        if shim is None:
+            return False
+        shim.stage(launch)
+        return True
+
+    def drop(self, after: int, job_id: int) -> None:
+        shim = self._busy.get(after)
+        if shim is not None:
+            shim.drop(job_id)
+
+    def handed(self, after: int, job_id: int) -> None:
+        """Job ``after`` ended and its shim started ``job_id``, staged behind it: the shim is busy with that."""
+        shim = self._busy.pop(after, None)
+        if shim is not None:
+            self._busy[job_id] = shim
+
+    def keep(self, count: int) -> None:
+        """Have ``count`` idle shims: fork the missing ones, let the extra ones go."""
+        while len(self._idle) > count:
+            self._idle.pop().abandon()
+        with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
+            while len(self._idle) < count:
+                self._idle.append(Shim())
+
+    def close(self) -> None:
+        """Let every shim go: idle ones exit now, busy ones once their job has ended."""
+        self.keep(0)
+        for shim in self._busy.values():
+            shim.abandon()
+        self._busy.clear()

@@ -8,6 +8,7 @@ job, every job succeeded, and `gpuq doctor` finds nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -75,6 +76,9 @@ def crash_soak(home: Path, minutes: float, wave: int, seed: int) -> list[str]:
                 client.run("daemon", "start")
         print(f"submitted {len(ids)} jobs, killed the daemon {kills} times; waiting for the queue to drain")
         api.wait(ids, home=home, timeout=max(600.0, len(ids) * 2.0))
+        journal = [json.loads(line) for line in (home / "events.jsonl").read_text().splitlines()]
+        handed = sum(1 for e in journal if e.get("event") == "started" and "after" in e)
+        print(f"{handed} of {len(ids)} jobs were started by a hand-off from the shim of the job before them")
         failures = []
         reports = read_reports(report)
         try:

@@ -1,6 +1,7 @@
 """How low could workload A's gap go with a successor hand-off? Its best case, beside sgs and gpuq, in one run.
 
-    python bench/handoff_bound.py [--jobs 200] [--repeat 3] [--tick-ms 0.9] [--out bench/results]
+    python bench/handoff_bound.py [--jobs 200] [--repeat 3] [--tick-ms 0.9] [--settle-ms 5] [--out bench/results]
+                                  [--tools ideal,modelled,settled,sgs,gpuq]
 
 A *successor hand-off* would have the daemon give a job's supervisor the next job for the same GPUs ahead of
 time, so that the supervisor starts it the moment the first ends, with no daemon on the way. Before building
@@ -50,6 +51,7 @@ from bench.peers.gpuq import Gpuq, install_regular  # noqa: E402
 from bench.peers.sgs import SimpleGpuScheduler  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+TOOLS = ("ideal", "modelled", "settled", "sgs", "gpuq")
 
 
 class HandOff(Tool):
@@ -173,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tick-ms", type=float, default=0.9)
     parser.add_argument("--settle-ms", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--no-peers", action="store_true", help="hand-off models and gpuq only (no sgs)")
+    parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {','.join(TOOLS)}")
     args = parser.parse_args(argv)
-    names = ["ideal", "modelled", "settled", *([] if args.no_peers else ["sgs"]), "gpuq"]
+    names = [name for name in args.tools.split(",") if name]
+    if not names or set(names) - set(TOOLS):
+        parser.error(f"--tools: choose from {', '.join(TOOLS)}")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="gpuq-handoff-") as tmp:
         if not os.environ.get("GPUQ_BENCH_COMMAND"):  # gpuq as users install it, as the harness does

@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Mode, Outcome
@@ -69,13 +70,15 @@ def reason(staged: Staged) -> str:
     return f"next on GPU {gpus}, when job {staged.after} ends"
 
 
-def stage(scheduler: SchedulerState, unplaced: Sequence[JobRecord], snapshot: list[GpuSnapshot], now: float) -> None:
+def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: list[GpuSnapshot], now: float) -> None:
     """After a placement pass: take back staged jobs that no longer come next, then stage the jobs that come
-    next (``unplaced``: ready jobs this pass placed nowhere) behind the running jobs whose GPUs they would
-    get. Inside the tick's transaction; the shims are told after the commit."""
-    order = sorted(unplaced, key=_rank)
-    _review(scheduler, order[0] if order else None, {g.index for g in snapshot if g.lost})
-    if scheduler.shared is not None or scheduler.paused_by is not None or not order:
+    next (``upcoming``: the ready jobs this pass placed nowhere, in queue order) behind the running jobs whose
+    GPUs they would get. Inside the tick's transaction; the shims are told after the commit."""
+    if scheduler.shared is not None:
+        return  # fair share decides who goes next at the moment a GPU frees: nothing is staged
+    head = next(upcoming, None)
+    _review(scheduler, head, {g.index for g in snapshot if g.lost})
+    if scheduler.paused_by is not None or head is None:
         return
     followed = {s.after for s in scheduler.staged.values()}
     ahead = sorted(
@@ -85,7 +88,7 @@ def stage(scheduler: SchedulerState, unplaced: Sequence[JobRecord], snapshot: li
     if not ahead:
         return
     views = {v.index: v for v in watching.views(scheduler, snapshot)}
-    for job, record in zip(ahead, order, strict=False):
+    for job, record in zip(ahead, itertools.chain([head], upcoming), strict=False):
         if not _may_follow(scheduler, record, job) or not _fits(scheduler, record, job, views, now):
             return  # never past a job that cannot go next: it would be overtaken
         _stage(scheduler, record, job)
@@ -152,7 +155,7 @@ def _review(scheduler: SchedulerState, head: JobRecord | None, lost: set[int]) -
             continue
         record = scheduler.pending.get(job_id)
         if (
-            record is None or record.held or scheduler.paused_by is not None or scheduler.shared is not None
+            record is None or record.held or scheduler.paused_by is not None
             or set(staged.gpus) & (scheduler.drained | lost) or staged.after in scheduler.gpu_lost
             or (head is not None and _rank(head) < _rank(record))
         ):  # fmt: skip

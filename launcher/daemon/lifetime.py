@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuq.daemon")
 
 SETTLE = 0.005  # seconds without an event before spare shims are forked
-HANDOFF_SETTLE = 0.005  # seconds a pass waits when only hand-offs woke it (see _Wakeups.wait)
+HANDOFF_SETTLE = 0.005  # a pass woken only by hand-offs waits until none came for this long...
+HANDOFF_SETTLE_MAX = 0.025  # ...or this long at most (see _Wakeups.wait)
 
 
 def running_pid(state: StateDir) -> int | None:
@@ -125,15 +126,20 @@ class _Wakeups:
     def wait(self, timeout: float) -> bool:
         """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout.
 
-        Woken only by hand-offs (jobs that started themselves as the ones before them ended), wait a moment
-        more: the rest of the burst they came in ends and starts meanwhile, and one pass records it all
-        after those jobs have had the CPU to start."""
+        Woken only by hand-offs (jobs that started themselves as the ones before them ended), wait until they
+        stop coming for a moment: the rest of the burst they came in ends and starts meanwhile, and one pass
+        records it all once those jobs have had the CPU to start. Anything else wakes the pass at once."""
         ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
+        if not ready:
+            return False
         words = b"".join(_drain(fd) for fd in ready)
-        if words and not words.strip(self._handed) and self._signals not in ready:
-            time.sleep(HANDOFF_SETTLE)
-            _drain(self.fifo)
-        return bool(ready)
+        settle_until = time.monotonic() + HANDOFF_SETTLE_MAX
+        while words and not words.strip(self._handed) and self._signals not in ready:
+            if time.monotonic() >= settle_until:
+                break
+            ready, _, _ = select.select([self.fifo, self._signals], [], [], HANDOFF_SETTLE)
+            words = b"".join(_drain(fd) for fd in ready)  # nothing: quiet for HANDOFF_SETTLE, the burst is over
+        return True
 
 
 def _drain(fd: int) -> bytes:

@@ -201,7 +201,9 @@ class Scheduler(SchedulerState):
             self._requests.pop(record.id, None)
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
         placed = {decision.job_id for decision in plan.decisions}
-        handoff.stage(self, [r for r in ready if r.id not in placed], snapshot, now)
+        # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
+        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in placed)
+        handoff.stage(self, upcoming, snapshot, now)
         waiting.update({job_id: handoff.reason(staged) for job_id, staged in self.staged.items()})
         self._record_reasons({**waiting, **plan.waiting}, now)
 
@@ -279,6 +281,7 @@ class Scheduler(SchedulerState):
             requests = [self._request(r) for r in jobs]
             requests.sort(key=_BY_ID)  # Python key per job: with 10,000 pending that was a third of a pass
             requests.sort(key=_BY_PRIORITY, reverse=True)  # (reverse keeps equal priorities in id order)
+            self.queue_order = requests
         else:
             used, held = self._use(now)
             queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=self.shared.priority)

@@ -175,14 +175,15 @@ def _serve(pipe: int) -> int:
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
-        # A SIGTERM that came for the job that ended goes with it: read before the exit file says it ended.
-        with contextlib.suppress(BlockingIOError):
-            while os.read(wake_read, 64):
-                continue
         if following is None:
             # Idle again before the exit file says so: a SIGTERM from now on ends this idle shim and cannot be
             # taken for a cancel of the next job it is given.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # A SIGTERM that came for the job that ended goes with it. Handing off, one from now on is for the
+        # successor: it is the running job once the exit file below names it.
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_read, 64):
+                continue
         _finish(launch, outcome, following)
 
 

@@ -83,6 +83,7 @@ class SchedulerState:
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
         self.staged: dict[int, Staged] = {}  # pending job id -> the running job it follows (daemon/handoff.py)
+        self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         # This tick's events for events.jsonl, written once what they record is committed (and the launches

@@ -134,6 +134,17 @@ def gpuq(tmp_path: Path) -> Iterator[Gpuq]:
     client.cleanup()
 
 
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
+    """A queue with one fake GPU: every job after the first waits for the one before it."""
+    home = tmp_path / "state"
+    work = tmp_path / "work"
+    work.mkdir()
+    client = Gpuq(home, make_env(home, fake="1x80GiB"), work)
+    yield client
+    client.cleanup()
+
+
 def read_reports(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

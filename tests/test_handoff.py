@@ -12,26 +12,14 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, wait_for
 
 STAMP = 'echo "$GPUQ_JOB_ID $(date +%s.%N)" >> "$1"; sleep "$2"; echo "$GPUQ_JOB_ID $(date +%s.%N)" >> "$1"'
-
-
-@pytest.fixture
-def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
-    home = tmp_path / "state"
-    work = tmp_path / "work"
-    work.mkdir()
-    client = Gpuq(home, make_env(home, fake="1x80GiB"), work)
-    yield client
-    client.cleanup()
 
 
 def stamped(gpuq: Gpuq, seconds: float, *options: str) -> int:

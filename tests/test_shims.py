@@ -10,25 +10,12 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
-import pytest
 
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, wait_for
 
 PARENT = "echo shim=$PPID job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"
-
-
-@pytest.fixture
-def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
-    home = tmp_path / "state"
-    work = tmp_path / "work"
-    work.mkdir()
-    client = Gpuq(home, make_env(home, fake="1x80GiB"), work)
-    yield client
-    client.cleanup()
 
 
 def log(gpuq: Gpuq, job_id: int) -> str:

@@ -186,9 +186,9 @@ def settle(
     events: list[dict[str, Any]],
 ) -> None:  # fmt: skip
     """Jobs ended this pass (id -> their exit file, None if they left none, and their launch, which names their
-    shim): each job staged behind one of them
-    started (its exit file names it) or did not. Started, it is running under the same shim from the moment
-    the first ended; if not, it is pending again, or cancelled if a cancel came while it was staged."""
+    shim): each job staged behind one of them started (its exit file names it) or did not. Started, it runs
+    under the same shim from the moment the first ended; if not, it is pending again, or cancelled if a
+    cancel came while it was staged."""
     for job_id, staged in list(scheduler.staged.items()):
         if staged.after not in ended:
             continue

@@ -12,12 +12,13 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import Gpuq, wait_for
+from tests.conftest import Gpuq, make_env, wait_for
 
 STAMP = 'echo "$GPUQ_JOB_ID $(date +%s.%N)" >> "$1"; sleep "$2"; echo "$GPUQ_JOB_ID $(date +%s.%N)" >> "$1"'
 
@@ -62,6 +63,18 @@ def test_jobs_queued_behind_a_running_one_start_from_its_shim_once_each_in_order
     for job_id in ids[1:]:
         shown = gpuq.job(job_id)
         assert shown["gpus"] == [0] and shown["started_at"] is not None
+
+
+def test_successors_that_end_before_their_hand_off_is_recorded_are_recorded_ended(one_gpu: Gpuq) -> None:
+    """The daemon records a hand-off a few ms after it (once the burst settles): an instant job has ended by
+    then, and its exit file must survive the hand-off's records."""
+    gpuq = one_gpu
+    gpuq.run("pause")
+    ids = [stamped(gpuq, 0.3), *(stamped(gpuq, 0) for _ in range(4))]
+    gpuq.run("resume")
+    for job_id in ids:
+        gpuq.wait_state(job_id, "succeeded", timeout=20)
+    assert any("after" in e for e in events(gpuq, "started")), "no job was handed off"
 
 
 def test_a_cancelled_staged_job_never_runs_and_the_queue_goes_on(one_gpu: Gpuq) -> None:
@@ -146,3 +159,21 @@ def test_a_killed_shim_leaves_its_staged_job_to_run_once(one_gpu: Gpuq) -> None:
     assert gpuq.wait_state(first, "lost")["state"] == "lost"
     gpuq.wait_state(staged, "succeeded")
     assert len(stamps(gpuq)[staged]) == 2
+
+
+def test_a_staged_job_goes_to_a_gpu_that_frees_first_rather_than_wait(tmp_path: Path) -> None:
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    gpuq = Gpuq(home, make_env(home, fake="2x80GiB"), work)
+    try:
+        gpuq.run("pause")
+        long = stamped(gpuq, 30)
+        short = stamped(gpuq, 2)
+        staged = stamped(gpuq, 0)
+        gpuq.run("resume")
+        staged_behind(gpuq, staged, long)  # both started in one pass: the lower id is first in line
+        ran = gpuq.wait_state(staged, "succeeded", timeout=20)
+        assert gpuq.job(long)["state"] == "running", "the staged job waited for the long job to end"
+        assert ran["gpus"] == gpuq.job(short)["gpus"] and len(stamps(gpuq)[staged]) == 2
+    finally:
+        gpuq.cleanup()

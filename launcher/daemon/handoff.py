@@ -33,10 +33,10 @@ from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Mode, Outcome
 from gpuq_scheduler.jobs.store.statedir import write_atomic
-from gpuq_scheduler.launcher.daemon import endings, processes, watching
+from gpuq_scheduler.launcher.daemon import endings, outcomes, processes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy.placement import Request, place
+from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
 
 log = logging.getLogger("gpuq.handoff")
 
@@ -77,7 +77,10 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     if scheduler.shared is not None:
         return  # fair share decides who goes next at the moment a GPU frees: nothing is staged
     head = next(upcoming, None)
-    _review(scheduler, head, {g.index for g in snapshot if g.lost})
+    views: dict[int, GpuView] = {}
+    if scheduler.staged:
+        views = {v.index: v for v in watching.views(scheduler, snapshot)}
+        _review(scheduler, head, views)
     if scheduler.paused_by is not None or head is None:
         return
     followed = {s.after for s in scheduler.staged.values()}
@@ -87,7 +90,7 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     )  # fmt: skip
     if not ahead:
         return
-    views = {v.index: v for v in watching.views(scheduler, snapshot)}
+    views = views or {v.index: v for v in watching.views(scheduler, snapshot)}
     for job, record in zip(ahead, itertools.chain([head], upcoming), strict=False):
         if not _may_follow(scheduler, record, job) or not _fits(scheduler, record, job, views, now):
             return  # never past a job that cannot go next: it would be overtaken
@@ -118,7 +121,7 @@ def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> b
     )  # fmt: skip
 
 
-def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dict[int, Any], now: float) -> bool:
+def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dict[int, GpuView], now: float) -> bool:
     """Whether placement would put ``record`` on ``job``'s GPUs once ``job`` has left them (what others run
     there outside gpuq still counts)."""
     freed = [dataclasses.replace(views[i], used=views[i].external) for i in job.record.gpus if i in views]
@@ -148,23 +151,31 @@ def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     scheduler.after_commit.append(tell)
 
 
-def _review(scheduler: SchedulerState, head: JobRecord | None, lost: set[int]) -> None:
-    """Take back staged jobs that no longer come next on their GPUs, or whose GPUs are lost or drained."""
+def _review(scheduler: SchedulerState, head: JobRecord | None, views: dict[int, GpuView]) -> None:
+    """Take back staged jobs that no longer come next on their GPUs: their GPUs are lost or drained, a job
+    that ranks before them is ready, or enough GPUs are free now to start them elsewhere at once (the job
+    ahead may run for hours; no GPU sits idle while work waits)."""
+    busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
+    free = sum(
+        1 for v in views.values()
+        if v.available and v.index not in busy and v.external < scheduler.policy.negligible
+    )  # fmt: skip
     for job_id, staged in scheduler.staged.items():
         if staged.dropping:
             continue
         record = scheduler.pending.get(job_id)
         if (
-            record is None or record.held or scheduler.paused_by is not None
-            or set(staged.gpus) & (scheduler.drained | lost) or staged.after in scheduler.gpu_lost
-            or (head is not None and _rank(head) < _rank(record))
+            record is None or record.held or scheduler.paused_by is not None or staged.after in scheduler.gpu_lost
+            or any(gpu not in views or not views[gpu].available for gpu in staged.gpus)
+            or (head is not None and _rank(head) < _rank(record)) or free >= record.spec.gpus
         ):  # fmt: skip
             withdraw(scheduler, job_id)
 
 
 def withdraw(scheduler: SchedulerState, job_id: int) -> None:
     """Take a staged job back (held, updated, outranked...): it stays pending, and placement sees it again once
-    the job it followed has ended without starting it. A no-op for a job that is not staged."""
+    its shim has given it back (``settle``), or the job it followed has ended without starting it. A no-op
+    for a job that is not staged."""
     staged = scheduler.staged.get(job_id)
     if staged is None or staged.dropping:
         return
@@ -182,28 +193,42 @@ def cancel(scheduler: SchedulerState, job_id: int, who: str) -> None:
 
 
 def settle(
-    scheduler: SchedulerState, ended: dict[int, tuple[dict[str, Any] | None, Launch]], now: float,
-    events: list[dict[str, Any]],
+    scheduler: SchedulerState, ended: dict[int, tuple[dict[str, Any] | None, Launch]], written: set[str] | None,
+    now: float, events: list[dict[str, Any]],
 ) -> None:  # fmt: skip
     """Jobs ended this pass (id -> their exit file, None if they left none, and their launch, which names their
     shim): each job staged behind one of them started (its exit file names it) or did not. Started, it runs
     under the same shim from the moment the first ended; if not, it is pending again, or cancelled if a
-    cancel came while it was staged."""
+    cancel came while it was staged. A staged job its shim gave back (an exit file saying it was dropped;
+    ``written``: the exit files in ``run/``) is pending again at once."""
     for job_id, staged in list(scheduler.staged.items()):
-        if staged.after not in ended:
+        back = staged.after not in ended and _given_back(scheduler, job_id, written)
+        if staged.after not in ended and not back:
             continue
         del scheduler.staged[job_id]
-        scheduler.after_commit.append(functools.partial(_unlink, scheduler.state.next_file(job_id)))
+        exit_data, first = ended.get(staged.after, (None, None))
+        started = exit_data is not None and first is not None and exit_data.get("next") == job_id
+        # Not started: a give-back's exit file goes too. Started, its exit file is its own (it may have ended).
+        paths = [scheduler.state.next_file(job_id)] + ([] if started else [scheduler.state.exit_file(job_id)])
+        scheduler.after_commit.append(functools.partial(_unlink, *paths))
         record = scheduler.pending.get(job_id)
-        exit_data, first = ended[staged.after]
         scheduler.changes += 1
         if record is None:  # nothing ends a staged job but this: say so if something did
             log.error("job %d, staged behind job %d, was no longer pending when that one ended", job_id, staged.after)
             continue
-        if exit_data is not None and exit_data.get("next") == job_id:
+        if started:
+            assert exit_data is not None and first is not None
             _started(scheduler, record, staged, first, float(exit_data.get("ended_at") or now), events)
         elif staged.cancel_by:
             endings.finish_pending(scheduler, [(record, Outcome.cancelled(staged.cancel_by))], now, events)
+
+
+def _given_back(scheduler: SchedulerState, job_id: int, written: set[str] | None) -> bool:
+    """Whether the shim holding a staged job dropped it and said so in the job's exit file."""
+    if written is not None and f"{job_id}.exit" not in written:
+        return False
+    exit_data = outcomes.read_exit(scheduler.state.exit_file(job_id))
+    return exit_data is not None and exit_data.get("dropped") is True
 
 
 def _started(
@@ -236,6 +261,7 @@ def _write(scheduler: SchedulerState, job_id: int, staged: Staged) -> None:
     write_atomic(scheduler.state.next_file(job_id), json.dumps(body).encode(), durable=False)
 
 
-def _unlink(path: os.PathLike[str]) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def _unlink(*paths: os.PathLike[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

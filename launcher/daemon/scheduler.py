@@ -172,8 +172,8 @@ class Scheduler(SchedulerState):
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:
                     endings.finish(self, job.record, outcome, ended_at, events)
-        if self.staged and ended:
-            handoff.settle(self, ended, now, events)  # after the ends: a successor that started follows its first
+        if self.staged:
+            handoff.settle(self, ended, written, now, events)  # after the ends: a successor follows its first
         self.journal.extend(events)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:

@@ -307,11 +307,13 @@ def _requests(
         kind, value = _message(pipe)
         if not kind:
             watched.remove(pipe)  # the daemon died: see this job through, start nothing staged, then exit
+            _give_back(following)
             following = None
         elif kind == _NEXT:
             assert isinstance(value, Launch)
             following = value
         elif kind in (_CANCEL, _DROP) and following is not None and value == following.job_id:
+            _give_back(following)
             following = None
         else:
             asked = kind == _CANCEL and value == job_id
@@ -323,6 +325,13 @@ def _requests(
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+def _give_back(staged: Launch | None) -> None:
+    """Drop the staged job and say so in its exit file (it never started), so that the daemon may place it
+    elsewhere now rather than once the job ahead of it ends."""
+    if staged is not None:
+        _finish(staged, {"started": False, "dropped": True}, None)
 
 
 def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None) -> None:

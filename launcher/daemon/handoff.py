@@ -209,8 +209,9 @@ def settle(
         exit_data, first = ended.get(staged.after, (None, None))
         started = exit_data is not None and first is not None and exit_data.get("next") == job_id
         # Not started: a give-back's exit file goes too. Started, its exit file is its own (it may have ended).
-        paths = [scheduler.state.next_file(job_id)] + ([] if started else [scheduler.state.exit_file(job_id)])
-        scheduler.after_commit.append(functools.partial(_unlink, *paths))
+        if not started:
+            scheduler.after_commit.append(functools.partial(_unlink, scheduler.state.exit_file(job_id)))
+        scheduler.after_commit.append(functools.partial(_forget_record, scheduler, job_id))
         record = scheduler.pending.get(job_id)
         scheduler.changes += 1
         if record is None:  # nothing ends a staged job but this: say so if something did
@@ -252,6 +253,13 @@ def _started(
         scheduler.stop(scheduler.running[record.id])
     events.append({"t": started, "job": record.id, "event": "started", "gpus": list(staged.gpus),
                    "after": staged.after})  # fmt: skip
+
+
+def _forget_record(scheduler: SchedulerState, job_id: int) -> None:
+    """Remove a settled job's ``.next`` once that is committed, unless this same pass staged it again (given
+    back, then staged behind another job): that file is the new record."""
+    if job_id not in scheduler.staged:
+        _unlink(scheduler.state.next_file(job_id))
 
 
 def _write(scheduler: SchedulerState, job_id: int, staged: Staged) -> None:

@@ -95,10 +95,11 @@ def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
     paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id))
-    scheduler.after_commit.append(lambda: _unlink(*paths))
+    scheduler.after_commit.append(lambda: unlink(*paths))
 
 
-def _unlink(*paths: os.PathLike[str]) -> None:
+def unlink(*paths: os.PathLike[str]) -> None:
+    """Remove run files that may already be gone."""
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -167,7 +168,7 @@ def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[d
     scheduler.running.pop(job.record.id, None)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
     exit_file = scheduler.state.exit_file(job.record.id)
-    scheduler.after_commit.append(lambda: _unlink(exit_file))
+    scheduler.after_commit.append(lambda: unlink(exit_file))
     full = scheduler.table.get(job.record.id, with_env=True)
     if full is not None:
         scheduler.pending[job.record.id] = full

@@ -59,7 +59,7 @@ def load(scheduler: SchedulerState) -> None:
             except (OSError, ValueError, KeyError, TypeError):
                 staged = None
             if staged is None or job_id not in scheduler.pending or staged.after not in scheduler.running:
-                _unlink(path)
+                endings.unlink(path)
                 continue
             scheduler.staged[job_id] = staged
 
@@ -138,11 +138,10 @@ def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     env = processes.job_env(record.spec, record.id, gpus, uuids, scheduler.state.root, record)
     launch = scheduler.shim_launch(record, gpus, env)
     staged = Staged(job.record.id, gpus, uuids)
-    for stale in (launch.exit_file, launch.pid_file):  # an earlier attempt's
-        _unlink(stale)
+    endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's
     _write(scheduler, record.id, staged)
     scheduler.staged[record.id] = staged
-    scheduler.on_rollback.append(functools.partial(_unlink, scheduler.state.next_file(record.id)))
+    scheduler.on_rollback.append(functools.partial(endings.unlink, scheduler.state.next_file(record.id)))
     after = job.record.id
 
     def tell() -> None:
@@ -210,7 +209,7 @@ def settle(
         started = exit_data is not None and first is not None and exit_data.get("next") == job_id
         # Not started: a give-back's exit file goes too. Started, its exit file is its own (it may have ended).
         if not started:
-            scheduler.after_commit.append(functools.partial(_unlink, scheduler.state.exit_file(job_id)))
+            scheduler.after_commit.append(functools.partial(endings.unlink, scheduler.state.exit_file(job_id)))
         scheduler.after_commit.append(functools.partial(_forget_record, scheduler, job_id))
         record = scheduler.pending.get(job_id)
         scheduler.changes += 1
@@ -259,7 +258,7 @@ def _forget_record(scheduler: SchedulerState, job_id: int) -> None:
     """Remove a settled job's ``.next`` once that is committed, unless this same pass staged it again (given
     back, then staged behind another job): that file is the new record."""
     if job_id not in scheduler.staged:
-        _unlink(scheduler.state.next_file(job_id))
+        endings.unlink(scheduler.state.next_file(job_id))
 
 
 def _write(scheduler: SchedulerState, job_id: int, staged: Staged) -> None:
@@ -267,9 +266,3 @@ def _write(scheduler: SchedulerState, job_id: int, staged: Staged) -> None:
             "cancel_by": staged.cancel_by}  # fmt: skip
     # Not fsynced, like an exit file: a daemon crash keeps it, and a machine crash takes the shims with it.
     write_atomic(scheduler.state.next_file(job_id), json.dumps(body).encode(), durable=False)
-
-
-def _unlink(*paths: os.PathLike[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

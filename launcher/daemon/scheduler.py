@@ -204,8 +204,9 @@ class Scheduler(SchedulerState):
         # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
         upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in placed)
         handoff.stage(self, upcoming, snapshot, now)
-        waiting.update({job_id: handoff.reason(staged) for job_id, staged in self.staged.items()})
-        self._record_reasons({**waiting, **plan.waiting}, now)
+        # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
+        behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
+        self._record_reasons({**waiting, **plan.waiting, **behind}, now)
 
     def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
         """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,

@@ -354,9 +354,7 @@ class Scheduler(SchedulerState):
         if spec.mem_auto:
             learning.launched(self, record)
         launch = self.shim_launch(record, gpus, env, port, account)
-        for stale in (launch.exit_file, launch.pid_file):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
+        endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's, which would say it ended
         try:
             supervisor = self.shims.take(record.id)
         except OSError as err:

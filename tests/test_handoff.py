@@ -88,6 +88,9 @@ def test_a_cancelled_staged_job_never_runs_and_the_queue_goes_on(one_gpu: Gpuq) 
     gpuq.wait_state(first, "succeeded")
     gpuq.wait_state(later, "succeeded")
     assert staged not in stamps(gpuq)
+    # What its shim made for it ahead of its start (launcher.daemon.ahead) went with it.
+    assert not (gpuq.home / "logs" / f"{staged}.log").exists()
+    assert not list((gpuq.home / "run").glob(".*.tmp"))
 
 
 def test_holding_a_staged_job_keeps_it_from_starting_until_released(one_gpu: Gpuq) -> None:
@@ -145,7 +148,7 @@ def test_a_daemon_killed_while_a_job_is_staged_runs_it_exactly_once(one_gpu: Gpu
     runs = stamps(gpuq)
     assert len(runs[staged]) == 2 and runs[staged][0] >= runs[first][1], runs
     assert [e["job"] for e in events(gpuq, "started")].count(staged) == 1
-    assert not list((gpuq.home / "run").glob("*.next"))
+    assert not list((gpuq.home / "run").glob("*.next")) and not list((gpuq.home / "run").glob(".*.tmp"))
 
 
 def test_a_killed_shim_leaves_its_staged_job_to_run_once(one_gpu: Gpuq) -> None:

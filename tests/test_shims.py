@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 
+from gpuq_scheduler.launcher.daemon import processes
 from tests.conftest import Gpuq, wait_for
 
 PARENT = "echo shim=$PPID job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"
@@ -123,3 +125,50 @@ def test_a_cancel_for_a_job_that_already_ended_does_not_reach_the_next_job_of_it
         jobs.append(following)
     for following in jobs:
         assert gpuq.wait_state(following, "succeeded", "cancelled", "failed")["state"] == "succeeded"
+
+
+def test_a_job_starts_as_from_its_submitters_shell_and_one_that_cannot_says_why(one_gpu: Gpuq) -> None:
+    """The shim starts jobs with posix_spawn (not Popen): the job's own PATH still finds its program, from its
+    own directory, in a session of its own, with SIGPIPE at its default (Python ignores it, and an ignored
+    signal would stay ignored in the job: `yes | head` would print "Broken pipe")."""
+    gpuq = one_gpu
+    tools = gpuq.cwd / "tools"
+    tools.mkdir()
+    (tools / "where").write_text('#!/bin/sh\necho "dir=$(pwd) session=$(cut -d" " -f6 /proc/$$/stat) pid=$$"\n')
+    (tools / "where").chmod(0o755)
+    for name in ("gone", "unrunnable"):  # each runnable when submitted (submit checks), not when started
+        (tools / name).write_text("#!/bin/sh\necho never\n")
+        (tools / name).chmod(0o755)
+    gpuq.env["PATH"] = f"{tools}:{gpuq.env['PATH']}"
+    gpuq.run("pause")
+    where = gpuq.submit("where")
+    piped = gpuq.submit("sh", "-c", "yes | head -n 1")
+    missing = gpuq.submit("gone")
+    denied = gpuq.submit("unrunnable")
+    (tools / "gone").unlink()
+    (tools / "unrunnable").chmod(0o644)
+    gpuq.run("resume")
+    assert gpuq.wait_state(where, "succeeded")["exit_code"] == 0
+    fields = dict(word.split("=") for word in log(gpuq, where).split())
+    assert fields["dir"] == str(gpuq.cwd) and fields["session"] == fields["pid"], fields
+    assert gpuq.wait_state(piped, "succeeded")["exit_code"] == 0
+    assert log(gpuq, piped) == "y\n"
+    assert gpuq.wait_state(missing, "failed")["reason"] == "could not start: gone: No such file or directory"
+    assert gpuq.wait_state(denied, "failed")["reason"] == "could not start: unrunnable: Permission denied"
+
+
+def test_the_start_time_a_shim_records_for_a_job_is_the_one_proc_shows(tmp_path: Path) -> None:
+    """The shim records a job's start time (which, with its pid, names the process for a restarted daemon)
+    from the clock around its spawn, reading /proc only when a clock tick fell between: it must be the
+    value /proc/<pid>/stat shows, every time."""
+    output = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    try:
+        for _ in range(100):
+            pid, start, reap = processes.spawn(["sleep", "5"], str(tmp_path), dict(os.environ), {}, output)
+            try:
+                assert start is not None and start == processes.start_time(pid)
+            finally:
+                os.kill(pid, signal.SIGKILL)
+                assert reap() == -signal.SIGKILL
+    finally:
+        os.close(output)

@@ -1,19 +1,22 @@
 """What a job runs as, with and where, and how to find and stop its processes.
 
 The command line and environment a job gets (``job_argv``, ``job_env``), the credentials it runs with
-in a shared queue (``as_user``), --notify commands, and the process facts the daemon checks (a pid's
-start time, a shim's liveness, a process tree). The shim that supervises a job is ``launcher.daemon.shim``.
+in a shared queue (``as_user``), how its process starts (``spawn``), --notify commands, and the process
+facts the daemon checks (a pid's start time, a shim's liveness, a process tree). The shim that supervises a
+job is ``launcher.daemon.shim``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,56 @@ def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[lis
         return list(argv), cwd, {}
     credentials = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
     return ["/bin/sh", "-c", _ENTER_AS_USER, "gpuq-job", cwd, *argv], "/", credentials
+
+
+def spawn(
+    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int
+) -> tuple[int, float | None, Callable[[], int]]:
+    """Start a job's process in a session of its own (its group is the job), stdin from /dev/null, stdout and
+    stderr to ``output``: its pid, its start time (``start_time``), and what waits for it and returns its exit
+    status (negative: the signal that ended it). OSError if it cannot start.
+
+    ``os.posix_spawnp`` rather than ``subprocess.Popen``: the same vfork and exec, at a third of Popen's CPU
+    (~80 against ~230 us on the 2-core VM), spent in the moment between one job's end and the next one's
+    start on that GPU. Popen only for a job that runs as another user (a shared queue): posix_spawn cannot
+    drop privileges. Like Popen: the job's own PATH finds its program, from its directory, and SIGPIPE and
+    SIGXFSZ, which Python ignores, are default again for it."""
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    if credentials or not hasattr(os, "posix_spawnp"):
+        job = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            start_new_session=True, **credentials,
+        )  # fmt: skip
+        pid, reap = job.pid, job.wait
+    else:
+        # posix_spawnp searches the PATH of the process that calls it: this shim's, set to the job's.
+        os.environ["PATH"] = env.get("PATH", os.defpath)
+        os.chdir(cwd)  # the shim's own directory: it opens nothing by a relative name
+        try:
+            pid = os.posix_spawnp(
+                argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
+            )  # fmt: skip
+        finally:
+            os.chdir("/")  # not holding the job's directory (a mount to unmount) once it has ended
+        reap = functools.partial(_reap, pid)
+    return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reap
+
+
+def _reap(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def started_between(pid: int, before: int, after: int) -> float | None:
+    """``start_time(pid)`` of a process created between two CLOCK_BOOTTIME readings (ns). The kernel stamps a
+    new process with that clock and /proc shows the stamp in whole clock ticks: when both readings fall in one
+    tick, that tick is the answer, without reading /proc/<pid>/stat while the process execs (~120 us of CPU
+    on the 2-core VM, at the moment the job starts). Otherwise (a tick boundary between them) it is read."""
+    per_tick = 1_000_000_000 // _CLOCK_TICKS
+    if before // per_tick == after // per_tick:
+        return before // per_tick / _CLOCK_TICKS
+    return start_time(pid)
 
 
 def job_argv(spec: JobSpec, port: int | None) -> list[str]:

@@ -40,7 +40,6 @@ import os
 import pickle
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,9 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
-from gpuq_scheduler.jobs.store.statedir import write_atomic
+from gpuq_scheduler.launcher.daemon import ahead
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
-from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, start_time
+from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
@@ -230,16 +229,16 @@ def _supervise(
 ) -> tuple[dict[str, object], Launch | None]:
     """Run the job to its end: its outcome, for the exit file, and the job staged to follow it, if any.
     ``handed``: this job followed one that just ended, and the daemon learns of both once this one started."""
-    log_fd = open_log(launch.log, launch.account, launch.log_group)
+    log_fd = ahead.log(launch.log)
+    if log_fd is None:
+        log_fd = open_log(launch.log, launch.account, launch.log_group)
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
         fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
     try:
-        job = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=out_write, stderr=out_write, start_new_session=True, **credentials,
-        )  # fmt: skip
+        pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
+        ahead.drop()
         os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
         os.close(out_read)
         os.close(log_fd)
@@ -248,13 +247,13 @@ def _supervise(
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     output = JobLog(log_fd, log_limit())
     started = time.time()
-    write_atomic(launch.pid_file, json.dumps({"pid": job.pid, "start": start_time(job.pid)}).encode(), durable=False)
+    ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
 
     reason, kill_at = "", None
     deadline = None if launch.time_limit is None else started + launch.time_limit
-    pidfd = os.pidfd_open(job.pid)
+    pidfd = os.pidfd_open(pid)
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
     while True:
@@ -267,28 +266,28 @@ def _supervise(
         if pidfd in ready:
             break
         now = time.time()
-        asked, following = _requests(ready, watched, pipe, wake_read, launch.job_id, following)
+        asked, following = _requests(ready, watched, pipe, wake_read, launch, following)
         if asked and not reason:
             reason = "cancel"
         elif deadline is not None and now >= deadline and not reason:
             reason = "timeout"
         elif kill_at is not None and now >= kill_at:
-            _signal_group(job.pid, signal.SIGKILL)
+            _signal_group(pid, signal.SIGKILL)
             kill_at = None
             continue
         else:
             continue
-        _signal_group(job.pid, signal.SIGTERM)
+        _signal_group(pid, signal.SIGTERM)
         kill_at = now + launch.grace
-    returncode = job.wait()
-    _signal_group(job.pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
+    returncode = reap()
+    _signal_group(pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
     if out_read in watched:
         output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
     for fd in (pidfd, out_read, log_fd):
         os.close(fd)
     # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
     while pipe in watched and select.select([pipe], [], [], 0)[0]:
-        _, following = _requests([pipe], watched, pipe, wake_read, launch.job_id, following)
+        _, following = _requests([pipe], watched, pipe, wake_read, launch, following)
     return {
         "started": True,
         "exit_code": returncode if returncode >= 0 else None,
@@ -298,7 +297,7 @@ def _supervise(
 
 
 def _requests(
-    ready: list[int], watched: list[int], pipe: int, wake_read: int, job_id: int, following: Launch | None
+    ready: list[int], watched: list[int], pipe: int, wake_read: int, launch: Launch, following: Launch | None
 ) -> tuple[bool, Launch | None]:
     """Whether a cancel of this job came (down the pipe from the daemon, or as a SIGTERM from a daemon started
     after the one that sent this job, which has no pipe to this shim), and the job staged to follow it now."""
@@ -312,11 +311,12 @@ def _requests(
         elif kind == _NEXT:
             assert isinstance(value, Launch)
             following = value
+            ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
         elif kind in (_CANCEL, _DROP) and following is not None and value == following.job_id:
             _give_back(following)
             following = None
         else:
-            asked = kind == _CANCEL and value == job_id
+            asked = kind == _CANCEL and value == launch.job_id
     if wake_read in ready:
         asked = signal.SIGTERM in os.read(wake_read, 64) or asked
     return asked, following
@@ -331,7 +331,9 @@ def _give_back(staged: Launch | None) -> None:
     """Drop the staged job and say so in its exit file (it never started), so that the daemon may place it
     elsewhere now rather than once the job ahead of it ends."""
     if staged is not None:
+        ahead.drop()  # before the exit file: once it is written, the job may start elsewhere, with its log
         _finish(staged, {"started": False, "dropped": True}, None)
+
 
 
 def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None) -> None:
@@ -342,7 +344,7 @@ def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
-    write_atomic(launch.exit_file, json.dumps(outcome).encode(), durable=False)
+    ahead.write(launch.exit_file, json.dumps(outcome).encode())
     if following is None:
         _poke(launch.wake, b"!")
 

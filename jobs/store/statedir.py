@@ -276,17 +276,27 @@ class StateDir:
             raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
+def temp_name(path: str | os.PathLike[str]) -> str:
+    """Where ``write_atomic`` writes ``path`` in this process before renaming it in: ``.<name>.<pid>.tmp``
+    beside it (`gpuq doctor` passes over such names)."""
+    directory, name = os.path.split(os.fspath(path))
+    return os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+
+
+def write_atomic(
+    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600, opened: int | None = None
+) -> None:
     """Write ``data`` to a temp name beside ``path`` and rename it in, so readers see all or nothing.
 
     ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
     On failure (a full disk, say) the temp file is removed and nothing is left half-written.
+    ``opened``: that temp file (``temp_name``), created ahead by the caller and open for writing; closed here.
     """
     target = os.fspath(path)
-    directory, name = os.path.split(target)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    directory = os.path.dirname(target)
+    tmp = temp_name(target)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode) if opened is None else opened
         try:
             view = memoryview(data)
             while view:

@@ -1,6 +1,6 @@
 """Where gpuq's time goes: the dispatch gap of workload A, taken apart, and the cost of one CLI call.
 
-    python bench/profile_gpuq.py [--jobs 40] [--tmpfs] [--py-spy FILE] [--cli]
+    python bench/profile_gpuq.py [--jobs 40] [--tmpfs] [--py-spy FILE]
 
 Runs workload A (N jobs of 0.2 s, queued while paused, then resumed) against a gpuq daemon started
 through this script, which wraps the scheduler's steps with timers before it serves (gpuq itself is
@@ -11,8 +11,7 @@ not changed). Each gap between two jobs on one GPU is split at the instants gpuq
 
 ``--tmpfs`` puts the state directory on /dev/shm, where fsync costs nothing: the difference to a run
 on disk is what durability costs. ``--py-spy FILE`` samples the daemon with py-spy (pip install
-py-spy) and prints the functions it spent its time in. ``--cli`` times ``gpuq submit`` and
-``gpuq status`` against ``python -c pass`` and lists the slowest imports (``-X importtime``).
+py-spy) and prints the functions it spent its time in. What one CLI call costs: ``bench/cli_cost.py``.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import workloads  # noqa: E402
-from bench.peers.base import timed  # noqa: E402
-from bench.peers.gpuq import Gpuq, binary  # noqa: E402
+from bench.peers.gpuq import Gpuq  # noqa: E402
 
 STEPS = ("tick", "reap", "ingest", "reconcile", "follow_up_arrays", "snapshot", "place_and_launch", "sample",
          "_launch", "plan", "_record_reasons")  # fmt: skip
@@ -198,77 +196,15 @@ def summarize_spy(path: Path, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def profile_cli(runs: int = 20) -> None:
-    gpuq = binary()
-    assert gpuq is not None
-    with tempfile.TemporaryDirectory(prefix="gpuq-cli-") as tmp, Gpuq(Path(tmp)) as tool:
-        tool.hold()
-        env = tool.env
-        python = sys.executable
-
-        def median_ms(argv: list[str]) -> float:
-            return statistics.median(timed(argv, env) for _ in range(runs)) * 1000
-
-        rows = [
-            ("python -c pass", [python, "-c", "pass"]),
-            ("python -I -S -c pass", [python, "-I", "-S", "-c", "pass"]),
-            ("python -c 'import ...cli.app'", [python, "-c", "import gpuq_scheduler.launcher.cli.app"]),
-            ("gpuq --help", [gpuq, "--help"]),
-            ("gpuq submit --gpus 1 true (queue paused)", [gpuq, "submit", "--gpus", "1", "true"]),
-            ("gpuq status", [gpuq, "status"]),
-        ]
-        print(f"CLI costs, median of {runs} (ms):")
-        for label, argv in rows:
-            print(f"  {label:45s} {median_ms(argv):7.1f}")
-        proc = subprocess.run([python, "-X", "importtime", "-c", "import gpuq_scheduler.launcher.cli.app"], env=env,
-                              capture_output=True, text=True)  # fmt: skip
-        entries = []
-        for line in proc.stderr.splitlines():
-            match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
-            if match:
-                entries.append((int(match.group(2)), int(match.group(1)), len(match.group(3)), match.group(4)))
-        total = max((e[0] for e in entries), default=0)
-        print(f"imports of launcher.cli.app: {total / 1000:.1f} ms cumulative; top-level modules by cumulative time:")
-        for cumulative, own, depth, name in sorted(entries, reverse=True)[:15]:
-            print(f"  {cumulative / 1000:7.1f} ms (self {own / 1000:5.1f})  {'  ' * min(depth // 2, 6)}{name}")
-        snippet = (
-            "import time, cProfile, pstats, io, sys\n"
-            "t0 = time.perf_counter()\n"
-            "import gpuq_scheduler.launcher.cli.app\n"
-            "t1 = time.perf_counter()\n"
-            "profile = cProfile.Profile()\n"
-            "profile.enable()\n"
-            "try:\n"
-            "    launcher.cli.app.main(['submit', '--gpus', '1', 'true'])\n"
-            "except SystemExit:\n"
-            "    pass\n"
-            "profile.disable()\n"
-            "t2 = time.perf_counter()\n"
-            "out = io.StringIO()\n"
-            "stats = pstats.Stats(profile, stream=out).sort_stats('cumulative')\n"
-            "stats.print_stats(r'jobs/|launcher/|fsync|flock|poke', 25)\n"
-            "print(f'import cli.app {(t1 - t0) * 1000:.1f} ms; submit itself {(t2 - t1) * 1000:.1f} ms')\n"
-            "print(out.getvalue())\n"
-        )
-        proc = subprocess.run([python, "-c", snippet], env=env, capture_output=True, text=True)
-        print("one `gpuq submit` in-process (cProfile on the part after the imports):")
-        keep = [line for line in proc.stdout.splitlines() if line.strip() and "Ordered by" not in line]
-        print("\n".join("  " + line[:150] for line in keep[:40]))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--tmpfs", action="store_true", help="state directory on /dev/shm (no fsync cost)")
     parser.add_argument("--py-spy", type=Path, dest="spy", help="sample the daemon with py-spy into this file")
-    parser.add_argument("--cli", action="store_true", help="time gpuq's CLI and list its slowest imports")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve_traced(args.serve)
-    if args.cli:
-        profile_cli()
-        return 0
     profile_dispatch(args.jobs, args.tmpfs, args.spy)
     return 0
 

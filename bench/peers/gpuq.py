@@ -67,9 +67,9 @@ class Gpuq(Tool):
     title = "gpuq"
     max_gpus_per_job = GPUS
 
-    def __init__(self, work: Path, fake: str = f"{GPUS}x80GiB") -> None:
+    def __init__(self, work: Path, fake: str = f"{GPUS}x80GiB", command: str | None = None) -> None:
         super().__init__(work)
-        found = binary()
+        found = command or binary()
         if found is None:
             raise ToolError("gpuq is not installed: pip install -e . (from the repository root)")
         self.binary = found

@@ -82,10 +82,15 @@ class Inventory:
         if mem_per_gpu is not None and gpus:
             fitting = sum(1 for total in self.totals if total >= mem_per_gpu)
             if fitting < gpus:
-                biggest = max(self.totals)
+                largest = format_size(max(self.totals))
+                if not fitting:
+                    raise BadInput(
+                        f"--mem {format_size(mem_per_gpu)} per GPU: no GPU here has that much (the largest has "
+                        f"{largest}); ask for at most {largest}"
+                    )
                 raise BadInput(
-                    f"--mem {format_size(mem_per_gpu)} per GPU: only {fitting} GPU(s) here have that much "
-                    f"(the largest has {format_size(biggest)}); ask for less memory or fewer GPUs"
+                    f"--mem {format_size(mem_per_gpu)} on each of {gpus} GPUs: only {fitting} here have that much "
+                    f"(the largest has {largest}); ask for less memory or at most {fitting} GPUs"
                 )
 
 

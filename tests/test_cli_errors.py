@@ -17,7 +17,7 @@ BAD_SUBMITS = [
     (["--gpus", "5", "true"], "more GPUs than this machine has (4)"),
     (["--mem", "20", "true"], "write a number and a unit"),
     (["--mem", "20Q", "true"], "unknown size unit"),
-    (["--mem", "100G", "true"], "only 0 GPU(s) here have that much"),
+    (["--mem", "100G", "true"], "no GPU here has that much (the largest has 80.0G); ask for at most 80.0G"),
     (["--gpus", "0", "--mem", "1G", "true"], "cannot ask for it"),
     (["--time", "soon", "true"], "cannot read duration"),
     (["--time", "0s", "true"], "must be more than zero"),
@@ -57,6 +57,19 @@ def test_bad_submit_is_one_line_exit_2_and_records_nothing(gpuq: Gpuq, args: lis
     assert _spooled(gpuq) == []
     assert gpuq.status() == []
     assert (counter.read_text() if counter.exists() else None) == before  # no id was used up
+
+
+def test_mem_that_fewer_gpus_than_asked_have_says_how_many_do(gpuq: Gpuq) -> None:
+    gpuq.env["GPUQ_FAKE_GPUS"] = "2x24GiB,2x48GiB"
+    gpuq.run("daemon", "start")
+    wait_for(lambda: (gpuq.home / "gpus.json").exists(), 10, "the daemon's first tick")
+    result = gpuq.run("submit", "--gpus", "3", "--mem", "40G", "true", check=False)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuq: --mem 40.0G on each of 3 GPUs: only 2 here have that much (the largest has 48.0G); "
+        "ask for less memory or at most 2 GPUs\n"
+    )
+    assert _spooled(gpuq) == [] and gpuq.status() == []
 
 
 @pytest.mark.parametrize("command", [["show", "999"], ["logs", "999"], ["cancel", "999"], ["wait", "999"]])

@@ -180,6 +180,9 @@ def wait(
     wanted = set(ids)
     while True:
         records = [r for r in queue.records() if r.id in wanted]
+        if len(records) < len(wanted):  # not in the table yet, and a shared queue's spool cannot be listed:
+            seen = {r.id for r in records}  # our own requests are read by name
+            records += queue.resolve([i for i in ids if i not in seen])
         if on_progress is not None:
             on_progress(records)
         if all(r.state.finished for r in records):

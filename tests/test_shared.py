@@ -444,6 +444,28 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
         subprocess.run([*root, "daemon", "stop"], env=env, cwd=ROOT, capture_output=True, timeout=60)
 
 
+def test_waiting_for_a_job_the_daemon_has_not_read_yet_waits(queue: SharedQueue, users: dict[str, User]) -> None:
+    """A shared queue's spool cannot be listed: until the daemon reads a request, only its owner's request file
+    says the job exists. Waiting for it then must wait, not report it done (`submit --wait` then crashed)."""
+    queue.start()
+    alice = users["gqalice"]
+    assert queue.daemon is not None
+    waiter = (
+        "import json, sys\nfrom gpuq_scheduler import wait\n"
+        "try:\n    print(json.dumps([r.state.value for r in wait([int(sys.argv[1])], timeout=float(sys.argv[2]))]))\n"
+        "except TimeoutError:\n    print('still waiting')\n"
+    )
+    wait_for(lambda: (queue.home / "gpus.json").exists(), 20, "the daemon's first look at its GPUs")
+    os.kill(queue.daemon.pid, signal.SIGSTOP)  # it reads nothing until continued
+    try:
+        job_id = queue.submit(alice, "true")
+        assert (queue.home / "spool" / f"submit-{job_id:012d}.json").exists()  # not read: still spooled
+        assert queue.python_as(alice, waiter, str(job_id), "1").strip() == "still waiting"
+    finally:
+        os.kill(queue.daemon.pid, signal.SIGCONT)
+    assert json.loads(queue.python_as(alice, waiter, str(job_id), "60")) == ["succeeded"]
+
+
 def test_a_users_functions_run_as_them_and_their_pickles_stay_their_own(
     queue: SharedQueue, users: dict[str, User]
 ) -> None:

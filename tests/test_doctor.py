@@ -169,7 +169,7 @@ def test_a_running_job_whose_supervisor_is_gone_without_an_exit_file_is_an_error
     assert f"job 2 is recorded as running, but its gpuq supervisor (pid {os.getpid()}) is gone" in message
     assert "gpuq daemon start" in message
 
-    state.exit_file(2).write_text(json.dumps({"started": True, "exit_code": 0}))
+    Path(state.exit_file(2)).write_text(json.dumps({"started": True, "exit_code": 0}))
     assert messages(state) == []  # it ended: the outcome waits for the next daemon
 
 
@@ -281,7 +281,7 @@ def test_set_aside_requests_are_counted_in_a_warning(state: StateDir) -> None:
 
 
 def test_a_missing_log_of_a_job_that_ran_is_a_warning(state: StateDir) -> None:
-    state.log(3).unlink()
+    os.unlink(state.log(3))
     (problem,) = doctor.check(state)
     assert problem.severity == "warning" and f"the log of job 3 ({state.log(3)}) is missing" in problem.message
 
@@ -290,7 +290,7 @@ def test_a_missing_log_of_a_job_that_ran_is_a_warning(state: StateDir) -> None:
 
 
 def test_render_lists_errors_first_then_a_count(state: StateDir) -> None:
-    state.log(3).unlink()
+    os.unlink(state.log(3))
     state.next_id.write_text("2\n")
     lines = doctor.render(doctor.check(state), state).splitlines()
     assert lines[0].startswith("error: ") and lines[1].startswith("warning: ")

@@ -169,7 +169,7 @@ def test_an_array_members_id_log_and_index_come_from_the_task_id(tmp_path: Path)
     for member, index in zip(plan.member_ids(20), plan.indices, strict=True):
         result = _run_script(batch, tmp_path, SLURM_ARRAY_TASK_ID=str(index), SLURM_ARRAY_JOB_ID="70")
         assert result.returncode == 0, result.stderr
-        assert state.log(member).read_text() == f"{member} 20 {index} {index}\n"
+        assert Path(state.log(member)).read_text() == f"{member} 20 {index} {index}\n"
         assert read_exit(state.exit_file(member)) is not None
     assert _run_script(batch, tmp_path, SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_JOB_ID="70").returncode == 1
 

@@ -26,7 +26,7 @@ from gpuq_scheduler.jobs.slurm import sbatch
 from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.statedir import StateDir, read_bytes
 
 REFRESH_EVERY = 0.5  # seconds: how stale a poller (`gpuq wait`, `logs -f`) lets the records get
 
@@ -218,7 +218,7 @@ def _slurm_job(record: JobRecord) -> str:
 
 def _read_exit(state: StateDir, job_id: int) -> dict[str, Any] | None:
     try:
-        data = json.loads(state.exit_file(job_id).read_bytes())
+        data = json.loads(read_bytes(state.exit_file(job_id)))
     except (OSError, ValueError):
         return None  # none yet, or torn (the rename makes that unlikely): Slurm's word will do
     return data if isinstance(data, dict) else None

@@ -19,7 +19,6 @@ from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, W
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from pathlib import Path
     from typing import Any
 
 
@@ -123,14 +122,14 @@ def write_submit(
     return path
 
 
-def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> Path:
+def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> str:
     path = state.control_request(os.urandom(8).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
     write_atomic(path, jsontext.encode(body))
     return path
 
 
-def write_cancel(state: StateDir, job_ids: list[int]) -> Path:
+def write_cancel(state: StateDir, job_ids: list[int]) -> str:
     path = state.cancel_request(os.urandom(8).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "cancel", "ids": job_ids}
     write_atomic(path, jsontext.encode(body))

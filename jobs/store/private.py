@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir, read_bytes, write_atomic
 
 HIDDEN = "(private)"
 FIELDS = ("command", "cwd", "env", "python", "notify")
@@ -72,7 +72,7 @@ def read(state: StateDir, owner_id: int) -> dict[str, Any]:
     """The private fields of job (or array) ``owner_id``. Raises PermissionError for other users' jobs."""
     path = state.private_file(owner_id)
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_bytes(path))
     except FileNotFoundError:
         raise BadInput(f"the private part of job {owner_id} ({path}) is missing") from None
     except ValueError:

@@ -19,12 +19,11 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeGuard
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
-from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, StateDir, write_atomic
+from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
 MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded
@@ -46,7 +45,7 @@ class ArrayPlan:
 
 @dataclass(frozen=True)
 class SubmitRequest:
-    path: Path
+    path: str  # a request's file is named by a string (jobs.store.statedir says why)
     uid: int
     job_id: int
     spec: JobSpec
@@ -58,7 +57,7 @@ class SubmitRequest:
 class ControlRequest:
     """hold, release, update, drain, resume-gpu, pause, resume: small changes to queued jobs or the queue."""
 
-    path: Path
+    path: str
     uid: int
     action: str
     ids: tuple[int, ...]
@@ -67,7 +66,7 @@ class ControlRequest:
 
 @dataclass(frozen=True)
 class CancelRequest:
-    path: Path
+    path: str
     uid: int
     job_ids: tuple[int, ...]
 
@@ -76,7 +75,7 @@ class CancelRequest:
 class BadRequest:
     """A file in the spool that is not a request we can act on; the daemon sets it aside."""
 
-    path: Path
+    path: str
     reason: str
 
 
@@ -87,16 +86,18 @@ CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "un
 
 def scan(state: StateDir) -> list[Request]:
     """Every request in the spool, submits in id order first, then cancels."""
+    spool = state.at(SPOOL)
     try:
-        names = sorted(e.name for e in os.scandir(state.spool) if not e.name.startswith(".") and e.name != "rejected")
+        names = sorted(e.name for e in os.scandir(spool) if not e.name.startswith(".") and e.name != "rejected")
     except OSError as err:
-        raise StateDirError(f"cannot read the spool {state.spool}: {err.strerror}") from None
-    requests = [read_request(state.spool / name) for name in names]
-    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), r.path.name))
+        raise StateDirError(f"cannot read the spool {spool}: {err.strerror}") from None
+    requests = [read_request(os.path.join(spool, name)) for name in names]
+    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), os.path.basename(r.path)))
 
 
-def read_request(path: Path) -> Request:
+def read_request(where: str | os.PathLike[str]) -> Request:
     """Read one spool file defensively: it may be anything a user (or a disk error) put there."""
+    path = os.fspath(where)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
@@ -118,7 +119,7 @@ def read_request(path: Path) -> Request:
         os.close(fd)
 
 
-def _parse(path: Path, uid: int, raw: bytes) -> Request:
+def _parse(path: str, uid: int, raw: bytes) -> Request:
     try:
         body: Any = json.loads(raw)
     except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than any request is
@@ -129,11 +130,11 @@ def _parse(path: Path, uid: int, raw: bytes) -> Request:
         schema = body.get("schema")
         shown = repr(schema) if isinstance(schema, (int, float, str)) or schema is None else type(schema).__name__
         return BadRequest(path, f"has schema {shown[:40]}; this gpuq reads {REQUEST_SCHEMA}")
-    kind = body.get("kind")
+    kind, name = body.get("kind"), os.path.basename(path)
     try:
-        if kind == "submit" and path.name.startswith("submit-"):
+        if kind == "submit" and name.startswith("submit-"):
             job_id, submitted_at = body.get("id"), body.get("submitted_at")
-            if not _is_id(job_id) or path.name != f"submit-{job_id:012d}.json":
+            if not _is_id(job_id) or name != f"submit-{job_id:012d}.json":
                 return BadRequest(path, "has an id that does not match its file name")
             submitted = _finite(submitted_at)
             if submitted is None:
@@ -145,12 +146,12 @@ def _parse(path: Path, uid: int, raw: bytes) -> Request:
             if isinstance(array, str):
                 return BadRequest(path, array)
             return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), submitted, array)
-        if kind == "cancel" and path.name.startswith("cancel-"):
+        if kind == "cancel" and name.startswith("cancel-"):
             ids = body.get("ids")
             if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
                 return BadRequest(path, "has ids that are not a list of job ids")
             return CancelRequest(path, uid, tuple(ids))
-        if kind == "control" and path.name.startswith("control-"):
+        if kind == "control" and name.startswith("control-"):
             action, ids, values = body.get("action"), body.get("ids"), body.get("values")
             if action not in CONTROL_ACTIONS:
                 return BadRequest(path, f"asks for an unknown action {action!r}")
@@ -209,12 +210,12 @@ def remove(request: Request) -> None:
         os.unlink(request.path)
 
 
-def set_aside(state: StateDir, bad: BadRequest) -> Path:
+def set_aside(state: StateDir, bad: BadRequest) -> str:
     """Move a bad request out of the way (never delete what a user wrote) with a note saying why."""
-    target = state.rejected / f"{bad.path.name}.{os.urandom(4).hex()}"
+    target = state.at(SPOOL, "rejected", f"{os.path.basename(bad.path)}.{os.urandom(4).hex()}")
     try:
         os.rename(bad.path, target)
-        write_atomic(target.with_name(target.name + ".why"), (bad.reason + "\n").encode(), durable=False)
+        write_atomic(target + ".why", (bad.reason + "\n").encode(), durable=False)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(bad.path)  # cannot move it (cross-device?): removing it keeps the daemon going

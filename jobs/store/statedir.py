@@ -16,7 +16,7 @@ $GPUQ_HOME/
   run/<id>.next    the daemon's: this pending job is staged behind a running one, whose shim starts it
                    when that one ends (launcher.daemon.handoff); read back by a restarted daemon
   mps/<gpu uuid>/  pipe and log directories of the MPS control daemon gpuq runs on that GPU (launcher.gpus.mps)
-  logs/<id>.log    the job's stdout and stderr
+  logs/<id>.log    the job's stdout and stderr (<id>.notify.log: its --notify command's)
   private/<id>.json  shared mode: a job's (or array's) command, cwd and environment, readable by its
                    owner and the admin group only (jobs.db then holds only what everyone may see)
   events.jsonl     append-only journal of state transitions
@@ -50,6 +50,12 @@ INVENTORY = "gpus.json"
 
 def submit_name(job_id: int) -> str:
     return f"submit-{job_id:012d}.json"
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's contents, by a string path (``StateDir.exit_file`` says why a job's files have no Path)."""
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def _path(text: str) -> Path:
@@ -188,33 +194,42 @@ class StateDir:
     def private(self) -> Path:
         return self.root / "private"
 
-    def private_file(self, job_id: int) -> Path:
-        return self.private / f"{job_id}.json"
+    # A job's own files (and a request's) are named by strings, not Paths: pathlib interns every name it
+    # parses. Python 3.12 before 3.12.7 never frees an interned string, so a daemon or an idle shim that
+    # made a Path of each job's files kept every job's file names for good (~106 bytes a name on 3.12.1;
+    # CPython gh-121780); on 3.11 the intern table, filling with dead names, was rebuilt every few thousand
+    # jobs and left ~0.9 MB holes in the daemon's heap (bench/results/soak-memory-2core-2026-11-25.md).
+    # The os functions take either; tests/test_long_lived.py checks that no gpuq process interns them.
+    def private_file(self, job_id: int) -> str:
+        return self.at("private", f"{job_id}.json")
 
     @property
     def events(self) -> Path:
         return self.root / "events.jsonl"
 
-    def submit_request(self, job_id: int) -> Path:
-        return self.spool / submit_name(job_id)
+    def submit_request(self, job_id: int) -> str:
+        return self.at(SPOOL, submit_name(job_id))
 
-    def cancel_request(self, token: str) -> Path:
-        return self.spool / f"cancel-{token}.json"
+    def cancel_request(self, token: str) -> str:
+        return self.at(SPOOL, f"cancel-{token}.json")
 
-    def control_request(self, token: str) -> Path:
-        return self.spool / f"control-{token}.json"
+    def control_request(self, token: str) -> str:
+        return self.at(SPOOL, f"control-{token}.json")
 
-    def exit_file(self, job_id: int) -> Path:
-        return self.run / f"{job_id}.exit"
+    def exit_file(self, job_id: int) -> str:
+        return self.at("run", f"{job_id}.exit")
 
-    def pid_file(self, job_id: int) -> Path:
-        return self.run / f"{job_id}.pid"
+    def pid_file(self, job_id: int) -> str:
+        return self.at("run", f"{job_id}.pid")
 
-    def next_file(self, job_id: int) -> Path:
-        return self.run / f"{job_id}.next"
+    def next_file(self, job_id: int) -> str:
+        return self.at("run", f"{job_id}.next")
 
-    def log(self, job_id: int) -> Path:
-        return self.logs / f"{job_id}.log"
+    def log(self, job_id: int) -> str:
+        return self.at("logs", f"{job_id}.log")
+
+    def notify_log(self, job_id: int) -> str:
+        return self.at("logs", f"{job_id}.notify.log")
 
     def exists(self) -> bool:
         return os.path.isdir(self.at(SPOOL))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import temp_name, write_atomic
@@ -21,23 +20,23 @@ _temps: dict[str, int] = {}  # a file to write -> its temp file (``temp_name``),
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 
 
-def make(exit_file: Path, pid_file: Path, log: Path, account: Account | None, log_group: int | None) -> None:
+def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_group: int | None) -> None:
     """Make the running job's ``exit_file`` and the staged job's ``pid_file`` and ``log``."""
     drop()
     with contextlib.suppress(OSError):  # made when written instead
         for path in (exit_file, pid_file):
-            _temps[os.fspath(path)] = os.open(temp_name(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        _logs[os.fspath(log)] = open_log(log, account, log_group)
+            _temps[path] = os.open(temp_name(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        _logs[log] = open_log(log, account, log_group)
 
 
-def log(path: Path) -> int | None:
+def log(path: str) -> int | None:
     """The log at ``path`` if it was opened ahead (the caller owns it now)."""
-    return _logs.pop(os.fspath(path), None)
+    return _logs.pop(path, None)
 
 
-def write(path: Path, data: bytes) -> None:
+def write(path: str, data: bytes) -> None:
     """``write_atomic(path, data, durable=False)``, into the temp file made ahead for it if there is one."""
-    write_atomic(path, data, durable=False, opened=_temps.pop(os.fspath(path), None))
+    write_atomic(path, data, durable=False, opened=_temps.pop(path, None))
 
 
 def drop() -> None:

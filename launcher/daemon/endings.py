@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
@@ -98,7 +99,7 @@ def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     scheduler.after_commit.append(lambda: unlink(*paths))
 
 
-def unlink(*paths: os.PathLike[str]) -> None:
+def unlink(*paths: str | os.PathLike[str]) -> None:
     """Remove run files that may already be gone."""
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
@@ -149,7 +150,7 @@ def _notify(
     """Run the submitter's --notify command (as the submitter) with the outcome in its environment and the
     job's cwd (an array's: its first member's); never waits on it."""
     full = scheduler.table.get(job.id, with_env=True) or job
-    full_env, log_path = {**full.spec.env, **outcome}, scheduler.state.logs / f"{job_id}.notify.log"
+    full_env, log_path = {**full.spec.env, **outcome}, scheduler.state.notify_log(job_id)
     account = accounts.account(job.uid) if scheduler.shared is not None else None
 
     def run() -> None:
@@ -178,7 +179,7 @@ def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[d
 def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[dict[str, Any]]) -> None:
     """The shim died without an exit file. Stop the job if it still runs; it can no longer be supervised."""
     try:
-        info = json.loads(scheduler.state.pid_file(job.record.id).read_bytes())
+        info = json.loads(read_bytes(scheduler.state.pid_file(job.record.id)))
     except (OSError, ValueError):
         if job.launch.cancel_by:  # it was being cancelled: it never started, and must not start again
             finish(scheduler, job.record, Outcome.cancelled(job.launch.cancel_by), now, events)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Mode, Outcome
-from gpuq_scheduler.jobs.store.statedir import write_atomic
+from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, processes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -53,7 +53,7 @@ def load(scheduler: SchedulerState) -> None:
             job_id = int(name[: -len(".next")])
             path = scheduler.state.next_file(job_id)
             try:
-                data = json.loads(path.read_bytes())
+                data = json.loads(read_bytes(path))
                 staged = Staged(int(data["after"]), tuple(data["gpus"]), tuple(data["uuids"]),
                                 cancel_by=data.get("cancel_by"))  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
@@ -102,8 +103,9 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
 
 def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
     where = spool.set_aside(scheduler.state, bad)
-    log.warning("set aside %s: it %s (moved to %s)", bad.path.name, bad.reason, where)
-    events.append({"t": now, "event": "rejected", "file": bad.path.name, "reason": bad.reason})
+    name = os.path.basename(bad.path)
+    log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
+    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason})
 
 
 def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuq_scheduler.jobs import config
 from gpuq_scheduler.jobs.config import Shared
@@ -161,28 +161,6 @@ def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
     wakeups.wait(max(0.0, deadline - time.time()))
 
 
-def _keep_path_names_mortal() -> None:
-    """CPython 3.12 before 3.12.7 makes interned strings immortal (python/cpython#113993), and pathlib
-    interns every part of every path it turns into a string: each job's file names (``123.exit``,
-    ``123.pid``, ``123.log``, the spool's ``submit-...json``) stayed in the daemon for good, the most of
-    its memory growth in a long soak (~0.4 KiB per job). pathlib interns only to share strings; here it
-    does not, and paths are the same."""
-    if not (3, 12) <= sys.version_info < (3, 12, 7):
-        return
-    import pathlib
-
-    class PathlibSys:  # the sys module as pathlib sees it: intern() hands its string back
-        def __getattr__(self, name: str) -> Any:
-            return getattr(sys, name)
-
-        @staticmethod
-        def intern(text: str) -> str:
-            return text
-
-    if isinstance(vars(pathlib).get("sys"), type(sys)):
-        vars(pathlib)["sys"] = PathlibSys()
-
-
 def _policy(environ: Mapping[str, str]) -> Policy:
     """Placement's knobs, from the daemon's environment where it sets them (``GPUQ_AUTO_MARGIN``: the
     fraction --mem auto adds to a learned peak; ``GPUQ_AUTO_PROBE_MEM``: a probe's share instead of a GPU;
@@ -214,7 +192,6 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
     from gpuq_scheduler.launcher.gpus.fake import FakeGpus
     from gpuq_scheduler.launcher.gpus.sources import open_source
 
-    _keep_path_names_mortal()
     if shared is None:
         state.ensure()
     elif os.geteuid() != 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.policy import lifecycle
 
@@ -27,19 +28,19 @@ def exit_files(run: Path) -> set[str] | None:
         return None
 
 
-def read_exit(path: Path) -> dict[str, Any] | None:
+def read_exit(path: str) -> dict[str, Any] | None:
     """The shim's exit file, or None if there is none yet (or it is torn: the shim died mid-write)."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_bytes(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def log_reason(log: Path) -> str:
+def log_reason(log: str) -> str:
     """A short diagnosis from the end of a failed job's log: CUDA OOM first, else its last exception."""
     try:
-        with log.open("rb") as handle:
+        with open(log, "rb") as handle:
             handle.seek(0, 2)
             size = handle.tell()
             handle.seek(max(0, size - _TAIL_BYTES))
@@ -71,7 +72,7 @@ def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fence
         return Outcome.timeout(record.spec.time_limit, signum)
     if reason == "cancel" or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
-    diagnosis = log_reason(Path(record.log))
+    diagnosis = log_reason(record.log)
     share = record.spec.mem_per_gpu
     if diagnosis == OOM and share is not None and record.spec.gpus and fenced:
         # A job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.

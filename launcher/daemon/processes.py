@@ -126,7 +126,7 @@ def job_env(
     return env
 
 
-def notify(command: str, env: Mapping[str, str], cwd: str, log: Path, account: Account | None = None) -> None:
+def notify(command: str, env: Mapping[str, str], cwd: str, log: str, account: Account | None = None) -> None:
     """Start a --notify command through the shell, detached (as the job's user); its output goes to ``log``.
 
     The daemon reaps it like any child and never waits for it: a slow webhook cannot stall the queue.
@@ -139,7 +139,7 @@ def notify(command: str, env: Mapping[str, str], cwd: str, log: Path, account: A
         )  # fmt: skip
 
 
-def open_log(path: Path, account: Account | None, group: int | None) -> int:
+def open_log(path: str, account: Account | None, group: int | None) -> int:
     """Open a log for appending; in a shared queue it belongs to the job's user and is readable by the
     admin group only (``logs/`` is root's, so nobody can plant a link there)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)

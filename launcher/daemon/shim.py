@@ -69,9 +69,9 @@ class Launch:
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str
-    log: Path
-    exit_file: Path
-    pid_file: Path
+    log: str  # a job's own files are named by strings (jobs.store.statedir says why)
+    exit_file: str
+    pid_file: str
     wake: Path
     time_limit: float | None
     grace: float

@@ -22,6 +22,8 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from gpuq_scheduler.jobs.store.statedir import read_bytes
+
 CONTROL = "nvidia-cuda-mps-control"
 MiB = 1 << 20
 
@@ -129,14 +131,14 @@ def server_pids(root: Path, candidates: Iterable[int]) -> set[int]:
     found = set()
     for pid in candidates:
         try:
-            if os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) != SERVER:
+            if os.path.basename(read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[0]) != SERVER:
                 continue
-            parent = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1].decode()
+            parent = read_bytes(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1].decode()
         except (OSError, IndexError):
             continue
         for owner in (str(pid), parent):
             try:
-                if any(e.startswith(prefix) for e in Path(f"/proc/{owner}/environ").read_bytes().split(b"\0")):
+                if any(e.startswith(prefix) for e in read_bytes(f"/proc/{owner}/environ").split(b"\0")):
                     found.add(pid)
                     break
             except OSError:

@@ -229,7 +229,7 @@ def _running(state: StateDir, db: sqlite3.Connection, rows: list[_Row]) -> Itera
             continue
         if row.shim_pid is not None and processes.is_alive(row.shim_pid, row.shim_start):
             continue
-        if state.exit_file(row.id).exists():
+        if os.path.exists(state.exit_file(row.id)):
             continue  # it ended; the daemon collects the outcome when it next runs
         still = db.execute("SELECT state FROM jobs WHERE id=?", (row.id,)).fetchone()
         if still is None or still[0] != JobState.RUNNING.value:
@@ -326,7 +326,7 @@ def _spool(state: StateDir, rows: list[_Row], problems: list[Problem]) -> set[in
     spooled: set[int] = set()
     for request in spool.scan(state):
         if isinstance(request, spool.BadRequest):
-            if request.path.exists():  # not just ingested and deleted while we looked
+            if os.path.exists(request.path):  # not just ingested and deleted while we looked
                 problems.append(
                     Problem(WARNING, f"{request.path} {request.reason}; the daemon sets it aside when it next runs")
                 )
@@ -335,11 +335,12 @@ def _spool(state: StateDir, rows: list[_Row], problems: list[Problem]) -> set[in
             continue
         spooled.update(record.id for record in expand(state, request))  # an array: its members too
         row = recorded.get(request.job_id)
-        if row is None or not request.path.exists():
+        if row is None or not os.path.exists(request.path):
             continue
         if row.submitted_at == request.submitted_at:
+            name = os.path.basename(request.path)
             problems.append(
-                Problem(WARNING, f"job {row.id} is in the table and still in the spool ({request.path.name}), left by "
+                Problem(WARNING, f"job {row.id} is in the table and still in the spool ({name}), left by "
                                  "a crash after it was recorded; the daemon deletes the request when it next runs")
             )  # fmt: skip
         else:

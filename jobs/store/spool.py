@@ -23,7 +23,7 @@ from typing import Any, TypeGuard
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
-from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
+from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
 MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded
@@ -88,7 +88,7 @@ def scan(state: StateDir) -> list[Request]:
     """Every request in the spool, submits in id order first, then cancels."""
     spool = state.at(SPOOL)
     try:
-        names = sorted(e.name for e in os.scandir(spool) if not e.name.startswith(".") and e.name != "rejected")
+        names = sorted(e.name for e in os.scandir(spool) if not e.name.startswith(".") and e.name != REJECTED)
     except OSError as err:
         raise StateDirError(f"cannot read the spool {spool}: {err.strerror}") from None
     requests = [read_request(os.path.join(spool, name)) for name in names]
@@ -212,7 +212,7 @@ def remove(request: Request) -> None:
 
 def set_aside(state: StateDir, bad: BadRequest) -> str:
     """Move a bad request out of the way (never delete what a user wrote) with a note saying why."""
-    target = state.at(SPOOL, "rejected", f"{os.path.basename(bad.path)}.{os.urandom(4).hex()}")
+    target = state.at(SPOOL, REJECTED, f"{os.path.basename(bad.path)}.{os.urandom(4).hex()}")
     try:
         os.rename(bad.path, target)
         write_atomic(target + ".why", (bad.reason + "\n").encode(), durable=False)

@@ -46,6 +46,11 @@ NEXT_ID = "next_id"
 SPOOL = "spool"
 WAKE = "wake.fifo"
 INVENTORY = "gpus.json"
+# Directories whose files are named per job (``StateDir.exit_file`` and its neighbours) or per request.
+RUN = "run"
+LOGS = "logs"
+PRIVATE = "private"
+REJECTED = "rejected"  # inside SPOOL
 
 
 def submit_name(job_id: int) -> str:
@@ -164,7 +169,7 @@ class StateDir:
 
     @property
     def rejected(self) -> Path:
-        return self.spool / "rejected"
+        return self.spool / REJECTED
 
     @property
     def db(self) -> Path:
@@ -180,7 +185,7 @@ class StateDir:
 
     @property
     def run(self) -> Path:
-        return self.root / "run"
+        return self.root / RUN
 
     @property
     def mps(self) -> Path:
@@ -188,11 +193,11 @@ class StateDir:
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.root / LOGS
 
     @property
     def private(self) -> Path:
-        return self.root / "private"
+        return self.root / PRIVATE
 
     # A job's own files (and a request's) are named by strings, not Paths: pathlib interns every name it
     # parses. Python 3.12 before 3.12.7 never frees an interned string, so a daemon or an idle shim that
@@ -201,7 +206,7 @@ class StateDir:
     # jobs and left ~0.9 MB holes in the daemon's heap (bench/results/soak-memory-2core-2026-11-25.md).
     # The os functions take either; tests/test_long_lived.py checks that no gpuq process interns them.
     def private_file(self, job_id: int) -> str:
-        return self.at("private", f"{job_id}.json")
+        return self.at(PRIVATE, f"{job_id}.json")
 
     @property
     def events(self) -> Path:
@@ -217,19 +222,19 @@ class StateDir:
         return self.at(SPOOL, f"control-{token}.json")
 
     def exit_file(self, job_id: int) -> str:
-        return self.at("run", f"{job_id}.exit")
+        return self.at(RUN, f"{job_id}.exit")
 
     def pid_file(self, job_id: int) -> str:
-        return self.at("run", f"{job_id}.pid")
+        return self.at(RUN, f"{job_id}.pid")
 
     def next_file(self, job_id: int) -> str:
-        return self.at("run", f"{job_id}.next")
+        return self.at(RUN, f"{job_id}.next")
 
     def log(self, job_id: int) -> str:
-        return self.at("logs", f"{job_id}.log")
+        return self.at(LOGS, f"{job_id}.log")
 
     def notify_log(self, job_id: int) -> str:
-        return self.at("logs", f"{job_id}.notify.log")
+        return self.at(LOGS, f"{job_id}.notify.log")
 
     def exists(self) -> bool:
         return os.path.isdir(self.at(SPOOL))
@@ -254,7 +259,7 @@ class StateDir:
                 )
             return
         try:
-            for directory in ((), (SPOOL,), (SPOOL, "rejected"), ("run",), ("logs",)):
+            for directory in ((), (SPOOL,), (SPOOL, REJECTED), (RUN,), (LOGS,)):
                 os.makedirs(self.at(*directory), mode=0o700, exist_ok=True)
             _make_fifo(self.at(WAKE), 0o600)
         except OSError as err:

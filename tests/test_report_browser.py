@@ -19,6 +19,7 @@ import time
 import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,14 +51,14 @@ document.body.appendChild(out);
 </script>"""
 
 
-def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def chromium(tmp_path: Path, *args: str, size: tuple[int, int] = (WIDTH, HEIGHT)) -> subprocess.CompletedProcess[str]:
     profile = tmp_path / f"profile-{time.monotonic_ns()}"  # a fresh, empty profile each run
     profile.mkdir()
     command = [
         str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--force-color-profile=srgb", "--hide-scrollbars", f"--user-data-dir={profile}",
-        f"--window-size={WIDTH},{HEIGHT}", *args,
+        f"--window-size={size[0]},{size[1]}", *args,
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -99,6 +100,18 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, ...]]]:
         pixels += [tuple(line[x : x + 3]) for x in range(0, stride, bpp)]
         prev = line
     return width, height, pixels
+
+
+def measure(tmp_path: Path, page: str) -> dict[str, Any]:
+    """Where chromium lays out the timeline of ``page`` (HTML): a copy without its CSP and reload, with
+    the measuring script added at the end of the body (below everything it measures)."""
+    measured = tmp_path / f"measured-{time.monotonic_ns()}.html"
+    without_meta = re.sub(r'<meta http-equiv="(Content-Security-Policy|refresh)"[^>]*>', "", page)
+    measured.write_text(without_meta.replace("</body>", MEASURE + "</body>"))
+    found = re.search(r'<pre id="layout">(.*?)</pre>', chromium(tmp_path, "--dump-dom", measured.as_uri()).stdout)
+    assert found, "the measuring script did not run"
+    layout: dict[str, Any] = json.loads(html.unescape(found.group(1)))
+    return layout
 
 
 def near(pixel: tuple[int, ...], colour: tuple[int, int, int]) -> bool:
@@ -143,12 +156,7 @@ def test_report_renders_in_headless_chromium_with_the_timeline_visible(gpuq: Gpu
     assert sorted(int(g) for _, j, g in rects if int(j) == big) == [0, 1, 2, 3]
 
     # Where chromium put things: every lane and bar on screen, inside the timeline, each bar in its lane.
-    measured = tmp_path / "measured.html"
-    without_csp = re.sub(r"<meta http-equiv=[^>]*>", "", page.read_text())
-    measured.write_text(without_csp.replace("</body>", MEASURE + "</body>"))
-    found = re.search(r'<pre id="layout">(.*?)</pre>', chromium(tmp_path, "--dump-dom", measured.as_uri()).stdout)
-    assert found, "the measuring script did not run"
-    layout = json.loads(html.unescape(found.group(1)))
+    layout = measure(tmp_path, page.read_text())
     left, top, svg_w, svg_h = layout["svg"]
     assert left >= 0 and top >= 0 and left + svg_w <= WIDTH and top + svg_h <= HEIGHT, "timeline not all on screen"
     lanes = {name: box for name, box in layout["lanes"]}

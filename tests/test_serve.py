@@ -3,11 +3,15 @@ prometheus-client's own parser and checked against the queue), and the page in h
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import THREE_GPUS, Gpuq, fake_cuda_queue, wait_for
-from tests.test_report_browser import CHROMIUM, chromium, near, read_png
+from tests.test_report_browser import CHROMIUM, chromium, measure, near, read_png
 
 SECRET = "SECRET-7f3a"  # in a job's command line and environment: it must never be served
 JOBS_BLUE, OUTSIDE_ORANGE = (0x15, 0x65, 0xC0), (0xEF, 0x6C, 0x00)  # views/serve.py's bar colours
@@ -134,6 +138,94 @@ def test_the_dashboard_in_headless_chromium_shows_the_gpus_and_jobs(
     chromium(tmp_path, f"--screenshot={shot}", server.url)
     _, _, pixels = read_png(shot)
     assert any(near(p, JOBS_BLUE) for p in pixels) and any(near(p, OUTSIDE_ORANGE) for p in pixels)
+
+
+def test_head_answers_like_get_without_a_body(served: tuple[Gpuq, Served, dict[str, int]]) -> None:
+    """`HEAD /` answered 501: monitoring probes and `curl -I` ask with HEAD."""
+    _, server, _ = served
+    address = urllib.parse.urlsplit(server.url)
+    for path in ("/", "/api/gpus", "/api/jobs", "/metrics", "/nothing-here"):
+        connection = http.client.HTTPConnection(address.hostname or "", address.port, timeout=30)
+        connection.request("HEAD", path)
+        answer = connection.getresponse()
+        body = answer.read()
+        connection.close()
+        get_status = server.get(path)[0]
+        assert (answer.status, body) == (get_status, b""), path
+        assert int(answer.headers["Content-Length"]) > 0 and answer.headers["Content-Type"], path
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="needs Debian's chromium (CI installs it)")
+def test_the_dashboard_timeline_shows_packed_jobs_apart_on_light_lanes(tmp_path: Path) -> None:
+    """The timeline's lanes were drawn black (the dashboard had no style for them) and two jobs packed on one
+    GPU were drawn on top of each other (one hidden). Checked in the screenshot's pixels, as a person sees it."""
+    gpus = [
+        {"name": "NVIDIA H100 80GB HBM3", "total": "80GiB", "used": "20GiB", "util": 35},  # a teammate's 20 GiB
+        {"name": "NVIDIA H100 80GB HBM3", "total": "80GiB", "util": 80},
+        {"name": "NVIDIA H100 80GB HBM3", "total": "80GiB", "util": 90},
+    ]
+    gpuq = fake_cuda_queue(tmp_path, gpus)
+    try:
+        # GPU 0 has outside use, so whole-GPU jobs go to GPUs 1 and 2 and both --mem jobs pack onto GPU 0.
+        warmup = gpuq.submit("--gpus", "1", "--name", "warmup", "sleep", "1.5")
+        failed = gpuq.submit("--gpus", "1", "--name", "diverged", "sh", "-c", "sleep 1; exit 3")
+        packed = [
+            gpuq.submit("--mem", "8G", "--name", f"seed {n}", "fake_cuda.py", str(2 + n), "300", "--busy", "40")
+            for n in (1, 2)
+        ]
+        pretrain = gpuq.submit("--gpus", "2", "--name", "pretrain", "sleep", "300")
+        gpuq.submit("--gpus", "2", "--name", "eval", "sleep", "300")  # waits behind pretrain
+        for job in packed:
+            assert gpuq.wait_state(job, "running")["gpus"] == [0]
+        gpuq.wait_state(warmup, "succeeded")
+        gpuq.wait_state(failed, "failed")
+        gpuq.wait_state(pretrain, "running")
+        server = Served(gpuq)
+        try:
+            wait_for(lambda: server.json("/api/gpus")[0]["used_by_gpuq_jobs"], 20, "the packed jobs' memory sampled")
+            started = gpuq.job(pretrain)["started_at"]
+            wait_for(lambda: time.time() - started > 2, 10, "pretrain's bar to grow")  # a picture worth keeping
+            size = (1280, 1000)
+            shot = tmp_path / "dashboard.png"
+            chromium(tmp_path, f"--screenshot={shot}", server.url, size=size)
+            status, page = server.get("/")
+            assert status == 200
+        finally:
+            server.close()
+    finally:
+        gpuq.cleanup()
+    if os.environ.get("GPUQ_SCREENSHOT_DIR"):
+        keep = Path(os.environ["GPUQ_SCREENSHOT_DIR"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, keep / "gpuq-serve.png")
+    layout = measure(tmp_path, page)
+    width, height, pixels = read_png(shot)
+    assert (width, height) == size
+
+    def pixel(x: float, y: float) -> tuple[int, ...]:
+        return pixels[int(y) * width + int(x)]
+
+    left, top, svg_w, svg_h = layout["svg"]
+    assert top + svg_h <= height, "the timeline is below the screenshot"
+    # The lanes: light grey where no bar is, never black, anywhere in the timeline.
+    timeline = [
+        pixel(x, y)
+        for y in range(int(top) + 1, int(top + svg_h) - 1)
+        for x in range(int(left) + 1, int(left + svg_w) - 1)
+    ]
+    assert not [p for p in timeline if max(p) < 40], "the timeline has black in it"
+    assert sum(near(p, (0xF5, 0xF5, 0xF5)) for p in timeline) > 2000, "no light lane background"
+    # The two packed jobs: each bar in a row of its own within GPU 0's lane, and blue where it is drawn.
+    bars = {int(job): box for job, gpu, box in layout["jobs"] if int(job) in packed}
+    assert sorted(bars) == sorted(packed)
+    (_, ya, _, ha), (_, yb, _, hb) = bars[packed[0]], bars[packed[1]]
+    assert ya + ha <= yb or yb + hb <= ya, "the packed jobs' bars overlap: one hides the other"
+    lane = dict(layout["lanes"])["GPU 0"]
+    for job, (x, y, w, h) in bars.items():
+        assert lane[1] <= y and y + h <= lane[1] + lane[3]
+        inside = [pixel(px, py) for py in range(int(y) + 3, int(y + h) - 3) for px in range(int(x) + 3, int(x + w) - 3)]
+        blue = sum(near(p, JOBS_BLUE) for p in inside)
+        assert blue > 0.8 * len(inside), f"job {job}'s bar is not visible as its own blue bar"
 
 
 def test_a_port_in_use_is_one_line_and_exit_code_2(gpuq: Gpuq) -> None:

@@ -32,13 +32,20 @@ _WIDTH, _LABEL_W, _LANE_H, _GAP, _AXIS_H = 1200, 72, 30, 6, 34
 _TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 # No script, font, image or frame may load, even if something slipped past the escaping.
 _CSP = "default-src 'none'; style-src 'unsafe-inline'"
+# The timeline's own styles travel inside its <svg>, so every page that embeds it (the report, `gpuq serve`)
+# draws it the same: an SVG shape without a style is filled black.
+_TIMELINE_CSS = (
+    "#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0;background:#fff}"
+    "#timeline .grid{stroke:#d0d0d0;stroke-width:1}#timeline .lane-bg{fill:#f5f5f5}"
+    '#timeline .lane-label{font:bold 13px "DejaVu Sans",Arial,sans-serif;fill:#424242}'
+    '#timeline .tick{font:12px "DejaVu Sans",Arial,sans-serif;fill:#616161}'
+    '#timeline .job-label{font:bold 12px "DejaVu Sans",Arial,sans-serif;fill:#fff;pointer-events:none}'
+)
 _CSS = """
 body{font:14px/1.4 "DejaVu Sans","Liberation Sans",Arial,sans-serif;margin:24px;color:#212121;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px}.note{color:#616161;margin:0 0 8px}
 #summary{display:flex;gap:28px;list-style:none;padding:0;margin:12px 0}#summary b{display:block;font-size:22px}
-#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.grid{stroke:#d0d0d0;stroke-width:1}
-.lane-bg{fill:#f5f5f5}.lane-label{font-size:13px;font-weight:bold;fill:#424242}.tick{font-size:12px;fill:#616161}
-.job-label{font-size:12px;fill:#fff;font-weight:bold;pointer-events:none}.legend span{margin-right:16px}
+.legend span{margin-right:16px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}th{background:#fafafa}
 table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
 """
@@ -78,7 +85,23 @@ def render_html(report: Report) -> str:
     ])  # fmt: skip
 
 
+def sub_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
+    """A row for each (left, right) bar of one GPU, so that bars on one row never overlap: jobs packed on a
+    GPU at once get rows of their own, and a row is reused once its last bar has ended (first fit, by left)."""
+    rows: list[float] = []  # the right edge of each row's last bar
+    chosen = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i]):
+        left, right = spans[i]
+        row = next((r for r, end in enumerate(rows) if end <= left), len(rows))
+        if row == len(rows):
+            rows.append(right)
+        rows[row] = right
+        chosen[i] = row
+    return chosen
+
+
 def timeline_svg(report: Report) -> str:
+    """Each GPU's lane holds one row per job it ran at once (packed jobs side by side, none hidden)."""
     t0, t1 = report.timeline_start, report.end
     span = max(t1 - t0, 1e-9)
     plot_w = _WIDTH - _LABEL_W - 32  # room for half of the last tick's label
@@ -86,14 +109,27 @@ def timeline_svg(report: Report) -> str:
     def x(t: float) -> float:
         return _LABEL_W + (t - t0) / span * plot_w
 
-    lanes_h = report.gpu_count * (_LANE_H + _GAP)
-    height = lanes_h + _AXIS_H
-    parts = [f'<svg id="timeline" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img">']
+    bars = [(x(seg.start), max(x(seg.end) - x(seg.start), 2.0)) for seg in report.segments]  # a 1 s job shows
+    row_of = [0] * len(bars)
+    rows = [1] * report.gpu_count
     for gpu in range(report.gpu_count):
-        y = gpu * (_LANE_H + _GAP)
+        mine = [i for i, seg in enumerate(report.segments) if seg.gpu == gpu]
+        for i, row in zip(mine, sub_lanes([(bars[i][0], bars[i][0] + bars[i][1]) for i in mine]), strict=True):
+            row_of[i] = row
+            rows[gpu] = max(rows[gpu], row + 1)
+    lane_top = [sum(n * _LANE_H + _GAP for n in rows[:gpu]) for gpu in range(report.gpu_count + 1)]
+    lanes_h = lane_top[-1]
+    height = lanes_h + _AXIS_H
+    parts = [
+        f'<svg id="timeline" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img">',
+        f"<style>{_TIMELINE_CSS}</style>",
+    ]
+    for gpu in range(report.gpu_count):
+        y, lane_h = lane_top[gpu], rows[gpu] * _LANE_H
         parts.append(
             f'<g class="lane" data-gpu="{gpu}"><rect class="lane-bg" x="{_LABEL_W}" y="{y}" width="{plot_w}" '
-            f'height="{_LANE_H}"/><text class="lane-label" x="6" y="{y + 20}">GPU {gpu}</text></g>'
+            f'height="{lane_h}" fill="#f5f5f5"/><text class="lane-label" x="6" y="{y + lane_h / 2 + 5:g}">'
+            f"GPU {gpu}</text></g>"
         )
     step = next((s for s in _TICK_STEPS if span / s <= 8), _TICK_STEPS[-1] * math.ceil(span / 8 / 86400))
     fmt = "%H:%M:%S" if step < 60 else ("%H:%M" if step < 86400 else "%m-%d")
@@ -106,13 +142,12 @@ def timeline_svg(report: Report) -> str:
         )
         tick += step
     clock = "%H:%M:%S" if span < 2 * HOUR else "%H:%M"
-    for seg in report.segments:
-        left, width = x(seg.start), max(x(seg.end) - x(seg.start), 2.0)  # a 1 s job on a 12 h axis still shows
-        y = seg.gpu * (_LANE_H + _GAP)
+    for seg, (left, width), row in zip(report.segments, bars, row_of, strict=True):
+        y = lane_top[seg.gpu] + row * _LANE_H
         tip = f"job {seg.job_id} {seg.name} ({seg.user}) {when(seg.start, clock)}-{when(seg.end, clock)} "
         parts.append(
             f'<rect class="job state-{seg.state.value}" data-job="{seg.job_id}" data-gpu="{seg.gpu}" '
-            f'x="{left:.1f}" y="{y + 2}" width="{width:.1f}" height="{_LANE_H - 4}" rx="3" '
+            f'data-row="{row}" x="{left:.1f}" y="{y + 2}" width="{width:.1f}" height="{_LANE_H - 4}" rx="3" '
             f'fill="{_COLOURS[seg.state]}"><title>{html.escape(tip + seg.state.value)}</title></rect>'
         )
         label = str(seg.job_id)
@@ -130,8 +165,7 @@ def html_table(table_id: str, header: Sequence[str], rows: Sequence[Sequence[str
         return f'<p id="{table_id}" class="empty">none</p>'
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{c if i == markup_column else html.escape(c)}</td>" for i, c in enumerate(row))
-        + "</tr>"
+        "<tr>" + "".join(f"<td>{c if i == markup_column else html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>"
         for row in rows
     )
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -38,7 +38,7 @@ body{font:14px/1.4 "DejaVu Sans",Arial,sans-serif;margin:20px;color:#212121}h1{f
 h2{font-size:16px;margin:20px 0 6px}table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;
 border-bottom:1px solid #eee}th{background:#fafafa}.bar{display:flex;width:240px;height:14px;border:1px solid #bbb}
 .jobs{background:#1565c0}.reserved{background:#90caf9}.outside{background:#ef6c00}.note{color:#616161}
-#timeline{max-width:100%;height:auto;border:1px solid #e0e0e0}.empty{color:#616161}
+.empty{color:#616161}
 """
 
 
@@ -133,6 +133,10 @@ def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTP
             except GpuqError as err:  # a damaged or unreadable state directory: say so, keep serving
                 self._send(503, "text/plain; charset=utf-8", f"gpuq: {err}\n".encode())
 
+        def do_HEAD(self) -> None:
+            """What GET would answer, headers only (monitoring probes and `curl -I` ask this way)."""
+            self.do_GET()
+
         def _get(self, path: str) -> None:
             if path == "/metrics":
                 self._send(200, "text/plain; version=0.0.4; charset=utf-8", metrics())
@@ -153,7 +157,8 @@ def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTP
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: a dashboard polled every few seconds would fill the terminal."""

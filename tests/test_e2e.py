@@ -182,6 +182,25 @@ def test_torchrun_mode_starts_one_process_per_gpu_on_a_port_gpuq_chose(gpuq: Gpu
     assert len(ports) == 2
 
 
+def test_a_failed_torchrun_job_reports_the_failing_ranks_own_error_not_child_failed_error(gpuq: Gpuq) -> None:
+    """torchrun ends a failed run's log with its own ChildFailedError; the reason must be the rank's error."""
+    script = gpuq.cwd / "diverges.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "dist.barrier()\n"
+        "if rank == 1:\n"
+        "    raise RuntimeError(f'loss is NaN at step 7 on rank {rank}')\n"
+        "dist.barrier()  # rank 0 then fails too, of the lost peer: not the cause\n"
+    )
+    job = gpuq.submit("--gpus", "2", "--mode", "torchrun", "diverges.py")
+    record = gpuq.wait_state(job, "failed", "succeeded", timeout=180)
+    log = Path(record["log"]).read_text()
+    assert record["state"] == "failed" and "ChildFailedError" in log, log
+    assert record["reason"] == "rank 1: RuntimeError: loss is NaN at step 7 on rank 1 (exit code 1)", log
+
+
 def test_status_shows_why_a_job_waits(gpuq: Gpuq) -> None:
     blocker = gpuq.submit("--gpus", "4", "sleep", "30")
     gpuq.wait_state(blocker, "running")

@@ -17,6 +17,11 @@ _TAIL_BYTES = 64 << 10
 OOM = lifecycle.OOM_REASON  # --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
+# torchrun's own summary when a rank fails: its root cause names the rank that failed first, whose own
+# traceback is earlier in the log, each line prefixed "[rankN]: ".
+_ROOT_CAUSE = re.compile(rb"^Root Cause \(first observed failure\):\n\[\d+\]:\n(.*?)^=+$", re.MULTILINE | re.DOTALL)
+_INDENTED_EXCEPTION = re.compile(rb"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
+_ROOT_FIELD = re.compile(rb"^\s*(rank|exitcode)\s*: (-?\d+)", re.MULTILINE)
 
 
 def exit_files(run: Path) -> set[str] | None:
@@ -47,14 +52,43 @@ def log_reason(log: str) -> str:
             tail = handle.read()
     except OSError:
         return ""
+    return tail_reason(tail)
+
+
+def tail_reason(tail: bytes) -> str:
+    """The diagnosis from the end of a log: CUDA OOM, else the failing torchrun rank's own exception, else
+    the last exception. torchrun ends its log with its own ``ChildFailedError``, which says only that a
+    rank failed: the rank's own error is the one a person needs."""
     if _OOM.search(tail):
         return OOM
-    matches = _EXCEPTION.findall(tail)
-    if matches:
-        name, message = matches[-1]
-        text: str = (name + b": " + message).decode(errors="replace").strip()
-        return text[:200]
-    return ""
+    root = _ROOT_CAUSE.search(tail)
+    if root:
+        return _rank_reason(tail, root.group(1))
+    return _last_exception(tail)
+
+
+def _last_exception(text: bytes, pattern: re.Pattern[bytes] = _EXCEPTION) -> str:
+    matches = pattern.findall(text)
+    if not matches:
+        return ""
+    name, message = matches[-1]
+    found: str = (name + b": " + message).decode(errors="replace").strip()
+    return found[:200]
+
+
+def _rank_reason(tail: bytes, summary: bytes) -> str:
+    fields = dict(_ROOT_FIELD.findall(summary))
+    rank = fields.get(b"rank")
+    if rank is None:
+        return _last_exception(summary, _INDENTED_EXCEPTION)
+    prefix = b"[rank" + rank + b"]: "
+    own = b"\n".join(line[len(prefix) :] for line in tail.splitlines() if line.startswith(prefix))
+    # Its traceback as torchrun prints it, else the one its error file held (with @record), else its exit.
+    found = _last_exception(own) or _last_exception(summary, _INDENTED_EXCEPTION)
+    if found:
+        return f"rank {rank.decode()}: {found}"[:200]
+    code = fields.get(b"exitcode", b"?").decode()
+    return f"rank {rank.decode()} failed first (exit code {code})"
 
 
 def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:

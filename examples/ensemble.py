@@ -3,9 +3,10 @@
     python examples/ensemble.py --members 8            # one GPU each (CPU jobs where there is no GPU)
     python examples/ensemble.py --members 16 --mem 4G  # several members share each GPU
 
-Uses gpuq's Python API (``from gpuq_scheduler import submit, wait``); the queue is the one in $GPUQ_HOME
-(default ~/.local/state/gpuq), and a daemon is started if none runs. Prints where each member ran,
-its test accuracy, and the accuracy of the members' majority vote on the same test images.
+Uses gpuq's Python API (``from gpuq_scheduler import submit, wait``) on the queue gpuq would use from this
+shell (``$GPUQ_HOME``, else the one a config file names, such as a shared queue set up on this machine, else
+~/.local/state/gpuq), and says which. A daemon is started if none runs. Prints a line as each member ends,
+then where each member ran, its test accuracy, and the accuracy of the members' majority vote.
 """
 
 from __future__ import annotations
@@ -20,8 +21,42 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout: `jobs` and `launcher` sit beside examples/
 
-from gpuq_scheduler import JobState, submit, wait  # noqa: E402
+from gpuq_scheduler import JobRecord, JobState, submit, wait  # noqa: E402
+from gpuq_scheduler.jobs import config  # noqa: E402
+from gpuq_scheduler.jobs.store.statedir import StateDir  # noqa: E402
 from gpuq_scheduler.launcher.gpus.sources import usable_gpus  # noqa: E402
+
+
+def which_queue() -> str:
+    """The queue this run uses, as a person needs to know it: whose it is, where it is, and why that one."""
+    state = StateDir.from_env()
+    if os.environ.get("GPUQ_HOME"):
+        why = "from $GPUQ_HOME"
+    else:
+        settings = config.load()
+        why = f"named in {', '.join(map(str, settings.sources))}" if settings.home is not None else "the default"
+    kind = "the shared queue set up on this machine" if state.is_foreign() else "your personal queue"
+    return f"{kind}, {state.root} ({why})"
+
+
+class Progress:
+    """One line as each member ends, printed as it happens (flushed: a log file or a pipe sees it too)."""
+
+    def __init__(self, seeds: dict[int, int]) -> None:
+        self.seeds = seeds
+        self.reported: set[int] = set()
+
+    def __call__(self, records: list[JobRecord]) -> None:
+        for record in sorted(records, key=lambda r: (r.ended_at or 0, r.id)):
+            if record.state.finished and record.id not in self.reported:
+                self.reported.add(record.id)
+                runtime = (record.ended_at or 0) - (record.started_at or record.ended_at or 0)
+                how = record.state.value + (f": {record.reason}" if record.reason else "")
+                print(
+                    f"[{len(self.reported)}/{len(self.seeds)}] seed {self.seeds[record.id]} (job {record.id}) "
+                    f"{how} after {runtime:.1f}s",
+                    flush=True,
+                )
 
 
 def majority_vote(member_predictions: list[list[int]]) -> list[int]:
@@ -43,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     where = "on the CPU (no GPU found)" if gpus == 0 and not args.cpu else "on the CPU" if gpus == 0 else (
         f"one GPU each{' with ' + args.mem if args.mem else ''}"
     )  # fmt: skip
+    print(f"queue: {which_queue()}", flush=True)
     print(f"queuing {args.members} members {where}", flush=True)
     # Members that train on the CPU (no GPU, or only fake ones) run side by side: one thread each keeps
     # them from fighting over the cores.
@@ -60,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         outputs[job_id] = (seed, prediction)
 
-    records = wait(list(outputs))
+    print(f"jobs {min(outputs)}-{max(outputs)} queued; `gpuq status` shows them; waiting for them to end", flush=True)
+    records = wait(list(outputs), on_progress=Progress({job_id: seed for job_id, (seed, _) in outputs.items()}))
     members = []
     for record in sorted(records, key=lambda r: outputs[r.id][0]):
         seed, prediction = outputs[record.id]

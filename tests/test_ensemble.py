@@ -16,6 +16,11 @@ def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
         env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    # It says which queue it used, and a line as each member ended (its output is a pipe here, not a terminal).
+    assert f"queue: your personal queue, {gpuq.home} (from $GPUQ_HOME)" in result.stdout.splitlines()
+    progress = re.findall(r"^\[(\d)/3\] seed (\d) \(job (\d+)\) succeeded after", result.stdout, re.MULTILINE)
+    assert [n for n, *_ in progress] == ["1", "2", "3"] and sorted(s for _, s, _ in progress) == ["0", "1", "2"]
+    assert result.stdout.index("[3/3]") < result.stdout.index("ensemble (majority vote)")
     members = re.findall(r"member seed +(\d+) +job +(\d+) +gpu (\d) +accuracy (0\.\d+)", result.stdout)
     assert sorted(int(seed) for seed, *_ in members) == [0, 1, 2]
     assert all(float(accuracy) > 0.5 for *_, accuracy in members)

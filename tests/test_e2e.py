@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from gpuq_scheduler.jobs.store import schema
+from gpuq_scheduler.launcher.daemon.outcomes import OOM, tail_reason
 from gpuq_scheduler.launcher.policy.placement import Policy
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
 
@@ -199,6 +200,36 @@ def test_a_failed_torchrun_job_reports_the_failing_ranks_own_error_not_child_fai
     log = Path(record["log"]).read_text()
     assert record["state"] == "failed" and "ChildFailedError" in log, log
     assert record["reason"] == "rank 1: RuntimeError: loss is NaN at step 7 on rank 1 (exit code 1)", log
+
+
+TORCHRUN_SUMMARY = b"""torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_12:50:45
+  host      : localhost
+  rank      : 3 (local_rank: 3)
+  exitcode  : %s (pid: 21331)
+  error_file: %s
+  traceback : %s
+============================================================
+"""
+
+
+def test_a_torchrun_rank_without_its_own_traceback_is_named_with_how_it_ended() -> None:
+    """Older torch prints no "[rankN]: " prefix, a rank killed by a signal prints nothing, and with @record
+    the error is in torchrun's summary itself: each still names the rank, never ChildFailedError."""
+    no_prefix = b"Traceback (most recent call last):\nValueError: from some rank\n" + TORCHRUN_SUMMARY % (
+        b"-9",
+        b"<N/A>",
+        b"Signal 9 (SIGKILL) received by PID 21331",
+    )
+    assert tail_reason(no_prefix) == "rank 3 failed first (exit code -9)"
+    recorded = TORCHRUN_SUMMARY % (b"1", b"/tmp/error.json", b"Traceback (most recent call last):\n    KeyError: 'lr'")
+    assert tail_reason(recorded) == "rank 3: KeyError: 'lr'"
+    assert tail_reason(b"[rank3]: torch.OutOfMemoryError: CUDA out of memory.\n" + recorded) == OOM
 
 
 def test_status_shows_why_a_job_waits(gpuq: Gpuq) -> None:

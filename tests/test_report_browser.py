@@ -26,7 +26,7 @@ import pytest
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.views.report import build_report
-from gpuq_scheduler.launcher.views.report_html import render_html
+from gpuq_scheduler.launcher.views.report_html import render_html, sub_lanes
 from tests.conftest import REPORT, Gpuq
 
 CHROMIUM = shutil.which("chromium")
@@ -172,3 +172,10 @@ def test_report_renders_in_headless_chromium_with_the_timeline_visible(gpuq: Gpu
     blocked = tmp_path / "blocked.html"
     blocked.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     assert 'id="layout"' not in chromium(tmp_path, "--dump-dom", blocked.as_uri()).stdout
+
+
+def test_jobs_packed_at_once_on_a_gpu_get_rows_of_their_own_and_rows_are_reused() -> None:
+    """Bars as (left, right) pixels on one GPU: overlapping ones never share a row; a freed row is reused."""
+    assert sub_lanes([(0, 10), (5, 15), (10, 20), (12, 13)]) == [0, 1, 0, 2]
+    assert sub_lanes([(30, 40), (0, 10), (10, 20)]) == [0, 0, 0]  # one after another: one row
+    assert sub_lanes([]) == []

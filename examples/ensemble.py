@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -35,7 +36,11 @@ def which_queue() -> str:
     else:
         settings = config.load()
         why = f"named in {', '.join(map(str, settings.sources))}" if settings.home is not None else "the default"
-    kind = "the shared queue set up on this machine" if state.is_foreign() else "your personal queue"
+    try:  # a shared queue is root's, with a sticky spool everyone may drop requests in (`gpuq daemon setup`)
+        shared = state.is_foreign() or bool(os.stat(state.spool).st_mode & stat.S_ISVTX)
+    except OSError:  # not made yet: the first submit makes a personal one
+        shared = False
+    kind = "the shared queue set up on this machine" if shared else "your personal queue"
     return f"{kind}, {state.root} ({why})"
 
 

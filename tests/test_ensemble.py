@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.conftest import ROOT, Gpuq
+import pytest
+
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from tests.conftest import ROOT, Gpuq, make_env
 
 
 def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
@@ -47,3 +52,15 @@ def test_the_function_sweep_example_trains_each_learning_rate_as_a_job_and_picks
     members = [records[int(job_id)] for job_id, *_ in runs]
     assert {r["state"] for r in members} == {"succeeded"} and {r["name"] for r in members} == {"lr-sweep"}
     assert len({r["array_id"] for r in members}) == 1 and all(r["mem_auto"] for r in members)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a shared queue's tree belongs to root (CI runs as root)")
+def test_the_ensemble_says_when_it_uses_a_shared_queue_set_up_on_the_machine(tmp_path: Path) -> None:
+    """It used a shared queue set up on the machine without a word: it names the queue, and whose it is."""
+    home = tmp_path / "shared queue"
+    StateDir(home).ensure_shared()
+    said = subprocess.run(
+        [sys.executable, "-c", "import ensemble; print(ensemble.which_queue())"],
+        env={**make_env(home), "PYTHONPATH": str(ROOT / "examples")}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert said.stdout.strip() == f"the shared queue set up on this machine, {home} (from $GPUQ_HOME)", said.stderr

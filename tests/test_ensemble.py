@@ -38,7 +38,7 @@ def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
 
 
 def test_the_function_sweep_example_trains_each_learning_rate_as_a_job_and_picks_the_best(gpuq: Gpuq) -> None:
-    """examples/sweep_functions.py as the README runs it, from another directory, on fake GPUs (--mem auto)."""
+    """examples/sweep_functions.py as docs/reference.md runs it, from another directory, on fake GPUs (--mem auto)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "sweep_functions.py"), "--epochs", "3", "--mem", "auto",
          "--throttle", "3"], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=600,

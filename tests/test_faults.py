@@ -97,7 +97,7 @@ def test_memory_a_teammate_uses_counts_as_outside_gpuq_so_no_whole_gpu_job_goes_
     packed = gpuq.submit("--gpus", "1", "--mem", "40G", str(REPORT), str(report), "1")
     assert gpuq.run("wait", *map(str, [*whole, packed]), timeout=60).returncode == 0
     final = records(gpuq)
-    assert [j for j in whole if 1 in final[j].gpus] == []  # "under 1 GiB of outside use" (README)
+    assert [j for j in whole if 1 in final[j].gpus] == []  # "under 1 GiB of outside use" (docs/architecture.md)
     assert gpu_rows(gpuq)[1]["used_outside_gpuq"] == 30 * GiB
 
 

@@ -146,7 +146,7 @@ def test_gpu_memory_of_the_program_counts_as_the_jobs_not_as_outside_use(tmp_pat
 def test_a_notebook_kernel_installed_for_gpuq_holds_its_gpu_as_a_job_of_its_user(gpuq: Gpuq, tmp_path: Path) -> None:
     """What Jupyter does with the kernel spec: run its argv with a connection file, interrupt the kernel with
     SIGINT to its process group, shut it down with SIGTERM. ipykernel is stood in for by a module of the
-    same name that reports what it was given (the real one is checked on a GPU host: see the README)."""
+    same name that reports what it was given (the real one is checked on a GPU host: see docs/reference.md)."""
     data, stub = tmp_path / "jupyter", tmp_path / "stub"
     stub.mkdir()
     (stub / "ipykernel_launcher.py").write_text(

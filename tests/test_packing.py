@@ -160,7 +160,7 @@ def test_mem_auto_is_refused_for_cpu_jobs_and_like_for_unknown_jobs(mps: Gpuq) -
 
 
 def test_an_array_without_mem_keeps_whole_gpus(mps: Gpuq) -> None:
-    """auto is not the default for arrays (README: Packing): a member without --mem has a GPU to itself."""
+    """auto is not the default for arrays (docs/packing.md): a member without --mem has a GPU to itself."""
     array = mps.submit("--array", "0-1", "fake_cuda.py", "1", "1")
     records = _ended(mps, [array + 1, array + 2])
     assert all(r["mem_per_gpu"] is None and not r["mem_from"] for r in records)

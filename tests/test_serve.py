@@ -167,8 +167,8 @@ def test_the_dashboard_timeline_shows_packed_jobs_apart_on_light_lanes(tmp_path:
     gpuq = fake_cuda_queue(tmp_path, gpus)
     try:
         # GPU 0 has outside use, so whole-GPU jobs go to GPUs 1 and 2 and both --mem jobs pack onto GPU 0.
-        warmup = gpuq.submit("--gpus", "1", "--name", "warmup", "sleep", "1.5")
-        failed = gpuq.submit("--gpus", "1", "--name", "diverged", "sh", "-c", "sleep 1; exit 3")
+        warmup = gpuq.submit("--gpus", "1", "--name", "warmup", "sleep", "3")
+        failed = gpuq.submit("--gpus", "1", "--name", "diverged", "sh", "-c", "sleep 2; exit 3")
         packed = [
             gpuq.submit("--mem", "8G", "--name", f"seed {n}", "fake_cuda.py", str(2 + n), "300", "--busy", "40")
             for n in (1, 2)

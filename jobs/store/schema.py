@@ -33,7 +33,14 @@ CREATE TABLE IF NOT EXISTS learned (
     job_id INTEGER NOT NULL,
     raised INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS intake (
+    token TEXT PRIMARY KEY,
+    id INTEGER NOT NULL,
+    at REAL NOT NULL
+);
 """
+# ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
+# the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -166,3 +173,16 @@ def record_from(
         attempt=row[18],
         held=bool(row[19]),
     )
+
+
+def locked_out(path: Path) -> bool:
+    """A WAL table whose ``-shm`` file is gone (its last connection closed it) in a directory we cannot write
+    (a user of a shared queue whose daemon stopped or was killed): SQLite cannot open it for reading."""
+    return not os.path.exists(f"{path}-shm") and not os.access(path.parent, os.W_OK)
+
+
+def open_immutable(path: Path) -> sqlite3.Connection:
+    """``path`` opened as a file nobody writes, without the ``-shm`` index: right when ``locked_out`` (the
+    last connection to close checkpointed the log into the table and removed it), and only for one read:
+    readers open the table anew for each (``Queue.table``), so the next read sees a daemon that started."""
+    return sqlite3.connect(path.absolute().as_uri() + "?mode=ro&immutable=1", uri=True, isolation_level=None)

@@ -216,8 +216,19 @@ def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
             user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert submitted.returncode == 0 and submitted.stdout.startswith("submitted job"), submitted.stderr
+        status = subprocess.run(
+            [shared.python, "-m", "gpuq_scheduler", "daemon", "status", "--json"], env=user_env, cwd=dave.home,
+            user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert json.loads(status.stdout)["running"] is True, status.stderr  # users see it run, lock or not
     finally:
         as_root("daemon", "stop")
+    # Nobody but root can take the daemon's lock (flock needs no write access), to keep it from starting.
+    take = (
+        "import fcntl, sys\ntry:\n    fcntl.flock(open(sys.argv[1]), fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    print('taken')\nexcept OSError:\n    print('refused')\n"
+    )
+    assert shared.python_as(users["mal"], take, str(home / "daemon.lock")).strip() == "refused"
     config = etc / "config.toml"
     config.write_text(config.read_text().replace(ADMINS, "gqs-gone-group"))  # the group was deleted since
     died = as_root("daemon", "start", "--shared")

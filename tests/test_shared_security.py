@@ -303,9 +303,18 @@ def test_users_read_and_submit_with_the_daemon_stopped_or_killed(shared: SharedQ
     assert shared.gpuq(dave, "wait", str(job)).returncode == 0
     queued = shared.gpuq(dave, "submit", "--gpus", "0", "true")
     assert queued.stdout == "" and queued.stderr.count("\n") == 1 and "no id yet" in queued.stderr
-    shared.start()  # the queued job gets its id and runs
-    later = wait_for(lambda: [i for i, r in shared.records(dave).items() if i > job and r["state"] == "succeeded"], 30)
-    assert later
+    api = (  # the Python API raises NoIdYet, naming the request, rather than return an id that may prove untrue
+        "import json\nfrom gpuq_scheduler import submit\nfrom gpuq_scheduler.jobs.errors import NoIdYet\n"
+        "try:\n    print(json.dumps({'id': submit(['true'], gpus=0)}))\n"
+        "except NoIdYet as queued:\n    print(json.dumps({'request': queued.request}))\n"
+    )
+    token = json.loads(shared.python_as(dave, api))["request"]
+    shared.start()  # the queued jobs get their ids and run
+    answer = "import sys\ntry:\n    print(open(sys.argv[1]).read().strip())\nexcept OSError:\n    print(0)\n"
+    by_api = wait_for(lambda: int(shared.python_as(dave, answer, str(shared.home / "answers" / token))), 30)
+    done = lambda: [i for i, r in shared.records(dave).items() if i > job and r["state"] == "succeeded"]  # noqa: E731
+    later = wait_for(lambda: len(done()) == 2 and done(), 30, "both queued jobs to run")
+    assert by_api in later
     assert shared.daemon is not None
     os.kill(shared.daemon.pid, signal.SIGKILL)
     shared.daemon.wait(20)

@@ -390,12 +390,12 @@ def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
     code = (
         "import json, os, time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
         "from gpuq_scheduler.jobs.model import JobSpec\n"
-        "from gpuq_scheduler.jobs.store.statedir import StateDir, token_submit_name, write_atomic\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
         f"s = StateDir(Path({str(queue.home)!r}))\ntoken = os.urandom(16).hex()\n"
         f"spec = JobSpec(tuple({command!r}), os.getcwd(), dict(os.environ), gpus=0).to_json()\n"
         "body = {'schema': 1, 'kind': 'submit', 'id': 1, 'submitted_at': time.time(), 'spec': spec,\n"
         "        'uid': 0, 'user': 'root', 'owner': 'gqalice'}\n"
-        "write_atomic(s.at('spool', token_submit_name(token)), json.dumps(body).encode())\n"
+        "write_atomic(s.token_request(token), json.dumps(body).encode())\n"
         "print(outbox.await_id(s, token, 60))\n"
     )
     job_id = int(queue.python_as(bob, code))

@@ -181,6 +181,16 @@ def test_nothing_a_user_writes_decides_another_users_job_id(shared: SharedQueue,
     assert 200 not in records
     why = wait_for(lambda: [p.read_text() for p in (shared.home / "spool" / "rejected").glob("*.why")], 20)
     assert "names its own job id" in why[0]
+    broken = (  # a request of her own that the daemon sets aside: its client is told why, not left waiting
+        "import os, sys\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
+        "from gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+        "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
+        "body = b'{\"schema\": 1, \"kind\": \"submit\", \"submitted_at\": 1}'\n"
+        "write_atomic(s.token_request(token), body)\n"
+        "try:\n    print(outbox.await_id(s, token, 30))\nexcept BadInput as err:\n    print(err)\n"
+    )
+    assert "lacks a job spec" in shared.python_as(mal, broken, str(shared.home))
     assert not (shared.home / "next_id").exists()
 
 

@@ -20,17 +20,8 @@ import sys
 import time
 
 from gpuq_scheduler.jobs import jsontext
-from gpuq_scheduler.jobs.errors import DaemonError, NoIdYet, StateDirError
-from gpuq_scheduler.jobs.store.statedir import (
-    NEXT_ID,
-    REQUEST_SCHEMA,
-    SPOOL,
-    WAKE,
-    StateDir,
-    submit_name,
-    token_submit_name,
-    write_atomic,
-)
+from gpuq_scheduler.jobs.errors import BadInput, DaemonError, NoIdYet, StateDirError
+from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name, write_atomic
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
@@ -101,6 +92,7 @@ def raise_counter(state: StateDir, minimum: int) -> None:
 
 
 ANSWER_PATIENCE = 60.0  # seconds a shared queue's client waits for a running daemon's answer
+REJECTED_ANSWER = b"rejected: "  # an answer that is not an id: the request was set aside, and why
 
 
 def post_submit(
@@ -123,7 +115,7 @@ def post_submit(
         write_submit(state, job_id, spec, submitted_at, array)
         return job_id
     token = os.urandom(16).hex()
-    write_request(state, token_submit_name(token), None, spec, submitted_at, array)
+    write_request(state.token_request(token), None, spec, submitted_at, array)
     return await_id(state, token, patience)
 
 
@@ -135,18 +127,16 @@ def write_submit(
     array: tuple[tuple[int, ...], int | None] | None = None,
 ) -> str:
     """A personal queue's submit request for job ``job_id`` (reserved by ``allocate_ids``)."""
-    return write_request(state, submit_name(job_id), job_id, spec, submitted_at, array)
+    return write_request(state.at(SPOOL, submit_name(job_id)), job_id, spec, submitted_at, array)
 
 
 def write_request(
-    state: StateDir,
-    name: str,
+    path: str,
     job_id: int | None,
     spec: Mapping[str, Any],
     submitted_at: float,
     array: tuple[tuple[int, ...], int | None] | None = None,
 ) -> str:
-    path = state.at(SPOOL, name)
     body: dict[str, Any] = {"schema": REQUEST_SCHEMA, "kind": "submit"}
     if job_id is not None:
         body["id"] = job_id
@@ -162,11 +152,14 @@ def await_id(state: StateDir, token: str, patience: float | None) -> int:
     """The id the shared queue's daemon gave the submit named ``token`` (``answers/<token>``)."""
     deadline = None if patience is None else time.monotonic() + patience
     delay, poked_at = 0.002, time.monotonic()
-    running = poke(state)
+    running = told = poke(state)
     while True:
         answer = read_answer(state, token)
         if answer is not None:
             return answer
+        if not told and patience is None:  # waiting however long it takes: say for what, once
+            sys.stderr.write(f"gpuq: queued; waiting for the daemon of the shared queue in {state.text} to start\n")
+            told = True
         if not running and patience is not None:
             raise NoIdYet(
                 f"queued, but the daemon of the shared queue in {state.text} is not running, so the job has no "
@@ -193,9 +186,11 @@ def read_answer(state: StateDir, token: str) -> int | None:
     except OSError as err:
         raise StateDirError(f"cannot read the daemon's answer {state.answer(token)}: {err.strerror}") from None
     try:
-        raw = os.read(fd, 64).strip()
+        raw = os.read(fd, 4096).strip()
     finally:
         os.close(fd)
+    if raw.startswith(REJECTED_ANSWER):
+        raise BadInput(f"the daemon set the request aside: it {raw[len(REJECTED_ANSWER) :].decode(errors='replace')}")
     return int(raw) if raw.isdigit() else None  # not yet whole: the daemon renames it in, so never
 
 

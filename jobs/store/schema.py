@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
 TABLE_VERSION = 2
@@ -100,7 +101,7 @@ COLUMNS = (
 )
 
 
-def create(path: Path) -> None:
+def create_table(path: Path) -> None:
     """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
@@ -173,6 +174,41 @@ def record_from(
         attempt=row[18],
         held=bool(row[19]),
     )
+
+
+def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, bool]:
+    """The job table at ``path``, opened (``create``: by the daemon, made or brought up to date first), and
+    whether its lines can be listed from their columns (a table no daemon of this version opened yet: its
+    lines parse specs). A missing table reads as an empty queue: nothing was ever submitted there."""
+    if create and not path.exists():
+        create_table(path)
+    if not path.exists():
+        db = sqlite3.connect(":memory:", isolation_level=None)
+        db.executescript(SCHEMA)
+        return db, True
+    try:
+        db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            db.execute("PRAGMA synchronous=NORMAL")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError:
+            if create or not locked_out(path):
+                raise
+            db.close()
+            db = open_immutable(path)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > TABLE_VERSION:
+            raise StateDirError(
+                f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
+            )
+        if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
+            db.execute("PRAGMA journal_mode=WAL")  # left in rollback mode by a clean stop (JobTable.close)
+            db.executescript(LEARNED)
+            migrate(db, version)
+            version = TABLE_VERSION
+        return db, version >= 2
+    except sqlite3.DatabaseError as err:
+        raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
 
 
 def locked_out(path: Path) -> bool:

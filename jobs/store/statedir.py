@@ -7,10 +7,9 @@ $GPUQ_HOME/
   daemon.log       the daemon's own log
   wake.fifo        clients write a byte here after a request; the daemon sleeps on it
   next_id          a personal queue's id counter, advanced under flock by its user's clients (mode 0600)
-  spool/           one request file per submit or cancel (written to a temp name, renamed in); in a shared
-                   queue a submit is named by a random token and carries no id: the daemon gives it one
-  answers/<token>  shared mode: the id the daemon gave the submit named <token>, for its client alone
-                   (the directory is root's and cannot be listed; old answers are removed)
+  spool/           one request file per submit or cancel (written to a temp name, renamed in); a shared
+                   queue's submit is named by a random token, and its daemon gives the id
+  answers/<token>  shared mode: the id given to the submit named <token> (root's; not listable)
   spool/rejected/  request files that could not be read, set aside with a note
   jobs.db          the job table (SQLite, WAL), written by the daemon only
   clusters.db      jobs sent to clusters (`gpuq submit --on`): written by clients, under SQLite's locking
@@ -60,11 +59,6 @@ ANSWERS = "answers"
 
 def submit_name(job_id: int) -> str:
     return f"submit-{job_id:012d}.json"
-
-
-def token_submit_name(token: str) -> str:
-    """A shared queue's submit request: named by a token only its client knows, never by an id."""
-    return f"submit-{token}.json"
 
 
 def read_bytes(path: str) -> bytes:
@@ -162,8 +156,7 @@ class StateDir:
         return self.root / "daemon.pid"
 
     @property
-    def ready(self) -> Path:
-        """Written by the daemon once its first pass is done (it has seen the GPUs and read the spool)."""
+    def ready(self) -> Path:  # written by the daemon once its first pass is done
         return self.root / "daemon.ready"
 
     @property
@@ -190,7 +183,7 @@ class StateDir:
     def answers(self) -> Path:
         return self.root / ANSWERS
 
-    def answer(self, token: str) -> str:
+    def answer(self, token: str) -> str:  # a string: named per request, as a job's files are (see below)
         return self.at(ANSWERS, token)
 
     @property
@@ -237,6 +230,9 @@ class StateDir:
     def submit_request(self, job_id: int) -> str:
         return self.at(SPOOL, submit_name(job_id))
 
+    def token_request(self, token: str) -> str:  # a shared queue's submit, named by a token its client alone knows
+        return self.at(SPOOL, f"submit-{token}.json")
+
     def cancel_request(self, token: str) -> str:
         return self.at(SPOOL, f"cancel-{token}.json")
 
@@ -262,8 +258,7 @@ class StateDir:
         return os.path.isdir(self.at(SPOOL))
 
     def is_shared(self) -> bool:
-        """True for a shared queue (its spool is sticky, like cron's), whoever asks: there the daemon gives
-        ids. A personal queue's user gives them from a counter nobody else can touch."""
+        """A shared queue (its spool is sticky, like cron's), whoever asks: there the daemon gives the ids."""
         try:
             return bool(os.stat(self.at(SPOOL)).st_mode & 0o1000) or self.is_foreign()
         except OSError:
@@ -328,28 +323,20 @@ class StateDir:
             raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
 
 
-# Temp files are made in directories others may write (a shared queue's spool): exclusively, never through
-# a link, under a name nobody can guess (os.urandom is what secrets.token_hex reads; importing secrets costs
-# the quick `gpuq submit` ~2 ms), so another user can neither read what we write nor make us write elsewhere.
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-
-
+# Temp files are made where others may write (a shared queue's spool): exclusively, never through a link, under
+# a name nobody can guess (os.urandom is what secrets.token_hex reads; importing secrets, with hmac and random,
+# cost 9 ms here), so another user can neither read what we write nor make us write elsewhere.
 def new_temp(path: str | os.PathLike[str], mode: int = 0o600) -> tuple[int, str]:
-    """Create the temp file ``write_atomic`` fills for ``path``: (its descriptor, open for writing, and its
-    name ``.<name>.<random>.tmp`` beside ``path``; `gpuq doctor` passes over such names)."""
+    """The temp file ``write_atomic`` fills for ``path``, open: (fd, ``.<name>.<random>.tmp`` beside it)."""
     directory, name = os.path.split(os.fspath(path))
     tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
-    return os.open(tmp, _NEW, mode), tmp
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), tmp
 
 
 def write_atomic(
-    path: str | os.PathLike[str],
-    data: bytes,
-    *,
-    durable: bool = True,
-    mode: int = 0o600,
+    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600,
     opened: tuple[int, str] | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """Write ``data`` to a new temp file beside ``path`` and rename it in, so readers see all or nothing.
 
     ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.

@@ -58,41 +58,11 @@ class JobTable:
     def __init__(self, path: Path, *, create: bool = False, private: PrivateSpecs | None = None) -> None:
         self.path = path
         self.private = private
-        if create and not path.exists():
-            schema.create(path)
-        if not path.exists():
-            self._db = sqlite3.connect(":memory:", isolation_level=None)
-            self._db.executescript(schema.SCHEMA)  # an empty queue: nothing was ever submitted here
-            self._listed = True
-            return
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
-            try:
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            except sqlite3.OperationalError:
-                if create or not schema.locked_out(path):
-                    raise
-                self._db.close()
-                self._db = schema.open_immutable(path)
-                version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > schema.TABLE_VERSION:
-                raise StateDirError(
-                    f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
-                )
-            if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
-                self._db.execute("PRAGMA journal_mode=WAL")  # left in rollback mode by a clean stop (close)
-                self._db.executescript(schema.LEARNED)
-                schema.migrate(self._db, version)
-                version = schema.TABLE_VERSION
-            self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
-        except sqlite3.DatabaseError as err:
-            raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+        self._db, self._listed = schema.connect(path, create=create)
 
     def close(self, *, rollback_mode: bool = False) -> None:
-        """``rollback_mode``: the daemon's clean stop leaves the table out of WAL mode, so that readers who
-        cannot write its directory need no ``-shm`` file (the last WAL connection to close deletes it, and
-        they could not make it again); the next daemon puts it back in WAL mode."""
+        """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
+        the directory need no ``-shm`` then, which the last WAL connection deletes and they cannot make."""
         if rollback_mode:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA journal_mode=DELETE")
@@ -101,13 +71,9 @@ class JobTable:
     # -- writes (daemon only) ------------------------------------------------------------------
 
     def insert_pending(
-        self,
-        records: Sequence[JobRecord],
-        arrays: Sequence[ArrayInfo] = (),
-        *,
-        durable: bool = True,
+        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True,
         intake: Sequence[tuple[str, int, float]] = (),
-    ) -> list[int]:
+    ) -> list[int]:  # fmt: skip
         """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
 
         Array members keep no environment of their own: they share their array's, stored once.
@@ -385,8 +351,7 @@ class JobTable:
 
     def forget_intake(self, before: float) -> None:
         """Drop the record of requests read before ``before`` (their files left the spool long ago)."""
-        with self.batch():
-            self._db.execute("DELETE FROM intake WHERE at < ?", (before,))
+        self._db.execute("DELETE FROM intake WHERE at < ?", (before,))  # a transaction of its own
 
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])

@@ -172,6 +172,11 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
 def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
+    token = spool.token_of(name)
+    if scheduler.shared is not None and token is not None:  # its client waits for an answer: say why, not an id
+        with contextlib.suppress(StateDirError):
+            write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
+                         mode=0o644)  # fmt: skip
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
     events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason})
 

@@ -3,7 +3,8 @@
 Submits become pending jobs (or fail at once when they can never run here); cancels and controls are
 applied (``launcher.daemon.requests``); files that are not requests are set aside with a note. In a shared
 queue a submit's private part (command, cwd, environment) is written for its owner first, and the
-per-user limit on queued jobs is enforced here, where no client can get around it.
+per-user limit on queued jobs is enforced here, where no client can get around it. A shared queue's submits
+get their ids here (``_number``) and their clients learn them once they are on disk (``answer``).
 """
 
 from __future__ import annotations
@@ -147,10 +148,10 @@ def _prune_answers(scheduler: SchedulerState) -> None:
 
 
 def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:
-    """A submit whose id the table already holds: the same request ingested before a crash (no clash), or a
-    *different* job because the id counter was rewound (by hand, from a backup, or by anyone in a shared
-    queue, where it is writable by all). Dropping that as "already ingested" would lose it silently: it is
-    set aside, saying why, and the counter moved past every id."""
+    """A personal queue's submit whose id the table already holds: the same request ingested before a crash
+    (no clash), or a *different* job because the id counter was rewound (by hand, or from a backup).
+    Dropping that as "already ingested" would lose it silently: it is set aside, saying why, and the counter
+    moved past every id."""
     existing = scheduler.table.get(request.job_id)
     if existing is None or (existing.uid == request.uid and existing.submitted_at == request.submitted_at):
         return False

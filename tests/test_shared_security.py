@@ -7,6 +7,7 @@ share a primary group (as teammates in `users` do), gqserin is in the admins gro
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -356,3 +357,22 @@ def test_a_removed_admin_can_no_longer_cancel_others_jobs(shared: SharedQueue, u
     finally:
         subprocess.run(["usermod", "-aG", ADMINS, "gqserin"], check=True)
         shared.gpuq(dave, "cancel", str(second), check=False)
+
+
+def test_a_user_removed_from_a_group_runs_the_next_job_without_it(shared: SharedQueue, users: dict[str, User]) -> None:
+    """The daemon's cached memberships also gave a removed group member's jobs that group (and its files)."""
+    shared.start()
+    dave = users["dave"]
+    subprocess.run(["groupadd", "-f", "gqsproject"], check=True)
+    try:
+        subprocess.run(["usermod", "-aG", "gqsproject", "gqsdave"], check=True)
+        project = str(grp.getgrnam("gqsproject").gr_gid)
+        before = shared.submit(dave, "--gpus", "0", *shared.stamp())
+        shared.wait(dave, before)
+        assert project in shared.stamps_of(before)["groups"]
+        subprocess.run(["gpasswd", "-d", "gqsdave", "gqsproject"], check=True, capture_output=True)
+        after = shared.submit(dave, "--gpus", "0", *shared.stamp())
+        shared.wait(dave, after)
+        assert project not in shared.stamps_of(after)["groups"]
+    finally:
+        subprocess.run(["groupdel", "gqsproject"], capture_output=True)

@@ -9,8 +9,52 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+FRESH_FOR = 5.0  # seconds a look-up of users and groups is trusted: a root daemon follows a changed group soon
+
+
+def _databases() -> tuple[int, ...]:
+    """When the local user and group files last changed (a removed group member shows here at once)."""
+    stamps = []
+    for path in ("/etc/passwd", "/etc/group"):
+        try:
+            stamps.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return tuple(stamps)
+
+
+def _fresh(seconds: float, size: int) -> Callable[[Callable[[K], V]], Callable[[K], V]]:
+    """Cache a one-argument look-up until /etc/passwd or /etc/group change, and for ``seconds`` (monotonic)
+    at most (users and groups from a directory service change no local file): the daemon lives for months,
+    and an admin removed from the admins group, or a user from a group, loses what it gave them at once."""
+
+    def wrap(look_up: Callable[[K], V]) -> Callable[[K], V]:
+        found: dict[K, tuple[float, tuple[int, ...], V]] = {}
+
+        def cached(key: K) -> V:
+            now, files = time.monotonic(), _databases()
+            hit = found.get(key)
+            if hit is not None and now - hit[0] < seconds and hit[1] == files:
+                return hit[2]
+            if len(found) >= size:
+                found.clear()
+            value = look_up(key)
+            found[key] = (now, files, value)
+            return value
+
+        cached.__doc__ = look_up.__doc__
+        return cached
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -25,7 +69,7 @@ class Account:
         return self.uid == 0
 
 
-@lru_cache(maxsize=512)
+@_fresh(FRESH_FOR, 512)
 def account(uid: int) -> Account | None:
     """The account of ``uid``, or None for a uid with no passwd entry (a job can never run as it)."""
     try:
@@ -39,7 +83,7 @@ def account(uid: int) -> Account | None:
     return Account(uid, entry.pw_name, entry.pw_gid, groups)
 
 
-@lru_cache(maxsize=64)
+@_fresh(FRESH_FOR, 64)
 def group_id(name: str | None) -> int | None:
     if not name:
         return None

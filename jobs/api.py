@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
 from gpuq_scheduler.jobs.store.outbox import ensure_daemon as ensure_daemon
 from gpuq_scheduler.jobs.store.outbox import start_daemon as start_daemon
 from gpuq_scheduler.jobs.store.queue import Queue
@@ -59,6 +60,9 @@ def submit(
 
     The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one);
     a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
+
+    In a shared queue the daemon gives the id: when it is not running, the job is queued durably all the
+    same and ``NoIdYet`` is raised (its ``request`` names the request); do not submit it again.
     """
     words = command.split() if isinstance(command, str) else list(command)
     captured = capture_spec(
@@ -74,8 +78,18 @@ def submit(
     return job_id
 
 
-def queue_job(state: StateDir, spec: JobSpec, array: ArrayPlan | None = None, *, on: str | None = None) -> int:
-    """Send a job where it was asked to run: to the cluster named ``on``, else to this machine's queue."""
+def queue_job(
+    state: StateDir,
+    spec: JobSpec,
+    array: ArrayPlan | None = None,
+    *,
+    on: str | None = None,
+    patience: float | None = ANSWER_PATIENCE,
+) -> int:
+    """Send a job where it was asked to run: to the cluster named ``on``, else to this machine's queue.
+
+    A shared queue's daemon gives the id: NoIdYet if it is not running (the job is queued all the same) or
+    has not answered within ``patience`` seconds (None: wait for it however long it takes)."""
     if on is not None:
         from gpuq_scheduler.jobs.slurm import clusters  # Slurm's code loads only for cluster jobs
 
@@ -84,7 +98,7 @@ def queue_job(state: StateDir, spec: JobSpec, array: ArrayPlan | None = None, *,
         from gpuq_scheduler.jobs.slurm import clusters
 
         clusters.refuse_cluster_dependencies(state, spec.after)
-    return Queue(state).submit(spec, array=array)
+    return Queue(state).submit(spec, array=array, patience=patience)
 
 
 def readers(state: StateDir) -> Queue:

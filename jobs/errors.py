@@ -31,3 +31,15 @@ class StateDirError(GpuqError):
 
 class DaemonError(GpuqError):
     """The daemon could not be started, stopped or reached."""
+
+
+class NoIdYet(GpuqError):
+    """A submit to a shared queue that is durably queued but has no id yet: there only the daemon gives ids,
+    and it is not running (or did not answer in time). Not a failure: the job runs once the daemon reads it,
+    and ``gpuq status`` then lists it. ``request`` names its request (the token in its spool file's name)."""
+
+    exit_code = 0
+
+    def __init__(self, message: str, request: str) -> None:
+        super().__init__(message)
+        self.request = request

@@ -309,8 +309,10 @@ def test_without_a_gpu_inventory_click_looks_at_the_gpus(queue: Queue) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="a queue owned by someone else needs root to set up")
 def test_a_shared_queue_goes_to_click(queue: Queue) -> None:
     os.chown(queue.home, 65534, -1)  # nobody's queue: per-user caps are in its config, read by click's path
+    (queue.home / "wake.fifo").unlink()  # and its daemon is not running: there only the daemon gives ids
     run = queue.gpuq(QUICK, "submit", "--gpus", "1", "true")
     assert run.returncode == 0 and "click" in run.modules and len(queue.requests()) == 1
+    assert run.stdout == "" and "no id yet" in run.stderr  # queued, and no id printed that could prove untrue
 
 
 def test_wait_and_after_go_to_click_and_work(gpuq: Gpuq) -> None:

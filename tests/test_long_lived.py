@@ -23,7 +23,7 @@ import os, re, sys
 _intern, _out = sys.intern, os.environ["GPUQ_TEST_INTERNED"]
 with open(_out + ".loaded", "a") as loaded:
     loaded.write(f"{os.getpid()}\n")
-_job_file = re.compile(r"\.?(\d+\.(exit|pid|next|log|json|notify\.log)|submit-\d+\.json)(\.\d+\.tmp)?")
+_job_file = re.compile(r"\.?(\d+\.(exit|pid|next|log|json|notify\.log)|submit-[0-9a-f]+\.json)(\.[0-9a-f]+\.tmp)?")
 def intern(text):
     if _job_file.fullmatch(text):
         with open(_out, "a") as out:

@@ -88,6 +88,7 @@ class SharedQueue:
     lib: Path
     python: str
     daemon: subprocess.Popen[bytes] | None = None
+    admins: str | None = ADMINS  # the config's [shared] admins (None: no admin group)
 
     def env(self, user: User | None) -> dict[str, str]:
         env = {
@@ -141,14 +142,15 @@ class SharedQueue:
                 "start": float(lines[4]), "end": float(lines[5])}  # fmt: skip
 
     def start(self, shared: str = "", gpus: str = "2x80GiB") -> None:
-        self.config.write_text(f'home = "{self.home}"\n[shared]\nadmins = "{ADMINS}"\n{shared}\n')
+        admins = f'admins = "{self.admins}"\n' if self.admins else ""
+        self.config.write_text(f'home = "{self.home}"\n[shared]\n{admins}{shared}\n')
         env = {**self.env(None), "GPUQ_FAKE_GPUS": gpus, "GPUQ_KILL_GRACE": "1", "PYTHONPATH": str(ROOT)}
         log = (self.base / "daemon.out").open("ab")
         self.daemon = subprocess.Popen(
             [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log,
             stderr=log,
         )
-        wait_for(lambda: (self.home / "daemon.pid").exists(), 20, "the shared daemon to start")
+        wait_for(lambda: (self.home / "daemon.ready").exists(), 20, "the shared daemon to start")
 
     def records(self, user: User | None = None) -> dict[int, dict[str, Any]]:
         rows = json.loads(self.gpuq(user, "status", "--all", "--json").stdout)
@@ -223,9 +225,9 @@ def test_a_job_cannot_enter_a_directory_its_user_cannot(queue: SharedQueue, user
         "import sys, time\nfrom gpuq_scheduler.jobs.store import outbox\n"
         "from gpuq_scheduler.jobs.model import JobSpec\n"
         "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
-        f"from pathlib import Path\nstate = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(state)\n"
-        f"outbox.write_submit(state, job, JobSpec(('sh', '-c', 'pwd > {queue.stamps}/$GPUQ_JOB_ID'),"
-        f" {str(secret_dir)!r}, gpus=0).to_json(), time.time())\noutbox.poke(state)\nprint(job)\n"
+        f"from pathlib import Path\nstate = StateDir(Path({str(queue.home)!r}))\n"
+        f"job = outbox.post_submit(state, JobSpec(('sh', '-c', 'pwd > {queue.stamps}/$GPUQ_JOB_ID'),"
+        f" {str(secret_dir)!r}, gpus=0).to_json(), submitted_at=time.time())\nprint(job)\n"
     )
     job_id = int(queue.python_as(bob, code))
     record = wait_for(lambda: (r := queue.records().get(job_id)) and r["state"] not in ("pending", "running") and r)
@@ -339,9 +341,8 @@ def test_queued_job_cap_and_oversized_jobs_are_refused_with_reasons(queue: Share
         "import time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
         "from gpuq_scheduler.jobs.model import JobSpec\n"
         "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
-        f"s = StateDir(Path({str(queue.home)!r}))\nfor gpus in (1, 2):\n    job = outbox.allocate_ids(s)\n"
-        "    outbox.write_submit(s, job, JobSpec(('true',), '/', gpus=gpus).to_json(), time.time())\n    print(job)\n"
-        "outbox.poke(s)\n"
+        f"s = StateDir(Path({str(queue.home)!r}))\nfor gpus in (1, 2):\n"
+        "    print(outbox.post_submit(s, JobSpec(('true',), '/', gpus=gpus).to_json(), submitted_at=time.time()))\n"
     )
     third, big = map(int, queue.python_as(bob, code).split())
     records = wait_for(lambda: (r := queue.records(bob)) and r.get(big, {}).get("state") == "failed" and r, 30)
@@ -352,23 +353,20 @@ def test_queued_job_cap_and_oversized_jobs_are_refused_with_reasons(queue: Share
 
 
 def test_a_rewound_id_counter_loses_no_job(queue: SharedQueue, users: dict[str, User]) -> None:
-    """next_id is writable by every user of a shared queue; rewinding it must not make a job vanish."""
+    """next_id was writable by every user of a shared queue; now the daemon gives ids, and a counter written
+    into the queue (as anyone could before) decides nothing: no job vanishes or takes another's id."""
     queue.start()
     alice, bob = users["gqalice"], users["gqbob"]
     first = queue.submit(alice, "--gpus", "0", *queue.stamp())
     queue.wait(alice, first)
-    (queue.home / "next_id").write_text(f"{first}\n")  # as anyone could
-    clash = queue.submit(bob, "--gpus", "0", *queue.stamp())
-    assert clash == first
-    rejected = queue.home / "spool" / "rejected"
-    wait_for(lambda: any(p.name.endswith(".why") for p in rejected.iterdir()), 20, "the clash to be set aside")
-    why = next(p for p in rejected.iterdir() if p.name.endswith(".why")).read_text()
-    assert f"job {first} of gqalice" in why
-    assert queue.records()[first]["user"] == "gqalice"
+    (queue.home / "next_id").write_text(f"{first}\n")
     again = queue.submit(bob, "--gpus", "0", *queue.stamp())
     assert again > first
     queue.wait(bob, again)
-    assert queue.records()[again]["state"] == "succeeded"
+    records = queue.records()
+    assert records[first]["user"] == "gqalice" and records[again]["user"] == "gqbob"
+    assert records[again]["state"] == "succeeded"
+    assert not list((queue.home / "spool" / "rejected").iterdir())
 
 
 def _readable_files_containing(queue: SharedQueue, user: User, needle: str) -> list[str]:
@@ -393,11 +391,12 @@ def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
         "import json, os, time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
         "from gpuq_scheduler.jobs.model import JobSpec\n"
         "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
-        f"s = StateDir(Path({str(queue.home)!r}))\njob = outbox.allocate_ids(s)\n"
+        f"s = StateDir(Path({str(queue.home)!r}))\ntoken = os.urandom(16).hex()\n"
         f"spec = JobSpec(tuple({command!r}), os.getcwd(), dict(os.environ), gpus=0).to_json()\n"
-        "body = {'schema': 1, 'kind': 'submit', 'id': job, 'submitted_at': time.time(), 'spec': spec,\n"
+        "body = {'schema': 1, 'kind': 'submit', 'id': 1, 'submitted_at': time.time(), 'spec': spec,\n"
         "        'uid': 0, 'user': 'root', 'owner': 'gqalice'}\n"
-        "write_atomic(s.submit_request(job), json.dumps(body).encode())\noutbox.poke(s)\nprint(job)\n"
+        "write_atomic(s.token_request(token), json.dumps(body).encode())\n"
+        "print(outbox.await_id(s, token, 60))\n"
     )
     job_id = int(queue.python_as(bob, code))
     record = wait_for(lambda: (r := queue.records().get(job_id)) and r["state"] == "succeeded" and r, 30)
@@ -445,25 +444,26 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
 
 
 def test_waiting_for_a_job_the_daemon_has_not_read_yet_waits(queue: SharedQueue, users: dict[str, User]) -> None:
-    """A shared queue's spool cannot be listed: until the daemon reads a request, only its owner's request file
-    says the job exists. Waiting for it then must wait, not report it done (`submit --wait` then crashed)."""
+    """A shared queue's daemon gives ids: until it reads a request, its client has no id. `submit --wait` then
+    waits for the daemon's answer and then for the job, rather than report it done or fail."""
     queue.start()
     alice = users["gqalice"]
     assert queue.daemon is not None
-    waiter = (
-        "import json, sys\nfrom gpuq_scheduler import wait\n"
-        "try:\n    print(json.dumps([r.state.value for r in wait([int(sys.argv[1])], timeout=float(sys.argv[2]))]))\n"
-        "except TimeoutError:\n    print('still waiting')\n"
-    )
-    wait_for(lambda: (queue.home / "gpus.json").exists(), 20, "the daemon's first look at its GPUs")
     os.kill(queue.daemon.pid, signal.SIGSTOP)  # it reads nothing until continued
     try:
-        job_id = queue.submit(alice, "true")
-        assert (queue.home / "spool" / f"submit-{job_id:012d}.json").exists()  # not read: still spooled
-        assert queue.python_as(alice, waiter, str(job_id), "1").strip() == "still waiting"
+        waiting = subprocess.Popen(
+            [queue.python, "-m", "gpuq_scheduler", "submit", "--wait", "--gpus", "0", "sh", "-c", "exit 3"],
+            env=queue.env(alice), cwd=alice.home, user=alice.uid, group=alice.gid, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(2)  # not answered: it waits
     finally:
         os.kill(queue.daemon.pid, signal.SIGCONT)
-    assert json.loads(queue.python_as(alice, waiter, str(job_id), "60")) == ["succeeded"]
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 3, err
+    job_id = int(out.split()[-1])
+    assert queue.records()[job_id]["user"] == "gqalice" and queue.records()[job_id]["exit_code"] == 3
 
 
 def test_a_users_functions_run_as_them_and_their_pickles_stay_their_own(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs import api
-from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NotPermitted
+from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NoIdYet, NotPermitted
 from gpuq_scheduler.jobs.functions import runner
 from gpuq_scheduler.jobs.model import JobRecord, JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -121,6 +121,8 @@ class Executor:
         folder.mkdir(mode=0o700)
         try:
             yield folder
+        except NoIdYet:
+            raise  # queued all the same (a shared queue whose daemon is down): its pickles must stay
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

@@ -1,4 +1,10 @@
-"""The clients' side of the spool (see ``jobs.store.spool``): reserve job ids, drop a request in, wake the daemon.
+"""The clients' side of the spool (see ``jobs.store.spool``): drop a request in, wake the daemon, learn its id.
+
+Who gives a job its id depends on who can write the counter. A personal queue's clients reserve ids from
+``next_id`` under flock (its directory is its user's alone, and reserving ids needs no daemon). In a shared
+queue nothing its users can write may decide another's job: a submit is named by a random token and carries
+no id, the daemon gives it one when it reads it, records it, and answers in ``answers/<token>``, which only
+the client that knows the token can open. Either way a client prints an id only once the job is on disk.
 
 Standard library and plain dicts only, so that the quick ``gpuq submit`` path writes requests without
 loading the job model (dataclasses, enum), SQLite, subprocess or json (``jobs.jsontext`` writes the
@@ -11,9 +17,10 @@ import errno
 import fcntl
 import os
 import sys
+import time
 
 from gpuq_scheduler.jobs import jsontext
-from gpuq_scheduler.jobs.errors import DaemonError, StateDirError
+from gpuq_scheduler.jobs.errors import BadInput, DaemonError, NoIdYet, StateDirError
 from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name, write_atomic
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -26,7 +33,7 @@ def allocate_ids(state: StateDir, count: int = 1) -> int:
     """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
     counter = state.at(NEXT_ID)
     try:
-        fd = os.open(counter, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(counter, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as err:
         raise StateDirError(f"cannot open {counter}: {err.strerror}") from None
     try:
@@ -70,7 +77,7 @@ def _first_unused_id(state: StateDir) -> int:
 def raise_counter(state: StateDir, minimum: int) -> None:
     """Make sure the next id handed out is at least ``minimum`` (the daemon knows every id in use; a
     counter restored from a backup or deleted by hand must not hand one out again)."""
-    fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(state.next_id, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 64, 0).strip()
@@ -84,21 +91,32 @@ def raise_counter(state: StateDir, minimum: int) -> None:
         os.close(fd)
 
 
+ANSWER_PATIENCE = 60.0  # seconds a shared queue's client waits for a running daemon's answer
+REJECTED_ANSWER = b"rejected: "  # an answer that is not an id: the request was set aside, and why
+
+
 def post_submit(
     state: StateDir,
     spec: Mapping[str, Any],
     array: tuple[tuple[int, ...], int | None] | None = None,
     *,
     submitted_at: float,
+    patience: float | None = ANSWER_PATIENCE,
 ) -> int:
-    """Reserve ids for a job (or an array: its id, then one per member) and write its request; return its id.
+    """Queue a job (or an array: its id, then one per member) durably and return its id.
 
     ``spec`` is ``JobSpec.to_json()``'s dict; ``array`` is (member indices, how many may run at once).
-    Checks are the caller's: once this returns, the job is queued durably.
+    Checks are the caller's: once this returns, the job is queued durably. In a shared queue the id is the
+    daemon's answer: ``patience`` is how long to wait for it (None: for as long as it takes, the daemon
+    started or not); NoIdYet says the job is queued but has no id yet.
     """
-    job_id = allocate_ids(state, 1 if array is None else 1 + len(array[0]))
-    write_submit(state, job_id, spec, submitted_at, array)
-    return job_id
+    if not state.is_shared():
+        job_id = allocate_ids(state, 1 if array is None else 1 + len(array[0]))
+        write_submit(state, job_id, spec, submitted_at, array)
+        return job_id
+    token = os.urandom(16).hex()
+    write_request(state.token_request(token), None, spec, submitted_at, array)
+    return await_id(state, token, patience)
 
 
 def write_submit(
@@ -108,29 +126,83 @@ def write_submit(
     submitted_at: float,
     array: tuple[tuple[int, ...], int | None] | None = None,
 ) -> str:
-    path = state.at(SPOOL, submit_name(job_id))
-    body: dict[str, Any] = {
-        "schema": REQUEST_SCHEMA,
-        "kind": "submit",
-        "id": job_id,
-        "submitted_at": submitted_at,
-        "spec": spec,
-    }
+    """A personal queue's submit request for job ``job_id`` (reserved by ``allocate_ids``)."""
+    return write_request(state.at(SPOOL, submit_name(job_id)), job_id, spec, submitted_at, array)
+
+
+def write_request(
+    path: str,
+    job_id: int | None,
+    spec: Mapping[str, Any],
+    submitted_at: float,
+    array: tuple[tuple[int, ...], int | None] | None = None,
+) -> str:
+    body: dict[str, Any] = {"schema": REQUEST_SCHEMA, "kind": "submit"}
+    if job_id is not None:
+        body["id"] = job_id
+    body["submitted_at"] = submitted_at
+    body["spec"] = spec
     if array is not None:
         body["array"] = {"indices": list(array[0]), "throttle": array[1]}
     write_atomic(path, jsontext.encode(body))
     return path
 
 
+def await_id(state: StateDir, token: str, patience: float | None) -> int:
+    """The id the shared queue's daemon gave the submit named ``token`` (``answers/<token>``)."""
+    deadline = None if patience is None else time.monotonic() + patience
+    delay, poked_at = 0.002, time.monotonic()
+    running = told = poke(state)
+    while True:
+        answer = read_answer(state, token)
+        if answer is not None:
+            return answer
+        if not told and patience is None:  # waiting however long it takes: say for what, once
+            sys.stderr.write(f"gpuq: queued; waiting for the daemon of the shared queue in {state.text} to start\n")
+            told = True
+        if not running and patience is not None:
+            raise NoIdYet(
+                f"queued, but the daemon of the shared queue in {state.text} is not running, so the job has no "
+                "id yet; it runs once the daemon is started (ask its admin), and `gpuq status` lists it then",
+                token,
+            )
+        if deadline is not None and time.monotonic() > deadline:
+            raise NoIdYet(
+                f"queued, but the daemon of the shared queue in {state.text} has not read it within "
+                f"{patience:.0f}s, so the job has no id yet; `gpuq status` lists it once the daemon has",
+                token,
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.1)
+        if time.monotonic() - poked_at > 1.0:  # a daemon started meanwhile, or one that missed the poke
+            running, poked_at = poke(state), time.monotonic()
+
+
+def read_answer(state: StateDir, token: str) -> int | None:
+    try:
+        fd = os.open(state.answer(token), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StateDirError(f"cannot read the daemon's answer {state.answer(token)}: {err.strerror}") from None
+    try:
+        raw = os.read(fd, 4096).strip()
+    finally:
+        os.close(fd)
+    if raw.startswith(REJECTED_ANSWER):
+        raise BadInput(f"the daemon set the request aside: it {raw[len(REJECTED_ANSWER) :].decode(errors='replace')}")
+    return int(raw) if raw.isdigit() else None  # not yet whole: the daemon renames it in, so never
+
+
 def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> str:
-    path = state.control_request(os.urandom(8).hex())
+    path = state.control_request(os.urandom(16).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
     write_atomic(path, jsontext.encode(body))
     return path
 
 
 def write_cancel(state: StateDir, job_ids: list[int]) -> str:
-    path = state.cancel_request(os.urandom(8).hex())
+    path = state.cancel_request(os.urandom(16).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "cancel", "ids": job_ids}
     write_atomic(path, jsontext.encode(body))
     return path
@@ -187,7 +259,7 @@ def start_daemon(state: StateDir, *, shared: bool = False) -> bool:
 
     state.ensure()
     try:
-        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as err:
         raise DaemonError(f"cannot open {state.lock}: {err.strerror}") from None
     try:

@@ -3,8 +3,9 @@
 In a shared queue everyone can read the job table (who runs what where, and how it ended), so the table
 holds a *public* spec: the command replaced by a placeholder, no cwd, no environment. The real ones are
 kept in ``private/<id>.json`` (one per job, or one per array), owned by the submitter and readable by the
-admin group. The daemon, as root, reads them back whenever it needs the full spec (after a restart, for a
-retry); ``gpuq show`` merges them in when the caller may read them.
+admin group (by nobody else where none is configured; never by the submitter's own group). The daemon,
+as root, reads them back whenever it needs the full spec (after a restart, for a retry); ``gpuq show``
+merges them in when the caller may read them.
 
 A personal queue is private as a whole (its directory is the user's own) and keeps full specs in the table.
 """
@@ -47,8 +48,9 @@ class PrivateSpecs:
         path = self.state.private_file(owner_id)
         data = spec.to_json()
         write_atomic(path, json.dumps({key: data[key] for key in FIELDS}).encode())
+        # Its owner and the admin group only: never the owner's own group, which teammates often share.
         os.chown(path, uid, gid if self.admin_gid is None else self.admin_gid)
-        os.chmod(path, 0o640)
+        os.chmod(path, 0o600 if self.admin_gid is None else 0o640)
         self._cache[owner_id] = {key: data[key] for key in FIELDS}
 
     def restore(self, spec: JobSpec, owner_id: int, array_index: int | None = None) -> JobSpec:

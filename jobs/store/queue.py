@@ -31,10 +31,19 @@ class Queue:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, *, array: spool.ArrayPlan | None = None, now: float | None = None) -> int:
+    def submit(
+        self,
+        spec: JobSpec,
+        *,
+        array: spool.ArrayPlan | None = None,
+        now: float | None = None,
+        patience: float | None = outbox.ANSWER_PATIENCE,
+    ) -> int:
         """Queue one job (or an array: its id, then one id per member) durably and return its id.
 
-        The daemon is not needed for this to succeed. Dependencies must name jobs or arrays that exist.
+        The daemon is not needed for the job to be queued; in a shared queue it gives the id, and without it
+        NoIdYet says the job is queued with none yet (``patience``: ``outbox.post_submit``). Dependencies must
+        name jobs or arrays that exist.
         """
         self.state.ensure()
         inventory = self.inventory()
@@ -45,7 +54,8 @@ class Queue:
         if self.state.is_foreign():
             self._check_caps(spec, 1 if array is None else len(array.indices))
         plan = None if array is None else (array.indices, array.throttle)
-        return outbox.post_submit(self.state, spec.to_json(), plan, submitted_at=time.time() if now is None else now)
+        submitted_at = time.time() if now is None else now
+        return outbox.post_submit(self.state, spec.to_json(), plan, submitted_at=submitted_at, patience=patience)
 
     def control(
         self, action: str, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
 TABLE_VERSION = 2
@@ -33,7 +34,14 @@ CREATE TABLE IF NOT EXISTS learned (
     job_id INTEGER NOT NULL,
     raised INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS intake (
+    token TEXT PRIMARY KEY,
+    id INTEGER NOT NULL,
+    at REAL NOT NULL
+);
 """
+# ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
+# the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -93,7 +101,7 @@ COLUMNS = (
 )
 
 
-def create(path: Path) -> None:
+def create_table(path: Path) -> None:
     """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
@@ -166,3 +174,51 @@ def record_from(
         attempt=row[18],
         held=bool(row[19]),
     )
+
+
+def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, bool]:
+    """The job table at ``path``, opened (``create``: by the daemon, made or brought up to date first), and
+    whether its lines can be listed from their columns (a table no daemon of this version opened yet: its
+    lines parse specs). A missing table reads as an empty queue: nothing was ever submitted there."""
+    if create and not path.exists():
+        create_table(path)
+    if not path.exists():
+        db = sqlite3.connect(":memory:", isolation_level=None)
+        db.executescript(SCHEMA)
+        return db, True
+    try:
+        db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            db.execute("PRAGMA synchronous=NORMAL")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError:
+            if create or not locked_out(path):
+                raise
+            db.close()
+            db = open_immutable(path)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > TABLE_VERSION:
+            raise StateDirError(
+                f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
+            )
+        if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
+            db.execute("PRAGMA journal_mode=WAL")  # left in rollback mode by a clean stop (JobTable.close)
+            db.executescript(LEARNED)
+            migrate(db, version)
+            version = TABLE_VERSION
+        return db, version >= 2
+    except sqlite3.DatabaseError as err:
+        raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+
+
+def locked_out(path: Path) -> bool:
+    """A WAL table whose ``-shm`` file is gone (its last connection closed it) in a directory we cannot write
+    (a user of a shared queue whose daemon stopped or was killed): SQLite cannot open it for reading."""
+    return not os.path.exists(f"{path}-shm") and not os.access(path.parent, os.W_OK)
+
+
+def open_immutable(path: Path) -> sqlite3.Connection:
+    """``path`` opened as a file nobody writes, without the ``-shm`` index: right when ``locked_out`` (the
+    last connection to close checkpointed the log into the table and removed it), and only for one read:
+    readers open the table anew for each (``Queue.table``), so the next read sees a daemon that started."""
+    return sqlite3.connect(path.absolute().as_uri() + "?mode=ro&immutable=1", uri=True, isolation_level=None)

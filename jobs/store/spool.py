@@ -1,9 +1,10 @@
 """The drop box between clients and the daemon: one request file per submit or cancel.
 
 A client writes a request to a temp name and renames it in; the daemon reads it, acts on it in one
-transaction, and only then deletes it, so a request is never lost and, because ingesting is idempotent
-(job ids are assigned by the client), never acted on twice. Who sent a request is the file's owner,
-as the OS reports it, never a field inside the file.
+transaction, and only then deletes it, so a request is never lost and, because ingesting is idempotent,
+never acted on twice: a personal queue's submit carries the id its client reserved, a shared queue's is
+named by a token, and the id the daemon gives it is recorded with the token (``JobTable.intake_ids``).
+Who sent a request is the file's owner, as the OS reports it, never a field inside the file.
 
 Clients write through ``jobs.store.outbox`` (light enough for the quick ``gpuq submit`` path); this module is the
 daemon's side: it reads requests back into typed values, and sets aside what it cannot read.
@@ -45,12 +46,16 @@ class ArrayPlan:
 
 @dataclass(frozen=True)
 class SubmitRequest:
+    """``token``: a shared queue's request is named by one and has no id (``job_id`` 0) until the daemon
+    gives it one; a personal queue's carries its id (``token`` None)."""
+
     path: str  # a request's file is named by a string (jobs.store.statedir says why)
     uid: int
     job_id: int
     spec: JobSpec
     submitted_at: float
     array: ArrayPlan | None = None
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,10 @@ def _parse(path: str, uid: int, raw: bytes) -> Request:
     kind, name = body.get("kind"), os.path.basename(path)
     try:
         if kind == "submit" and name.startswith("submit-"):
-            job_id, submitted_at = body.get("id"), body.get("submitted_at")
-            if not _is_id(job_id) or name != f"submit-{job_id:012d}.json":
+            job_id, submitted_at, token = body.get("id"), body.get("submitted_at"), token_of(name)
+            if token is not None:
+                job_id = 0  # whatever it says: the daemon gives it its id
+            elif not _is_id(job_id) or name != f"submit-{job_id:012d}.json":
                 return BadRequest(path, "has an id that does not match its file name")
             submitted = _finite(submitted_at)
             if submitted is None:
@@ -145,7 +152,7 @@ def _parse(path: str, uid: int, raw: bytes) -> Request:
             array = _array(body.get("array"))
             if isinstance(array, str):
                 return BadRequest(path, array)
-            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), submitted, array)
+            return SubmitRequest(path, uid, job_id, JobSpec.from_json(spec_json), submitted, array, token)
         if kind == "cancel" and name.startswith("cancel-"):
             ids = body.get("ids")
             if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
@@ -163,6 +170,12 @@ def _parse(path: str, uid: int, raw: bytes) -> Request:
     except BadInput as err:
         return BadRequest(path, str(err))
     return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+def token_of(name: str) -> str | None:
+    """The token a shared queue's submit request is named by (``submit-<32 hex digits>.json``), if it is."""
+    token = name[len("submit-") : -len(".json")] if name.startswith("submit-") and name.endswith(".json") else ""
+    return token if len(token) == 32 and all(c in "0123456789abcdef" for c in token) else None
 
 
 def _is_id(value: Any) -> TypeGuard[int]:
@@ -199,9 +212,10 @@ def _array(data: Any) -> ArrayPlan | str | None:
 
 
 def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:
-    """Submits the daemon has not ingested yet, so readers can show them before it wakes."""
+    """Submits the daemon has not ingested yet, so readers can show them before it wakes (not a shared
+    queue's: they have no id until the daemon reads them)."""
     for request in scan(state):
-        if isinstance(request, SubmitRequest):
+        if isinstance(request, SubmitRequest) and request.token is None:
             yield request
 
 

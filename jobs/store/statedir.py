@@ -3,10 +3,13 @@
 $GPUQ_HOME/
   daemon.lock      held by the daemon for its whole life; probing it tells whether one runs
   daemon.pid       the daemon's pid, for `gpuq daemon stop`
+  daemon.ready     its pid again, once its first pass is done: `gpuq daemon start` returns then
   daemon.log       the daemon's own log
   wake.fifo        clients write a byte here after a request; the daemon sleeps on it
-  next_id          the id counter, advanced under flock by submitting clients
-  spool/           one request file per submit or cancel (written to a temp name, renamed in)
+  next_id          a personal queue's id counter, advanced under flock by its user's clients (mode 0600)
+  spool/           one request file per submit or cancel (written to a temp name, renamed in); a shared
+                   queue's submit is named by a random token, and its daemon gives the id
+  answers/<token>  shared mode: the id given to the submit named <token> (root's; not listable)
   spool/rejected/  request files that could not be read, set aside with a note
   jobs.db          the job table (SQLite, WAL), written by the daemon only
   clusters.db      jobs sent to clusters (`gpuq submit --on`): written by clients, under SQLite's locking
@@ -51,6 +54,7 @@ RUN = "run"
 LOGS = "logs"
 PRIVATE = "private"
 REJECTED = "rejected"  # inside SPOOL
+ANSWERS = "answers"
 
 
 def submit_name(job_id: int) -> str:
@@ -152,6 +156,10 @@ class StateDir:
         return self.root / "daemon.pid"
 
     @property
+    def ready(self) -> Path:  # written by the daemon once its first pass is done
+        return self.root / "daemon.ready"
+
+    @property
     def daemon_log(self) -> Path:
         return self.root / "daemon.log"
 
@@ -170,6 +178,13 @@ class StateDir:
     @property
     def rejected(self) -> Path:
         return self.spool / REJECTED
+
+    @property
+    def answers(self) -> Path:
+        return self.root / ANSWERS
+
+    def answer(self, token: str) -> str:  # a string: named per request, as a job's files are (see below)
+        return self.at(ANSWERS, token)
 
     @property
     def db(self) -> Path:
@@ -215,6 +230,9 @@ class StateDir:
     def submit_request(self, job_id: int) -> str:
         return self.at(SPOOL, submit_name(job_id))
 
+    def token_request(self, token: str) -> str:  # a shared queue's submit, named by a token its client alone knows
+        return self.at(SPOOL, f"submit-{token}.json")
+
     def cancel_request(self, token: str) -> str:
         return self.at(SPOOL, f"cancel-{token}.json")
 
@@ -238,6 +256,13 @@ class StateDir:
 
     def exists(self) -> bool:
         return os.path.isdir(self.at(SPOOL))
+
+    def is_shared(self) -> bool:
+        """A shared queue (its spool is sticky, like cron's), whoever asks: there the daemon gives the ids."""
+        try:
+            return bool(os.stat(self.at(SPOOL)).st_mode & 0o1000) or self.is_foreign()
+        except OSError:
+            return self.is_foreign()
 
     def is_foreign(self) -> bool:
         """True for a queue run by someone else (a shared queue): it is not ours to set up or start."""
@@ -278,7 +303,7 @@ class StateDir:
         one by one as they are written."""
         modes = {
             self.root: 0o755, self.spool: 0o1733, self.rejected: 0o700, self.run: 0o700, self.logs: 0o711,
-            self.private: 0o711,
+            self.private: 0o711, self.answers: 0o711,
         }  # fmt: skip
         try:
             for directory, mode in modes.items():
@@ -289,34 +314,40 @@ class StateDir:
                 os.chmod(directory, mode)
             _make_fifo(os.fspath(self.wake), 0o622)
             os.chmod(self.wake, 0o622)  # anyone may wake the daemon
-            fd = os.open(self.next_id, os.O_RDWR | os.O_CREAT, 0o666)
-            os.fchmod(fd, 0o666)  # every submitting client advances it under flock
-            os.close(fd)
+            if os.path.exists(self.lock):  # root's alone: one others can open, they can flock (lifetime.running_pid)
+                os.chmod(self.lock, 0o600)
+            # The daemon gives a shared queue's ids: a counter its users could write (as earlier gpuq's was)
+            # would let one user decide another's job id.
+            _remove(os.fspath(self.next_id))
         except OSError as err:
             raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
 
 
-def temp_name(path: str | os.PathLike[str]) -> str:
-    """Where ``write_atomic`` writes ``path`` in this process before renaming it in: ``.<name>.<pid>.tmp``
-    beside it (`gpuq doctor` passes over such names)."""
+# Temp files are made where others may write (a shared queue's spool): exclusively, never through a link, under
+# a name nobody can guess (os.urandom is what secrets.token_hex reads; importing secrets, with hmac and random,
+# cost 9 ms here), so another user can neither read what we write nor make us write elsewhere.
+def new_temp(path: str | os.PathLike[str], mode: int = 0o600) -> tuple[int, str]:
+    """The temp file ``write_atomic`` fills for ``path``, open: (fd, ``.<name>.<random>.tmp`` beside it)."""
     directory, name = os.path.split(os.fspath(path))
-    return os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), tmp
 
 
 def write_atomic(
-    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600, opened: int | None = None
-) -> None:
-    """Write ``data`` to a temp name beside ``path`` and rename it in, so readers see all or nothing.
+    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600,
+    opened: tuple[int, str] | None = None,
+) -> None:  # fmt: skip
+    """Write ``data`` to a new temp file beside ``path`` and rename it in, so readers see all or nothing.
 
     ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
     On failure (a full disk, say) the temp file is removed and nothing is left half-written.
-    ``opened``: that temp file (``temp_name``), created ahead by the caller and open for writing; closed here.
+    ``opened``: that temp file (``new_temp``), made ahead by the caller; closed here.
     """
     target = os.fspath(path)
     directory = os.path.dirname(target)
-    tmp = temp_name(target)
+    tmp = ""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode) if opened is None else opened
+        fd, tmp = new_temp(target, mode) if opened is None else opened
         try:
             view = memoryview(data)
             while view:
@@ -329,7 +360,8 @@ def write_atomic(
         if durable:
             _sync_directory_of(target)
     except OSError as err:
-        _remove(tmp)
+        if tmp:
+            _remove(tmp)
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StateDirError(
                 f"no space left to write {target}: free some disk space under {directory or '.'} and try again"
@@ -360,7 +392,7 @@ def _sync_directory_of(path: str) -> None:
     try:
         fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     except PermissionError:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:

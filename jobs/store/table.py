@@ -58,47 +58,33 @@ class JobTable:
     def __init__(self, path: Path, *, create: bool = False, private: PrivateSpecs | None = None) -> None:
         self.path = path
         self.private = private
-        if create and not path.exists():
-            schema.create(path)
-        if not path.exists():
-            self._db = sqlite3.connect(":memory:", isolation_level=None)
-            self._db.executescript(schema.SCHEMA)  # an empty queue: nothing was ever submitted here
-            self._listed = True
-            return
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > schema.TABLE_VERSION:
-                raise StateDirError(
-                    f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
-                )
-            if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
-                self._db.executescript(schema.LEARNED)
-                schema.migrate(self._db, version)
-                version = schema.TABLE_VERSION
-            self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
-        except sqlite3.DatabaseError as err:
-            raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+        self._db, self._listed = schema.connect(path, create=create)
 
-    def close(self) -> None:
+    def close(self, *, rollback_mode: bool = False) -> None:
+        """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
+        the directory need no ``-shm`` then, which the last WAL connection deletes and they cannot make."""
+        if rollback_mode:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA journal_mode=DELETE")
         self._db.close()
 
     # -- writes (daemon only) ------------------------------------------------------------------
 
     def insert_pending(
-        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True
-    ) -> list[int]:
+        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True,
+        intake: Sequence[tuple[str, int, float]] = (),
+    ) -> list[int]:  # fmt: skip
         """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
 
         Array members keep no environment of their own: they share their array's, stored once.
         ``durable=False``: the caller keeps the requests until ``sync`` (the daemon: after this tick's launches).
+        ``intake``: (token, id, now) of the shared queue's requests these jobs came from (``intake_ids``).
         """
         if not durable:
-            return self._insert(records, arrays)
+            return self._insert(records, arrays, intake)
         self._db.execute("PRAGMA synchronous=FULL")  # the spool files go next: this must be on disk
         try:
-            return self._insert(records, arrays)
+            return self._insert(records, arrays, intake)
         finally:
             self._db.execute("PRAGMA synchronous=NORMAL")
 
@@ -113,8 +99,11 @@ class JobTable:
                 finally:
                     os.close(fd)
 
-    def _insert(self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo]) -> list[int]:
+    def _insert(
+        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo], intake: Sequence[tuple[str, int, float]]
+    ) -> list[int]:
         with self.batch():
+            self._db.executemany("INSERT OR IGNORE INTO intake (token, id, at) VALUES (?, ?, ?)", intake)
             known = set(self.owners({r.id for r in records})) if records else set()
             fresh = [r for r in records if r.id not in known]
             known_arrays = {row[0] for row in self._db.execute("SELECT id FROM arrays")} if arrays else set()
@@ -351,6 +340,19 @@ class JobTable:
         return [(row[0], len(json.loads(row[1])), row[2], row[3]) for row in rows]
 
     @_reading
+    def intake_ids(self, tokens: Sequence[str]) -> dict[str, int]:
+        """The ids given to the shared queue's requests named by ``tokens``, where one was given already."""
+        found: dict[str, int] = {}
+        for at in range(0, len(tokens), 500):  # under SQLite's limit on a statement's variables
+            part = tokens[at : at + 500]
+            rows = self._db.execute(f"SELECT token, id FROM intake WHERE token IN ({','.join('?' * len(part))})", part)
+            found.update({row[0]: row[1] for row in rows})
+        return found
+
+    def forget_intake(self, before: float) -> None:
+        """Drop the record of requests read before ``before`` (their files left the spool long ago)."""
+        self._db.execute("DELETE FROM intake WHERE at < ?", (before,))  # a transaction of its own
+
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
 

@@ -98,7 +98,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
         from gpuq_scheduler.launcher.cli.queue import check_live_inventory
 
         check_live_inventory(spec)
-    job_id = queue_job(ctx.state, spec)
+    job_id = queue_job(ctx.state, spec, patience=None)  # waits for a shared queue's daemon to give the id
     ensure_daemon(ctx.state)
     return job_id
 

@@ -51,6 +51,8 @@ def submit(
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """
     from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
+    from gpuq_scheduler.jobs.errors import NoIdYet
+    from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
     from gpuq_scheduler.jobs.submission import capture_spec, parse_array, parse_ids
 
@@ -70,7 +72,11 @@ def submit(
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:
         check_live_inventory(spec)
-    job_id = queue_job(ctx.state, spec, plan, on=on)
+    try:  # --wait waits for the daemon's answer too, however long it takes (a shared queue's daemon gives ids)
+        job_id = queue_job(ctx.state, spec, plan, on=on, patience=None if wait_ else ANSWER_PATIENCE)
+    except NoIdYet as queued:
+        click.echo(f"gpuq: {queued}", err=True)  # not an id that may prove untrue: the job is safe all the same
+        return
     if on is None:
         ensure_daemon(ctx.state)
     members = list(plan.member_ids(job_id)) if plan else [job_id]

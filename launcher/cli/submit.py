@@ -9,7 +9,8 @@ captured, checked and written by the same light functions the click command uses
 
 Whatever is unusual goes to click, which prints the canonical help or usage error: help, an option it
 does not know, a missing or malformed value. So do the submits that need heavy modules anyway: ``--on``
-(Slurm), ``--wait``, ``--after`` (the job table), a shared queue (its config's per-user caps), and a
+(Slurm), ``--wait``, ``--after`` (the job table), a shared queue (its config's per-user caps; its daemon
+gives the id, which that path waits for), and a
 state directory whose daemon has not recorded the GPUs yet (click's path looks at them through NVML).
 """
 
@@ -111,7 +112,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_array
 
     state = StateDir.from_env()
-    if state.is_foreign():
+    if state.is_shared():  # its daemon gives the id, which click's path waits for
         return False
     inventory = Inventory.read(state.at(INVENTORY))
     if inventory is None:

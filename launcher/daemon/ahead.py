@@ -13,10 +13,10 @@ import contextlib
 import os
 
 from gpuq_scheduler.jobs.accounts import Account
-from gpuq_scheduler.jobs.store.statedir import temp_name, write_atomic
+from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
 from gpuq_scheduler.launcher.daemon.processes import open_log
 
-_temps: dict[str, int] = {}  # a file to write -> its temp file (``temp_name``), open
+_temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 
 
@@ -25,7 +25,7 @@ def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_g
     drop()
     with contextlib.suppress(OSError):  # made when written instead
         for path in (exit_file, pid_file):
-            _temps[path] = os.open(temp_name(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            _temps[path] = new_temp(path)
         _logs[log] = open_log(log, account, log_group)
 
 
@@ -41,9 +41,9 @@ def write(path: str, data: bytes) -> None:
 
 def drop() -> None:
     """Let go of what was made for a successor that will not start here: temp files go, and its log if empty."""
-    for path, fd in _temps.items():
+    for fd, tmp in _temps.values():
         with contextlib.suppress(OSError):
-            os.unlink(temp_name(path))
+            os.unlink(tmp)
         os.close(fd)
     for path, fd in _logs.items():
         with contextlib.suppress(OSError):

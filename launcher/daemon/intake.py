@@ -3,26 +3,33 @@
 Submits become pending jobs (or fail at once when they can never run here); cancels and controls are
 applied (``launcher.daemon.requests``); files that are not requests are set aside with a note. In a shared
 queue a submit's private part (command, cwd, environment) is written for its owner first, and the
-per-user limit on queued jobs is enforced here, where no client can get around it.
+per-user limit on queued jobs is enforced here, where no client can get around it. A shared queue's submits
+get their ids here (``_number``) and their clients learn them once they are on disk (``answer``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
+from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
+from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.launcher.daemon import endings, requests
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.intake")
+
+ANSWERS_KEPT = 3600.0  # seconds an answer waits for its client (who reads it within a second, or is gone)
 
 
 def ingest(scheduler: SchedulerState, now: float) -> None:
@@ -31,7 +38,15 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
         return
     events: list[dict[str, Any]] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
-    if submits:  # one query for all of them: ids already in the table are rare (a crash, or a clash)
+    named: list[tuple[str, int, float]] = []
+    if scheduler.shared is not None:
+        submits, named = _number(scheduler, submits, now, events)
+    else:
+        for request in [r for r in submits if r.token is not None]:
+            reason = "is named by a token, as a shared queue's submits are; this personal queue's carry their ids"
+            _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+        submits = [r for r in submits if r.token is None]
+    if submits and scheduler.shared is None:  # one query for all: ids already in the table are rare (a crash)
         taken = scheduler.table.owners([r.job_id for r in submits])
         submits = [r for r in submits if r.job_id not in taken or not _clashes(scheduler, r, now, events)]
     if scheduler.private is not None:
@@ -48,7 +63,7 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
     ]  # fmt: skip
     # Not fsynced here: the requests stay in the spool until the tick has sent its launches and synced the
     # table (``Scheduler.tick``), so a job submitted to an idle queue starts without waiting on the disk.
-    inserted = set(scheduler.table.insert_pending(fresh, arrays, durable=False))
+    inserted = set(scheduler.table.insert_pending(fresh, arrays, durable=False, intake=named))
     for info in arrays:
         # Not its environment: the table has it, and thousands of arrays' environments kept for the
         # daemon's lifetime were the one thing that grew in a long soak (12 KiB of RSS per array).
@@ -78,11 +93,65 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
     scheduler.journal.extend(events)
 
 
+def _number(
+    scheduler: SchedulerState, submits: list[spool.SubmitRequest], now: float, events: list[dict[str, Any]]
+) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, float]]]:
+    """Give a shared queue's submits their ids: (the requests with their ids, (token, id, now) of those
+    given one now). A request read before a crash keeps the id it was given then (``JobTable.intake_ids``);
+    one that names its own id (a file written by hand) is set aside: ids are the daemon's to give."""
+    numbered: list[spool.SubmitRequest] = []
+    for request in submits:
+        if request.token is None:
+            reason = "names its own job id; a shared queue's daemon gives ids: submit with `gpuq submit`"
+            _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+        else:
+            numbered.append(request)
+    known = scheduler.table.intake_ids([r.token for r in numbered if r.token is not None])
+    given: list[tuple[str, int, float]] = []
+    out: list[spool.SubmitRequest] = []
+    for request in sorted(numbered, key=lambda r: (r.submitted_at, r.path)):
+        assert request.token is not None
+        job_id = known.get(request.token)
+        if job_id is None:
+            job_id = scheduler.next_id
+            scheduler.next_id += 1 + (len(request.array.indices) if request.array else 0)
+            given.append((request.token, job_id, now))
+        out.append(dataclasses.replace(request, job_id=job_id))
+    return out, given
+
+
+def answer(scheduler: SchedulerState, ingested: list[spool.SubmitRequest]) -> None:
+    """Tell each shared queue's client the id its submit got, in ``answers/<token>``: root's directory, which
+    nobody can list, so only the client that made the token finds it. Called once the jobs are on disk."""
+    for request in ingested:
+        if request.token is not None:
+            try:
+                write_atomic(scheduler.state.answer(request.token), f"{request.job_id}\n".encode(), durable=False,
+                             mode=0o644)  # fmt: skip
+            except StateDirError as err:  # its client says the job is queued without an id; nothing is lost
+                log.error("%s", err)
+    now = time.monotonic()
+    if now >= scheduler.answers_pruned + 60.0:
+        scheduler.answers_pruned = now
+        _prune_answers(scheduler)
+
+
+def _prune_answers(scheduler: SchedulerState) -> None:
+    """Answers nobody read (their clients gave up or died), and the record of long-ingested tokens."""
+    before = time.time() - ANSWERS_KEPT
+    with contextlib.suppress(OSError), os.scandir(scheduler.state.answers) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_mtime < before:
+                    os.unlink(entry.path)
+    scheduler.table.forget_intake(before)
+
+
 def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:
-    """A submit whose id the table already holds: the same request ingested before a crash (no clash), or a
-    *different* job because the id counter was rewound (by hand, from a backup, or by anyone in a shared
-    queue, where it is writable by all). Dropping that as "already ingested" would lose it silently: it is
-    set aside, saying why, and the counter moved past every id."""
+    """A personal queue's submit whose id the table already holds: the same request ingested before a crash
+    (no clash), or a *different* job because the id counter was rewound (by hand, or from a backup).
+    Dropping that as "already ingested" would lose it silently: it is set aside, saying why, and the counter
+    moved past every id."""
     existing = scheduler.table.get(request.job_id)
     if existing is None or (existing.uid == request.uid and existing.submitted_at == request.submitted_at):
         return False
@@ -104,6 +173,11 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
 def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
+    token = spool.token_of(name)
+    if scheduler.shared is not None and token is not None:  # its client waits for an answer: say why, not an id
+        with contextlib.suppress(StateDirError):
+            write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
+                         mode=0o644)  # fmt: skip
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
     events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason})
 

@@ -1,6 +1,6 @@
 """The daemon's lifetime: one per state directory (a lock), signals, the wake-up FIFO, the loop.
 
-Run it in the foreground with ``python -m launcher.daemon.lifetime --home DIR`` (what ``gpuq daemon start``
+Run it in the foreground with ``python -m gpuq_scheduler.launcher.daemon --home DIR`` (what ``gpuq daemon start``
 and auto-start do, detached, and what a systemd unit would run). SIGTERM or SIGINT stops it
 between ticks; running jobs keep running under their shims and are adopted by the next daemon.
 """
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuq_scheduler.jobs import config
+from gpuq_scheduler.jobs import accounts, config
 from gpuq_scheduler.jobs.config import Shared
-from gpuq_scheduler.jobs.errors import DaemonError, GpuqError
+from gpuq_scheduler.jobs.errors import BadInput, DaemonError, GpuqError
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 
 if TYPE_CHECKING:
@@ -39,9 +39,15 @@ HANDOFF_SETTLE_MAX = 0.025  # ...or this long at most (see _Wakeups.wait)
 
 
 def running_pid(state: StateDir) -> int | None:
-    """The pid of the daemon holding this state directory's lock, or None if none does."""
+    """The pid of the daemon holding this state directory's lock, or None if none does.
+
+    The lock is its owner's alone (mode 0600): flock needs no write access, so a lock others could open
+    would let any user of a shared queue take it while the daemon restarts, and keep it from starting.
+    They ask the wake FIFO instead, which has a reader while a daemon runs."""
     try:
-        fd = os.open(state.lock, os.O_RDONLY)  # flock needs no write access: any user may probe a shared queue
+        fd = os.open(state.lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except PermissionError:
+        return _listening_pid(state)
     except OSError:
         return None
     try:
@@ -60,6 +66,17 @@ def running_pid(state: StateDir) -> int | None:
         os.close(fd)
 
 
+def _listening_pid(state: StateDir) -> int | None:
+    try:
+        os.close(os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        return None  # ENXIO: nobody reads it, so no daemon runs
+    try:
+        return int(state.pid.read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
 def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> int:
     """Start a detached daemon (if none runs) and wait until it holds the lock. Returns its pid."""
     from gpuq_scheduler.jobs.api import start_daemon
@@ -71,14 +88,38 @@ def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> in
         if os.geteuid() != 0:
             raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
         state.ensure_shared()
+    with contextlib.suppress(FileNotFoundError):
+        state.ready.unlink()  # an earlier daemon's, killed before it could remove it
     start_daemon(state, shared=shared)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = running_pid(state)
-        if pid is not None and pid > 0:
+        if pid is None:
+            raise DaemonError(f"the daemon exited at once: {_last_words(state)}")
+        if pid > 0 and _ready(state) == pid:
+            if not state.inventory.exists():
+                raise DaemonError(f"the daemon (pid {pid}) runs but cannot see the GPUs: {_last_words(state)}")
             return pid
         time.sleep(0.02)
-    raise DaemonError(f"the daemon did not start within {timeout:.0f}s; see {state.daemon_log}")
+    raise DaemonError(f"the daemon did not get ready within {timeout:.0f}s: {_last_words(state)}")
+
+
+def _ready(state: StateDir) -> int | None:
+    try:
+        return int(state.ready.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _last_words(state: StateDir, lines: int = 3) -> str:
+    """The end of the daemon's log, on one line, to say why it failed."""
+    try:
+        with state.daemon_log.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+            tail = log.read().decode(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        tail = []
+    return " | ".join(line.strip() for line in tail) or f"nothing in {state.daemon_log}"
 
 
 def stop(state: StateDir, timeout: float = 15.0) -> int | None:
@@ -197,11 +238,16 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
     elif os.geteuid() != 0:
         raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
     else:
+        if shared.admins and accounts.group_id(shared.admins) is None:
+            raise BadInput(
+                f"the config's [shared] admins names the group {shared.admins!r}, which does not exist here: "
+                f"create it (`groupadd {shared.admins}`) or change the config"
+            )
         state.ensure_shared()
     # fcntl.flock, not the filelock package: filelock hooks every fork of its process, which made each
     # shim's fork cost ~9 ms instead of ~1 ms here (measured), and a daemon's whole job is forking.
     if lock_fd is None:
-        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     else:
         lock = lock_fd
         os.set_inheritable(lock, False)
@@ -234,6 +280,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             scheduler.idle_limit = None if os.environ["GPUQ_IDLE_LIMIT"] == "off" else parse_duration(
                 os.environ["GPUQ_IDLE_LIMIT"])
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
+        ready = False
         try:
             while not wakeups.stopping:
                 try:
@@ -244,6 +291,9 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
                 except Exception:  # a bug must not take the queue down with it: log it and go on
                     log.exception("tick failed; continuing")
                     time.sleep(0.5)
+                if not ready:  # the GPUs seen and the spool read once: `gpuq daemon start` may return
+                    write_atomic(state.ready, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
+                    ready = True
                 if burst and scheduler.idle:
                     break
                 _sleep(scheduler, wakeups)
@@ -252,8 +302,9 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         log.info("daemon %d stopped", os.getpid())
         return 0
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(state.pid)
+        for done in (state.ready, state.pid):
+            with contextlib.suppress(OSError):
+                os.unlink(done)
         os.close(lock)
 
 

@@ -141,11 +141,11 @@ def notify(command: str, env: Mapping[str, str], cwd: str, log: str, account: Ac
 
 def open_log(path: str, account: Account | None, group: int | None) -> int:
     """Open a log for appending; in a shared queue it belongs to the job's user and is readable by the
-    admin group only (``logs/`` is root's, so nobody can plant a link there)."""
+    admin group only, never by the user's own group (``logs/`` is root's: nobody can plant a link there)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     if account is not None and account.uid != os.geteuid():
         os.fchown(fd, account.uid, account.gid if group is None else group)
-        os.fchmod(fd, 0o640)
+        os.fchmod(fd, 0o600 if group is None else 0o640)
     return fd
 
 

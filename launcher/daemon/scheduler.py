@@ -86,6 +86,7 @@ class Scheduler(SchedulerState):
         again and finds their ids taken by the same requests (a no-op); a power cut: they are ingested anew."""
         if self.ingested:
             self.table.sync()
+            intake.answer(self, self.ingested)  # a shared queue's clients learn their ids once they are on disk
             for request in self.ingested:
                 spool.remove(request)
             self.ingested = []

@@ -29,7 +29,7 @@ Description=gpuq: the shared GPU job queue of this machine
 After=local-fs.target
 
 [Service]
-ExecStart={python or sys.executable} -m launcher.daemon.lifetime --shared{home_flag}
+ExecStart={python or sys.executable} -m gpuq_scheduler.launcher.daemon --shared{home_flag}
 Restart=always
 RestartSec=1
 # Jobs run under their own supervisors in the daemon's cgroup: stopping or restarting the daemon must not

@@ -96,7 +96,12 @@ class SchedulerState:
         self._last_plan_key: object = None
         self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
-        outbox.raise_counter(state, max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1)
+        # The next id to give: a shared queue's daemon gives them (launcher.daemon.intake), a personal queue's
+        # clients take them from next_id, which must stay above every id the table holds.
+        self.next_id = max(self.table.max_id(), *(a.id + a.size for a in self.arrays.values()), 0) + 1
+        if shared is None:
+            outbox.raise_counter(state, self.next_id)
+        self.answers_pruned = float("-inf")  # monotonic time answers/ was last pruned (intake._prune_answers)
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0
@@ -125,7 +130,7 @@ class SchedulerState:
 
     def close(self) -> None:
         self.shims.close()
-        self.table.close()
+        self.table.close(rollback_mode=True)
         self.source.close()
 
     @property

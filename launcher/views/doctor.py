@@ -93,7 +93,8 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
         finally:
             db.close()
     spooled = _guard(problems, "the spool", lambda: _spool(state, rows, problems))
-    _guard(problems, "next_id", lambda: problems.extend(_next_id(state, rows, highest_array, spooled or set())))
+    if not state.is_shared():  # a shared queue's daemon gives ids: it has no counter
+        _guard(problems, "next_id", lambda: problems.extend(_next_id(state, rows, highest_array, spooled or set())))
     _guard(problems, "temp files", lambda: problems.extend(_stale_temps(state, now)))
     _guard(problems, "rejected requests", lambda: problems.extend(_rejected(state)))
     return sorted(problems, key=lambda p: p.severity != ERROR)
@@ -331,8 +332,8 @@ def _spool(state: StateDir, rows: list[_Row], problems: list[Problem]) -> set[in
                     Problem(WARNING, f"{request.path} {request.reason}; the daemon sets it aside when it next runs")
                 )
             continue
-        if not isinstance(request, spool.SubmitRequest):
-            continue
+        if not isinstance(request, spool.SubmitRequest) or request.token is not None:
+            continue  # a shared queue's submit has no id until the daemon reads it
         spooled.update(record.id for record in expand(state, request))  # an array: its members too
         row = recorded.get(request.job_id)
         if row is None or not os.path.exists(request.path):
@@ -390,7 +391,7 @@ def _next_id(state: StateDir, rows: list[_Row], highest_array: int, spooled: set
 
 def _stale_temps(state: StateDir, now: float) -> Iterator[Problem]:
     """Temp files of atomic writes that never got renamed in (a client killed mid-submit, say)."""
-    for directory in (state.spool, state.root, state.run, state.rejected):
+    for directory in (state.spool, state.root, state.run, state.rejected, state.answers, state.private):
         stale = []
         try:
             entries = list(os.scandir(directory))

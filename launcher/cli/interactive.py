@@ -27,7 +27,7 @@ import click
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import start_ticks
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
-from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a program whose allocation ended
@@ -228,7 +228,7 @@ def _report(given: dict[str, Any], code: int) -> None:
             os.close(fd)
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
 @_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -237,6 +237,7 @@ def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
 
     It waits its turn like any job (Ctrl-C while waiting withdraws it), then runs here with
     CUDA_VISIBLE_DEVICES and GPUQ_JOB_ID set. Its output is this terminal's, not in `gpuq logs`.
+    gpuq's own options may also follow the command; everything after -- is the program's.
     """
     if options["on"]:
         _on_cluster("srun", options, os.path.basename(command[0]), list(command))

@@ -13,10 +13,10 @@ import click
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
 @click.option(
     "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
@@ -47,6 +47,14 @@ def submit(
     oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
+
+    gpuq's own options may come before or after the command; everything after -- is the job's. A job
+    option that shares a name with one of gpuq's goes after --:
+
+    \b
+        gpuq submit train.py --gpus 2              # 2 GPUs; the job's argv: train.py
+        gpuq submit train.py --gpus 2 -- --gpus 4  # 2 GPUs; argv: train.py --gpus 4
+        gpuq submit train.py --lr 0.1              # options gpuq lacks are the job's
 
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """

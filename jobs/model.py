@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal as _signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,7 @@ class JobSpec:
 
     @property
     def display_name(self) -> str:
-        return self.name or _basename(self.command[0])
+        return self.name or program_name(self.command)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -185,6 +185,29 @@ def _optional(value: Any, kind: type, name: str) -> Any:
 
 def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
+_PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # options of python's that take the next word
+
+
+def program_name(command: Sequence[str]) -> str:
+    """What a job without a --name is called: its program's base name, or for ``python [OPTIONS] train.py``
+    the script's (``train.py``) and for ``python -m pkg.mod`` the module: every Python job named "python"
+    told a newcomer nothing."""
+    program = _basename(command[0])
+    if not ((program.startswith("python") and program[6:].replace(".", "").isdigit()) or program == "python"):
+        return program
+    words = iter(command[1:])
+    for word in words:
+        if word in ("-m", "-c") or word in _PYTHON_VALUE_OPTIONS:
+            following = next(words, "")
+            if word == "-m":
+                return following or program
+            if word == "-c":
+                return program
+        elif word == "-" or not word.startswith("-"):
+            return _basename(word) if word != "-" else program
+    return program
 
 
 @dataclass(frozen=True)

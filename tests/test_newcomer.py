@@ -28,3 +28,19 @@ def test_the_headline_submit_gives_the_job_two_gpus_and_only_its_own_argv(gpuq: 
 def test_gpuq_run_takes_its_options_after_the_command_too(gpuq: Gpuq) -> None:
     done = gpuq.run("run", "sh", "-c", 'echo "seen $CUDA_VISIBLE_DEVICES $0"', "--gpus", "2", "--", "arg")
     assert "seen 0,1 arg\n" in done.stdout
+
+
+def test_a_python_job_is_named_after_its_script_and_status_shows_gpu_indices_apart_from_counts(gpuq: Gpuq) -> None:
+    """`gpuq submit python train.py` was named `python`; GPUS showed `0` for a job on GPU 0."""
+    (gpuq.cwd / "train.py").write_text("import time; time.sleep(60)\n")
+    job_id = gpuq.submit("--gpus", "1", "python", "train.py")
+    cpu_id = gpuq.submit("--gpus", "0", "sleep", "60")
+    gpuq.wait_state(job_id, "running")
+    gpuq.wait_state(cpu_id, "running")
+    assert gpuq.job(job_id)["name"] == "train.py"
+    rows = [line.split() for line in gpuq.run("status").stdout.splitlines()]
+    header = rows[0]
+    assert header[:6] == ["ID", "NAME", "USER", "STATE", "GPUS", "ON"]
+    by_id = {row[0]: dict(zip(header, row, strict=False)) for row in rows[1:]}
+    assert (by_id[str(job_id)]["NAME"], by_id[str(job_id)]["GPUS"], by_id[str(job_id)]["ON"]) == ("train.py", "1", "0")
+    assert (by_id[str(cpu_id)]["GPUS"], by_id[str(cpu_id)]["ON"]) == ("0", "-")

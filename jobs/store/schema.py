@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name
 
 TABLE_VERSION = 2
 
@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS learned (
 );
 """
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
     state TEXT NOT NULL,
@@ -64,7 +65,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-""" + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED) + """
+"""
+    + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED)
+    + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -80,9 +83,12 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-""" + LEARNED + """
+"""
+    + LEARNED
+    + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
+)
 
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
@@ -128,7 +134,8 @@ def spec_row(spec: JobSpec) -> tuple[Any, ...]:
     """The spec's column and its LISTED copies, in that order."""
     data = spec.to_json()
     del data["env"]  # kept in its own column: listings never parse environments
-    return (json.dumps(data), spec.name, spec.command[0], spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
+    name = program_name(spec.command)  # the "program" column holds what a job without a --name is called
+    return (json.dumps(data), spec.name, name, spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
 
 
 SPEC_COLUMNS = ", ".join(["spec", *(column for column, _, _ in LISTED)])  # spec_row's columns...

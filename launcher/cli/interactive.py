@@ -26,7 +26,7 @@ import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"
@@ -240,10 +240,10 @@ def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     gpuq's own options may also follow the command; everything after -- is the program's.
     """
     if options["on"]:
-        _on_cluster("srun", options, os.path.basename(command[0]), list(command))
+        _on_cluster("srun", options, program_name(command), list(command))
     if shutil.which(command[0]) is None:  # refused before anything is queued, as `gpuq submit` does
         raise BadInput(f"command not found: {command[0]}; check the name or give its full path")
-    job_id = _hold(ctx, os.path.basename(command[0]), options, client=True)
+    job_id = _hold(ctx, program_name(command), options, client=True)
     sys.exit(_run_held(ctx, job_id, list(command)))
 
 

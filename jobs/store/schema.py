@@ -35,8 +35,7 @@ CREATE TABLE IF NOT EXISTS learned (
 );
 """
 
-SCHEMA = (
-    """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
     state TEXT NOT NULL,
@@ -65,9 +64,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-"""
-    + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED)
-    + """
+""" + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED) + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -83,12 +80,9 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-    + LEARNED
-    + """
+""" + LEARNED + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
-)
 
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"

@@ -244,6 +244,11 @@ class Outcome:
         return cls(JobState.CANCELLED, signal=signum, reason=f"cancelled by {by}")
 
     @classmethod
+    def withdrawn(cls, reason: str) -> Outcome:
+        """A job that never ran and never will: recorded cancelled, saying why."""
+        return cls(JobState.CANCELLED, reason=f"withdrawn: {reason}")
+
+    @classmethod
     def lost(cls, reason: str) -> Outcome:
         return cls(JobState.LOST, reason=reason)
 

@@ -3,9 +3,13 @@ fake GPUs, and nothing that did not run is recorded as succeeded."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import Gpuq
+from gpuq_scheduler.jobs.hold import start_ticks
+from tests.conftest import Gpuq, wait_for
 
 SHOW_ARGV = "import os, sys; print(sys.argv, os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
 
@@ -44,3 +48,59 @@ def test_a_python_job_is_named_after_its_script_and_status_shows_gpu_indices_apa
     by_id = {row[0]: dict(zip(header, row, strict=False)) for row in rows[1:]}
     assert (by_id[str(job_id)]["NAME"], by_id[str(job_id)]["GPUS"], by_id[str(job_id)]["ON"]) == ("train.py", "1", "0")
     assert (by_id[str(cpu_id)]["GPUS"], by_id[str(cpu_id)]["ON"]) == ("0", "-")
+
+
+def _gpuq_run_in_background(gpuq: Gpuq, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", gpuq.entry, "run", *args], env=gpuq.env, cwd=gpuq.cwd, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_a_gpuq_run_killed_while_its_job_waits_withdraws_the_job_and_nothing_is_recorded_succeeded(
+    one_gpu: Gpuq,
+) -> None:
+    """It stayed pending, then 'ran' in 0.0 s when the GPU freed: log {"gone": true}, succeeded, exit 0."""
+    blocker = one_gpu.submit("sleep", "600")
+    one_gpu.wait_state(blocker, "running")
+    client = _gpuq_run_in_background(one_gpu, "true")
+    one_gpu.wait_state(blocker + 1, "pending")
+    client.kill()  # a kill -9: it withdraws nothing itself
+    client.wait(timeout=30)
+    job = one_gpu.wait_state(blocker + 1, "cancelled", "succeeded", "failed")
+    assert job["state"] == "cancelled" and job["reason"].startswith("withdrawn: its client"), job
+    one_gpu.run("cancel", str(blocker))
+    one_gpu.wait_state(blocker, "cancelled")
+    assert one_gpu.job(blocker + 1)["started_at"] is None
+
+
+def test_a_gpuq_run_whose_terminal_hangs_up_while_its_job_waits_withdraws_it(one_gpu: Gpuq) -> None:
+    blocker = one_gpu.submit("sleep", "600")
+    one_gpu.wait_state(blocker, "running")
+    client = _gpuq_run_in_background(one_gpu, "true")
+    one_gpu.wait_state(blocker + 1, "pending")
+    client.send_signal(signal.SIGHUP)
+    _, err = client.communicate(timeout=60)
+    assert client.returncode == 128 + signal.SIGHUP and f"gpuq: withdrew job {blocker + 1}" in err
+    assert one_gpu.wait_state(blocker + 1, "cancelled")["started_at"] is None
+
+
+def test_a_placeholder_started_after_its_client_died_ends_as_a_hangup_not_a_success(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["sleep", "60"])
+    ticks = start_ticks(gone.pid)
+    assert ticks is not None
+    gone.kill()
+    gone.wait()
+    hold = subprocess.run([sys.executable, "-m", "gpuq_scheduler.jobs.hold", "--client", str(gone.pid), ticks],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert hold.returncode == -signal.SIGHUP, hold
+
+
+def test_a_job_that_exits_0_when_gpuq_stops_it_is_recorded_as_stopped_not_succeeded(gpuq: Gpuq) -> None:
+    graceful = "trap 'echo stopping; exit 0' TERM; echo started; while :; do sleep 0.1; done"
+    cancelled = gpuq.submit("--gpus", "0", "sh", "-c", graceful)
+    timed = gpuq.submit("--gpus", "0", "--time", "3s", "sh", "-c", graceful)
+    wait_for(lambda: "started" in _log(gpuq, cancelled), what="the job to start")
+    gpuq.run("cancel", str(cancelled))
+    assert gpuq.wait_state(cancelled, "cancelled", "succeeded")["state"] == "cancelled"
+    assert gpuq.wait_state(timed, "timeout", "succeeded")["state"] == "timeout"

@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
-from gpuq_scheduler.jobs.hold import start_ticks
+from gpuq_scheduler.jobs.hold import client_argv, start_ticks
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
@@ -87,7 +87,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     argv = [sys.executable, "-m", HOLD]
     ticks = start_ticks(os.getpid())
     if client and ticks is not None:
-        argv += ["--client", str(os.getpid()), ticks]
+        argv += client_argv(os.getpid(), ticks)
     spec = JobSpec.from_json(capture_spec(
         argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
         name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
@@ -104,9 +104,13 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
 
 
 def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
-    """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it."""
+    """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it, and so does a hang-up
+    (the terminal closed) or a SIGTERM: a job whose client is gone must never start (the daemon withdraws it
+    too, should this process die of a kill -9)."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
     place, counted = 1, -float("inf")
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, _withdraw)
     try:
         while True:
             record = queue.get(job_id)
@@ -125,13 +129,26 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
                 click.echo(f"\r\033[K{line[:200]}", nl=False, err=True)
             time.sleep(0.1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Withdraw) as why:
         queue.cancel([job_id])
         from gpuq_scheduler.jobs.api import ensure_daemon
 
         ensure_daemon(ctx.state)
         click.echo(("\r\033[K" if live else "") + f"gpuq: withdrew job {job_id}", err=True)
-        sys.exit(130)
+        sys.exit(128 + why.signum if isinstance(why, _Withdraw) else 130)
+    finally:
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+
+
+class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _withdraw(signum: int, frame: object) -> None:
+    raise _Withdraw(signum)
 
 
 def _given(record: JobRecord, timeout: float = 30.0) -> dict[str, Any]:

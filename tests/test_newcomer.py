@@ -3,6 +3,7 @@ fake GPUs, and nothing that did not run is recorded as succeeded."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ SHOW_ARGV = "import os, sys; print(sys.argv, os.environ.get('CUDA_VISIBLE_DEVICE
 
 
 def _log(gpuq: Gpuq, job_id: int) -> str:
-    return Path(gpuq.job(job_id)["log"]).read_text()
+    path = Path(gpuq.job(job_id)["log"])
+    return path.read_text() if path.exists() else ""
 
 
 def test_the_headline_submit_gives_the_job_two_gpus_and_only_its_own_argv(gpuq: Gpuq) -> None:
@@ -104,3 +106,46 @@ def test_a_job_that_exits_0_when_gpuq_stops_it_is_recorded_as_stopped_not_succee
     gpuq.run("cancel", str(cancelled))
     assert gpuq.wait_state(cancelled, "cancelled", "succeeded")["state"] == "cancelled"
     assert gpuq.wait_state(timed, "timeout", "succeeded")["state"] == "timeout"
+
+
+def test_gpuq_says_at_the_end_of_a_jobs_log_that_it_stopped_it(gpuq: Gpuq) -> None:
+    """A cancelled or timed-out job's log ended with the job's last words, nothing saying gpuq stopped it."""
+    cancelled = gpuq.submit("--gpus", "0", "sh", "-c", "echo started; sleep 600")
+    timed = gpuq.submit("--gpus", "0", "--time", "2s", "sleep", "600")
+    done = gpuq.submit("--gpus", "0", "echo", "fine")
+    wait_for(lambda: "started" in _log(gpuq, cancelled), what="the job to start")
+    gpuq.run("cancel", str(cancelled))
+    gpuq.wait_state(cancelled, "cancelled")
+    gpuq.wait_state(timed, "timeout")
+    gpuq.wait_state(done, "succeeded")
+    user = gpuq.job(cancelled)["user"]
+    last = wait_for(lambda: _log(gpuq, cancelled).splitlines()[-1:] != ["started"] and _log(gpuq, cancelled))
+    assert re.fullmatch(rf"started\ngpuq: job {cancelled} cancelled by {user} at \d\d:\d\d:\d\d\n", last), last
+    said = wait_for(lambda: _log(gpuq, timed))
+    assert re.fullmatch(rf"gpuq: job {timed} stopped at \d\d:\d\d:\d\d: time limit of 2s reached\n", said), said
+    assert _log(gpuq, done) == "fine\n"
+
+
+def test_gpuq_wait_off_a_terminal_ends_with_a_line_saying_how_the_jobs_ended(gpuq: Gpuq) -> None:
+    ok = gpuq.submit("--gpus", "0", "true")
+    bad = gpuq.submit("--gpus", "0", "sh", "-c", "exit 3")
+    waited = gpuq.run("wait", str(ok), check=False)
+    assert waited.returncode == 0 and waited.stderr == "gpuq: 1 succeeded\n"
+    waited = gpuq.run("wait", str(ok), str(bad), check=False)
+    assert waited.returncode == 1
+    assert waited.stderr.splitlines()[-1] == f"gpuq: 1 succeeded, 1 failed: job {bad} failed: exit code 3"
+
+
+def test_gpuq_run_off_a_terminal_says_that_it_waits_and_how_its_job_ended(one_gpu: Gpuq) -> None:
+    blocker = one_gpu.submit("sleep", "600")
+    one_gpu.wait_state(blocker, "running")
+    client = _gpuq_run_in_background(one_gpu, "sh", "-c", "exit 4")
+    one_gpu.wait_state(blocker + 1, "pending")
+    wait_for(lambda: one_gpu.job(blocker + 1)["reason"], what="a reason to wait")
+    one_gpu.run("cancel", str(blocker))
+    _, err = client.communicate(timeout=60)
+    assert client.returncode == 4
+    lines = err.splitlines()
+    assert lines[0].startswith(f"gpuq: job {blocker + 1} waits (1 in line): "), err
+    assert lines[1].startswith(f"gpuq: job {blocker + 1} starts (GPUs 0) after "), err
+    assert lines[-1] == f"gpuq: job {blocker + 1} failed: exit code 4", err

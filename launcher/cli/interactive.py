@@ -26,7 +26,7 @@ import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import client_argv, start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name, signal_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"
@@ -108,7 +108,7 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     (the terminal closed) or a SIGTERM: a job whose client is gone must never start (the daemon withdraws it
     too, should this process die of a kill -9)."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
-    place, counted = 1, -float("inf")
+    place, counted, said = 1, -float("inf"), False
     for signum in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, _withdraw)
     try:
@@ -117,10 +117,16 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
             if record.state is JobState.RUNNING:
                 if live:
                     click.echo("\r\033[K", nl=False, err=True)
+                elif said:
+                    gpus = ",".join(map(str, record.gpus)) or "none"
+                    waited = time.monotonic() - began
+                    click.echo(f"gpuq: job {job_id} starts (GPUs {gpus}) after {waited:.0f}s", err=True)
                 return record
             if record.state.finished:
                 raise GpuqError(f"job {job_id} ended before it started: {record.state.value}: {record.reason}")
-            if live and time.monotonic() - counted >= 2.0:  # reading every waiting job: not ten times a second
+            # Off a terminal (a script, a log) one line says that it waits and why, once the daemon has said.
+            tell = not live and not said and (record.reason or time.monotonic() - began >= 2.0)
+            if (live or tell) and time.monotonic() - counted >= 2.0:  # reading every waiting job: not 10 times a second
                 ahead, counted = (-record.spec.priority, job_id), time.monotonic()
                 place = 1 + sum(1 for r in queue.records(active_only=True)
                                 if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead)  # fmt: skip
@@ -128,6 +134,10 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 why = record.reason or "waiting for the daemon"
                 line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
                 click.echo(f"\r\033[K{line[:200]}", nl=False, err=True)
+            elif tell:
+                why = record.reason or "waiting for the daemon"
+                click.echo(f"gpuq: job {job_id} waits ({place} in line): {why}", err=True)
+                said = True
             time.sleep(0.1)
     except (KeyboardInterrupt, _Withdraw) as why:
         queue.cancel([job_id])
@@ -209,6 +219,9 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
         elif ended_at is not None and time.monotonic() - ended_at > GRACE:
             child.kill()
     _report(given, code)
+    if not sys.stderr.isatty():  # a terminal saw the program end; a script's log is told how
+        ended = f"failed: exit code {code}" if code > 0 else f"killed by {signal_name(-code)}" if code else "succeeded"
+        click.echo(f"gpuq: job {job_id} {ended}", err=True)
     return code if code >= 0 else 128 - code
 
 

@@ -218,7 +218,8 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
 def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]) -> None:
     """Block until these jobs or arrays (default: all active jobs) end. Exit 0 only if all succeeded.
 
-    On a terminal it shows progress (done, failed, running, ETA); elsewhere it stays quiet.
+    On a terminal it shows progress (done, failed, running, ETA). At the end it says how they ended
+    ("8 succeeded", "2 failed: job 7 ..."), on a terminal or not.
     """
     wanted = [*job_ids, *arrays]
     records = _wait(ctx, [r.id for r in ctx.jobs().resolve(wanted)] if wanted else None)
@@ -227,7 +228,23 @@ def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]
         click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
     if len(failed) > 20:
         click.echo(f"... and {len(failed) - 20} more did not succeed (`gpuq status --expand`)", err=True)
+    click.echo(closing_line(records), err=True)
     sys.exit(1 if failed else 0)
+
+
+def closing_line(records: list[JobRecord]) -> str:
+    """How the jobs waited for ended, in one line: "8 succeeded", or "6 succeeded, 2 failed: job 7 failed:
+    RuntimeError: loss is NaN" (the first that did not succeed, and why)."""
+    if not records:
+        return "gpuq: no jobs to wait for"
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record.state.value] = counts.get(record.state.value, 0) + 1
+    line = "gpuq: " + ", ".join(f"{count} {state}" for state, count in counts.items())
+    first = next((r for r in records if r.state is not JobState.SUCCEEDED), None)
+    if first is not None:
+        line += f": job {first.id} {first.state.value}: {first.reason or f'exit code {first.exit_code}'}"
+    return line
 
 
 def _wait(ctx: Context, job_ids: list[int] | None) -> list[JobRecord]:

@@ -177,6 +177,7 @@ SAME = [
     ["python", "train.py", "--gpus", "2", "--seed", "1"],
     ["sh", "-c", "echo --gpus 3 $1", "--gpus", "0", "--", "--name"],
     ["true", "-h", "--json"],
+    ["--array", "lr=1e-4,1e-3%1", "echo", "{lr}", "{seed}", "--array", "seed=1,2", "--name", "s{seed}"],
 ]
 
 

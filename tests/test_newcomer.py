@@ -3,6 +3,7 @@ fake GPUs, and nothing that did not run is recorded as succeeded."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -149,3 +150,40 @@ def test_gpuq_run_off_a_terminal_says_that_it_waits_and_how_its_job_ended(one_gp
     assert lines[0].startswith(f"gpuq: job {blocker + 1} waits (1 in line): "), err
     assert lines[1].startswith(f"gpuq: job {blocker + 1} starts (GPUs 0) after "), err
     assert lines[-1] == f"gpuq: job {blocker + 1} failed: exit code 4", err
+
+
+def test_an_array_sweeps_over_named_values_and_their_product(gpuq: Gpuq) -> None:
+    """--array took only indices: a sweep over learning rates needed an index table in the user's script."""
+    (gpuq.cwd / "train.py").write_text("import sys; print(sys.argv[1:])\n")
+    done = gpuq.run("submit", "--gpus", "0", "--array", "lr=1e-4,1e-3", "train.py", "--lr", "{lr}", "--seed",
+                    "{seed}", "--array", "seed=1,2,3%2", "--json")  # fmt: skip
+    submitted = json.loads(done.stdout)
+    array_id, members = submitted["id"], submitted["jobs"]
+    assert len(members) == 6
+    gpuq.run("wait", str(array_id))
+    shown = [gpuq.job(member) for member in members]
+    assert [job["values"] for job in shown] == [
+        {"lr": lr, "seed": seed} for lr in ("1e-4", "1e-3") for seed in ("1", "2", "3")
+    ]
+    assert _log(gpuq, members[1]) == "['--lr', '1e-4', '--seed', '2']\n"
+    assert shown[1]["name"] == "train.py lr=1e-4 seed=2"
+    assert re.search(r"\nvalues +lr=1e-4 seed=2\n", gpuq.run("show", str(members[1])).stdout)
+    assert "train.py lr=1e-3 seed=3" in gpuq.run("status", "--expand").stdout
+
+
+BAD_SWEEPS = [
+    (["--array", "lr=1e-4,1e-3", "echo", "lr"], "write {lr} in the command where each member's value goes"),
+    (["--array", "0-3", "--array", "lr=1,2", "echo", "{lr}"], "not both"),
+    (["--array", "lr=1,1", "echo", "{lr}"], "a value is given twice"),
+    (["--array", "lr=", "echo", "{lr}"], "give its values separated by commas"),
+    (["--array", "l-r=1", "echo", "{l-r}"], "a name is letters, digits and _"),
+    ([*("--array", "a=" + ",".join(map(str, range(1000)))), *("--array", "b=" + ",".join(map(str, range(101)))),
+      "echo", "{a}", "{b}"], "more than 100000 combinations"),
+]  # fmt: skip
+
+
+def test_a_bad_sweep_is_refused_in_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
+    for args, says in BAD_SWEEPS:
+        refused = gpuq.run("submit", *args, check=False)
+        assert refused.returncode == 2 and says in refused.stderr and len(refused.stderr.splitlines()) == 1, refused
+    assert gpuq.status() == []

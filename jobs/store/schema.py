@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
 TABLE_VERSION = 2
 
@@ -128,7 +128,7 @@ def spec_row(spec: JobSpec) -> tuple[Any, ...]:
     """The spec's column and its LISTED copies, in that order."""
     data = spec.to_json()
     del data["env"]  # kept in its own column: listings never parse environments
-    name = program_name(spec.command)  # the "program" column holds what a job without a --name is called
+    name = spec.default_name  # the "program" column holds what a job without a --name is called
     return (json.dumps(data), spec.name, name, spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
 
 

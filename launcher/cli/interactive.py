@@ -221,7 +221,8 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
     _report(given, code)
     if not sys.stderr.isatty():  # a terminal saw the program end; a script's log is told how
         ended = f"failed: exit code {code}" if code > 0 else f"killed by {signal_name(-code)}" if code else "succeeded"
-        click.echo(f"gpuq: job {job_id} {ended}", err=True)
+        with contextlib.suppress(OSError):  # a terminal that hung up is no terminal, and takes no line either
+            click.echo(f"gpuq: job {job_id} {ended}", err=True)
     return code if code >= 0 else 128 - code
 
 

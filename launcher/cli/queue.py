@@ -29,7 +29,10 @@ from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 @click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
 @click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
-@click.option("--array", "array_spec", metavar="SPEC", help="Queue members: 0-49, 1,3,7, 0-20:5; %N runs N at once.")
+@click.option(
+    "--array", "array_spec", multiple=True, metavar="SPEC", help="Queue members: indices 0-49, 1,3,7, 0-20:5; or "
+    "values NAME=V1,V2,... for {NAME} in the command (again for a product); %N runs N at once.",
+)  # fmt: skip
 @click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
 @click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
 @click.option("--retries", type=int, default=0, show_default=True, help="Run again after a failure, with backoff.")
@@ -42,9 +45,9 @@ from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 @pass_ctx
 def submit(
     ctx: Context, gpus: int, mem: str | None, like: int | None, name: str, priority: int, time_limit: str | None,
-    mode: str,
-    env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
-    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
+    mode: str, env: tuple[str, ...], cwd: str | None, array_spec: tuple[str, ...], after: str | None,
+    after_any: bool, retries: int, oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None,
+    command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
@@ -60,20 +63,23 @@ def submit(
     """
     from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
-    from gpuq_scheduler.jobs.submission import capture_spec, parse_array, parse_ids
+    from gpuq_scheduler.jobs.submission import capture_spec, parse_arrays, parse_ids
 
     # launcher.cli.submit runs most submits without click, through the same capture_spec: keep the two in step.
-    plan = ArrayPlan(*parse_array(array_spec)) if array_spec else None
+    indices, throttle, sweep = parse_arrays(array_spec)
+    plan = ArrayPlan(indices, throttle) if indices else None
     spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify, like=like,
+        retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep,
     ))  # fmt: skip
     if like is not None and on is None:
         try:
             ctx.queue.get(like)
         except UnknownJob:
             raise BadInput(f"--like {like}: no job {like} here to learn from (see `gpuq status --all`)") from None
+    if sweep and on is not None:
+        raise BadInput(f"--array {sweep[0][0]}=...: named values run on this machine's queue; --on takes indices")
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:

@@ -40,7 +40,7 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
     "--mode": ("mode", "mode", "single"),
     "--env": ("env", "list", ()),
     "--cwd": ("cwd", "dir", None),
-    "--array": ("array_spec", "str", None),
+    "--array": ("array_spec", "list", ()),
     "--after": ("after", "str", None),
     "--after-any": ("after_any", "flag", False),
     "--retries": ("retries", "int", 0),
@@ -136,7 +136,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     click's: a shared queue, or no GPU inventory recorded yet."""
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
     from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
-    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_array
+    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_arrays
 
     state = StateDir.from_env()
     if state.is_foreign():
@@ -145,11 +145,13 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     if inventory is None:
         return False
     # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.
-    array = parse_array(options["array_spec"]) if options["array_spec"] else None
+    indices, throttle, sweep = parse_arrays(options["array_spec"])
+    array = (indices, throttle) if indices else None
     spec = capture_spec(
         command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
         env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
+        sweep=sweep,
     )  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])

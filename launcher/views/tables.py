@@ -197,6 +197,7 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
+        *([("values", " ".join(f"{k}={v}" for k, v in spec.values))] if spec.values else []),
         ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),
         (
             "after",

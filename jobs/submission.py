@@ -301,12 +301,12 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     return tuple(sorted(indices)), throttle
 
 
-def parse_ids(text: str) -> tuple[int, ...]:
-    """``12,13`` -> (12, 13): job or array ids for --after."""
+def parse_ids(text: str, option: str = "--after") -> tuple[int, ...]:
+    """``12,13`` -> (12, 13): job or array ids for --after (or status's -j)."""
     try:
         ids = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13") from None
+        raise BadInput(f"{option} {text!r}: give job ids separated by commas, like 12,13") from None
     if not ids or any(i <= 0 for i in ids):
-        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13")
+        raise BadInput(f"{option} {text!r}: give job ids separated by commas, like 12,13")
     return ids

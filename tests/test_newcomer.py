@@ -187,3 +187,28 @@ def test_a_bad_sweep_is_refused_in_one_line_and_queues_nothing(gpuq: Gpuq) -> No
         refused = gpuq.run("submit", *args, check=False)
         assert refused.returncode == 2 and says in refused.stderr and len(refused.stderr.splitlines()) == 1, refused
     assert gpuq.status() == []
+
+
+def test_an_arrays_id_is_taken_by_show_logs_status_cancel_and_wait(gpuq: Gpuq) -> None:
+    """`gpuq status` listed array 3, but `gpuq show 3` and `gpuq logs 3` said "no job 3", `gpuq status 3` was
+    refused, and a folded row with failures did not say why."""
+    (gpuq.cwd / "train.py").write_text("import sys; print('index', sys.argv[1]); sys.exit(int(sys.argv[1]) == 1)\n")
+    array_id = gpuq.submit("--gpus", "0", "--array", "0-2", "--name", "sweep", "train.py", "{index}")
+    other = gpuq.submit("--gpus", "0", "true")
+    waited = gpuq.run("wait", str(array_id), check=False)
+    assert waited.returncode == 1 and waited.stderr.splitlines()[-1].startswith("gpuq: 2 succeeded, 1 failed: job ")
+    failed = array_id + 2
+    shown = gpuq.run("show", str(array_id)).stdout.splitlines()
+    assert shown[0] == f"array {array_id}: sweep, 3 jobs: 2 succeeded, 1 failed"
+    assert shown[2].split()[:3] == [str(failed), "1", "failed"] and shown[2].split()[-1] == "1"  # failures first
+    assert [job["id"] for job in json.loads(gpuq.run("show", "--json", str(array_id)).stdout)["jobs"]] == [
+        array_id + 1, array_id + 2, array_id + 3
+    ]
+    logs = gpuq.run("logs", str(array_id)).stdout
+    assert logs == "".join(f"==> job {array_id + 1 + i} (index {i}) <==\nindex {i}\n" for i in range(3))
+    for args in ([str(array_id)], ["-j", f"{array_id},{other}"]):
+        listed = gpuq.run("status", *args).stdout.splitlines()
+        assert len(listed) == 1 + len(args) and listed[1].startswith(f"{array_id} "), listed
+        assert f"job {failed}: exit code 1" in listed[1]
+    assert len(gpuq.run("status", "--expand", str(array_id)).stdout.splitlines()) == 4
+    assert gpuq.run("cancel", str(array_id)).stdout == f"array {array_id} has already ended\n"

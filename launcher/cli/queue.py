@@ -112,23 +112,34 @@ def check_live_inventory(spec: JobSpec) -> None:
 
 
 @click.command()
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("-j", "--jobs", "listed", multiple=True, metavar="IDS", help="Jobs or arrays 1,2,...")
 @click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
 @click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
-def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
-    """What is queued, running and recently done, and which GPUs each job got."""
+def status(
+    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, expand: bool, as_json: bool
+) -> None:
+    """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
+    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only."""
     from gpuq_scheduler.jobs.listing import Line
+    from gpuq_scheduler.jobs.submission import parse_ids
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
+    wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     with many_rows():
+        chosen = queue.resolve(wanted) if wanted else None
         if as_json:
-            records = queue.records() if show_all else _active_and_recent(queue)
+            records = chosen if chosen is not None else queue.records() if show_all else _active_and_recent(queue)
             click.echo(json.dumps([r.to_json() for r in records], indent=1))
         else:
             # --all reads a listing's few fields straight from the table: no record is built per job.
-            lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
+            if chosen is not None:
+                lines = [Line.of(r) for r in chosen]
+            else:
+                lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
             if lines:
                 click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
             else:
@@ -159,11 +170,27 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
-    """Everything gpuq knows about one job."""
+    """Everything gpuq knows about one job; for an array, its members, one line each."""
+    from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
-    record = ctx.jobs().details(job_id)
+    queue = ctx.jobs()
+    members = _members(queue, job_id)
+    if members:
+        name = queue.array_names().get(job_id) or members[0].spec.display_name
+        if as_json:
+            click.echo(json.dumps({"array": job_id, "name": name, "jobs": [r.to_json() for r in members]}, indent=1))
+        else:
+            click.echo(array_view(job_id, name, members))
+        return
+    record = queue.details(job_id)
     click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
+
+
+def _members(queue: Queue, job_id: int) -> list[JobRecord]:
+    """The members of array ``job_id`` (its id stands for them all), or [] if it is a job's id."""
+    records = queue.resolve([job_id])
+    return records if records and records[0].array_id == job_id and records[0].id != job_id else []
 
 
 @click.command()
@@ -171,20 +198,29 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @pass_ctx
 def logs(ctx: Context, job_id: int, follow: bool) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr); for an array, each member's, under a line naming it."""
     queue = ctx.jobs()
-    record = queue.get(job_id)
-    path = Path(record.log)
-    offset = 0
+    members = _members(queue, job_id)
+    ids = [r.id for r in members] if members else [job_id]
+    records = {r.id: r for r in members} if members else {job_id: queue.get(job_id)}
+    offsets = dict.fromkeys(ids, 0)
+    last: int | None = None
     while True:
-        offset = _copy_from(path, offset)
-        if not follow or queue.get(job_id).state.finished:
-            _copy_from(path, offset)
+        running = [i for i in ids if not records[i].state.finished] if follow else []
+        for member in ids:
+            offset = offsets[member]
+            title = f"==> job {member} (index {records[member].array_index}) <==\n" if members else ""
+            offsets[member] = _copy_from(Path(records[member].log), offset, title if member != last else "")
+            if offsets[member] != offset:
+                last = member
+        if not running:
             return
         time.sleep(0.1)
+        for member in running:
+            records[member] = queue.get(member)
 
 
-def _copy_from(path: Path, offset: int) -> int:
+def _copy_from(path: Path, offset: int, title: str = "") -> int:
     try:
         with path.open("rb") as handle:
             handle.seek(offset)
@@ -193,6 +229,8 @@ def _copy_from(path: Path, offset: int) -> int:
         return offset
     except PermissionError:
         raise NotPermitted(f"{path} is readable by its job's owner and the queue's admins only") from None
+    if data and title:  # an array's logs, one after another: say whose this is
+        sys.stdout.buffer.write(title.encode())
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
@@ -210,11 +248,13 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
         ensure_daemon(ctx.state)
     for job_id in job_ids:
-        members = [] if job_id in active else [r.id for r in queue.resolve([job_id]) if r.id in active]
+        named = [] if job_id in active else _members(queue, job_id)
+        members = [r.id for r in named if r.id in active]
         if members:
             click.echo(f"cancelling array {job_id} ({len(members)} active job(s))")
         else:
-            click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
+            what = "array" if named else "job"
+            click.echo(f"cancelling job {job_id}" if job_id in active else f"{what} {job_id} has already ended")
 
 
 @click.command("wait")

@@ -131,11 +131,43 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
         name = f"{(names.get(array_id) or first.name)[:18]} [{len(members)}]"
         held_gpus = sorted({g for m in members if m.state is JobState.RUNNING for g in m.gpus})
         why = f"{held} held: {first.reason}" if held else ""
+        failed = next((m for m in members if m.state in _FAILURES), None)
+        if failed is not None:  # what went wrong first says more than the counts
+            why = f"job {failed.id}: {_ending(failed)}" + (f"; {why}" if why else "")
         mem = _mem(first.mem_per_gpu, first.want_gpus, first.mem_auto, first.mem_from)
         row = (str(array_id), name, first.user, summary, str(first.want_gpus), _on(tuple(held_gpus)), mem, "-", why)
         rows.append((first._replace(id=array_id), row))
     rows.sort(key=lambda row: row[0].id)
     return _table(*_where(_HEADER, rows))
+
+
+_FAILURES = (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
+
+
+def array_view(array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None) -> str:
+    """`gpuq show ARRAY`: the array in a line (its name, counts, first failure), then one line per member with
+    its own arguments (its values in a sweep, else its command's arguments), failures first."""
+    now = time.time() if now is None else now
+    counts: dict[str, int] = {}
+    for member in members:
+        counts[member.state.value] = counts.get(member.state.value, 0) + 1
+    head = f"array {array_id}: {name}, {len(members)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    ordered = sorted(members, key=lambda m: (m.state not in _FAILURES, m.id))
+    rows = [
+        (
+            str(m.id), str(m.array_index), _STATE_TEXT[m.state], str(m.spec.gpus), _on(m.gpus),
+            format_duration(runtime(m, now)), _ending(Line.of(m)) or "-", member_arguments(m.spec),
+        )
+        for m in ordered
+    ]  # fmt: skip
+    return head + "\n" + _table(("ID", "INDEX", "STATE", "GPUS", "ON", "RUNTIME", "EXIT / REASON", "ARGS"), rows)
+
+
+def member_arguments(spec: JobSpec) -> str:
+    """What sets an array member apart: its values in a sweep (lr=1e-4 seed=2), else its command's arguments."""
+    if spec.values:
+        return " ".join(f"{name}={value}" for name, value in spec.values)
+    return shlex.join(spec.command[1:])[:60]
 
 
 class Progress:

@@ -283,10 +283,10 @@ def closing_line(records: list[JobRecord]) -> str:
     RuntimeError: loss is NaN" (the first that did not succeed, and why)."""
     if not records:
         return "gpuq: no jobs to wait for"
-    counts: dict[str, int] = {}
+    counts = {state.value: 0 for state in JobState}  # succeeded first, then the ways not to succeed
     for record in records:
-        counts[record.state.value] = counts.get(record.state.value, 0) + 1
-    line = "gpuq: " + ", ".join(f"{count} {state}" for state, count in counts.items())
+        counts[record.state.value] += 1
+    line = "gpuq: " + ", ".join(f"{count} {state}" for state, count in counts.items() if count)
     first = next((r for r in records if r.state is not JobState.SUCCEEDED), None)
     if first is not None:
         line += f": job {first.id} {first.state.value}: {first.reason or f'exit code {first.exit_code}'}"

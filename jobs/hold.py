@@ -20,6 +20,10 @@ import signal
 import sys
 import tempfile
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 GIVEN = ("CUDA_", "GPUQ_", "PYTORCH_CUDA_ALLOC_CONF", "NVIDIA_")  # what gpuq sets for a job on its GPUs
 
 
@@ -32,14 +36,34 @@ def start_ticks(pid: int) -> str | None:
         return None
 
 
+def client_argv(pid: int, ticks: str) -> list[str]:
+    """The words that tie a placeholder to the `gpuq run` process it serves: ``client_alive`` reads them."""
+    return ["--client", str(pid), ticks]
+
+
+def client_alive(command: Sequence[str]) -> bool | None:
+    """Whether the client a placeholder's command names still runs (None: it names none). The daemon asks
+    before it starts the job: a `gpuq run` that is gone (its terminal closed, a kill -9) withdraws it."""
+    try:
+        at = list(command).index("--client")
+        pid, ticks = int(command[at + 1]), command[at + 2]
+    except (ValueError, IndexError):
+        return None
+    return start_ticks(pid) == ticks
+
+
 def main(argv: list[str]) -> int:
     client = None
     if argv[:1] == ["--client"]:
         pid, ticks = int(argv[1]), argv[2]
         client = os.pidfd_open(pid) if start_ticks(pid) == ticks else None
         if client is None or start_ticks(pid) != ticks:  # gone (or its pid reused) before we started
+            # The daemon withdraws such a job before it starts; one that went in the moment between ends as
+            # a terminal's hang-up ends a program, never as a success: nothing ran.
             sys.stdout.write(json.dumps({"gone": True}) + "\n")
-            return 0
+            sys.stdout.flush()
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGHUP)
     place = tempfile.mkdtemp(prefix="gpuq-hold-")
     outcome = os.path.join(place, "outcome")
     os.mkfifo(outcome, 0o600)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal as _signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,21 +75,36 @@ class JobSpec:
     # An interactive job (`gpuq run`, `gpuq alloc`): the pid of the gpuq process whose program uses its
     # GPUs from the user's terminal. GPU processes under it count as the job's.
     client: int | None = None
+    # A sweep over named values (`--array lr=1e-4,1e-3 --array seed=1,2`): each name and its values. Member k
+    # of such an array runs the k-th combination, in itertools.product's order, with {name} in its command
+    # replaced by its value; ``values`` are a member's own, kept to be shown.
+    sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    values: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_spec(
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
-            mem_auto=self.mem_auto,
+            mem_auto=self.mem_auto, sweep=self.sweep,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:
-        """One array member's spec: ``{index}`` in the command and name replaced by its index."""
+        """One array member's spec: ``{index}`` in the command and name replaced by its index, and in a sweep
+        each ``{name}`` by the member's value."""
+        values = sweep_values(self.sweep, index) if self.sweep else ()
+        words = (("{index}", str(index)), *(("{" + name + "}", value) for name, value in values))
+
+        def fill(text: str) -> str:
+            for placeholder, value in words:
+                text = text.replace(placeholder, value)
+            return text
+
         return dataclasses.replace(
             self,
-            command=tuple(word.replace("{index}", str(index)) for word in self.command),
-            name=self.name.replace("{index}", str(index)) if self.name else "",
+            command=tuple(fill(word) for word in self.command),
+            name=fill(self.name) if self.name else "",
             notify=None,  # an array notifies once, when every member has ended
+            values=values,
         )
 
     @property
@@ -103,7 +118,12 @@ class JobSpec:
 
     @property
     def display_name(self) -> str:
-        return self.name or _basename(self.command[0])
+        return self.name or self.default_name
+
+    @property
+    def default_name(self) -> str:
+        """The name of a job without a --name: its program (``program_name``), and a sweep member's values."""
+        return " ".join([program_name(self.command), *(f"{name}={value}" for name, value in self.values)])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +147,8 @@ class JobSpec:
             "kind": self.kind,
             "mem_from": self.mem_from,
             "client": self.client,
+            "sweep": [[name, list(values)] for name, values in self.sweep],
+            "values": [list(pair) for pair in self.values],
         }
 
     @classmethod
@@ -160,6 +182,8 @@ class JobSpec:
                 kind=_typed(data.get("kind", ""), str, "kind"),
                 mem_from=_typed(data.get("mem_from", ""), str, "mem_from"),
                 client=_optional(data.get("client"), int, "client"),
+                sweep=_sweep(data.get("sweep", [])),
+                values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -183,8 +207,66 @@ def _optional(value: Any, kind: type, name: str) -> Any:
     return None if value is None else _typed(value, kind, name)
 
 
+def _sweep(data: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    sweep = []
+    for item in _typed(data, list, "sweep"):
+        if not isinstance(item, list) or len(item) != 2:
+            raise BadInput("sweep must be a list of [name, values] pairs")
+        values = _typed(item[1], list, "sweep")
+        sweep.append((_typed(item[0], str, "sweep"), tuple(_typed(value, str, "sweep") for value in values)))
+    return tuple(sweep)
+
+
+def _pair(item: Any, name: str) -> tuple[str, str]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise BadInput(f"{name} must be a list of [name, value] pairs")
+    return _typed(item[0], str, name), _typed(item[1], str, name)
+
+
+def sweep_values(sweep: Sequence[tuple[str, Sequence[str]]], index: int) -> tuple[tuple[str, str], ...]:
+    """Member ``index``'s combination of a sweep's values, in itertools.product's order (the last name varies
+    fastest)."""
+    picked = []
+    for name, values in reversed(sweep):
+        index, at = divmod(index, len(values))
+        picked.append((name, values[at]))
+    if index:
+        raise BadInput(f"a sweep of {sweep_size(sweep)} combinations has no member {index}")
+    return tuple(reversed(picked))
+
+
+def sweep_size(sweep: Sequence[tuple[str, Sequence[str]]]) -> int:
+    size = 1
+    for _, values in sweep:
+        size *= len(values)
+    return size
+
+
 def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
+_PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # options of python's that take the next word
+
+
+def program_name(command: Sequence[str]) -> str:
+    """What a job without a --name is called: its program's base name, or for ``python [OPTIONS] train.py``
+    the script's (``train.py``) and for ``python -m pkg.mod`` the module: every Python job named "python"
+    told a newcomer nothing."""
+    program = _basename(command[0])
+    if not ((program.startswith("python") and program[6:].replace(".", "").isdigit()) or program == "python"):
+        return program
+    words = iter(command[1:])
+    for word in words:
+        if word in ("-m", "-c") or word in _PYTHON_VALUE_OPTIONS:
+            following = next(words, "")
+            if word == "-m":
+                return following or program
+            if word == "-c":
+                return program
+        elif word == "-" or not word.startswith("-"):
+            return _basename(word) if word != "-" else program
+    return program
 
 
 @dataclass(frozen=True)
@@ -219,6 +301,11 @@ class Outcome:
     @classmethod
     def cancelled(cls, by: str, signum: int | None = None) -> Outcome:
         return cls(JobState.CANCELLED, signal=signum, reason=f"cancelled by {by}")
+
+    @classmethod
+    def withdrawn(cls, reason: str) -> Outcome:
+        """A job that never ran and never will: recorded cancelled, saying why."""
+        return cls(JobState.CANCELLED, reason=f"withdrawn: {reason}")
 
     @classmethod
     def lost(cls, reason: str) -> Outcome:
@@ -301,6 +388,7 @@ class JobRecord:
             "log": self.log,
             "array_id": self.array_id,
             "array_index": self.array_index,
+            "values": dict(self.spec.values),  # a sweep member's own (--array lr=...)
             "attempt": self.attempt,
             "held": self.held,
             "cluster": self.cluster,

@@ -13,6 +13,8 @@ TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker nee
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+MAX_ARRAY = 100_000  # members in one array (indices or the product of named values): one bound for every check
+MAX_SWEEP_NAMES = 8  # names in one sweep (--array lr=... --array seed=...)
 MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
 MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode, in its order
 _INFINITY = float("inf")  # not math.inf: loading math is ~0.2 ms of every quick `gpuq submit`
@@ -29,8 +31,11 @@ def check_spec(
     time_limit: float | None,
     after: Sequence[int],
     mem_auto: bool = False,
+    sweep: Sequence[tuple[str, Sequence[str]]] = (),
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
+    if sweep:
+        check_sweep(sweep)
     if not command:
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     if gpus < 0:
@@ -51,3 +56,27 @@ def check_spec(
         raise BadInput(f"--time must be a positive, finite duration, not {time_limit}")
     if any(not 0 < dep < 1 << 63 for dep in after):
         raise BadInput("--after takes job ids, which are positive numbers")
+
+
+def check_sweep(sweep: Sequence[tuple[str, Sequence[str]]], command: Sequence[str] | None = None) -> None:
+    """A sweep over named values (``--array lr=1e-4,1e-3 --array seed=1,2``): each name a word of letters,
+    digits and ``_``, its values distinct and not empty, and the product within ``MAX_ARRAY``. Given the
+    command as typed (at submit), each name must appear in it as ``{name}``."""
+    if len(sweep) > MAX_SWEEP_NAMES:
+        raise BadInput(f"--array: at most {MAX_SWEEP_NAMES} names in one sweep, not {len(sweep)}")
+    size, seen = 1, set()
+    for name, values in sweep:
+        if not (name.replace("_", "a").isalnum() and name.isascii() and not name[0].isdigit()) or name == "index":
+            raise BadInput(f"--array {name}=...: a name is letters, digits and _ (not index), like lr or seed")
+        if name in seen:
+            raise BadInput(f"--array {name}=...: {name} is given twice; list all its values once: {name}=a,b,c")
+        seen.add(name)
+        if not values or any(not value or "\0" in value for value in values):  # NUL: no argv can hold it
+            raise BadInput(f"--array {name}=...: give its values separated by commas, like {name}=1e-4,3e-4")
+        if len(set(values)) < len(values):
+            raise BadInput(f"--array {name}=...: a value is given twice; each member runs one combination once")
+        if command is not None and not any("{" + name + "}" in word for word in command):
+            raise BadInput(f"--array {name}=...: write {{{name}}} in the command where each member's value goes")
+        size *= len(values)
+        if size > MAX_ARRAY:
+            raise BadInput(f"--array: the sweep has more than {MAX_ARRAY} combinations; at most {MAX_ARRAY}")

@@ -12,7 +12,7 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MODES, check_spec
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_spec, check_sweep
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -113,6 +113,7 @@ def capture_spec(
     notify: str | None = None,
     python: str | None = None,
     like: int | None = None,
+    sweep: Sequence[tuple[str, Sequence[str]]] = (),
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
@@ -130,7 +131,7 @@ def capture_spec(
     program = command[0]
     interpreter = None
     if program.endswith(".py"):
-        if "{index}" not in program:  # a per-member script is checked when that member starts
+        if "{" not in program:  # a per-member script ({index}, {name}) is checked when that member starts
             _require_file(program, workdir)
         interpreter = python or find_python(captured)
     elif mode_name == "torchrun":
@@ -145,8 +146,10 @@ def capture_spec(
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
-        time_limit=seconds, after=after, mem_auto=mem_auto,
+        time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep,
     )  # fmt: skip
+    if sweep:
+        check_sweep(sweep, command)  # each {name} where its value goes
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
         "cwd": workdir,
@@ -168,6 +171,8 @@ def capture_spec(
         "kind": kind_of(command, workdir),
         "mem_from": "",
         "client": None,
+        "sweep": [[name, list(values)] for name, values in sweep],
+        "values": [],
     }
 
 
@@ -236,7 +241,37 @@ def _require_program(program: str, workdir: str, path: str) -> None:
         raise BadInput(f"command not found: {program}; check the name or give its full path")
 
 
-MAX_ARRAY = 100_000
+def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """Every ``--array`` given: (member indices, how many run at once, the sweep). Indices once (``0-49%8``),
+    or named values, one name each time (``lr=1e-4,3e-4,1e-3``, ``seed=1,2,3%4``): their product, one member
+    per combination, indexed 0, 1, ... in itertools.product's order. Nothing given (or only ""): no array."""
+    given = [text for text in texts if text]
+    named = [text for text in given if "=" in text]
+    if not named:
+        if len(given) > 1:
+            raise BadInput(f"--array {given[1]!r}: give the indices once, like --array 0-49 or --array 1,3,7")
+        if not given:
+            return (), None, ()
+        indices, throttle = parse_array(given[0])
+        return indices, throttle, ()
+    if len(named) < len(given):
+        hint = "give indices (--array 0-9) or named values (--array lr=1e-4,3e-4), not both"
+        raise BadInput(f"--array {next(t for t in given if '=' not in t)!r}: {hint}")
+    sweep, throttle = [], None
+    for text in named:
+        name, _, rest = text.partition("=")
+        body, percent, tail = rest.rpartition("%")
+        if percent and tail.isdigit():
+            if int(tail) < 1:
+                raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
+            throttle, rest = int(tail), body
+        values = tuple(value.strip() for value in rest.split(","))
+        sweep.append((name.strip(), values))
+    check_sweep(sweep)
+    size = 1
+    for _, values in sweep:
+        size *= len(values)
+    return tuple(range(size)), throttle, tuple(sweep)
 
 
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
@@ -266,12 +301,12 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     return tuple(sorted(indices)), throttle
 
 
-def parse_ids(text: str) -> tuple[int, ...]:
-    """``12,13`` -> (12, 13): job or array ids for --after."""
+def parse_ids(text: str, option: str = "--after") -> tuple[int, ...]:
+    """``12,13`` -> (12, 13): job or array ids for --after (or status's -j)."""
     try:
         ids = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13") from None
+        raise BadInput(f"{option} {text!r}: give job ids separated by commas, like 12,13") from None
     if not ids or any(i <= 0 for i in ids):
-        raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13")
+        raise BadInput(f"{option} {text!r}: give job ids separated by commas, like 12,13")
     return ids

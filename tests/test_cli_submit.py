@@ -167,10 +167,17 @@ SAME = [
     ["--array", "", "true"],
     ["--gpus", "1", "--gpus", "3", "true"],
     ["--name", "--json", "true"],
-    ["true", "--gpus", "3", "--help", "--after", "1"],
+    ["true", "--gpus", "3", "--help", "--priority", "1"],
     ["--", "ls", "-l"],
     ["--gpus", "0", "--", "--weird-name"],
     ["sh", "-c", "echo $0", "--", "x"],
+    ["train.py", "--gpus", "2"],
+    ["train.py", "--gpus=2", "--lr", "0.1", "--name", "t"],
+    ["train.py", "--gpus", "2", "--", "--lr", "0.1", "--gpus", "4"],
+    ["python", "train.py", "--gpus", "2", "--seed", "1"],
+    ["sh", "-c", "echo --gpus 3 $1", "--gpus", "0", "--", "--name"],
+    ["true", "-h", "--json"],
+    ["--array", "lr=1e-4,1e-3%1", "echo", "{lr}", "{seed}", "--array", "seed=1,2", "--name", "s{seed}"],
 ]
 
 
@@ -197,11 +204,24 @@ def test_quick_and_click_write_the_same_request_and_print_the_same(queue: Queue,
     assert written[QUICK] == written[CLICK]
 
 
-def test_options_after_the_command_are_the_jobs(queue: Queue) -> None:
-    queue.gpuq(QUICK, "submit", "--gpus", "0", "echo", "--gpus", "3", "--", "-h")
-    (request,) = queue.requests()
-    spec = json.loads(request.read_text())["spec"]
-    assert spec["command"] == ["echo", "--gpus", "3", "--", "-h"] and spec["gpus"] == 0
+def test_gpuqs_options_after_the_command_are_gpuqs_and_after_a_double_dash_the_jobs(queue: Queue) -> None:
+    """The headline `gpuq submit train.py --gpus 2` queued `train.py --gpus 2` on one GPU."""
+    for entry in (QUICK, CLICK):
+        queue.gpuq(entry, "submit", "train.py", "--gpus", "2", "--lr", "0.1", "--", "--gpus", "4", "--", "-h")
+        (request,) = queue.requests()
+        spec = json.loads(request.read_text())["spec"]
+        request.unlink()
+        assert spec["command"] == ["train.py", "--lr", "0.1", "--gpus", "4", "--", "-h"] and spec["gpus"] == 2
+
+
+def test_the_split_rule() -> None:
+    takes = cli_submit.TAKES_VALUE
+    assert cli_submit.split(["train.py", "--gpus", "2"], takes) == (["--gpus", "2"], ["train.py"])
+    assert cli_submit.split(["--", "train.py", "--gpus", "2"], takes) == ([], ["train.py", "--gpus", "2"])
+    assert cli_submit.split(["--bogus", "x.py", "--help"], takes) == (["--bogus"], ["x.py", "--help"])
+    assert cli_submit.split(["x.py", "--json", "--name"], takes) == (["--json", "--name"], [])  # lacks its value
+    bash = ["bash", "-c", "python t.py --gpus 4"]  # one word: the shell's script is the job's
+    assert cli_submit.split(bash, takes) == ([], bash)
 
 
 def test_an_array_prints_its_members(queue: Queue) -> None:
@@ -276,6 +296,8 @@ FALLBACKS = [
     (["--on", "lab", "true"], 2, "no cluster named 'lab'"),
     (["--after", "99", "true"], 2, "no job 99 in this queue"),
     (["--after-any", "true"], 2, "--after-any says how to read --after"),
+    (["true", "--gpus"], 2, "Option '--gpus' requires an argument"),
+    (["train.py", "--mode", "eval"], 2, "'eval' is not one of"),
 ]
 
 

@@ -209,10 +209,10 @@ def test_notify_runs_with_the_outcome_for_a_job_and_once_for_an_array(gpuq: Gpuq
     assert f"|{array_id}|failed||failed=3 succeeded=1" in lines.splitlines()
 
 
-def test_wait_shows_progress_on_a_terminal_and_nothing_elsewhere(gpuq: Gpuq) -> None:
+def test_wait_shows_progress_on_a_terminal_and_only_a_closing_line_elsewhere(gpuq: Gpuq) -> None:
     array_id, _ = _array(gpuq, "--array", "0-3", "--gpus", "0", "sleep", "0.3")
     quiet = gpuq.run("wait", "--array", str(array_id))
-    assert quiet.stderr == "" and quiet.stdout == ""
+    assert quiet.stderr == "gpuq: 4 succeeded\n" and quiet.stdout == ""
     array_id, _ = _array(gpuq, "--array", "0-3", "--gpus", "0", "sh", "-c", "sleep 0.3; exit {index}")
     controller, terminal = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "wait", "--array", str(array_id)],
@@ -230,6 +230,7 @@ def test_wait_shows_progress_on_a_terminal_and_nothing_elsewhere(gpuq: Gpuq) -> 
         shown += chunk
     text = shown.decode()
     assert "4/4 done, 3 failed" in text and "ETA" in text and "exit code" in text
+    assert "gpuq: 1 succeeded, 3 failed: job " in text
 
 
 def test_python_api_array_and_wait(gpuq: Gpuq) -> None:

@@ -155,12 +155,29 @@ def test_text_report_has_the_headline_tables_and_idle_time() -> None:
     headline, usage, *_ = text.splitlines()
     assert "3 jobs, 1 succeeded, 2 failed" in headline and "(12h00m)" in headline
     assert "4 GPUs" in usage and "idle while work waited 3.00 GPU-hours" in usage
-    assert re.search(r"^2\s+seed2\s+alice\s+5\[2\]\s+failed\s+3\s+1h00m\s+-\s+0,1,2,3\s+exit code 3$", text, re.M)
+    assert re.search(r"^2\s+seed2\s+alice\s+5\[2\]\s+-\s+failed\s+3\s+1h00m\s+-\s+0,1,2,3\s+exit code 3$", text, re.M)
     assert re.search(r"^3\s+seed.*SIGKILL", text, re.M) is None  # job 3 has no name: it shows its command
-    assert re.search(r"^3\s+x\s+bob\s+-\s+failed\s+SIGKILL\s", text, re.M)
+    assert re.search(r"^3\s+x\s+bob\s+-\s+-\s+failed\s+SIGKILL\s", text, re.M)
     assert re.search(r"^1\s+seed1.*3\.0G", text, re.M)
     assert re.search(r"^alice\s+5\.00$", text, re.M) and re.search(r"^bob\s+0\.10$", text, re.M)
-    assert re.search(r"^ARRAY\s+GPU-HOURS\n5\s+4\.00$", text, re.M)
+    assert re.search(r"^ARRAY\s+NAME\s+GPU-HOURS\n5\s+-\s+4\.00$", text, re.M)
+
+
+def test_the_report_names_arrays_and_shows_each_members_own_arguments_failures_first() -> None:
+    """The report showed members as 5[2], with neither the array's name nor what the member ran with."""
+    sweep = JobSpec(command=("train.py", "--lr", "{lr}"), cwd="/", gpus=1, sweep=(("lr", ("1e-4", "1e-3")),))
+    members = [
+        JobRecord(id=6 + i, spec=sweep.member(i), uid=1000, user="alice", state=state, submitted_at=NOW - H,
+                  started_at=NOW - H, ended_at=NOW, gpus=(0,), array_id=5, array_index=i)
+        for i, state in enumerate((JobState.SUCCEEDED, JobState.FAILED))
+    ]  # fmt: skip
+    plain = job(1, submitted=-1, started=-1, ended=0, gpus=(1,))
+    report = build_report([plain, *members], gpu_count=2, now=NOW, since=2 * H, array_names={5: "lr-sweep"})
+    assert [row.id for row in report.rows] == [7, 1, 6]  # what did not succeed first
+    text = render_text(report)
+    assert re.search(r"^7\s+train\.py lr=1e-3\s+alice\s+lr-sweep 5\[1\]\s+lr=1e-3\s+failed\s", text, re.M), text
+    assert re.search(r"^ARRAY\s+NAME\s+GPU-HOURS\n5\s+lr-sweep\s+2\.00$", text, re.M)
+    assert "lr-sweep 5[0]" in render_html(report)
 
 
 def test_an_empty_window_says_so() -> None:

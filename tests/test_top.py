@@ -24,10 +24,11 @@ pytestmark = pytest.mark.skipif(
 class Terminal:
     """One tmux server of our own (its own socket), with one 80x24 window running a command."""
 
-    def __init__(self, socket: Path, command: str, env: dict[str, str]) -> None:
+    def __init__(self, socket: Path, command: str, env: dict[str, str], columns: int = 80) -> None:
         assert TMUX, "CI runs the terminal tests, but tmux is missing: apt-get install tmux"
         self.base = [TMUX, "-S", str(socket)]
-        subprocess.run([*self.base, "new-session", "-d", "-x", "80", "-y", "24", command], env=env, check=True)
+        size = ["-x", str(columns), "-y", "24"]
+        subprocess.run([*self.base, "new-session", "-d", *size, command], env=env, check=True)
 
     def screen(self, escapes: bool = False) -> str:
         flags = ["-p", "-e"] if escapes else ["-p"]
@@ -61,9 +62,30 @@ def box(tmp_path: Path) -> Iterator[tuple[Gpuq, dict[str, int]]]:
     gpuq.cleanup()
 
 
-def _top(gpuq: Gpuq, tmp_path: Path, *env: str) -> Terminal:
+def _top(gpuq: Gpuq, tmp_path: Path, *env: str, columns: int = 80) -> Terminal:
     command = " ".join([*env, "python", "-m", "gpuq_scheduler", "top", "--interval", "0.5"])
-    return Terminal(tmp_path / "tmux.sock", f"{command}; sleep 60", gpuq.env)
+    return Terminal(tmp_path / "tmux.sock", f"{command}; sleep 60", gpuq.env, columns)
+
+
+def test_top_counts_jobs_not_rows_and_uses_a_wide_terminals_width(
+    box: tuple[Gpuq, dict[str, int]], tmp_path: Path
+) -> None:
+    """An array of 4 folded into one row was counted as one job; the bars stayed 30 wide in 200 columns."""
+    gpuq, _ = box
+    term = _top(gpuq, tmp_path, "COLUMNS=200", columns=200)
+    try:
+        screen = term.shows(r"USES\s+UTIL\s+RUNTIME")
+
+        def counted() -> tuple[int, int] | None:
+            found = re.search(r"(\d+) running  (\d+) waiting", term.screen())
+            return (int(found[1]), int(found[2])) if found else None
+
+        # The packed job, the 2-GPU job and the array's 4 members: 6 jobs in at most 4 rows.
+        wait_for(lambda: (shown := counted()) is not None and sum(shown) == 6, 30, "6 jobs counted")
+        bar = next(line for line in screen.splitlines() if line.startswith("[") and "] jobs " in line)
+        assert len(bar.split("]")[0]) > 100, bar
+    finally:
+        term.close()
 
 
 def test_top_shows_the_gpus_and_the_jobs_in_80_columns(box: tuple[Gpuq, dict[str, int]], tmp_path: Path) -> None:

@@ -297,14 +297,15 @@ def slurm_outcome(record: JobRecord, seen: SlurmJob, cancel_by: str | None, fail
 def _from_exit(record: JobRecord, data: Mapping[str, Any], seen: SlurmJob | None, cancel_by: str | None) -> JobRecord:
     code, signum = _int(data.get("exit_code")), _int(data.get("signal"))
     outcome: Outcome
+    # Slurm's stop before the exit code: a job that caught the signal and exited 0 did not finish its work.
     if data.get("spawn_error"):
         outcome = Outcome.failed_to_spawn(str(data["spawn_error"]))
-    elif code == 0:
-        outcome = Outcome.succeeded()
     elif data.get("reason") == "signal" and seen is not None and seen.state in ("TIMEOUT", "DEADLINE"):
         outcome = _timeout(record, signum)
     elif data.get("reason") == "signal" and (cancel_by or (seen is not None and seen.state == "CANCELLED")):
         outcome = Outcome.cancelled(cancel_by or "Slurm (scancel outside gpuq, or an admin)", signum)
+    elif code == 0:
+        outcome = Outcome.succeeded()
     elif code is not None:
         outcome = Outcome.failed(code)
     elif signum is not None:

@@ -136,7 +136,8 @@ def spec_row(spec: JobSpec) -> tuple[Any, ...]:
     """The spec's column and its LISTED copies, in that order."""
     data = spec.to_json()
     del data["env"]  # kept in its own column: listings never parse environments
-    return (json.dumps(data), spec.name, spec.command[0], spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
+    name = spec.default_name  # the "program" column holds what a job without a --name is called
+    return (json.dumps(data), spec.name, name, spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
 
 
 SPEC_COLUMNS = ", ".join(["spec", *(column for column, _, _ in LISTED)])  # spec_row's columns...

@@ -22,3 +22,16 @@ class Context:
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+class JobCommand(click.Command):
+    """A command that ends in a job's COMMAND [ARGS]... (`gpuq submit`, `gpuq run`): gpuq's own options are
+    gpuq's wherever they stand before ``--``, after the command too; everything after ``--`` is the job's.
+    The rule is ``launcher.cli.submit.split``'s, which the quick `gpuq submit` parser follows too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from gpuq_scheduler.launcher.cli.submit import split
+
+        takes_value = {flag: not p.is_flag for p in self.params if isinstance(p, click.Option) for flag in p.opts}
+        own, command = split(args, takes_value)
+        return super().parse_args(ctx, [*own, "--", *command] if command else own)

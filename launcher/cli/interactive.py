@@ -25,9 +25,9 @@ from typing import Any
 import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
-from gpuq_scheduler.jobs.hold import start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
-from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+from gpuq_scheduler.jobs.hold import client_argv, start_ticks
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name, signal_name
+from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a program whose allocation ended
@@ -87,7 +87,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     argv = [sys.executable, "-m", HOLD]
     ticks = start_ticks(os.getpid())
     if client and ticks is not None:
-        argv += ["--client", str(os.getpid()), ticks]
+        argv += client_argv(os.getpid(), ticks)
     spec = JobSpec.from_json(capture_spec(
         argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
         name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
@@ -104,19 +104,29 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
 
 
 def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
-    """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it."""
+    """Wait until the job runs, with one live line on a terminal; Ctrl-C withdraws it, and so does a hang-up
+    (the terminal closed) or a SIGTERM: a job whose client is gone must never start (the daemon withdraws it
+    too, should this process die of a kill -9)."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
-    place, counted = 1, -float("inf")
+    place, counted, said = 1, -float("inf"), False
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, _withdraw)
     try:
         while True:
             record = queue.get(job_id)
             if record.state is JobState.RUNNING:
                 if live:
                     click.echo("\r\033[K", nl=False, err=True)
+                elif said:
+                    gpus = ",".join(map(str, record.gpus)) or "none"
+                    waited = time.monotonic() - began
+                    click.echo(f"gpuq: job {job_id} starts (GPUs {gpus}) after {waited:.0f}s", err=True)
                 return record
             if record.state.finished:
                 raise GpuqError(f"job {job_id} ended before it started: {record.state.value}: {record.reason}")
-            if live and time.monotonic() - counted >= 2.0:  # reading every waiting job: not ten times a second
+            # Off a terminal (a script, a log) one line says that it waits and why, once the daemon has said.
+            tell = not live and not said and (record.reason or time.monotonic() - began >= 2.0)
+            if (live or tell) and time.monotonic() - counted >= 2.0:  # reading every waiting job: not 10 times a second
                 ahead, counted = (-record.spec.priority, job_id), time.monotonic()
                 place = 1 + sum(1 for r in queue.records(active_only=True)
                                 if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead)  # fmt: skip
@@ -124,14 +134,31 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 why = record.reason or "waiting for the daemon"
                 line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
                 click.echo(f"\r\033[K{line[:200]}", nl=False, err=True)
+            elif tell:
+                why = record.reason or "waiting for the daemon"
+                click.echo(f"gpuq: job {job_id} waits ({place} in line): {why}", err=True)
+                said = True
             time.sleep(0.1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Withdraw) as why:
         queue.cancel([job_id])
         from gpuq_scheduler.jobs.api import ensure_daemon
 
         ensure_daemon(ctx.state)
         click.echo(("\r\033[K" if live else "") + f"gpuq: withdrew job {job_id}", err=True)
-        sys.exit(130)
+        sys.exit(128 + why.signum if isinstance(why, _Withdraw) else 130)
+    finally:
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+
+
+class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _withdraw(signum: int, frame: object) -> None:
+    raise _Withdraw(signum)
 
 
 def _given(record: JobRecord, timeout: float = 30.0) -> dict[str, Any]:
@@ -192,6 +219,10 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
         elif ended_at is not None and time.monotonic() - ended_at > GRACE:
             child.kill()
     _report(given, code)
+    if not sys.stderr.isatty():  # a terminal saw the program end; a script's log is told how
+        ended = f"failed: exit code {code}" if code > 0 else f"killed by {signal_name(-code)}" if code else "succeeded"
+        with contextlib.suppress(OSError):  # a terminal that hung up is no terminal, and takes no line either
+            click.echo(f"gpuq: job {job_id} {ended}", err=True)
     return code if code >= 0 else 128 - code
 
 
@@ -228,7 +259,7 @@ def _report(given: dict[str, Any], code: int) -> None:
             os.close(fd)
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
 @_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -237,12 +268,13 @@ def run(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
 
     It waits its turn like any job (Ctrl-C while waiting withdraws it), then runs here with
     CUDA_VISIBLE_DEVICES and GPUQ_JOB_ID set. Its output is this terminal's, not in `gpuq logs`.
+    gpuq's own options may also follow the command; everything after -- is the program's.
     """
     if options["on"]:
-        _on_cluster("srun", options, os.path.basename(command[0]), list(command))
+        _on_cluster("srun", options, program_name(command), list(command))
     if shutil.which(command[0]) is None:  # refused before anything is queued, as `gpuq submit` does
         raise BadInput(f"command not found: {command[0]}; check the name or give its full path")
-    job_id = _hold(ctx, os.path.basename(command[0]), options, client=True)
+    job_id = _hold(ctx, program_name(command), options, client=True)
     sys.exit(_run_held(ctx, job_id, list(command)))
 
 

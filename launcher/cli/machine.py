@@ -63,10 +63,12 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
 
     window = parse_duration(since)
     inventory = ctx.queue.inventory()
-    records = ctx.jobs().records()
+    queue = ctx.jobs()
+    records = queue.records()
     totals = inventory.totals if inventory else ()
     result = build_report(
-        records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead
+        records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead,
+        array_names=queue.array_names(),
     )
     click.echo(render_text(result))
     if html_file is not None:

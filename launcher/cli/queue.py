@@ -13,10 +13,10 @@ import click
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
+from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
 @click.option(
     "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
@@ -29,7 +29,10 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
 @click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
-@click.option("--array", "array_spec", metavar="SPEC", help="Queue members: 0-49, 1,3,7, 0-20:5; %N runs N at once.")
+@click.option(
+    "--array", "array_spec", multiple=True, metavar="SPEC", help="Queue members: indices 0-49, 1,3,7, 0-20:5; or "
+    "values NAME=V1,V2,... for {NAME} in the command (again for a product); %N runs N at once.",
+)  # fmt: skip
 @click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
 @click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
 @click.option("--retries", type=int, default=0, show_default=True, help="Run again after a failure, with backoff.")
@@ -42,11 +45,19 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @pass_ctx
 def submit(
     ctx: Context, gpus: int, mem: str | None, like: int | None, name: str, priority: int, time_limit: str | None,
-    mode: str,
-    env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
-    oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
+    mode: str, env: tuple[str, ...], cwd: str | None, array_spec: tuple[str, ...], after: str | None,
+    after_any: bool, retries: int, oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None,
+    command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
+
+    gpuq's own options may come before or after the command; everything after -- is the job's. A job
+    option that shares a name with one of gpuq's goes after --:
+
+    \b
+        gpuq submit train.py --gpus 2              # 2 GPUs; the job's argv: train.py
+        gpuq submit train.py --gpus 2 -- --gpus 4  # 2 GPUs; argv: train.py --gpus 4
+        gpuq submit train.py --lr 0.1              # options gpuq lacks are the job's
 
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """
@@ -54,20 +65,23 @@ def submit(
     from gpuq_scheduler.jobs.errors import NoIdYet
     from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
-    from gpuq_scheduler.jobs.submission import capture_spec, parse_array, parse_ids
+    from gpuq_scheduler.jobs.submission import capture_spec, parse_arrays, parse_ids
 
     # launcher.cli.submit runs most submits without click, through the same capture_spec: keep the two in step.
-    plan = ArrayPlan(*parse_array(array_spec)) if array_spec else None
+    indices, throttle, sweep = parse_arrays(array_spec)
+    plan = ArrayPlan(indices, throttle) if indices else None
     spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify, like=like,
+        retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep,
     ))  # fmt: skip
     if like is not None and on is None:
         try:
             ctx.queue.get(like)
         except UnknownJob:
             raise BadInput(f"--like {like}: no job {like} here to learn from (see `gpuq status --all`)") from None
+    if sweep and on is not None:
+        raise BadInput(f"--array {sweep[0][0]}=...: named values run on this machine's queue; --on takes indices")
     if after_any and not after:
         raise BadInput("--after-any says how to read --after: give --after IDS too")
     if on is None and ctx.queue.inventory() is None:
@@ -104,23 +118,34 @@ def check_live_inventory(spec: JobSpec) -> None:
 
 
 @click.command()
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("-j", "--jobs", "listed", multiple=True, metavar="IDS", help="Jobs or arrays 1,2,...")
 @click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
 @click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
-def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
-    """What is queued, running and recently done, and which GPUs each job got."""
+def status(
+    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, expand: bool, as_json: bool
+) -> None:
+    """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
+    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only."""
     from gpuq_scheduler.jobs.listing import Line
+    from gpuq_scheduler.jobs.submission import parse_ids
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
+    wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     with many_rows():
+        chosen = queue.resolve(wanted) if wanted else None
         if as_json:
-            records = queue.records() if show_all else _active_and_recent(queue)
+            records = chosen if chosen is not None else queue.records() if show_all else _active_and_recent(queue)
             click.echo(json.dumps([r.to_json() for r in records], indent=1))
         else:
             # --all reads a listing's few fields straight from the table: no record is built per job.
-            lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
+            if chosen is not None:
+                lines = [Line.of(r) for r in chosen]
+            else:
+                lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
             if lines:
                 click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
             else:
@@ -151,11 +176,27 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
-    """Everything gpuq knows about one job."""
+    """Everything gpuq knows about one job; for an array, its members, one line each."""
+    from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
-    record = ctx.jobs().details(job_id)
+    queue = ctx.jobs()
+    members = _members(queue, job_id)
+    if members:
+        name = queue.array_names().get(job_id) or members[0].spec.display_name
+        if as_json:
+            click.echo(json.dumps({"array": job_id, "name": name, "jobs": [r.to_json() for r in members]}, indent=1))
+        else:
+            click.echo(array_view(job_id, name, members))
+        return
+    record = queue.details(job_id)
     click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
+
+
+def _members(queue: Queue, job_id: int) -> list[JobRecord]:
+    """The members of array ``job_id`` (its id stands for them all), or [] if it is a job's id."""
+    records = queue.resolve([job_id])
+    return records if records and records[0].array_id == job_id and records[0].id != job_id else []
 
 
 @click.command()
@@ -163,20 +204,29 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @pass_ctx
 def logs(ctx: Context, job_id: int, follow: bool) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr); for an array, each member's, under a line naming it."""
     queue = ctx.jobs()
-    record = queue.get(job_id)
-    path = Path(record.log)
-    offset = 0
+    members = _members(queue, job_id)
+    ids = [r.id for r in members] if members else [job_id]
+    records = {r.id: r for r in members} if members else {job_id: queue.get(job_id)}
+    offsets = dict.fromkeys(ids, 0)
+    last: int | None = None
     while True:
-        offset = _copy_from(path, offset)
-        if not follow or queue.get(job_id).state.finished:
-            _copy_from(path, offset)
+        running = [i for i in ids if not records[i].state.finished] if follow else []
+        for member in ids:
+            offset = offsets[member]
+            title = f"==> job {member} (index {records[member].array_index}) <==\n" if members else ""
+            offsets[member] = _copy_from(Path(records[member].log), offset, title if member != last else "")
+            if offsets[member] != offset:
+                last = member
+        if not running:
             return
         time.sleep(0.1)
+        for member in running:
+            records[member] = queue.get(member)
 
 
-def _copy_from(path: Path, offset: int) -> int:
+def _copy_from(path: Path, offset: int, title: str = "") -> int:
     try:
         with path.open("rb") as handle:
             handle.seek(offset)
@@ -185,6 +235,8 @@ def _copy_from(path: Path, offset: int) -> int:
         return offset
     except PermissionError:
         raise NotPermitted(f"{path} is readable by its job's owner and the queue's admins only") from None
+    if data and title:  # an array's logs, one after another: say whose this is
+        sys.stdout.buffer.write(title.encode())
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
@@ -202,11 +254,13 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
         ensure_daemon(ctx.state)
     for job_id in job_ids:
-        members = [] if job_id in active else [r.id for r in queue.resolve([job_id]) if r.id in active]
+        named = [] if job_id in active else _members(queue, job_id)
+        members = [r.id for r in named if r.id in active]
         if members:
             click.echo(f"cancelling array {job_id} ({len(members)} active job(s))")
         else:
-            click.echo(f"cancelling job {job_id}" if job_id in active else f"job {job_id} has already ended")
+            what = "array" if named else "job"
+            click.echo(f"cancelling job {job_id}" if job_id in active else f"{what} {job_id} has already ended")
 
 
 @click.command("wait")
@@ -216,7 +270,8 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
 def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]) -> None:
     """Block until these jobs or arrays (default: all active jobs) end. Exit 0 only if all succeeded.
 
-    On a terminal it shows progress (done, failed, running, ETA); elsewhere it stays quiet.
+    On a terminal it shows progress (done, failed, running, ETA). At the end it says how they ended
+    ("8 succeeded", "2 failed: job 7 ..."), on a terminal or not.
     """
     wanted = [*job_ids, *arrays]
     records = _wait(ctx, [r.id for r in ctx.jobs().resolve(wanted)] if wanted else None)
@@ -225,7 +280,23 @@ def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]
         click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
     if len(failed) > 20:
         click.echo(f"... and {len(failed) - 20} more did not succeed (`gpuq status --expand`)", err=True)
+    click.echo(closing_line(records), err=True)
     sys.exit(1 if failed else 0)
+
+
+def closing_line(records: list[JobRecord]) -> str:
+    """How the jobs waited for ended, in one line: "8 succeeded", or "6 succeeded, 2 failed: job 7 failed:
+    RuntimeError: loss is NaN" (the first that did not succeed, and why)."""
+    if not records:
+        return "gpuq: no jobs to wait for"
+    counts = {state.value: 0 for state in JobState}  # succeeded first, then the ways not to succeed
+    for record in records:
+        counts[record.state.value] += 1
+    line = "gpuq: " + ", ".join(f"{count} {state}" for state, count in counts.items() if count)
+    first = next((r for r in records if r.state is not JobState.SUCCEEDED), None)
+    if first is not None:
+        line += f": job {first.id} {first.state.value}: {first.reason or f'exit code {first.exit_code}'}"
+    return line
 
 
 def _wait(ctx: Context, job_ids: list[int] | None) -> list[JobRecord]:

@@ -3,7 +3,8 @@ here; everything else goes to ``launcher.cli.app``).
 
 ``gpuq submit`` runs in loops (a sweep of 50 seeds), so its start-up is what users wait for, and click,
 dataclasses, the job model and SQLite together cost several times Python's own start. Here a submit is
-parsed over a table of submit's options (kept equal to click's by tests/test_cli_submit.py), then
+parsed over a table of submit's options (kept equal to click's by tests/test_cli_submit.py), split from
+the job's command by the rule click's commands follow too (``split``), then
 captured, checked and written by the same light functions the click command uses (``jobs.submission``,
 ``jobs.store.outbox``), so both write the same request and refuse bad input in the same words.
 
@@ -24,7 +25,7 @@ from gpuq_scheduler.jobs.rules import MODES
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 # Submit's options as launcher/cli/queue.py declares them: flag -> (dest, kind, default). "flag" takes no value;
@@ -40,7 +41,7 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
     "--mode": ("mode", "mode", "single"),
     "--env": ("env", "list", ()),
     "--cwd": ("cwd", "dir", None),
-    "--array": ("array_spec", "str", None),
+    "--array": ("array_spec", "list", ()),
     "--after": ("after", "str", None),
     "--after-any": ("after_any", "flag", False),
     "--retries": ("retries", "int", 0),
@@ -54,21 +55,51 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
 FOR_CLICK = ("--after", "--after-any", "--wait", "--on", "--like")
 
 
+# Whether each of submit's options takes a value: what ``split`` needs to tell gpuq's words from the job's.
+TAKES_VALUE = {flag: kind != "flag" for flag, (_, kind, _) in OPTIONS.items()}
+
+
+def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[str], list[str]]:
+    """``gpuq submit/run ARGS`` split into gpuq's own options (with their values, in order) and the job's
+    command. The rule, for the quick parser and click's commands alike: an option of gpuq's (``takes_value``
+    names them) is gpuq's wherever it stands before ``--``, after the command too; everything after the first
+    ``--`` is the job's, and that ``--`` is dropped. Any other word from the command on is the job's: its
+    script, its arguments, options gpuq does not know. An unknown option before the command stays with
+    gpuq's (a misspelt option of gpuq's: click says which). An option of gpuq's that lacks its value is left
+    last and the command dropped, so that click says the value is missing."""
+    own: list[str] = []
+    command: list[str] = []
+    at, count = 0, len(args)
+    while at < count:
+        arg = args[at]
+        at += 1
+        if arg == "--":
+            command += args[at:]
+            break
+        value = takes_value.get(arg.partition("=")[0]) if arg[:1] == "-" else None
+        if value is None:
+            (command if command or arg[:1] != "-" or arg == "-" else own).append(arg)
+            continue
+        own.append(arg)
+        if value and "=" not in arg:
+            if at == count:
+                return own, []  # --gpus with nothing after it
+            own.append(args[at])  # whatever it looks like, as click takes it: --name --json names the job "--json"
+            at += 1
+    return own, command
+
+
 def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
-    """``gpuq submit ARGS`` read as click reads them: (options by dest, command), or None for anything left
-    to click. As in click's submit (allow_interspersed_args=False), the first word that is not an option
-    starts the command, and it and every word after it are the job's; ``--`` ends the options too."""
+    """``gpuq submit ARGS`` read as click's submit reads them: (options by dest, command), or None for
+    anything left to click. Which words are gpuq's and which the job's is ``split``'s rule."""
+    own, command = split(args, TAKES_VALUE)
+    if not command:
+        return None  # no command (click's "Missing argument"), or an option without its value
     values: dict[str, Any] = {dest: default for dest, _, default in OPTIONS.values()}
     at = 0
-    while at < len(args):
-        arg = args[at]
-        if arg == "--":
-            at += 1
-            break
-        if not arg.startswith("-") or arg == "-":
-            break
+    while at < len(own):
+        flag, has_value, value = own[at].partition("=")
         at += 1
-        flag, has_value, value = arg.partition("=")
         known = OPTIONS.get(flag)
         if known is None:
             return None  # -h, --help, a misspelt or unknown option: click says which
@@ -79,9 +110,7 @@ def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
             values[dest] = True
             continue
         if not has_value:
-            if at == len(args):
-                return None  # the value is missing
-            value = args[at]  # whatever it looks like, as click takes it: --name --json names the job "--json"
+            value = own[at]  # split() gave every option that takes a value its value
             at += 1
         if kind == "int":
             try:
@@ -96,8 +125,7 @@ def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
             values[dest] = (*values[dest], value)
         else:
             values[dest] = value
-    command = list(args[at:])
-    return (values, command) if command else None  # no command: click's "Missing argument"
+    return values, command
 
 
 def needs_click(values: dict[str, Any]) -> bool:
@@ -109,7 +137,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     click's: a shared queue, or no GPU inventory recorded yet."""
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
     from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
-    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_array
+    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_arrays
 
     state = StateDir.from_env()
     if state.is_shared():  # its daemon gives the id, which click's path waits for
@@ -118,11 +146,13 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     if inventory is None:
         return False
     # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.
-    array = parse_array(options["array_spec"]) if options["array_spec"] else None
+    indices, throttle, sweep = parse_arrays(options["array_spec"])
+    array = (indices, throttle) if indices else None
     spec = capture_spec(
         command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
         env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
+        sweep=sweep,
     )  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])

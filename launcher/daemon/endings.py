@@ -11,12 +11,13 @@ import contextlib
 import json
 import logging
 import os
+import time
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.launcher.daemon import fences, learning, processes
+from gpuq_scheduler.launcher.daemon import fences, joblog, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
 
@@ -32,6 +33,9 @@ def finish(
         scheduler.charge(record, ended)
         learning.ended(scheduler, record, outcome)
         fences.ended(scheduler, record.id)
+        said = stopped_line(record.id, outcome, ended)
+        if said is not None and record.log:  # after the commit: a crash before it reads the exit file again
+            scheduler.after_commit.append(lambda: joblog.append_line(record.log, said))
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
         "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
@@ -53,6 +57,17 @@ def finish(
         return
     scheduler.table.finish(record.id, outcome, ended)
     _ended(scheduler, record, outcome)
+
+
+def stopped_line(job_id: int, outcome: Outcome, ended: float) -> str | None:
+    """The line for the end of a job's log when gpuq stopped it (a cancel, its time limit, a lost GPU) or its
+    fence did, as Slurm writes one: "gpuq: job 7 cancelled by alice at 12:03:04". None when it ended itself."""
+    at = time.strftime("%H:%M:%S", time.localtime(ended))
+    if outcome.state is JobState.CANCELLED:
+        return f"gpuq: job {job_id} {outcome.reason} at {at}"
+    if outcome.state in (JobState.TIMEOUT, JobState.LOST) or lifecycle.stopped_at_fence(outcome.reason):
+        return f"gpuq: job {job_id} stopped at {at}: {outcome.reason}"
+    return None
 
 
 def finish_pending(

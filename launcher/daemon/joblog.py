@@ -80,3 +80,19 @@ class JobLog:
                 self.broken = True
         if data:
             self.ends_line = data.endswith(b"\n")
+
+
+def append_line(path: str, line: str) -> None:
+    """Add one line of gpuq's to the end of a job's log, once its shim has closed it (a cancel, a time limit,
+    as Slurm writes its own). Never creates a log, never follows a link (``logs/`` is root's in a shared
+    queue, the file the user's); a log that cannot be written is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, line.encode(errors="replace") + b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -100,12 +100,14 @@ def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fence
     code, signum, reason = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
     code = code if isinstance(code, int) else None
     signum = signum if isinstance(signum, int) else None
-    if code == 0:
-        return Outcome.succeeded()
+    # gpuq's stop comes before the exit code: a job that catches SIGTERM and exits 0 did not finish its work,
+    # and reads as timed out or cancelled (as in Slurm), never as succeeded.
     if reason == "timeout" and record.spec.time_limit is not None:
         return Outcome.timeout(record.spec.time_limit, signum)
     if reason == "cancel" or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
+    if code == 0:
+        return Outcome.succeeded()
     diagnosis = log_reason(record.log)
     share = record.spec.mem_per_gpu
     if diagnosis == OOM and share is not None and record.spec.gpus and fenced:

@@ -111,6 +111,7 @@ class SchedulerState:
         self.idle_limit: float | None = shared.idle_limit if shared else None
         self.active_at: dict[int, float] = {}
         self.next_idle_check = 0.0
+        self.next_client_check = 0.0  # when to look again for waiting interactive jobs whose client is gone
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
         self.shims = shims.Shims()

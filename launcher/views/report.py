@@ -16,7 +16,7 @@ from typing import TypeVar
 from gpuq_scheduler.jobs.model import JobRecord, JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.policy.lifecycle import stopped_at_fence
-from gpuq_scheduler.launcher.views.tables import _table, runtime
+from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 
 HOUR = 3600.0
 Span = tuple[float, float]
@@ -30,7 +30,8 @@ class JobRow:
     id: int
     name: str
     user: str
-    array: str  # "3[5]": member 5 of array 3; "" outside arrays
+    array: str  # "lr-sweep 3[5]": member 5 of array 3 (named lr-sweep); "" outside arrays
+    args: str  # what sets an array member apart: its values in a sweep, else its command's arguments
     state: JobState
     exit: str  # the exit code, else the signal that ended it, else ""
     reason: str
@@ -73,6 +74,7 @@ class Report:
     saved_by_array: dict[int, float] = field(default_factory=dict)
     fenced_by_user: dict[str, int] = field(default_factory=dict)
     fenced_by_array: dict[int, int] = field(default_factory=dict)
+    array_names: dict[int, str] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -85,7 +87,7 @@ class Report:
 
 def build_report(
     records: Iterable[JobRecord], gpu_count: int, now: float, since: float | None = None,
-    totals: Sequence[int] = (), overhead: int = 0,
+    totals: Sequence[int] = (), overhead: int = 0, array_names: Mapping[int, str] | None = None,
 ) -> Report:  # fmt: skip
     """Summarise the jobs that were queued, ran or ended in the window ``[now - since, now]``.
 
@@ -97,8 +99,10 @@ def build_report(
 
     ``totals`` (each GPU's memory, by index) and ``overhead`` (what placement adds to a share) give packing's
     payoff: a --mem job held ``(share + overhead) / total`` of each of its GPUs where a whole-GPU job holds all.
+    ``array_names`` (array id -> name) names the arrays. The outcomes list what did not succeed first.
     """
     records = list(records)
+    names = dict(array_names or {})
     start = now - since if since is not None else min((r.submitted_at for r in records), default=now)
     chosen = sorted((r for r in records if _in_window(r, start, now)), key=lambda r: r.id)
     here = [r for r in chosen if r.cluster is None]
@@ -136,7 +140,7 @@ def build_report(
         timeline_start=max(start, min((r.submitted_at for r in chosen), default=start)),
         gpu_count=gpu_count,
         counts=dict(Counter(r.state for r in chosen)),
-        rows=[_row(r, now) for r in chosen],
+        rows=[_row(r, now, names) for r in sorted(chosen, key=lambda r: (r.state not in _FAILED, r.id))],
         gpu_hours_by_user=_largest_first(by_user),
         gpu_hours_by_array=_largest_first(by_array),
         idle_gpu_hours=_idle_while_waiting(here, gpu_count, start, now) / HOUR,
@@ -145,6 +149,7 @@ def build_report(
         saved_by_array=_largest_first(saved_array),
         fenced_by_user=dict(fenced_user),
         fenced_by_array=dict(fenced_array),
+        array_names={a: names[a] for a in {r.array_id for r in chosen} if a is not None and a in names},
     )
 
 
@@ -206,10 +211,16 @@ def _idle_while_waiting(records: Sequence[JobRecord], gpu_count: int, start: flo
     return idle
 
 
-def _row(record: JobRecord, now: float) -> JobRow:
+_FAILED = (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
+
+
+def _row(record: JobRecord, now: float, names: Mapping[int, str]) -> JobRow:
     ending = signal_name(record.signal) if record.signal is not None else ""
-    array = "" if record.array_id is None else f"{record.array_id}[{record.array_index}]"
-    return JobRow(record.id, record.spec.display_name, record.user, array, record.state,
+    array, args = "", ""
+    if record.array_id is not None:
+        array = f"{names.get(record.array_id, '')[:16]} {record.array_id}[{record.array_index}]".lstrip()
+        args = member_arguments(record.spec)
+    return JobRow(record.id, record.spec.display_name, record.user, array, args, record.state,
                   ending if record.exit_code is None else str(record.exit_code), record.reason,
                   runtime(record, now), record.peak_mem, record.gpus, record.spec.gpus)  # fmt: skip
 
@@ -232,8 +243,11 @@ def render_text(report: Report) -> str:
         by_user = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
         lines += ["", _table(("USER", "GPU-HOURS"), by_user)]
     if report.gpu_hours_by_array:
-        by_array = [(str(array), hours_text(h)) for array, h in report.gpu_hours_by_array.items()]
-        lines += ["", _table(("ARRAY", "GPU-HOURS"), by_array)]
+        by_array = [
+            (str(array), report.array_names.get(array, "-"), hours_text(h))
+            for array, h in report.gpu_hours_by_array.items()
+        ]
+        lines += ["", _table(("ARRAY", "NAME", "GPU-HOURS"), by_array)]
     if report.saved_by_user or report.fenced_by_user:
         lines += ["", _packing(report)]
     return "\n".join(lines)
@@ -286,13 +300,13 @@ _ORDER = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIME
           JobState.RUNNING, JobState.PENDING)  # fmt: skip
 
 
-COLUMNS = ("ID", "NAME", "USER", "ARRAY", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "GPUS", "REASON")
+COLUMNS = ("ID", "NAME", "USER", "ARRAY", "ARGS", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "GPUS", "REASON")
 
 
 def cells(row: JobRow, name_width: int | None = 24) -> tuple[str, ...]:
     gpus = ",".join(map(str, row.gpus)) or ("-" if row.gpus_requested == 0 else f"({row.gpus_requested})")
-    return (str(row.id), row.name[:name_width], row.user, row.array or "-", row.state.value, row.exit or "-",
-            format_duration(row.runtime), format_size(row.peak_mem), gpus, row.reason)  # fmt: skip
+    return (str(row.id), row.name[:name_width], row.user, row.array or "-", row.args[:40] or "-", row.state.value,
+            row.exit or "-", format_duration(row.runtime), format_size(row.peak_mem), gpus, row.reason)  # fmt: skip
 
 
 def hours_text(hours: float) -> str:

@@ -65,7 +65,7 @@ def render_html(report: Report) -> str:
     window = f"{when(report.start)} to {when(report.end)} ({format_duration(report.end - report.start)})"
     legend = "".join(f'<span><i style="background:{c}"></i>{s.value}</span>' for s, c in _COLOURS.items())
     users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
-    arrays = [(str(array), hours_text(h)) for array, h in report.gpu_hours_by_array.items()]
+    arrays = [(str(a), report.array_names.get(a, "-"), hours_text(h)) for a, h in report.gpu_hours_by_array.items()]
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
@@ -77,7 +77,7 @@ def render_html(report: Report) -> str:
         "<h2>Outcomes</h2>",
         html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
         "<h2>GPU-hours by user</h2>", html_table("by-user", ("USER", "GPU-HOURS"), users),
-        "<h2>GPU-hours by array</h2>", html_table("by-array", ("ARRAY", "GPU-HOURS"), arrays),
+        "<h2>GPU-hours by array</h2>", html_table("by-array", ("ARRAY", "NAME", "GPU-HOURS"), arrays),
         "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
         " and jobs stopped at their memory fence.</p>",
         html_table("packing", PACKING_COLUMNS, packing_rows(report)),

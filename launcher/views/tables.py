@@ -50,7 +50,9 @@ def _ending(line: Line) -> str:
 
 
 _STATE_TEXT = {state: state.value for state in JobState}  # .value is a descriptor call: 0.04 s per 100,000 rows
-_HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "MEM", "RUNTIME", "EXIT / REASON")
+# GPUS is how many a job asked for, ON the indices of those it holds: one column of both read "0" (GPU 0)
+# as no GPUs at all.
+_HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "ON", "MEM", "RUNTIME", "EXIT / REASON")
 
 
 def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
@@ -61,7 +63,8 @@ def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
         [r.name[:24] for r in lines],
         [r.user for r in lines],
         [_STATE_TEXT[r.state] for r in lines],
-        [_gpus(r.gpus, r.want_gpus) for r in lines],
+        [str(r.want_gpus) for r in lines],
+        [_on(r.gpus) for r in lines],
         [_mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from) for r in lines],
         ["-" if r.started_at is None else format_duration((r.ended_at or now) - r.started_at) for r in lines],
         [_ending(r) for r in lines],
@@ -69,8 +72,8 @@ def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
 
 
 @functools.cache  # a listing of 100,000 jobs holds a few dozen distinct values of each: format each once
-def _gpus(gpus: tuple[int, ...], wanted: int) -> str:
-    return ",".join(map(str, gpus)) if gpus else ("-" if wanted == 0 else f"({wanted})")
+def _on(gpus: tuple[int, ...]) -> str:
+    return ",".join(map(str, gpus)) if gpus else "-"
 
 
 @functools.cache
@@ -126,13 +129,45 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
         held = sum(1 for m in members if m.held and m.state is JobState.PENDING)
         first = members[0]
         name = f"{(names.get(array_id) or first.name)[:18]} [{len(members)}]"
-        gpus = ",".join(sorted({str(g) for m in members if m.state is JobState.RUNNING for g in m.gpus})) or "-"
+        held_gpus = sorted({g for m in members if m.state is JobState.RUNNING for g in m.gpus})
         why = f"{held} held: {first.reason}" if held else ""
+        failed = next((m for m in members if m.state in _FAILURES), None)
+        if failed is not None:  # what went wrong first says more than the counts
+            why = f"job {failed.id}: {_ending(failed)}" + (f"; {why}" if why else "")
         mem = _mem(first.mem_per_gpu, first.want_gpus, first.mem_auto, first.mem_from)
-        row = (str(array_id), name, first.user, summary, gpus, mem, "-", why)
+        row = (str(array_id), name, first.user, summary, str(first.want_gpus), _on(tuple(held_gpus)), mem, "-", why)
         rows.append((first._replace(id=array_id), row))
     rows.sort(key=lambda row: row[0].id)
     return _table(*_where(_HEADER, rows))
+
+
+_FAILURES = (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
+
+
+def array_view(array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None) -> str:
+    """`gpuq show ARRAY`: the array in a line (its name, counts, first failure), then one line per member with
+    its own arguments (its values in a sweep, else its command's arguments), failures first."""
+    now = time.time() if now is None else now
+    counts: dict[str, int] = {}
+    for member in members:
+        counts[member.state.value] = counts.get(member.state.value, 0) + 1
+    head = f"array {array_id}: {name}, {len(members)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    ordered = sorted(members, key=lambda m: (m.state not in _FAILURES, m.id))
+    rows = [
+        (
+            str(m.id), str(m.array_index), _STATE_TEXT[m.state], str(m.spec.gpus), _on(m.gpus),
+            format_duration(runtime(m, now)), _ending(Line.of(m)) or "-", member_arguments(m.spec),
+        )
+        for m in ordered
+    ]  # fmt: skip
+    return head + "\n" + _table(("ID", "INDEX", "STATE", "GPUS", "ON", "RUNTIME", "EXIT / REASON", "ARGS"), rows)
+
+
+def member_arguments(spec: JobSpec) -> str:
+    """What sets an array member apart: its values in a sweep (lr=1e-4 seed=2), else its command's arguments."""
+    if spec.values:
+        return " ".join(f"{name}={value}" for name, value in spec.values)
+    return shlex.join(spec.command[1:])[:60]
 
 
 class Progress:
@@ -194,6 +229,7 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
+        *([("values", " ".join(f"{k}={v}" for k, v in spec.values))] if spec.values else []),
         ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),
         (
             "after",

@@ -29,7 +29,8 @@ from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.gpus.sources import open_source
 from gpuq_scheduler.launcher.views import live
 
-BAR = 30  # characters of a GPU's memory bar: the label beside it still fits 80 columns
+BAR = 30  # characters of a GPU's memory bar at least: the label beside it still fits 80 columns
+WIDEST_BAR = 120  # ...and at most, however wide the terminal: one character stays a readable share of a GPU
 
 
 class Confirm(ModalScreen[bool]):
@@ -137,6 +138,7 @@ class Top(App[None]):
         self.picture = picture
         if self.mine:
             picture = live.only(picture, self.me)
+        counted = live.summary(picture, self.sort, self.mine)  # jobs, before an array's members fold into a row
         folded: dict[str, dict[int, int]] = {"running": {}, "waiting": {}}  # per table: array -> members folded
         if not self.expanded:
             (running, folded["running"]), (waiting, folded["waiting"]) = (
@@ -145,9 +147,11 @@ class Top(App[None]):
             picture = dataclasses.replace(picture, running=running, waiting=waiting)
         lines = []
         for gpu in picture.gpus:
-            lines += [live.gpu_label(gpu), f"[{live.bar(gpu, BAR)}] {live.gpu_detail(gpu)}"]
+            detail = live.gpu_detail(gpu)
+            width = min(WIDEST_BAR, max(BAR, self.size.width - len(detail) - 4))  # a wide terminal, a longer bar
+            lines += [live.gpu_label(gpu), f"[{live.bar(gpu, width)}] {detail}"]
         self.query_one("#gpus", Static).update("\n".join(lines) or "no GPUs found (GPUQ_FAKE_GPUS=4x80GiB to try)")
-        self.query_one("#summary", Static).update(live.summary(picture, self.sort, self.mine))
+        self.query_one("#summary", Static).update(counted)
         self._fill("running", picture.running, live.running_rows(picture, self.sort, folded["running"]))
         self._fill("waiting", picture.waiting, live.waiting_rows(picture, self.sort, folded["waiting"]))
 

@@ -1,0 +1,40 @@
+"""Interactive jobs whose client is gone: a `gpuq run` or `gpuq alloc` that ended (its terminal closed, a
+kill -9) before its job started withdraws the job. Its placeholder (``jobs.hold``) would otherwise start
+when GPUs free, find nobody to serve, and end: a job that never ran, recorded as if it had."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq_scheduler.jobs.hold import client_alive
+from gpuq_scheduler.jobs.model import JobRecord, Outcome
+from gpuq_scheduler.launcher.daemon import endings
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+
+CHECK_EVERY = 1.0  # seconds between looks at the clients of waiting interactive jobs
+
+
+def gone(record: JobRecord) -> bool:
+    return record.spec.client is not None and client_alive(record.spec.command) is False
+
+
+def withdraw_gone(scheduler: SchedulerState, now: float, *, every: float = CHECK_EVERY) -> None:
+    """Withdraw the waiting interactive jobs whose client is gone: one /proc read per such job, once a second."""
+    if now < scheduler.next_client_check:
+        return
+    scheduler.next_client_check = now + every
+    # A job staged behind a running one is its shim's to start: if its client is gone by then, the placeholder
+    # ends as a hang-up would end a program (jobs.hold), never as a success.
+    withdraw(scheduler, [r for r in scheduler.pending.values() if r.id not in scheduler.staged and gone(r)], now)
+
+
+def withdraw(scheduler: SchedulerState, records: list[JobRecord], now: float) -> None:
+    if not records:
+        return
+    events: list[dict[str, Any]] = []
+    endings.finish_pending(scheduler, [(r, Outcome.withdrawn(_why(r))) for r in records], now, events)
+    scheduler.journal.extend(events)
+
+
+def _why(record: JobRecord) -> str:
+    return f"its client (gpuq run or alloc, pid {record.spec.client}) ended before the job started"

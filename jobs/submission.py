@@ -12,7 +12,7 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MODES, check_spec
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_texts
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -139,7 +139,7 @@ def capture_spec(
         _require_program(program, workdir, captured.get("PATH", os.defpath))
     mem_auto = like is not None or (isinstance(mem, str) and mem.strip().lower() == "auto")
     mem_per_gpu = None if mem_auto else parse_size(mem) if isinstance(mem, str) else mem
-    if like is not None and like <= 0:
+    if like is not None and not 0 < like < 1 << 63:
         raise BadInput(f"--like takes a job id, which is a positive number, not {like}")
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
@@ -147,6 +147,7 @@ def capture_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto,
     )  # fmt: skip
+    check_texts(command=command, cwd=workdir, env=captured, name=name, notify=notify, python=interpreter)
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
         "cwd": workdir,
@@ -236,16 +237,18 @@ def _require_program(program: str, workdir: str, path: str) -> None:
         raise BadInput(f"command not found: {program}; check the name or give its full path")
 
 
-MAX_ARRAY = 100_000
-
-
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     """``0-49%8`` -> (0..49, 8); ``1,3,7`` -> (1, 3, 7); ``0-20:5`` -> (0, 5, 10, 15, 20). Sorted, unique."""
+    hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
+    if not text.strip() or not text.isascii():  # int() reads Unicode's digits too: only 0-9 are indices here
+        raise BadInput(f"--array {text[:40]!r}: {hint}")
     body, _, throttle_text = text.partition("%")
     throttle = None
     if throttle_text:
-        if not throttle_text.isdigit() or int(throttle_text) < 1:
-            raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
+        if not throttle_text.isdigit() or not 0 < int(throttle_text) <= MAX_ARRAY:
+            raise BadInput(
+                f"--array {text[:40]!r}: the part after % is how many run at once, a number from 1 to {MAX_ARRAY}"
+            )
         throttle = int(throttle_text)
     indices: set[int] = set()
     for part in body.split(","):
@@ -256,19 +259,22 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
             stop = int(last) if dash else start
             step = int(step_text) if step_text else 1
         except ValueError:
-            hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
-            raise BadInput(f"--array {text!r}: {hint}") from None
+            raise BadInput(f"--array {text[:40]!r}: {hint}") from None
         if start < 0 or stop < start or step < 1:
-            raise BadInput(f"--array {text!r}: ranges go from a smaller to a larger index, both 0 or more")
+            raise BadInput(f"--array {text[:40]!r}: ranges go from a smaller to a larger index, both 0 or more")
         if (stop - start) // step + len(indices) >= MAX_ARRAY:
-            raise BadInput(f"--array {text!r}: at most {MAX_ARRAY} members in one array")
+            raise BadInput(f"--array {text[:40]!r}: at most {MAX_ARRAY} members in one array")
         indices.update(range(start, stop + 1, step))
-    return tuple(sorted(indices)), throttle
+    found = tuple(sorted(indices))
+    check_array(found, throttle)
+    return found, throttle
 
 
 def parse_ids(text: str) -> tuple[int, ...]:
     """``12,13`` -> (12, 13): job or array ids for --after."""
     try:
+        if not text.isascii():
+            raise ValueError(text)  # int() reads Unicode's digits too
         ids = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise BadInput(f"--after {text!r}: give job ids separated by commas, like 12,13") from None

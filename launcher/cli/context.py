@@ -22,3 +22,24 @@ class Context:
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+class _Number(click.ParamType):
+    """click's INT for numbers a user types: only 0-9 (``int()`` also reads Arabic-Indic and other digits,
+    which then pass unseen as ids and counts)."""
+
+    name = "integer"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if text.isascii():
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        self.fail(f"{text[:40]!r} is not a valid integer (write it with the digits 0-9)", param, ctx)
+
+
+NUMBER = _Number()

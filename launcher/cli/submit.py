@@ -83,8 +83,10 @@ def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
             value = args[at]  # whatever it looks like, as click takes it: --name --json names the job "--json"
             at += 1
         if kind == "int":
+            if not value.isascii():
+                return None  # int() reads Unicode's digits too; click's NUMBER refuses them, saying so
             try:
-                values[dest] = int(value)  # click's INT is int() too
+                values[dest] = int(value)  # click's NUMBER is int() too, over 0-9
             except ValueError:
                 return None
         elif kind == "mode" and value not in MODES:
@@ -117,7 +119,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     if inventory is None:
         return False
     # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.
-    array = parse_array(options["array_spec"]) if options["array_spec"] else None
+    array = parse_array(options["array_spec"]) if options["array_spec"] is not None else None
     spec = capture_spec(
         command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],

@@ -51,6 +51,7 @@ RUN = "run"
 LOGS = "logs"
 PRIVATE = "private"
 REJECTED = "rejected"  # inside SPOOL
+NOTICES = "notices"  # what the daemon tells readers: requests it set aside (one file per owner), failing passes
 
 
 def submit_name(job_id: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gpuq_scheduler.jobs.store.queue import Queue
@@ -24,13 +26,11 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-class _Number(click.ParamType):
+class _Number(click.types.IntParamType):
     """click's INT for numbers a user types: only 0-9 (``int()`` also reads Arabic-Indic and other digits,
     which then pass unseen as ids and counts)."""
 
-    name = "integer"
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         text = str(value).strip()

@@ -128,6 +128,12 @@ def status(ctx: Context, show_all: bool, expand: bool, as_json: bool) -> None:
         )
     for note in getattr(queue, "notes", []):  # a cluster that did not answer
         click.echo(f"note: {note}", err=True)
+    if not as_json:
+        from gpuq_scheduler.launcher.views import notices
+
+        failing = notices.failing_pass(ctx.state)
+        for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
+            click.echo(f"note: {note}", err=True)
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:

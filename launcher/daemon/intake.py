@@ -15,8 +15,9 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
+from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
-from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.launcher.daemon import endings, requests
@@ -25,8 +26,9 @@ from gpuq_scheduler.launcher.daemon.state import SchedulerState
 log = logging.getLogger("gpuq.intake")
 
 
-def ingest(scheduler: SchedulerState, now: float) -> None:
-    found = spool.scan(scheduler.state)
+def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | None = None) -> None:
+    """``found``: these requests (``launcher.daemon.isolation`` passes them one at a time), else the spool's."""
+    found = spool.scan(scheduler.state) if found is None else found
     if not found:
         return
     events: list[dict[str, Any]] = []
@@ -69,12 +71,12 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
     for other in found:
         if isinstance(other, spool.CancelRequest):
             requests.cancel(scheduler, other, now, events)
-            spool.remove(other)
+            scheduler.ingested.append(other)  # removed once committed: a rolled-back cancel is read again
         elif isinstance(other, spool.ControlRequest):
             requests.control(scheduler, other, now, events)
-            spool.remove(other)
+            scheduler.ingested.append(other)
         elif isinstance(other, spool.BadRequest):
-            _set_aside(scheduler, other, now, events)
+            set_aside(scheduler, other, now, events)
     scheduler.journal.extend(events)
 
 
@@ -90,7 +92,7 @@ def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float
         f"claims job id {request.job_id}, which job {request.job_id} of {existing.user} already has "
         "(the id counter was rewound); submit it again"
     )
-    _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+    set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
     outbox.raise_counter(scheduler.state, scheduler.table.max_id() + 1)
     return True
 
@@ -101,11 +103,21 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
     scheduler.private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
 
 
-def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
+def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
+    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`)."""
+    try:
+        owner: int | None = os.lstat(bad.path).st_uid
+    except OSError:
+        owner = None
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
-    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason})
+    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason, "uid": owner})
+    if owner is not None:
+        try:
+            notices.set_aside(scheduler.state, owner, name, bad.reason, now)
+        except OSError as err:  # a full disk: the log and the journal still say it
+            log.warning("cannot tell uid %d that %s was set aside: %s", owner, name, err.strerror)
 
 
 def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:
@@ -136,6 +148,6 @@ def _impossible(record: JobRecord, inventory: Inventory | None) -> str:
         return ""
     try:
         inventory.check(record.spec)
-    except Exception as err:  # BadInput: the same words the submitting client would have printed
+    except BadInput as err:  # the same words the submitting client would have printed
         return str(err)
     return ""

@@ -18,13 +18,14 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs import config
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import DaemonError, GpuqError
+from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 
 if TYPE_CHECKING:
@@ -235,14 +236,19 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
                 os.environ["GPUQ_IDLE_LIMIT"])
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         try:
+            failing = False  # readers are told while passes fail (``jobs.store.notices``), until one succeeds
             while not wakeups.stopping:
                 try:
                     scheduler.tick(time.time())
+                    if failing:
+                        failing = not _told(notices.pass_succeeded, state)
                 except GpuqError as err:  # a bad fake inventory file, a full disk: say so, keep serving
                     log.error("%s", err)
+                    failing = _told(notices.pass_failed, state, str(err), time.time())
                     time.sleep(0.5)
-                except Exception:  # a bug must not take the queue down with it: log it and go on
+                except Exception as err:  # a bug must not take the queue down with it: log it and go on
                     log.exception("tick failed; continuing")
+                    failing = _told(notices.pass_failed, state, f"{type(err).__name__}: {err}", time.time())
                     time.sleep(0.5)
                 if burst and scheduler.idle:
                     break
@@ -255,6 +261,17 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         with contextlib.suppress(OSError):
             os.unlink(state.pid)
         os.close(lock)
+
+
+def _told(tell: Callable[..., None], *args: Any) -> bool:
+    """Tell readers how the passes go (True once told). A disk too full for the notice must not stop the
+    loop: a failure is then counted again at the next pass, and a recovery told again."""
+    try:
+        tell(*args)
+    except OSError as err:
+        log.error("cannot record how the daemon's passes go: %s", err.strerror)
+        return tell is notices.pass_failed  # still failing, as far as the loop knows
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

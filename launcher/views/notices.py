@@ -29,7 +29,12 @@ def set_aside(state: StateDir, uid: int, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     return [
         f"your request {shown(n['file'])} was set aside at {time.strftime('%H:%M', time.localtime(n['t']))}: "
-        f"it {shown(n['reason'])}"
+        f"{'it ' if n['reason'].split(' ', 1)[0] in _VERBS else ''}{shown(n['reason'])}"
         for n in notices.read_set_aside(state, uid)
         if now - n["t"] < RECENT
     ]
+
+
+# A reason as the spool words one ("is not JSON", "has an id that...") reads after "it"; a rule's words
+# ("--name holds...") read alone.
+_VERBS = {"is", "has", "asks", "names", "gives", "updates", "made", "claims", "lacks", "cannot", "holds"}

@@ -27,6 +27,7 @@ from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import DaemonError, GpuqError
 from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.launcher.daemon import testclock
 
 if TYPE_CHECKING:
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # the lock, taken by the starting client
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    testclock.install(os.environ)
     try:
         settings = config.load()
         home = args.home or settings.home or (config.SHARED_HOME if args.shared else None)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
+from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.daemon import ahead
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
@@ -239,14 +240,14 @@ def _supervise(
         pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
         ahead.drop()
-        os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
+        os.write(log_fd, f"gpuq: could not start {shown(launch.argv[0])}: {err.strerror}\n".encode())
         os.close(out_read)
         os.close(log_fd)
         return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}, None
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     output = JobLog(log_fd, log_limit())
-    started = time.time()
+    started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
@@ -257,7 +258,7 @@ def _supervise(
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
     while True:
-        now = time.time()
+        now = time.monotonic()
         due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
         ready, _, _ = select.select(watched, [], [], timeout)
@@ -265,7 +266,7 @@ def _supervise(
             watched.remove(out_read)  # the job closed its stdout and stderr
         if pidfd in ready:
             break
-        now = time.time()
+        now = time.monotonic()
         asked, following = _requests(ready, watched, pipe, wake_read, launch, following)
         if asked and not reason:
             reason = "cancel"

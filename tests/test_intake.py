@@ -8,7 +8,9 @@ second Unix user against a shared queue.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,22 @@ def test_text_that_would_steer_a_terminal_is_shown_escaped(gpuq: Gpuq) -> None:
         assert "\x1b" not in out and "\r" not in out and "\u202e" not in out, (args, out)
         assert shown(name)[:24] in out or shown(name) in out, (args, out)
     assert json.loads(gpuq.run("show", "--json", str(job)).stdout)["name"] == name  # JSON keeps the text as it is
+
+
+def test_leftover_temp_files_in_the_spool_are_removed_after_an_hour(gpuq: Gpuq) -> None:
+    """Temp files of interrupted writes (a client killed mid-submit, a full disk) were never cleaned."""
+    gpuq.submit("--gpus", "0", "true")  # makes the queue (and starts its daemon, stopped at once)
+    gpuq.run("daemon", "stop")
+    spool_dir = gpuq.home / "spool"
+    old, fresh = spool_dir / ".submit-x.json.123.tmp", spool_dir / ".submit-y.json.456.tmp"
+    for path in (old, fresh):
+        path.write_text("{")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    assert "temp file(s) older than an hour" in gpuq.run("doctor", check=False).stdout
+    gpuq.run("daemon", "start")  # a daemon sweeps at its first pass, then every few minutes
+    job = gpuq.submit("--gpus", "0", "true")
+    gpuq.wait_state(job, "succeeded")
+    wait_for(lambda: not old.exists(), 20, "the leftover to go")
+    assert fresh.exists()  # a write may still be in progress
+    assert "older than an hour" not in gpuq.run("doctor", check=False).stdout

@@ -20,12 +20,29 @@ _temps: dict[str, int] = {}  # a file to write -> its temp file (``temp_name``),
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 
 
+RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
+
+
+def reserve(*paths: str) -> None:
+    """Make the temp files for ``paths`` now, their space allocated, so that writing them later cannot fail
+    on a full disk: a job that succeeded while its own output filled the disk is still recorded as such."""
+    for path in paths:
+        if path in _temps:
+            continue
+        with contextlib.suppress(OSError):  # made when written instead
+            fd = os.open(temp_name(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            _temps[path] = fd
+            os.posix_fallocate(fd, 0, RESERVED)
+
+
 def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_group: int | None) -> None:
-    """Make the running job's ``exit_file`` and the staged job's ``pid_file`` and ``log``."""
+    """Make the running job's ``exit_file`` (kept if reserved) and the staged job's ``pid_file`` and ``log``."""
+    kept = _temps.pop(exit_file, None)
     drop()
+    if kept is not None:
+        _temps[exit_file] = kept
+    reserve(exit_file, pid_file)
     with contextlib.suppress(OSError):  # made when written instead
-        for path in (exit_file, pid_file):
-            _temps[path] = os.open(temp_name(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         _logs[log] = open_log(log, account, log_group)
 
 
@@ -36,7 +53,11 @@ def log(path: str) -> int | None:
 
 def write(path: str, data: bytes) -> None:
     """``write_atomic(path, data, durable=False)``, into the temp file made ahead for it if there is one."""
-    write_atomic(path, data, durable=False, opened=_temps.pop(path, None))
+    fd = _temps.pop(path, None)
+    if fd is not None and len(data) <= RESERVED:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, len(data))  # inside the space reserved: written over, nothing new is allocated
+    write_atomic(path, data, durable=False, opened=fd)
 
 
 def drop() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
-from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
@@ -116,8 +116,8 @@ def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, even
     if owner is not None:
         try:
             notices.set_aside(scheduler.state, owner, name, bad.reason, now)
-        except OSError as err:  # a full disk: the log and the journal still say it
-            log.warning("cannot tell uid %d that %s was set aside: %s", owner, name, err.strerror)
+        except (OSError, StateDirError) as err:  # a full disk: the log and the journal still say it
+            log.warning("cannot tell uid %d that %s was set aside: %s", owner, name, err)
 
 
 def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:

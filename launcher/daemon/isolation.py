@@ -12,13 +12,16 @@ propagate, the pass fails, the daemon says so (``jobs.store.notices``) and keeps
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.statedir import SPOOL, StateDir
 from gpuq_scheduler.launcher.daemon import endings, intake
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
@@ -40,6 +43,7 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
     """``intake.ingest`` over the spool as one transaction, or, if that raises on bad input, one request at
     a time, setting aside each request that raises alone. ``reload``: the scheduler's, to forget in memory
     what a rolled-back attempt did."""
+    sweep_leftovers(scheduler.state, now)
     found = spool.scan(scheduler.state)
     if not found:
         return
@@ -56,6 +60,40 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
             events: list[dict[str, Any]] = []
             intake.set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
             scheduler.journal.extend(events)
+
+
+LEFTOVER_AGE = 3600.0  # a dot-file this old in the spool is an interrupted write, not one in progress
+SWEEP_EVERY = 600.0  # seconds (monotonic) between sweeps of the spool for such leftovers
+_next_sweep = [0.0]
+
+
+def sweep_leftovers(state: StateDir, now: float) -> list[str]:
+    """Remove the spool's dot-files (temp files of interrupted writes: a client killed mid-submit, a full
+    disk) older than ``LEFTOVER_AGE``, at most every ``SWEEP_EVERY``; the names removed. `gpuq doctor`
+    reports those younger ones that linger. A request is never a dot-file: nothing a user meant is lost."""
+    clock = time.monotonic()
+    if clock < _next_sweep[0]:
+        return []
+    _next_sweep[0] = clock + SWEEP_EVERY
+    spool_dir, removed = state.at(SPOOL), []
+    try:
+        entries = list(os.scandir(spool_dir))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith("."):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > LEFTOVER_AGE and not entry.is_dir(
+                follow_symlinks=False
+            ):
+                os.unlink(entry.path)  # unlink never follows a link: root removes the name, not its target
+                removed.append(entry.name)
+        except OSError:
+            continue  # renamed in or removed meanwhile
+    if removed:
+        log.info("removed %d leftover temp file(s) from the spool: %s", len(removed), " ".join(removed[:5]))
+    return removed
 
 
 def _attempt(scheduler: SchedulerState, now: float, found: list[spool.Request], reload: Callable[[], None]) -> None:

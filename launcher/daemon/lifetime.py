@@ -269,8 +269,8 @@ def _told(tell: Callable[..., None], *args: Any) -> bool:
     loop: a failure is then counted again at the next pass, and a recovery told again."""
     try:
         tell(*args)
-    except OSError as err:
-        log.error("cannot record how the daemon's passes go: %s", err.strerror)
+    except (OSError, GpuqError) as err:  # write_atomic says ENOSPC as a StateDirError
+        log.error("cannot record how the daemon's passes go: %s", err)
         return tell is notices.pass_failed  # still failing, as far as the loop knows
     return True
 

@@ -172,6 +172,7 @@ def _serve(pipe: int) -> int:
         # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
+        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
@@ -345,9 +346,20 @@ def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
-    ahead.write(launch.exit_file, json.dumps(outcome).encode())
+    data = json.dumps(outcome).encode()
+    tries = 0
+    while True:  # until written: a shim that died here would leave its job "lost", whatever it did
+        try:
+            ahead.write(launch.exit_file, data)
+            break
+        except OSError:  # a full disk, and the space reserved for it was lost: wait for room
+            time.sleep(_BACKOFF[min(tries, len(_BACKOFF) - 1)])
+            tries += 1
     if following is None:
         _poke(launch.wake, b"!")
+
+
+_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)  # seconds between tries at an exit file; the last repeats until written
 
 
 def _poke(wake: Path, word: bytes) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.jobs.rules import check_array
 from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
 from gpuq_scheduler.jobs.store.outbox import ensure_daemon as ensure_daemon
 from gpuq_scheduler.jobs.store.outbox import start_daemon as start_daemon
@@ -157,6 +158,7 @@ def array(
     plan = ArrayPlan(tuple(sorted(set(indices))), throttle)
     if not plan.indices:
         raise BadInput("an array needs at least one index")
+    check_array(plan.indices, plan.throttle)
     cwd = options.pop("cwd", None)
     extra_env = options.pop("env", None) or {}
     on = options.pop("on", None)

@@ -11,11 +11,17 @@ from gpuq_scheduler.jobs.errors import BadInput
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
-MAX_ARRAY = 100_000  # members in one array (indices or the product of named values): one bound for every check
 MAX_SWEEP_NAMES = 8  # names in one sweep (--array lr=... --array seed=...)
 MAX_PRIORITY = 1_000_000  # priorities are compared, not counted: a bound keeps them inside the table's integers
+MAX_GPUS = 1024  # more than any one machine holds; an int beyond it is a typo or an attack, not a request
+MAX_RETRIES = 100  # each retry waits a backoff: more than this is a job that should be fixed, not rerun
+MAX_TIME = 366 * 86400.0  # a year: a longer limit overflows the supervisor's timers and means "none" anyway
+MAX_ARRAY = 10_000  # members of one array (indices or the product of named values): one transaction, and far
+# below SQLite's limit on variables; one bound for every check
+MAX_INDEX = (1 << 31) - 1  # an array index, as GPUQ_ARRAY_INDEX and Slurm's task ids hold one
+MAX_AFTER = 1000  # ids one job may wait on
 MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode, in its order
 _INFINITY = float("inf")  # not math.inf: loading math is ~0.2 ms of every quick `gpuq submit`
 
@@ -40,6 +46,8 @@ def check_spec(
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     if gpus < 0:
         raise BadInput(f"--gpus must be 0 or more, not {gpus}")
+    if gpus > MAX_GPUS:
+        raise BadInput(f"--gpus {gpus}: give a number from 0 to {MAX_GPUS}")
     if gpus == 0 and mem_per_gpu is not None:
         raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
     if gpus == 0 and mem_auto:
@@ -48,12 +56,18 @@ def check_spec(
         raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
     if retries < 0:
         raise BadInput(f"--retries must be 0 or more, not {retries}")
+    if retries > MAX_RETRIES:
+        raise BadInput(f"--retries {retries}: give a number from 0 to {MAX_RETRIES} (each retry waits longer)")
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise BadInput(f"--priority {priority}: give a number from -{MAX_PRIORITY} to {MAX_PRIORITY}")
     if mem_per_gpu is not None and not 0 < mem_per_gpu < 1 << 60:
         raise BadInput(f"--mem must be more than nothing and less than an exabyte, not {mem_per_gpu} bytes")
     if time_limit is not None and not 0 < time_limit < _INFINITY:  # NaN fails both
         raise BadInput(f"--time must be a positive, finite duration, not {time_limit}")
+    if time_limit is not None and time_limit > MAX_TIME:
+        raise BadInput(f"--time {time_limit:g}s is more than a year; give at most {MAX_TIME / 3600:.0f}h, or no --time")
+    if len(after) > MAX_AFTER:
+        raise BadInput(f"--after names {len(after)} jobs; a job may wait on at most {MAX_AFTER}")
     if any(not 0 < dep < 1 << 63 for dep in after):
         raise BadInput("--after takes job ids, which are positive numbers")
 
@@ -80,3 +94,54 @@ def check_sweep(sweep: Sequence[tuple[str, Sequence[str]]], command: Sequence[st
         size *= len(values)
         if size > MAX_ARRAY:
             raise BadInput(f"--array: the sweep has more than {MAX_ARRAY} combinations; at most {MAX_ARRAY}")
+
+
+def check_array(indices: Sequence[int], throttle: int | None) -> None:
+    """An array's shape: how many members, how many at once, which indices."""
+    size = len(indices)
+    if not 0 < size <= MAX_ARRAY:
+        raise BadInput(f"--array: {size} members; an array holds 1 to {MAX_ARRAY} (split it, or ask the admin)")
+    if throttle is not None and not 0 < throttle <= MAX_ARRAY:
+        raise BadInput(f"--array: %N is how many members run at once, a number from 1 to {MAX_ARRAY}")
+    if not 0 <= min(indices) <= max(indices) <= MAX_INDEX:
+        raise BadInput(f"--array: indices go from 0 to {MAX_INDEX}")
+
+
+def check_update(priority: int | None, time_limit: float | None) -> None:
+    """`gpuq update`'s new values, by the rules a submit's follow."""
+    if priority is not None and not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise BadInput(f"--priority {priority}: give a number from -{MAX_PRIORITY} to {MAX_PRIORITY}")
+    if time_limit is not None and not 0 < time_limit <= MAX_TIME:  # NaN fails too
+        raise BadInput(f"--time {time_limit:g}s: give a positive duration of at most {MAX_TIME / 3600:.0f}h")
+
+
+def check_text(what: str, value: str) -> None:
+    """A string a job carries (an argument, a name, an environment value): no NUL, valid UTF-8. The value
+    is never echoed: it may hold a secret or a terminal's escape sequence."""
+    if "\0" in value:
+        raise BadInput(f"{what} holds a NUL byte, which no command line or environment can carry; remove it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(
+            f"{what} holds bytes that are not UTF-8 text; gpuq keeps text as UTF-8: fix or remove them"
+        ) from None
+
+
+def check_texts(
+    *, command: Sequence[str], cwd: str, env: Mapping[str, str], name: str, notify: str | None, python: str | None
+) -> None:
+    """Every string of a spec, by :func:`check_text`, naming the first one that fails as the user gave it."""
+    for at, word in enumerate(command):
+        check_text("the command" if at == 0 else f"argument {at} of the command", word)
+    check_text("--cwd", cwd)
+    for key, value in env.items():
+        if not key or "=" in key:
+            raise BadInput("an environment variable's name must be non-empty and hold no '='; fix it with --env K=V")
+        check_text("an environment variable's name", key)
+        check_text(f"the environment variable {key}", value)
+    check_text("--name", name)
+    if notify is not None:
+        check_text("--notify", notify)
+    if python is not None:
+        check_text("the Python interpreter's path", python)

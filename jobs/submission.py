@@ -12,7 +12,7 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_spec, check_sweep
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_sweep, check_texts
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -140,7 +140,7 @@ def capture_spec(
         _require_program(program, workdir, captured.get("PATH", os.defpath))
     mem_auto = like is not None or (isinstance(mem, str) and mem.strip().lower() == "auto")
     mem_per_gpu = None if mem_auto else parse_size(mem) if isinstance(mem, str) else mem
-    if like is not None and like <= 0:
+    if like is not None and not 0 < like < 1 << 63:
         raise BadInput(f"--like takes a job id, which is a positive number, not {like}")
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
@@ -150,6 +150,7 @@ def capture_spec(
     )  # fmt: skip
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes
+    check_texts(command=command, cwd=workdir, env=captured, name=name, notify=notify, python=interpreter)
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
         "cwd": workdir,
@@ -244,8 +245,12 @@ def _require_program(program: str, workdir: str, path: str) -> None:
 def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tuple[tuple[str, tuple[str, ...]], ...]]:
     """Every ``--array`` given: (member indices, how many run at once, the sweep). Indices once (``0-49%8``),
     or named values, one name each time (``lr=1e-4,3e-4,1e-3``, ``seed=1,2,3%4``): their product, one member
-    per combination, indexed 0, 1, ... in itertools.product's order. Nothing given (or only ""): no array."""
-    given = [text for text in texts if text]
+    per combination, indexed 0, 1, ... in itertools.product's order. Nothing given: no array; an empty one is
+    refused (``--array ''`` once queued a plain job)."""
+    given = list(texts)
+    for text in given:
+        if not text.strip():
+            parse_array(text)  # raises, saying how indices are written
     named = [text for text in given if "=" in text]
     if not named:
         if len(given) > 1:
@@ -276,11 +281,16 @@ def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tup
 
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     """``0-49%8`` -> (0..49, 8); ``1,3,7`` -> (1, 3, 7); ``0-20:5`` -> (0, 5, 10, 15, 20). Sorted, unique."""
+    hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
+    if not text.strip() or not text.isascii():  # int() reads Unicode's digits too: only 0-9 are indices here
+        raise BadInput(f"--array {text[:40]!r}: {hint}")
     body, _, throttle_text = text.partition("%")
     throttle = None
     if throttle_text:
-        if not throttle_text.isdigit() or int(throttle_text) < 1:
-            raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
+        if not throttle_text.isdigit() or not 0 < int(throttle_text) <= MAX_ARRAY:
+            raise BadInput(
+                f"--array {text[:40]!r}: the part after % is how many run at once, a number from 1 to {MAX_ARRAY}"
+            )
         throttle = int(throttle_text)
     indices: set[int] = set()
     for part in body.split(","):
@@ -291,19 +301,22 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
             stop = int(last) if dash else start
             step = int(step_text) if step_text else 1
         except ValueError:
-            hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
-            raise BadInput(f"--array {text!r}: {hint}") from None
+            raise BadInput(f"--array {text[:40]!r}: {hint}") from None
         if start < 0 or stop < start or step < 1:
-            raise BadInput(f"--array {text!r}: ranges go from a smaller to a larger index, both 0 or more")
+            raise BadInput(f"--array {text[:40]!r}: ranges go from a smaller to a larger index, both 0 or more")
         if (stop - start) // step + len(indices) >= MAX_ARRAY:
-            raise BadInput(f"--array {text!r}: at most {MAX_ARRAY} members in one array")
+            raise BadInput(f"--array {text[:40]!r}: at most {MAX_ARRAY} members in one array")
         indices.update(range(start, stop + 1, step))
-    return tuple(sorted(indices)), throttle
+    found = tuple(sorted(indices))
+    check_array(found, throttle)
+    return found, throttle
 
 
 def parse_ids(text: str, option: str = "--after") -> tuple[int, ...]:
     """``12,13`` -> (12, 13): job or array ids for --after (or status's -j)."""
     try:
+        if not text.isascii():
+            raise ValueError(text)  # int() reads Unicode's digits too
         ids = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise BadInput(f"{option} {text!r}: give job ids separated by commas, like 12,13") from None

@@ -29,7 +29,10 @@ def parse_size(text: str) -> int:
     unit = letters.upper()
     if unit not in _SIZE_UNITS:
         raise BadInput(f"unknown size unit {letters!r} in {text!r}: use K, M, G or T (binary) or KB, MB, GB, TB")
-    size = int(float(digits) * _SIZE_UNITS[unit])
+    value = float(digits) * _SIZE_UNITS[unit]
+    if not value < 1 << 62:  # infinite for 400 digits: int() of it would raise OverflowError
+        raise BadInput(f"size {text[:40]!r} is more than any GPU holds; give it in G or T, like 20G")
+    size = int(value)
     if size <= 0:
         raise BadInput(f"size {text!r} must be more than zero")
     return size
@@ -59,7 +62,12 @@ def parse_duration(text: str) -> float:
     seconds: float
     clock = cleaned.split(":")
     parts = _duration_parts(cleaned)
-    if 2 <= len(clock) <= 3 and clock[0].isdecimal() and all(len(p) in (1, 2) and p.isdecimal() for p in clock[1:]):
+    if (
+        2 <= len(clock) <= 3
+        and cleaned.isascii()
+        and clock[0].isdecimal()
+        and all(len(p) in (1, 2) and p.isdecimal() for p in clock[1:])
+    ):
         seconds = 0
         for part in clock:
             seconds = seconds * 60 + int(part)
@@ -69,13 +77,15 @@ def parse_duration(text: str) -> float:
         raise BadInput(f"cannot read duration {text!r}: write it like 90s, 30m, 2h, 1h30m, 1d or 01:30:00")
     if seconds <= 0:
         raise BadInput(f"duration {text!r} must be more than zero")
+    if not seconds < 1e15:  # also NaN and inf; 1e15 s is 30 million years: checked in full by jobs.rules
+        raise BadInput(f"duration {text[:40]!r} is longer than any time limit can be; give it like 2h or 3d")
     return seconds
 
 
 def _is_number(text: str) -> bool:
-    """Digits, or digits, a point and digits: ``\\d+(\\.\\d+)?``."""
+    """ASCII digits, or digits, a point and digits: ``[0-9]+(\\.[0-9]+)?`` (not Unicode's other digits)."""
     whole, point, fraction = text.partition(".")
-    return whole.isdecimal() and (not point or fraction.isdecimal())
+    return text.isascii() and whole.isdecimal() and (not point or fraction.isdecimal())
 
 
 def _duration_parts(text: str) -> list[tuple[str, str]]:

@@ -40,6 +40,21 @@ BAD_SUBMITS = [
     (["--json=yes", "true"], "does not take a value"),
     (["-", "x"], "command not found: -;"),
     (["\x1b[31mred-alert"], "command not found: red-alert;"),  # escapes are a terminal's, as click.echo has it
+    # Input that once reached the daemon and failed every pass for everyone (issue 25): refused up front.
+    (["--gpus", "0", "--array", "0-1%99999999999999999999", "true"], "how many run at once, a number from 1 to"),
+    (["--array", "", "true"], "write indices like 0-49"),  # once queued a plain job
+    (["--array", "0-20000", "true"], "at most 10000 members"),
+    (["--time", "999999999999999h", "true"], "longer than any time limit can be"),  # once killed the supervisor
+    (["--time", "400d", "true"], "is more than a year; give at most 8784h"),
+    (["--retries", "99999999999999999999", "true"], "give a number from 0 to 100"),
+    (["--gpus", "\u0663", "true"], "is not a valid integer (write it with the digits 0-9)"),  # Arabic-Indic 3
+    (["--priority", "\u0663", "true"], "is not a valid integer"),
+    (["--time", "\u0663h", "true"], "cannot read duration"),
+    (["--mem", "\u0663G", "true"], "cannot read size"),
+    (["--array", "\u0660-\u0663", "true"], "write indices like 0-49"),
+    (["--name", "\udcff\udcfe", "true"], "--name holds bytes that are not UTF-8 text"),  # $'\xff\xfe' from a shell
+    (["--env", "K=\udcff", "true"], "the environment variable K holds bytes that are not UTF-8"),
+    (["true", "\udcff"], "argument 1 of the command holds bytes that are not UTF-8"),
 ]
 
 

@@ -238,3 +238,36 @@ def test_a_port_in_use_is_one_line_and_exit_code_2(gpuq: Gpuq) -> None:
     assert result.stderr.strip() == (
         f"gpuq: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port or --host"
     )
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_idle_connections_cannot_take_every_thread_of_the_dashboard(gpuq: Gpuq) -> None:
+    """200 connections to 127.0.0.1 that never send a request: the dashboard once kept a thread for each, with
+    no timeout, until it ran out of descriptors and stopped answering anyone."""
+    served = Served(gpuq)
+    host, port = served.url.split("//")[1].rstrip("/").split(":")
+    idle = []
+    try:
+        for _ in range(200):
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        wait_for(lambda: _threads(served.process.pid) <= 40, 30, "the server to hold a bounded number of threads")
+        peak = max(_threads(served.process.pid) for _ in range(20))
+        assert peak <= 40, peak
+
+        def answered() -> bool:
+            try:
+                return served.get("/api/gpus")[0] == 200
+            except (ConnectionError, urllib.error.URLError):
+                return False  # closed at once while every worker is busy: a client retries
+
+        wait_for(answered, 60, "an answer while the idle connections are still open")
+    finally:
+        for connection in idle:
+            connection.close()
+        served.close()

@@ -53,8 +53,10 @@ def test_formatting() -> None:
 
 # The regular expressions the parsers used before they dropped `re` (for the quick submit's start-up): the
 # parsers must still accept exactly what these accepted, with the same values.
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+# With one change on purpose: \d matched Unicode's other digits too ("٣h" was 3 hours), which then passed
+# unseen as numbers; only 0-9 are digits now (re.ASCII).
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$", re.ASCII)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])", re.ASCII)
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
@@ -72,7 +74,7 @@ def _size_before(text: str) -> int | None:
 
 def _duration_before(text: str) -> float | None:
     cleaned = text.strip().lower()
-    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", cleaned):
+    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", cleaned, re.ASCII):
         seconds = 0
         for part in cleaned.split(":"):
             seconds = seconds * 60 + int(part)

@@ -13,6 +13,7 @@ daemon's side: it reads requests back into typed values, and sets aside what it 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -24,6 +25,7 @@ from typing import Any, TypeGuard
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.store import checks
 from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
@@ -119,7 +121,7 @@ def read_request(where: str | os.PathLike[str]) -> Request:
             return BadRequest(path, f"is {info.st_size} bytes, more than a request can be")
         with os.fdopen(os.dup(fd), "rb") as handle:
             raw = handle.read(MAX_REQUEST_BYTES + 1)
-        return _parse(path, info.st_uid, raw)
+        return _checked(_parse(path, info.st_uid, raw))
     finally:
         os.close(fd)
 
@@ -176,6 +178,23 @@ def token_of(name: str) -> str | None:
     """The token a shared queue's submit request is named by (``submit-<32 hex digits>.json``), if it is."""
     token = name[len("submit-") : -len(".json")] if name.startswith("submit-") and name.endswith(".json") else ""
     return token if len(token) == 32 and all(c in "0123456789abcdef" for c in token) else None
+
+
+def _checked(request: Request) -> Request:
+    """The request held whole to the rules (``jobs.store.checks``), or a BadRequest saying which it breaks."""
+    try:
+        if isinstance(request, SubmitRequest):
+            plan = request.array
+            indices, throttle = (None, None) if plan is None else (plan.indices, plan.throttle)
+            spec = checks.submit(request.spec, request.submitted_at, indices, throttle)
+            return dataclasses.replace(request, spec=spec)
+        if isinstance(request, CancelRequest):
+            checks.ids(request.job_ids)
+        elif isinstance(request, ControlRequest):
+            checks.control(request.action, request.ids, request.values)
+    except BadInput as err:
+        return BadRequest(request.path, str(err))
+    return request
 
 
 def _is_id(value: Any) -> TypeGuard[int]:

@@ -55,6 +55,7 @@ LOGS = "logs"
 PRIVATE = "private"
 REJECTED = "rejected"  # inside SPOOL
 ANSWERS = "answers"
+NOTICES = "notices"  # what the daemon tells readers: requests it set aside (one file per owner), failing passes
 
 
 def submit_name(job_id: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gpuq_scheduler.jobs.store.queue import Queue
@@ -35,3 +37,22 @@ class JobCommand(click.Command):
         takes_value = {flag: not p.is_flag for p in self.params if isinstance(p, click.Option) for flag in p.opts}
         own, command = split(args, takes_value)
         return super().parse_args(ctx, [*own, "--", *command] if command else own)
+
+
+class _Number(click.types.IntParamType):
+    """click's INT for numbers a user types: only 0-9 (``int()`` also reads Arabic-Indic and other digits,
+    which then pass unseen as ids and counts)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if text.isascii():
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        self.fail(f"{text[:40]!r} is not a valid integer (write it with the digits 0-9)", param, ctx)
+
+
+NUMBER = _Number()

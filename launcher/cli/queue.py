@@ -13,18 +13,18 @@ import click
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
+from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
 
 
 @click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
-@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
+@click.option("--gpus", type=NUMBER, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
 @click.option(
     "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
     "kind. Without it the job gets whole GPUs.",
 )  # fmt: skip
-@click.option("--like", type=int, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
+@click.option("--like", type=NUMBER, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
 @click.option("--name", default="", help="A name to show in status (default: the command).")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--priority", type=NUMBER, default=0, show_default=True, help="Higher runs first.")
 @click.option("--time", "time_limit", help="Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.")
 @click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
@@ -35,7 +35,7 @@ from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 )  # fmt: skip
 @click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
 @click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
-@click.option("--retries", type=int, default=0, show_default=True, help="Run again after a failure, with backoff.")
+@click.option("--retries", type=NUMBER, default=0, show_default=True, help="Run again after a failure, with backoff.")
 @click.option("--oom-retry", is_flag=True, help="After CUDA out of memory, retry with twice the memory or a whole GPU.")
 @click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
@@ -159,6 +159,12 @@ def status(
         )
     for note in getattr(queue, "notes", []):  # a cluster that did not answer
         click.echo(f"note: {note}", err=True)
+    if not as_json:
+        from gpuq_scheduler.launcher.views import notices
+
+        failing = notices.failing_pass(ctx.state)
+        for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
+            click.echo(f"note: {note}", err=True)
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
@@ -172,7 +178,7 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=NUMBER)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
@@ -200,7 +206,7 @@ def _members(queue: Queue, job_id: int) -> list[JobRecord]:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=NUMBER)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @pass_ctx
 def logs(ctx: Context, job_id: int, follow: bool) -> None:
@@ -243,7 +249,7 @@ def _copy_from(path: Path, offset: int, title: str = "") -> int:
 
 
 @click.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
 @pass_ctx
 def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
@@ -264,8 +270,8 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
 
 
 @click.command("wait")
-@click.argument("job_ids", type=int, nargs=-1)
-@click.option("--array", "arrays", type=int, multiple=True, help="Wait for every member of this array.")
+@click.argument("job_ids", type=NUMBER, nargs=-1)
+@click.option("--array", "arrays", type=NUMBER, multiple=True, help="Wait for every member of this array.")
 @pass_ctx
 def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]) -> None:
     """Block until these jobs or arrays (default: all active jobs) end. Exit 0 only if all succeeded.
@@ -319,7 +325,7 @@ def _exit_code(record: JobRecord) -> int:
 
 
 @click.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
 @pass_ctx
 def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Keep pending jobs (or an array's pending members) from starting until released."""
@@ -327,7 +333,7 @@ def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
 
 
 @click.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
 @pass_ctx
 def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Let held jobs (or a held array) run again."""
@@ -335,19 +341,22 @@ def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
 
 
 @click.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
-@click.option("--priority", type=int, help="New priority (higher runs first).")
+@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
+@click.option("--priority", type=NUMBER, help="New priority (higher runs first).")
 @click.option("--time", "time_limit", help="New time limit (90s, 30m, 2h...).")
 @pass_ctx
 def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_limit: str | None) -> None:
     """Change a pending job's (or array's) priority or time limit."""
+    from gpuq_scheduler.jobs.rules import check_update
     from gpuq_scheduler.jobs.units import parse_duration
 
+    seconds = None if time_limit is None else parse_duration(time_limit)
+    check_update(priority, seconds)
     values: dict[str, object] = {}
     if priority is not None:
         values["priority"] = priority
-    if time_limit is not None:
-        values["time_limit"] = parse_duration(time_limit)
+    if seconds is not None:
+        values["time_limit"] = seconds
     if not values:
         raise BadInput("nothing to update: give --priority P and/or --time DURATION")
     _control(ctx, "update", job_ids, values)

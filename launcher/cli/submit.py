@@ -113,8 +113,10 @@ def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
             value = own[at]  # split() gave every option that takes a value its value
             at += 1
         if kind == "int":
+            if not value.isascii():
+                return None  # int() reads Unicode's digits too; click's NUMBER refuses them, saying so
             try:
-                values[dest] = int(value)  # click's INT is int() too
+                values[dest] = int(value)  # click's NUMBER is int() too, over 0-9
             except ValueError:
                 return None
         elif kind == "mode" and value not in MODES:

@@ -20,12 +20,28 @@ _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``n
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 
 
-def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_group: int | None) -> None:
-    """Make the running job's ``exit_file`` and the staged job's ``pid_file`` and ``log``."""
-    drop()
-    with contextlib.suppress(OSError):  # made when written instead
-        for path in (exit_file, pid_file):
+RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
+
+
+def reserve(*paths: str) -> None:
+    """Make the temp files for ``paths`` now, their space allocated, so that writing them later cannot fail
+    on a full disk: a job that succeeded while its own output filled the disk is still recorded as such."""
+    for path in paths:
+        if path in _temps:
+            continue
+        with contextlib.suppress(OSError):  # made when written instead
             _temps[path] = new_temp(path)
+            os.posix_fallocate(_temps[path][0], 0, RESERVED)
+
+
+def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_group: int | None) -> None:
+    """Make the running job's ``exit_file`` (kept if reserved) and the staged job's ``pid_file`` and ``log``."""
+    kept = _temps.pop(exit_file, None)
+    drop()
+    if kept is not None:
+        _temps[exit_file] = kept
+    reserve(exit_file, pid_file)
+    with contextlib.suppress(OSError):  # made when written instead
         _logs[log] = open_log(log, account, log_group)
 
 
@@ -36,7 +52,11 @@ def log(path: str) -> int | None:
 
 def write(path: str, data: bytes) -> None:
     """``write_atomic(path, data, durable=False)``, into the temp file made ahead for it if there is one."""
-    write_atomic(path, data, durable=False, opened=_temps.pop(path, None))
+    opened = _temps.pop(path, None)
+    if opened is not None and len(data) <= RESERVED:
+        with contextlib.suppress(OSError):
+            os.ftruncate(opened[0], len(data))  # inside the space reserved: written over, nothing new is allocated
+    write_atomic(path, data, durable=False, opened=opened)
 
 
 def drop() -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
-from gpuq_scheduler.jobs.errors import StateDirError
+from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
-from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.submission import Inventory
@@ -32,8 +32,9 @@ log = logging.getLogger("gpuq.intake")
 ANSWERS_KEPT = 3600.0  # seconds an answer waits for its client (who reads it within a second, or is gone)
 
 
-def ingest(scheduler: SchedulerState, now: float) -> None:
-    found = spool.scan(scheduler.state)
+def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | None = None) -> None:
+    """``found``: these requests (``launcher.daemon.isolation`` passes them one at a time), else the spool's."""
+    found = spool.scan(scheduler.state) if found is None else found
     if not found:
         return
     events: list[dict[str, Any]] = []
@@ -44,7 +45,7 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
     else:
         for request in [r for r in submits if r.token is not None]:
             reason = "is named by a token, as a shared queue's submits are; this personal queue's carry their ids"
-            _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+            set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
         submits = [r for r in submits if r.token is None]
     if submits and scheduler.shared is None:  # one query for all: ids already in the table are rare (a crash)
         taken = scheduler.table.owners([r.job_id for r in submits])
@@ -84,12 +85,12 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
     for other in found:
         if isinstance(other, spool.CancelRequest):
             requests.cancel(scheduler, other, now, events)
-            spool.remove(other)
+            scheduler.ingested.append(other)  # removed once committed: a rolled-back cancel is read again
         elif isinstance(other, spool.ControlRequest):
             requests.control(scheduler, other, now, events)
-            spool.remove(other)
+            scheduler.ingested.append(other)
         elif isinstance(other, spool.BadRequest):
-            _set_aside(scheduler, other, now, events)
+            set_aside(scheduler, other, now, events)
     scheduler.journal.extend(events)
 
 
@@ -103,7 +104,7 @@ def _number(
     for request in submits:
         if request.token is None:
             reason = "names its own job id; a shared queue's daemon gives ids: submit with `gpuq submit`"
-            _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+            set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
         else:
             numbered.append(request)
     known = scheduler.table.intake_ids([r.token for r in numbered if r.token is not None])
@@ -120,11 +121,11 @@ def _number(
     return out, given
 
 
-def answer(scheduler: SchedulerState, ingested: list[spool.SubmitRequest]) -> None:
+def answer(scheduler: SchedulerState, ingested: list[spool.Request]) -> None:
     """Tell each shared queue's client the id its submit got, in ``answers/<token>``: root's directory, which
     nobody can list, so only the client that made the token finds it. Called once the jobs are on disk."""
     for request in ingested:
-        if request.token is not None:
+        if isinstance(request, spool.SubmitRequest) and request.token is not None:
             try:
                 write_atomic(scheduler.state.answer(request.token), f"{request.job_id}\n".encode(), durable=False,
                              mode=0o644)  # fmt: skip
@@ -159,7 +160,7 @@ def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float
         f"claims job id {request.job_id}, which job {request.job_id} of {existing.user} already has "
         "(the id counter was rewound); submit it again"
     )
-    _set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+    set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
     outbox.raise_counter(scheduler.state, scheduler.table.max_id() + 1)
     return True
 
@@ -170,7 +171,12 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
     scheduler.private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
 
 
-def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
+def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
+    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`)."""
+    try:
+        owner: int | None = os.lstat(bad.path).st_uid
+    except OSError:
+        owner = None
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
     token = spool.token_of(name)
@@ -179,7 +185,12 @@ def _set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, eve
             write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
                          mode=0o644)  # fmt: skip
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
-    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason})
+    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason, "uid": owner})
+    if owner is not None:
+        try:
+            notices.set_aside(scheduler.state, owner, name, bad.reason, now)
+        except (OSError, StateDirError) as err:  # a full disk: the log and the journal still say it
+            log.warning("cannot tell uid %d that %s was set aside: %s", owner, name, err)
 
 
 def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:
@@ -210,6 +221,6 @@ def _impossible(record: JobRecord, inventory: Inventory | None) -> str:
         return ""
     try:
         inventory.check(record.spec)
-    except Exception as err:  # BadInput: the same words the submitting client would have printed
+    except BadInput as err:  # the same words the submitting client would have printed
         return str(err)
     return ""

@@ -14,8 +14,9 @@ from gpuq_scheduler.launcher.policy.lifecycle import OOM_REASON
 
 
 def keys(record: JobRecord) -> list[str]:
+    """Where ``record``'s peak is filed and looked up: its name and command count for its own user only."""
     spec = record.spec
-    return memory.kinds(like=spec.like, array_id=record.array_id, name=spec.name, kind=spec.kind)
+    return memory.kinds(like=spec.like, array_id=record.array_id, name=spec.name, kind=spec.kind, owner=record.uid)
 
 
 def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:

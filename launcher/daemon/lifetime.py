@@ -18,14 +18,16 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs import accounts, config
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput, DaemonError, GpuqError
+from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.launcher.daemon import testclock
 
 if TYPE_CHECKING:
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
@@ -282,14 +284,19 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         ready = False
         try:
+            failing = False  # readers are told while passes fail (``jobs.store.notices``), until one succeeds
             while not wakeups.stopping:
                 try:
                     scheduler.tick(time.time())
+                    if failing:
+                        failing = not _told(notices.pass_succeeded, state)
                 except GpuqError as err:  # a bad fake inventory file, a full disk: say so, keep serving
                     log.error("%s", err)
+                    failing = _told(notices.pass_failed, state, str(err), time.time())
                     time.sleep(0.5)
-                except Exception:  # a bug must not take the queue down with it: log it and go on
+                except Exception as err:  # a bug must not take the queue down with it: log it and go on
                     log.exception("tick failed; continuing")
+                    failing = _told(notices.pass_failed, state, f"{type(err).__name__}: {err}", time.time())
                     time.sleep(0.5)
                 if not ready:  # the GPUs seen and the spool read once: `gpuq daemon start` may return
                     write_atomic(state.ready, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
@@ -308,6 +315,17 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         os.close(lock)
 
 
+def _told(tell: Callable[..., None], *args: Any) -> bool:
+    """Tell readers how the passes go (True once told). A disk too full for the notice must not stop the
+    loop: a failure is then counted again at the next pass, and a recovery told again."""
+    try:
+        tell(*args)
+    except (OSError, GpuqError) as err:  # write_atomic says ENOSPC as a StateDirError
+        log.error("cannot record how the daemon's passes go: %s", err)
+        return tell is notices.pass_failed  # still failing, as far as the loop knows
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuq_scheduler.launcher.daemon", description="The gpuq daemon.")
     parser.add_argument("--home", type=Path, help="state directory (default: $GPUQ_HOME or ~/.local/state/gpuq)")
@@ -316,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # the lock, taken by the starting client
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    testclock.install(os.environ)
     try:
         settings = config.load()
         home = args.home or settings.home or (config.SHARED_HOME if args.shared else None)

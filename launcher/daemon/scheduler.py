@@ -27,6 +27,7 @@ from gpuq_scheduler.launcher.daemon import (
     fences,
     handoff,
     intake,
+    isolation,
     learning,
     outcomes,
     processes,
@@ -138,8 +139,9 @@ class Scheduler(SchedulerState):
                 pass
 
     def ingest(self, now: float) -> None:
-        """Turn spool requests into table rows in one transaction, then delete them (``launcher.daemon.intake``)."""
-        intake.ingest(self, now)
+        """Turn spool requests into table rows in one transaction, then delete them (``launcher.daemon.intake``);
+        a request that makes it fail is set aside and the others go on (``launcher.daemon.isolation``)."""
+        isolation.ingest(self, now, self.reload)
 
     def reconcile(self, now: float) -> None:
         """Collect outcomes from exit files; deal with shims that died without writing one."""
@@ -204,8 +206,16 @@ class Scheduler(SchedulerState):
                 self._record_reasons(self._unsaved_reasons, now)  # held back by the once-a-second limit
             return
         self._last_plan_key = key
-        ready, waiting = self.eligible(now)
-        plan = self.plan(now, snapshot, ready)
+        try:
+            ready, waiting = self.eligible(now)
+            plan = self.plan(now, snapshot, ready)
+        except isolation.INPUT_ERRORS:  # a job that breaks planning fails alone, not every pass for everyone
+            bad = isolation.unplaceable(self, lambda: self.plan(now, snapshot, self.eligible(now)[0]))
+            if not bad:
+                raise
+            isolation.fail(self, bad, now)
+            ready, waiting = self.eligible(now)
+            plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
             record = self.pending.pop(decision.job_id)

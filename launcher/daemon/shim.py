@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
+from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.daemon import ahead
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
@@ -171,6 +172,7 @@ def _serve(pipe: int) -> int:
         # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
+        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
@@ -239,14 +241,14 @@ def _supervise(
         pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
         ahead.drop()
-        os.write(log_fd, f"gpuq: could not start {launch.argv[0]}: {err.strerror}\n".encode())
+        os.write(log_fd, f"gpuq: could not start {shown(launch.argv[0])}: {err.strerror}\n".encode())
         os.close(out_read)
         os.close(log_fd)
         return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}, None
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     output = JobLog(log_fd, log_limit())
-    started = time.time()
+    started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
@@ -257,7 +259,7 @@ def _supervise(
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
     while True:
-        now = time.time()
+        now = time.monotonic()
         due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
         ready, _, _ = select.select(watched, [], [], timeout)
@@ -265,7 +267,7 @@ def _supervise(
             watched.remove(out_read)  # the job closed its stdout and stderr
         if pidfd in ready:
             break
-        now = time.time()
+        now = time.monotonic()
         asked, following = _requests(ready, watched, pipe, wake_read, launch, following)
         if asked and not reason:
             reason = "cancel"
@@ -344,9 +346,20 @@ def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
-    ahead.write(launch.exit_file, json.dumps(outcome).encode())
+    data = json.dumps(outcome).encode()
+    tries = 0
+    while True:  # until written: a shim that died here would leave its job "lost", whatever it did
+        try:
+            ahead.write(launch.exit_file, data)
+            break
+        except OSError:  # a full disk, and the space reserved for it was lost: wait for room
+            time.sleep(_BACKOFF[min(tries, len(_BACKOFF) - 1)])
+            tries += 1
     if following is None:
         _poke(launch.wake, b"!")
+
+
+_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)  # seconds between tries at an exit file; the last repeats until written
 
 
 def _poke(wake: Path, word: bytes) -> None:

@@ -89,7 +89,7 @@ class SchedulerState:
         # This tick's events for events.jsonl, written once what they record is committed (and the launches
         # are sent): one append per tick, off the path from a job's end to the next one's start.
         self.journal: list[dict[str, Any]] = []
-        self.ingested: list[spool.SubmitRequest] = []  # in the table, to be removed from the spool once synced
+        self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
         self._reasons_due = 0.0
         self._unsaved_reasons: dict[int, str] | None = None
         self.changes = 0  # bumped by every ending and every request, so placement knows when to look again

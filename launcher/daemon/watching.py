@@ -4,6 +4,7 @@ peak memory, and stopping the jobs of a GPU that stays lost."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from gpuq_scheduler.jobs.units import format_duration
@@ -106,11 +107,12 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
             busy.update(gpu.process_utilization)
     reasons: dict[int, str] = {}
     events: list[dict[str, Any]] = []
+    clock = time.monotonic()  # idle time is a duration: a jump of the wall clock must not release a busy job
     for job_id, job in watched:
         record = job.record
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
-            scheduler.active_at[job_id] = now
-        idle = now - scheduler.active_at.setdefault(job_id, record.started_at or now)
+            scheduler.active_at[job_id] = clock
+        idle = clock - scheduler.active_at.setdefault(job_id, clock)  # from when this daemon first watched it
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)

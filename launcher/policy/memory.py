@@ -49,15 +49,18 @@ class Wait:
     reason: str
 
 
-def kinds(*, like: int | None, array_id: int | None, name: str, kind: str) -> list[str]:
-    """The keys a job's history is filed under, most specific first."""
+def kinds(*, like: int | None, array_id: int | None, name: str, kind: str, owner: int | None = None) -> list[str]:
+    """The keys a job's history is filed under, most specific first. ``owner`` (a uid) files a name and a
+    command per user: in a shared queue, one user's jobs named like another's must not set their reservation
+    (a job and an array have one owner already)."""
     keys = [f"job:{like}"] if like is not None else []
     if array_id is not None:
         keys.append(f"array:{array_id}")
+    mine = "" if owner is None else f"{owner}:"
     if name:
-        keys.append(f"name:{name}")
+        keys.append(f"name:{mine}{name}")
     if kind:
-        keys.append(f"cmd:{kind}")
+        keys.append(f"cmd:{mine}{kind}")
     return keys
 
 

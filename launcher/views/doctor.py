@@ -33,6 +33,7 @@ from gpuq_scheduler.jobs.store.queue import Queue, expand
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.views import notices
 
 Severity = Literal["error", "warning"]
 ERROR: Severity = "error"
@@ -97,6 +98,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
         _guard(problems, "next_id", lambda: problems.extend(_next_id(state, rows, highest_array, spooled or set())))
     _guard(problems, "temp files", lambda: problems.extend(_stale_temps(state, now)))
     _guard(problems, "rejected requests", lambda: problems.extend(_rejected(state)))
+    _guard(problems, "the daemon's passes", lambda: problems.extend(_failing_pass(state)))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
@@ -421,6 +423,12 @@ def _rejected(state: StateDir) -> Iterator[Problem]:
             WARNING, f"{count} request file(s) were set aside as unreadable in {state.rejected}; read the .why "
                      "file beside each, then delete them",
         )  # fmt: skip
+
+
+def _failing_pass(state: StateDir) -> Iterator[Problem]:
+    failing = notices.failing_pass(state)
+    if failing:
+        yield Problem(ERROR, failing)
 
 
 def _quote(path: Path) -> str:

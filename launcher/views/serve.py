@@ -126,6 +126,7 @@ def _bar(line: live.GpuLine) -> str:
 def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuq"
+        timeout = CLIENT_TIMEOUT  # the socket's: a client that says nothing is dropped, not waited on for ever
 
         def do_GET(self) -> None:
             try:
@@ -166,13 +167,48 @@ def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTP
     return Handler
 
 
+WORKERS = 32  # connections answered at once; one more is closed at once, so nobody can take every thread
+CLIENT_TIMEOUT = 5.0  # seconds a client may take to send its request or read the answer
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most ``WORKERS`` connections in hand, each with a socket timeout: idle or
+    slow clients (a thousand open sockets that say nothing) cost a bounded number of threads and
+    descriptors, and are dropped after ``CLIENT_TIMEOUT``, where a thread each without a timeout once kept
+    every one of them until the process ran out of descriptors and stopped answering."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(WORKERS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # busy: the client sees a closed connection and may retry
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 def serve(queue: Queue, source: GpuSource, host: str, port: int, ready: Callable[[str], None]) -> None:
     """Serve until interrupted; ``ready`` gets the address once the socket listens."""
     from gpuq_scheduler.launcher.views import metrics
 
     dashboard = Dashboard(queue, source)
     answer_metrics = metrics.exposition(dashboard.picture, dashboard.queue.records)
-    server = ThreadingHTTPServer((host, port), handler(dashboard, answer_metrics))
+    server = BoundedServer((host, port), handler(dashboard, answer_metrics))
     name, bound = str(server.server_address[0]), server.server_address[1]
     ready(f"http://{'[' + name + ']' if ':' in name else name}:{bound}/")
     try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_size
 
 if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq status` needs none of it
@@ -60,15 +61,21 @@ def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
     100,000 jobs than a function call per row, and the table needs the columns for their widths anyway."""
     return [
         [str(r.id) for r in lines],
-        [r.name[:24] for r in lines],
-        [r.user for r in lines],
+        _shown([r.name[:24] for r in lines]),
+        _shown([r.user for r in lines]),
         [_STATE_TEXT[r.state] for r in lines],
         [str(r.want_gpus) for r in lines],
         [_on(r.gpus) for r in lines],
         [_mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from) for r in lines],
         ["-" if r.started_at is None else format_duration((r.ended_at or now) - r.started_at) for r in lines],
-        [_ending(r) for r in lines],
+        _shown([_ending(r) for r in lines]),
     ]
+
+
+def _shown(column: list[str]) -> list[str]:
+    """A column of text users chose, safe for a terminal (``jobs.shown``); a method call per cell, not a
+    function call, on the 100,000 rows of `status --all`."""
+    return [cell if cell.isprintable() else shown(cell) for cell in column]
 
 
 @functools.cache  # a listing of 100,000 jobs holds a few dozen distinct values of each: format each once
@@ -128,14 +135,15 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
         summary = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
         held = sum(1 for m in members if m.held and m.state is JobState.PENDING)
         first = members[0]
-        name = f"{(names.get(array_id) or first.name)[:18]} [{len(members)}]"
+        name = f"{shown((names.get(array_id) or first.name)[:18])} [{len(members)}]"
         held_gpus = sorted({g for m in members if m.state is JobState.RUNNING for g in m.gpus})
-        why = f"{held} held: {first.reason}" if held else ""
+        why = f"{held} held: {shown(first.reason)}" if held else ""
         failed = next((m for m in members if m.state in _FAILURES), None)
         if failed is not None:  # what went wrong first says more than the counts
-            why = f"job {failed.id}: {_ending(failed)}" + (f"; {why}" if why else "")
+            why = f"job {failed.id}: {shown(_ending(failed))}" + (f"; {why}" if why else "")
         mem = _mem(first.mem_per_gpu, first.want_gpus, first.mem_auto, first.mem_from)
-        row = (str(array_id), name, first.user, summary, str(first.want_gpus), _on(tuple(held_gpus)), mem, "-", why)
+        on = _on(tuple(held_gpus))
+        row = (str(array_id), name, shown(first.user), summary, str(first.want_gpus), on, mem, "-", why)
         rows.append((first._replace(id=array_id), row))
     rows.sort(key=lambda row: row[0].id)
     return _table(*_where(_HEADER, rows))
@@ -241,7 +249,7 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("log", record.log),
     ]
     width = max(len(key) for key, _ in lines)
-    return "\n".join(f"{key:<{width}}  {value}" for key, value in lines)
+    return "\n".join(f"{key:<{width}}  {shown(value)}" for key, value in lines)
 
 
 def _memory(spec: JobSpec) -> str:

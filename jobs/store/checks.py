@@ -1,0 +1,95 @@
+"""Every request checked whole before it can reach the table (STYLE.md 11).
+
+``spool.read_request`` types what a user wrote, then holds each request, through this module, to the rules the
+client holds a submit to (``jobs.rules``, the same functions and words), plus what only a hand-written file
+can get wrong: every string free of NUL and valid UTF-8, every number inside the bounds SQLite, a sleep and
+a timestamp can hold, arrays no larger than one transaction should be, and no field a user may not set
+(``kind`` and ``mem_from`` are the daemon's: ``kind`` is recomputed from the command, so a request cannot
+file its peak under someone else's). What fails raises BadInput with a one-line reason; the spool makes it a
+``BadRequest``, which the daemon sets aside: it never reaches the table, where it would fail every pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_text, check_texts, check_update
+from gpuq_scheduler.jobs.submission import kind_of
+from gpuq_scheduler.jobs.units import parse_duration
+
+MAX_ID = (1 << 63) - 1  # SQLite's largest integer
+MAX_IDS = MAX_ARRAY + 1  # ids one cancel or control names: an array and all its members, at most
+MAX_PID = 1 << 22  # Linux's pid_max ceiling (an interactive job's client)
+LATEST = 1 << 33  # a submit time past this (year 2242) is not a clock's; readers could not render it
+UPDATABLE = ("priority", "time_limit")
+
+
+def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, throttle: int | None) -> JobSpec:
+    """A submit's spec as the daemon may queue it (its own fields set), or BadInput saying what is wrong."""
+    check_texts(
+        command=spec.command, cwd=spec.cwd, env=spec.env, name=spec.name, notify=spec.notify, python=spec.python
+    )  # fmt: skip
+    if spec.like is not None and not 0 < spec.like <= MAX_ID:
+        raise BadInput(f"--like takes a job id, which is a positive number, not {spec.like}")
+    if spec.client is not None and not 0 < spec.client < MAX_PID:
+        raise BadInput("names a client process that cannot exist")
+    if not 0 <= submitted_at < LATEST:
+        raise BadInput("has a submit time no clock gives")
+    if indices is not None:
+        check_array(indices, throttle)
+    _numbers(spec.to_json(), "the job spec")
+    # The daemon's fields, whatever the request says: kind is what --mem auto files peaks under.
+    return dataclasses.replace(spec, kind=kind_of(spec.command, spec.cwd), mem_from="")
+
+
+def ids(named: Sequence[int]) -> None:
+    """The ids a cancel or control names: how many (each is checked as an id when read)."""
+    if len(named) > MAX_IDS:
+        raise BadInput(f"names {len(named)} jobs; one request may name at most {MAX_IDS}")
+
+
+def control(action: str, named: Sequence[int], values: Mapping[str, Any]) -> None:
+    """A control request's ids and values: only `update` carries values, and only those it may change."""
+    ids(named)
+    if action != "update":
+        if values:
+            raise BadInput(f"gives values to {action}, which takes none")
+        return
+    unknown = sorted(set(values) - set(UPDATABLE))
+    if unknown or not values:
+        shown = ", ".join(map(repr, unknown))[:80] or "nothing"
+        raise BadInput(f"updates {shown}; gpuq update changes only priority and time_limit")
+    priority, limit = values.get("priority"), values.get("time_limit")
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise BadInput("updates priority to something that is not a whole number")
+    if isinstance(limit, str):
+        limit = parse_duration(limit)
+    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool)):
+        raise BadInput("updates time_limit to something that is not a duration")
+    check_update(priority, None if limit is None else float(limit))
+
+
+def _numbers(value: Any, where: str) -> None:
+    """Every number SQLite's 64-bit integers and a float can hold, every string checked, at any depth."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        if not -MAX_ID - 1 <= value <= MAX_ID:
+            raise BadInput(f"holds a number in {where} larger than any gpuq keeps")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadInput(f"holds a number in {where} that is not finite")
+    elif isinstance(value, str):
+        check_text(where, value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _numbers(key, where)
+            _numbers(item, where)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _numbers(item, where)

@@ -1,0 +1,141 @@
+"""One user's input never stops the queue (issue 25): requests checked whole, what still breaks a pass set
+aside, a daemon whose passes keep failing saying so, user text escaped on terminals, --mem auto per user.
+
+Against a real daemon on a personal queue where one user suffices; tests/test_hostile_users.py acts as a
+second Unix user against a shared queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuq_scheduler.jobs import api
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.shown import shown
+from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.submission import kind_of
+from gpuq_scheduler.launcher.daemon import learning
+from tests.conftest import Gpuq, make_env, wait_for
+
+GOOD_GPUS = {"gpus": [{"name": "H100", "total": "80GiB"}, {"name": "H100", "total": "80GiB"}]}
+
+
+@pytest.mark.parametrize(
+    ("command", "env"),
+    [(["echo", "a\0b"], {}), (["echo", "ok"], {"TOKEN": "x\0y"}), (["echo", "ok"], {"K": "\udcff"})],
+    ids=["nul-in-argument", "nul-in-environment", "not-utf8-in-environment"],
+)
+def test_a_nul_byte_through_the_api_is_refused_and_queues_nothing(
+    tmp_path: Path, command: list[str], env: dict[str, str]
+) -> None:
+    """Once accepted, the launch of such a job failed and was retried about once a second for ever."""
+    home = tmp_path / "state"
+    with pytest.raises(BadInput) as refused:
+        api.submit(command, gpus=0, env=env, home=home)
+    assert "\n" not in str(refused.value) and ("NUL" in str(refused.value) or "UTF-8" in str(refused.value))
+    assert not (home / "spool").exists() or not [p for p in (home / "spool").iterdir() if p.name != "rejected"]
+
+
+def test_a_daemon_whose_passes_keep_failing_says_so_in_status_and_doctor(tmp_path: Path) -> None:
+    """A pass that fails (here: the GPU inventory cannot be read) once only reached the daemon's log; users saw
+    a queue that did not move and `gpuq doctor` found nothing."""
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps(GOOD_GPUS))
+    queue = Gpuq(tmp_path / "state", make_env(tmp_path / "state", str(inventory)), tmp_path)
+    try:
+        queue.run("daemon", "start")
+        first = queue.submit("--gpus", "0", "true")
+        queue.wait_state(first, "succeeded")
+        assert "pass has failed" not in queue.run("status").stderr
+        inventory.write_text("{ not json")
+        queue.run("submit", "--gpus", "0", "true")  # wakes the daemon
+
+        def failing() -> str | None:
+            said = queue.run("status").stderr
+            return said if "the daemon's pass has failed" in said else None
+
+        said = wait_for(failing, 20, "status to say the passes fail")
+        assert "times since" in said and str(inventory) in said, said
+        doctor = queue.run("doctor", check=False)
+        assert doctor.returncode == 1 and "the daemon's pass has failed" in doctor.stdout, doctor.stdout
+        inventory.write_text(json.dumps(GOOD_GPUS))  # mended: the next pass succeeds and the note goes
+        wait_for(lambda: "pass has failed" not in queue.run("status").stderr, 20, "the note to go")
+        assert "pass has failed" not in queue.run("doctor", check=False).stdout
+    finally:
+        queue.cleanup()
+
+
+def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpuq: Gpuq) -> None:
+    """A pending job whose stored spec makes placement raise (here a --like id beyond SQLite's integers, as an
+    older gpuq let in) once failed every pass for everyone, for ever."""
+    gpuq.run("pause")
+    bad = gpuq.submit("--mem", "auto", "true")
+    wait_for(lambda: not any((gpuq.home / "spool").glob("submit-*")), what="the daemon to ingest the submit")
+    gpuq.run("daemon", "stop")
+    db = sqlite3.connect(gpuq.home / "jobs.db")
+    spec = json.loads(db.execute("SELECT spec FROM jobs WHERE id = ?", (bad,)).fetchone()[0])
+    spec["like"] = 2**64
+    db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), bad))
+    db.commit()
+    db.close()
+    gpuq.run("resume")
+    good = gpuq.submit("--gpus", "1", "true")
+    assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+    record = gpuq.wait_state(bad, "failed", timeout=30)
+    assert "could not be placed" in record["reason"] and "OverflowError" in record["reason"], record
+
+
+def test_a_hand_written_kind_is_replaced_by_the_daemons(tmp_path: Path) -> None:
+    """`kind` files a job's peak for --mem auto: a request naming another command's kind would set its size."""
+    path = tmp_path / "submit-000000000007.json"
+    spec = JobSpec(("python3", "train.py"), "/work", gpus=1, mem_auto=True).to_json()
+    path.write_text(json.dumps({"schema": 1, "kind": "submit", "id": 7, "submitted_at": 1.0,
+                                "spec": {**spec, "kind": "0123456789abcdef", "mem_from": "forged"}}))  # fmt: skip
+    request = spool.read_request(path)
+    assert isinstance(request, spool.SubmitRequest)
+    assert request.spec.kind == kind_of(("python3", "train.py"), "/work") and request.spec.mem_from == ""
+
+
+def test_mem_auto_files_a_name_and_a_command_per_user() -> None:
+    """Two users' jobs of the same --name and command: one's peaks must not size the other's reservation."""
+    spec = JobSpec(("python3", "train.py"), "/work", gpus=1, mem_auto=True, name="train", kind="ab12")
+    mine = JobRecord(1, spec, 1001, "alice", JobState.PENDING, 0.0)
+    theirs = JobRecord(2, spec, 1002, "mallory", JobState.PENDING, 0.0)
+    assert learning.keys(mine) and not set(learning.keys(mine)) & set(learning.keys(theirs))
+
+
+def test_text_that_would_steer_a_terminal_is_shown_escaped(gpuq: Gpuq) -> None:
+    name = "\x1b]0;owned\x07\x1b[2J\rfake\nrow\u202e"
+    job = gpuq.submit("--gpus", "0", "--name", name, "sh", "-c", "exit 3", "\x1b[31m")
+    gpuq.wait_state(job, "failed")
+    for args in (("status",), ("status", "--all"), ("show", str(job))):
+        out = gpuq.run(*args).stdout
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out, (args, out)
+        assert shown(name)[:24] in out or shown(name) in out, (args, out)
+    assert json.loads(gpuq.run("show", "--json", str(job)).stdout)["name"] == name  # JSON keeps the text as it is
+
+
+def test_leftover_temp_files_in_the_spool_are_removed_after_an_hour(gpuq: Gpuq) -> None:
+    """Temp files of interrupted writes (a client killed mid-submit, a full disk) were never cleaned."""
+    gpuq.submit("--gpus", "0", "true")  # makes the queue (and starts its daemon, stopped at once)
+    gpuq.run("daemon", "stop")
+    spool_dir = gpuq.home / "spool"
+    old, fresh = spool_dir / ".submit-x.json.123.tmp", spool_dir / ".submit-y.json.456.tmp"
+    for path in (old, fresh):
+        path.write_text("{")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    assert "temp file(s) older than an hour" in gpuq.run("doctor", check=False).stdout
+    gpuq.run("daemon", "start")  # a daemon sweeps at its first pass, then every few minutes
+    job = gpuq.submit("--gpus", "0", "true")
+    gpuq.wait_state(job, "succeeded")
+    wait_for(lambda: not old.exists(), 20, "the leftover to go")
+    assert fresh.exists()  # a write may still be in progress
+    assert "older than an hour" not in gpuq.run("doctor", check=False).stdout

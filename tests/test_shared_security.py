@@ -376,3 +376,57 @@ def test_a_user_removed_from_a_group_runs_the_next_job_without_it(shared: Shared
         assert project not in shared.stamps_of(after)["groups"]
     finally:
         subprocess.run(["groupdel", "gqsproject"], capture_output=True)
+
+
+BURST = r"""
+import json, sys
+from gpuq_scheduler import submit
+from gpuq_scheduler.jobs.errors import GpuqError, NoIdYet
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+ids, tokens, failed = [], [], []
+for n in range(int(sys.argv[1])):
+    try:
+        ids.append(submit(["true"], gpus=0))
+    except NoIdYet as queued:
+        tokens.append(queued.request)
+    except GpuqError as err:
+        failed.append(f"submit: {err}")
+    try:
+        Queue(StateDir.from_env()).records()
+    except GpuqError as err:
+        failed.append(f"status: {err}")
+print(json.dumps({"ids": ids, "tokens": tokens, "failed": failed}))
+"""
+
+
+def test_submits_and_reads_during_kill_9_bursts_lose_duplicate_and_fail_nothing(
+    shared: SharedQueue, users: dict[str, User]
+) -> None:
+    """1 submit in 300 failed "attempt to write a readonly database" while root's daemon was killed again
+    and again. Now each submit gets its id or is queued without one, each read works, and every submit ends
+    up as exactly one of dave's jobs, whichever daemon read it."""
+    shared.start()
+    dave, count = users["dave"], 40
+    burst = subprocess.Popen(
+        [shared.python, "-c", BURST, str(count)], env=shared.env(dave), cwd=dave.home, user=dave.uid,
+        group=dave.gid, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for kill in range(5):
+        wait_for(lambda kill=kill: len(shared.records(dave)) > kill * 5 or burst.poll() is not None, 60, "submits")
+        assert shared.daemon is not None
+        os.kill(shared.daemon.pid, signal.SIGKILL)
+        shared.daemon.wait(20)
+        shared.gpuq(None, "status", "--all")  # root's read, the last connection to close
+        shared.start()
+    out, err = burst.communicate(timeout=300)
+    assert burst.returncode == 0, err
+    done = json.loads(out)
+    assert done["failed"] == []
+    answer = "import sys\ntry:\n    print(open(sys.argv[1]).read().strip())\nexcept OSError:\n    print(0)\n"
+    for token in done["tokens"]:
+        path = str(shared.home / "answers" / token)
+        done["ids"].append(wait_for(lambda path=path: int(shared.python_as(dave, answer, path)), 30, "an answer"))
+    mine = wait_for(lambda: len(r := shared.records(dave)) >= count and r, 60, "every submit in the table")
+    assert sorted(done["ids"]) == sorted(mine) and len(set(done["ids"])) == count  # none lost, none twice
+    assert all(record["user"] == "gqsdave" for record in mine.values())

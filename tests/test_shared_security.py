@@ -12,9 +12,7 @@ import json
 import os
 import pwd
 import shlex
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,58 +193,6 @@ def test_nothing_a_user_writes_decides_another_users_job_id(shared: SharedQueue,
     assert not (shared.home / "next_id").exists()
 
 
-def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
-    shared: SharedQueue, users: dict[str, User]
-) -> None:
-    """`daemon start --shared` then at once a user's `--gpus 1` (refused "more GPUs than this machine has
-    (0)" when start returned before the daemon had seen its GPUs); a daemon that cannot run is reported
-    with its log's words, not as "running"; setup refuses an admins group that does not exist."""
-    etc, home = shared.base / "etc", shared.base / "q2"
-    etc.mkdir()
-    env = {**shared.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(shared.base),
-           "PYTHONPATH": str(ROOT), "GPUQ_FAKE_GPUS": "2x80GiB"}  # fmt: skip
-    del env["GPUQ_HOME"]
-    root = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]
-
-    def as_root(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*root, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-
-    refused = as_root("daemon", "setup", "--admins", "gqs-no-such-group", "--home", str(home))
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no group" in refused.stderr
-    assert not (etc / "config.toml").exists() and not home.exists()  # nothing changed
-    assert as_root("daemon", "setup", "--admins", ADMINS, "--home", str(home)).returncode == 0
-    try:
-        started = as_root("daemon", "start", "--shared")
-        assert started.returncode == 0 and "running" in started.stdout, started.stderr
-        assert (home / "gpus.json").exists()  # seen its GPUs before it said it runs
-        dave = users["dave"]
-        user_env = {**shared.env(dave), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml")}
-        del user_env["GPUQ_HOME"]
-        submitted = subprocess.run(
-            [shared.python, "-m", "gpuq_scheduler", "submit", "--gpus", "1", "true"], env=user_env, cwd=dave.home,
-            user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert submitted.returncode == 0 and submitted.stdout.startswith("submitted job"), submitted.stderr
-        status = subprocess.run(
-            [shared.python, "-m", "gpuq_scheduler", "daemon", "status", "--json"], env=user_env, cwd=dave.home,
-            user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert json.loads(status.stdout)["running"] is True, status.stderr  # users see it run, lock or not
-    finally:
-        as_root("daemon", "stop")
-    # Nobody but root can take the daemon's lock (flock needs no write access), to keep it from starting.
-    take = (
-        "import fcntl, sys\ntry:\n    fcntl.flock(open(sys.argv[1]), fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-        "    print('taken')\nexcept OSError:\n    print('refused')\n"
-    )
-    assert shared.python_as(users["mal"], take, str(home / "daemon.lock")).strip() == "refused"
-    config = etc / "config.toml"
-    config.write_text(config.read_text().replace(ADMINS, "gqs-gone-group"))  # the group was deleted since
-    died = as_root("daemon", "start", "--shared")
-    assert died.returncode == 2 and "running" not in died.stdout, died.stdout
-    assert died.stderr.count("\n") == 1 and "gqs-gone-group" in died.stderr and "does not exist" in died.stderr
-
-
 def test_private_files_and_logs_are_not_readable_by_the_owners_group(
     shared: SharedQueue, users: dict[str, User]
 ) -> None:
@@ -264,75 +210,6 @@ def test_private_files_and_logs_are_not_readable_by_the_owners_group(
     assert secret not in shown.stdout and "(private)" in shown.stdout
     for path in (shared.home / "private" / f"{job}.json", shared.home / "logs" / f"{job}.log"):
         assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
-
-
-def test_the_systemd_units_own_command_starts_a_daemon_that_serves_a_job(
-    shared: SharedQueue, users: dict[str, User]
-) -> None:
-    """The unit named `-m launcher.daemon.lifetime`, a module that no longer exists: run its ExecStart as is."""
-    etc, units, home = shared.base / "etc", shared.base / "units", shared.base / "q3"
-    etc.mkdir()
-    units.mkdir()
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
-           "GPUQ_UNIT_DIR": str(units), "GPUQ_FAKE_GPUS": "2x80GiB", "LANG": "C.UTF-8"}  # fmt: skip
-    setup = subprocess.run([sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "daemon", "setup", "--home",
-                            str(home)], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)  # fmt: skip
-    assert setup.returncode == 0, setup.stderr
-    unit = (units / "gpuq.service").read_text()
-    command = shlex.split(next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split("=", 1)[1])
-    log = (shared.base / "unit.out").open("ab")
-    daemon = subprocess.Popen(command, env=env, cwd="/", stdout=log, stderr=log)  # as systemd would: no PYTHONPATH
-    try:
-        wait_for(lambda: (home / "daemon.ready").exists() or daemon.poll() is not None, 30, "the unit's daemon")
-        assert daemon.poll() is None, (shared.base / "unit.out").read_text()
-        dave = users["dave"]
-        user_env = {**shared.env(dave), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml")}
-        del user_env["GPUQ_HOME"]
-        ran = subprocess.run(
-            [shared.python, "-m", "gpuq_scheduler", "submit", "--wait", "--gpus", "1", "sh", "-c", "id -u"],
-            env=user_env, cwd=dave.home, user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert ran.returncode == 0, ran.stderr
-        job = int(ran.stdout.split()[-1])
-        assert (home / "logs" / f"{job}.log").read_text().strip() == str(dave.uid)
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-
-
-def test_users_read_and_submit_with_the_daemon_stopped_or_killed(shared: SharedQueue, users: dict[str, User]) -> None:
-    """After a clean `daemon stop` the table's -shm was gone and users got "attempt to write a readonly
-    database" from status, show, submit and wait; the same after a kill -9 once root had read the table."""
-    shared.start()
-    dave = users["dave"]
-    job = shared.submit(dave, "--gpus", "0", "true")
-    shared.wait(dave, job)
-    shared.stop()  # SIGTERM: a clean stop
-    assert str(job) in shared.gpuq(dave, "status", "--all").stdout
-    assert shared.gpuq(dave, "show", str(job)).returncode == 0
-    assert shared.gpuq(dave, "wait", str(job)).returncode == 0
-    queued = shared.gpuq(dave, "submit", "--gpus", "0", "true")
-    assert queued.stdout == "" and queued.stderr.count("\n") == 1 and "no id yet" in queued.stderr
-    api = (  # the Python API raises NoIdYet, naming the request, rather than return an id that may prove untrue
-        "import json\nfrom gpuq_scheduler import submit\nfrom gpuq_scheduler.jobs.errors import NoIdYet\n"
-        "try:\n    print(json.dumps({'id': submit(['true'], gpus=0)}))\n"
-        "except NoIdYet as queued:\n    print(json.dumps({'request': queued.request}))\n"
-    )
-    token = json.loads(shared.python_as(dave, api))["request"]
-    shared.start()  # the queued jobs get their ids and run
-    answer = "import sys\ntry:\n    print(open(sys.argv[1]).read().strip())\nexcept OSError:\n    print(0)\n"
-    by_api = wait_for(lambda: int(shared.python_as(dave, answer, str(shared.home / "answers" / token))), 30)
-    done = lambda: [i for i, r in shared.records(dave).items() if i > job and r["state"] == "succeeded"]  # noqa: E731
-    later = wait_for(lambda: len(done()) == 2 and done(), 30, "both queued jobs to run")
-    assert by_api in later
-    assert shared.daemon is not None
-    os.kill(shared.daemon.pid, signal.SIGKILL)
-    shared.daemon.wait(20)
-    shared.daemon = None
-    shared.gpuq(None, "status", "--all")  # root's connection, the last to close, takes the -shm with it
-    assert str(later[0]) in shared.gpuq(dave, "status", "--all").stdout
-    assert shared.gpuq(dave, "show", str(later[0])).returncode == 0
 
 
 def test_a_removed_admin_can_no_longer_cancel_others_jobs(shared: SharedQueue, users: dict[str, User]) -> None:

@@ -35,7 +35,11 @@ def finish(
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
         "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
+        "cause": outcome.cause.value, "culprit": outcome.culprit,
     })  # fmt: skip
+    if ran and outcome.cause.not_its_fault:
+        _requeue_victim(scheduler, record, outcome, ended, events)
+        return
     biggest = max((g.total for g in scheduler.last_snapshot), default=None)
     again = lifecycle.retry(record, outcome, backoff=scheduler.retry_backoff, biggest_gpu=biggest) if ran else None
     scheduler.changes += 1
@@ -55,13 +59,34 @@ def finish(
     _ended(scheduler, record, outcome)
 
 
+def _requeue_victim(
+    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
+) -> None:
+    """Another job took its memory: it runs again as the same attempt (its retries are its own to spend),
+    after the usual first backoff, keeping the cause and culprit of the run it lost for `gpuq show`."""
+    scheduler.changes += 1
+    again = ended + scheduler.retry_backoff
+    reason = f"queued again, not counted against its retries: {outcome.reason}"
+    scheduler.table.requeue(record.id, reason, not_before=again, outcome=outcome)
+    scheduler.running.pop(record.id, None)
+    _clean_run_files(scheduler, record.id)
+    scheduler.not_before[record.id] = again
+    full = scheduler.table.get(record.id, with_env=True)
+    if full is not None:
+        scheduler.pending[record.id] = full
+    events.append({"t": ended, "job": record.id, "event": "requeued", "reason": reason, "culprit": outcome.culprit})
+
+
 def finish_pending(
     scheduler: SchedulerState, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[dict[str, Any]]
 ) -> None:
     """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
     scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
     for record, outcome in endings:
-        events.append({"t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason})
+        events.append({
+            "t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason,
+            "cause": outcome.cause.value,
+        })  # fmt: skip
         _ended(scheduler, record, outcome)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.submission import Inventory
@@ -61,7 +61,7 @@ def ingest(scheduler: SchedulerState, now: float) -> None:
         events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
         problem = _impossible(record, inventory) or _over_cap(scheduler, record, queued)
         if problem:
-            endings.finish(scheduler, record, Outcome(JobState.FAILED, reason=problem), now, events)
+            endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
         else:
             scheduler.pending[record.id] = record
             queued[record.user] = queued.get(record.user, 0) + 1

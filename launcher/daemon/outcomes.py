@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.policy import lifecycle
 
 _TAIL_BYTES = 64 << 10
-OOM = lifecycle.OOM_REASON  # --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
 
@@ -37,8 +36,9 @@ def read_exit(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def log_reason(log: str) -> str:
-    """A short diagnosis from the end of a failed job's log: CUDA OOM first, else its last exception."""
+def log_reason(log: str) -> str | None:
+    """A short diagnosis from the end of a failed job's log: None for CUDA out of memory (the daemon then
+    works out which kind), else its last exception, or nothing."""
     try:
         with open(log, "rb") as handle:
             handle.seek(0, 2)
@@ -48,7 +48,7 @@ def log_reason(log: str) -> str:
     except OSError:
         return ""
     if _OOM.search(tail):
-        return OOM
+        return None
     matches = _EXCEPTION.findall(tail)
     if matches:
         name, message = matches[-1]
@@ -57,8 +57,11 @@ def log_reason(log: str) -> str:
     return ""
 
 
-def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:
-    """How the job ended; None when it never started (the launch was interrupted: requeue it)."""
+def classify(
+    exit_data: dict[str, Any], record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]
+) -> Outcome | None:
+    """How the job ended; None when it never started (the launch was interrupted: requeue it). ``oom``
+    says what kind of CUDA out of memory it was, asked only when its log shows one."""
     if not exit_data.get("started", True):
         return None
     if exit_data.get("spawn_error"):
@@ -73,13 +76,11 @@ def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fence
     if reason == "cancel" or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     diagnosis = log_reason(record.log)
-    share = record.spec.mem_per_gpu
-    if diagnosis == OOM and share is not None and record.spec.gpus and fenced:
-        # A job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.
-        asked = "auto" if record.spec.mem_auto else format_size(share)
-        diagnosis = lifecycle.at_fence(format_size(share), asked)
+    if diagnosis is None and (signum is not None or code is not None):
+        return Outcome.out_of_memory(oom(), code, signum)
+    diagnosis = diagnosis or ""
     if signum is not None:
         return Outcome.killed(signum, diagnosis)
     if code is None:
         return Outcome.lost("its supervisor reported no exit status")
-    return Outcome.failed(code, f"{diagnosis} (exit code {code})" if diagnosis else "")
+    return Outcome.failed(code, diagnosis)

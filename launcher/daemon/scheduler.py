@@ -12,6 +12,7 @@ table's only writer, so a pass over 10,000 pending jobs reads nothing from disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 import os
@@ -163,10 +164,12 @@ class Scheduler(SchedulerState):
                     self.shims.handed(job_id, exit_data["next"])  # its shim went on to the job staged behind it
                 else:
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
-                outcome = outcomes.classify(exit_data, job.record, job.launch, fenced=self.fence != fences.NONE)
-                lost_gpu = self.gpu_lost.get(job_id)
-                if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
-                    outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"
+                outcome = outcomes.classify(
+                    exit_data, job.record, job.launch, functools.partial(watching.out_of_memory, self, job)
+                )  # fmt: skip
+                stopped = self.stopped_for.get(job_id)
+                if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                    outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = float(exit_data.get("ended_at") or now)
                 if outcome is None:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
@@ -229,7 +232,7 @@ class Scheduler(SchedulerState):
                         deps[dep] = self._job_list(dep)
                 readiness = lifecycle.dependencies(record.spec, deps)
                 if isinstance(readiness, lifecycle.Never):
-                    never.append((record, Outcome(JobState.CANCELLED, reason=readiness.reason)))
+                    never.append((record, Outcome.not_run(readiness.reason)))
                 elif isinstance(readiness, lifecycle.Waiting):
                     waiting[record.id] = readiness.reason
                 else:

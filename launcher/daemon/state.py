@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch, Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
@@ -107,7 +107,9 @@ class SchedulerState:
         self.active_at: dict[int, float] = {}
         self.next_idle_check = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
-        self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
+        # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
+        # lost (daemon/watching.py); the watchdog's stops go here too.
+        self.stopped_for: dict[int, Outcome] = {}
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
@@ -117,6 +119,7 @@ class SchedulerState:
         }
         self.probes: dict[str, int] = {}
         self.job_peaks: dict[int, int] = {}
+        self.held: dict[int, dict[int, int]] = {}  # running job -> GPU index -> bytes, at the last sample
         # The fence (daemon/fences.py): MPS control daemons by GPU uuid and the packed jobs each serves.
         self.mps = mps
         self.fence = fence or ("mps" if mps is not None else "cooperative")  # for packed jobs: mps, cooperative, none
@@ -185,6 +188,7 @@ class SchedulerState:
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
         self.job_peaks.pop(job_id, None)
+        self.held.pop(job_id, None)
         self.active_at.pop(job_id, None)
         for kind in [kind for kind, prober in self.probes.items() if prober == job_id]:
             del self.probes[kind]  # a probe that ended (or never ran): the next of its kind probes

@@ -54,7 +54,7 @@ def test_a_liar_dies_at_its_share_under_mps_and_its_neighbours_finish(mps: Gpuq)
     honest = [mps.submit("--mem", "4G", "fake_cuda.py", "3", "3") for _ in range(3)]
     liar = mps.submit("--mem", "4G", "fake_cuda.py", "20", "3")
     running = mps.wait_state(honest[0], "running")
-    gpu_dirs = wait_for(lambda: list((mps.home / "mps").glob("GPU-*/pipe")), 10, "an MPS control daemon to start")
+    gpu_dirs = wait_for(lambda: list((mps.home / "mps").glob("GPU-*/*/pipe")), 10, "an MPS control daemon to start")
     assert gpu_dirs  # gpuq started one for the GPU its packed jobs share
     records = _ended(mps, [*honest, liar])
     assert [r["state"] for r in records[:3]] == ["succeeded"] * 3

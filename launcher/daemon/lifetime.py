@@ -219,14 +219,14 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         policy = _policy(os.environ)
         source = open_source()
         mode = os.environ.get("GPUQ_FENCE", "auto")
-        if mode not in ("auto", "mps", "cooperative", "none"):
+        if mode != "auto" and mode not in {f.value for f in mps.Fence}:
             raise DaemonError(f"GPUQ_FENCE={mode!r}: choose auto (the default), mps, cooperative or none")
         servers = mps.for_gpus(state.mps, isinstance(source, FakeGpus), os.environ)
-        if mode == "mps" and servers is None:
+        if mode == mps.Fence.MPS and servers is None:
             raise DaemonError(f"GPUQ_FENCE=mps: {mps.CONTROL} is not installed here; unset it for the default")
-        if mode in ("cooperative", "none"):
+        if mode in (mps.Fence.COOPERATIVE, mps.Fence.NONE):
             servers = None
-        fence = mode if mode in ("cooperative", "none") else "mps" if servers else "cooperative"
+        fence = mps.Fence(mode) if mode != "auto" else mps.Fence.MPS if servers else mps.Fence.COOPERATIVE
         scheduler = Scheduler(state, source, policy, grace, backoff, shared, servers, fence)
         if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
             from gpuq_scheduler.jobs.units import parse_duration

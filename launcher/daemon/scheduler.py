@@ -63,6 +63,7 @@ class Scheduler(SchedulerState):
                 endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
                 snapshot = self.snapshot()
                 watching.stop_on_lost_gpus(self, now, snapshot)
+                self.launch_fenced(now)
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
@@ -112,6 +113,8 @@ class Scheduler(SchedulerState):
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
+        if self.controls is not None and self.controls.busy:
+            return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.pending:
             return 0.5
         if self.running:
@@ -179,6 +182,13 @@ class Scheduler(SchedulerState):
             handoff.settle(self, ended, written, now, events)  # after the ends: a successor follows its first
         self.journal.extend(events)
 
+    def launch_fenced(self, now: float) -> None:
+        """Launch the jobs placed in an earlier pass that waited for their MPS control daemon, now up (or
+        failed: they take the cooperative fence), on the GPUs they were given (``daemon.fences``)."""
+        for record, gpus, uuids in fences.step(self):
+            self.pending.pop(record.id, None)
+            self._launch(record, gpus, uuids, now)
+
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
         if not self.pending:
             self._record_reasons({}, now)
@@ -209,7 +219,8 @@ class Scheduler(SchedulerState):
         handoff.stage(self, upcoming, snapshot, now)
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
-        self._record_reasons({**waiting, **plan.waiting, **behind}, now)
+        fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
+        self._record_reasons({**waiting, **plan.waiting, **behind, **fenced}, now)
 
     def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
         """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
@@ -222,6 +233,9 @@ class Scheduler(SchedulerState):
         for record in list(self.pending.values()):
             if record.id in self.staged:
                 continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
+            if record.id in self.fence_waits:  # placed, its memory reserved: its MPS fence is starting
+                waiting[record.id] = fences.waiting_reason(self, record.id)
+                continue
             if record.held:
                 waiting[record.id] = record.reason or "held"
             elif self.not_before.get(record.id, 0) > now:
@@ -299,6 +313,9 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
+        ] + [
+            Holding(job_id, gpus, self.pending[job_id].spec.mem_per_gpu, None)
+            for job_id, (gpus, _) in self.fence_waits.items() if job_id in self.pending
         ]  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
@@ -351,8 +368,12 @@ class Scheduler(SchedulerState):
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
+        fence = fences.environment(self, record, gpus, uuids)  # MPS's limit, or PyTorch's, at its share
+        if fence is None:  # its user's control daemon on that GPU is starting: it waits for it there
+            fences.wait(self, record, gpus, uuids)
+            return
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
-        env.update(fences.environment(self, record, gpus, uuids))  # MPS's limit, or PyTorch's, at its share
+        env.update(fence)
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)

@@ -22,7 +22,8 @@ from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import processes, shim, shims
-from gpuq_scheduler.launcher.gpus.mps import Mps
+from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
@@ -120,11 +121,14 @@ class SchedulerState:
         self.probes: dict[str, int] = {}
         self.job_peaks: dict[int, int] = {}
         self.held: dict[int, dict[int, int]] = {}  # running job -> GPU index -> bytes, at the last sample
-        # The fence (daemon/fences.py): MPS control daemons by GPU uuid and the packed jobs each serves.
-        self.mps = mps
-        self.fence = fence or ("mps" if mps is not None else "cooperative")  # for packed jobs: mps, cooperative, none
-        self.mps_jobs: dict[str, set[int]] = {}
-        self.mps_broken: str | None = None  # why MPS failed to start here: the cooperative fence from then on
+        # The fence (daemon/fences.py): for packed jobs, mps, cooperative or none. With MPS, its control
+        # daemons (daemon/controls.py), the packed jobs each serves, the jobs placed that wait for theirs
+        # (job -> its GPUs and their uuids), and those that take the cooperative fence since theirs failed.
+        self.fence = Fence(fence or ("mps" if mps is not None else "cooperative"))
+        self.controls = Controls(mps) if mps is not None and self.fence is Fence.MPS else None
+        self.mps_jobs: dict[Key, set[int]] = {}
+        self.fence_waits: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.fence_fallback: set[int] = set()
 
     def close(self) -> None:
         self.shims.close()
@@ -138,7 +142,7 @@ class SchedulerState:
     def snapshot(self) -> list[GpuSnapshot]:
         snapshot = self.source.snapshot()
         self.last_snapshot = snapshot
-        fence = "cooperative" if self.fence == "mps" and self.mps_broken else self.fence
+        fence = self.fence.value
         key = [(g.index, g.uuid, g.name, g.total, g.lost, fence) for g in snapshot]
         if key != self._inventory_key:
             self._inventory_key = key

@@ -49,8 +49,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
 def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
     """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
     ours = {pid for job in scheduler.running.values() for pid in job.pids}
-    owners = fences.owners(scheduler)
-    mps = scheduler.mps is not None and scheduler.mps_broken is None
+    mps = scheduler.controls is not None
     views = []
     for gpu in snapshot:
         if gpu.processes is not None:
@@ -61,7 +60,7 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
         external = gpu.outside_use(ours)
         available = not gpu.lost and gpu.index not in scheduler.drained
         views.append(GpuView(
-            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps, fenced_for=owners.get(gpu.index)
+            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps
         ))  # fmt: skip
     return views
 
@@ -99,7 +98,7 @@ def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
     free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
     return blame.out_of_memory(
         blame.Sampled(record.id, share, scheduler.held.get(record.id, {})), record.gpus, others,
-        overhead=scheduler.policy.overhead, fenced=scheduler.fence != fences.NONE, asked=asked, free=free,
+        overhead=scheduler.policy.overhead, fenced=scheduler.fence is not fences.NONE, asked=asked, free=free,
     )  # fmt: skip
 
 

@@ -29,8 +29,7 @@ from gpuq_scheduler.launcher.gpus.mps import CONTROL, Key, Mps
 
 log = logging.getLogger("gpuq.fences")
 
-START_TIMEOUT = 30.0  # seconds a control command may run (the real `-d` returns in well under one)
-QUIT_TIMEOUT = 30.0
+TIMEOUT = 30.0  # seconds a control command may run (the real `-d` and `quit` return in well under one)
 RETRY = 30.0  # seconds before a failed start may be tried again, and before a failed quit is
 RETRY_MOST = 600.0
 
@@ -59,9 +58,14 @@ class Control:
 class Controls:
     """Every control daemon this gpuq daemon knows, by key."""
 
-    def __init__(self, mps: Mps, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, mps: Mps, clock: Callable[[], float] = time.monotonic, timeout: float = TIMEOUT, retry: float = RETRY
+    ) -> None:
+        """``timeout``: seconds a control command may run; ``retry``: before a failed one is tried again."""
         self.mps = mps
         self.clock = clock
+        self.timeout = timeout
+        self.retry = retry
         self.known: dict[Key, Control] = {}
 
     def phase(self, key: Key) -> Phase | None:
@@ -86,7 +90,7 @@ class Controls:
         except OSError as err:
             self._failed_start(control, f"{CONTROL} -d could not run: {err}")
             return
-        control.deadline = now + START_TIMEOUT
+        control.deadline = now + self.timeout
 
     def quit(self, key: Key) -> None:
         """Quit the control daemon of ``key``: its last packed job has ended."""
@@ -104,6 +108,13 @@ class Controls:
         control = self.known[key] = Control(key, account, Phase.UP)
         if not serving:
             self._begin_quit(control)
+
+    def reaped(self, pid: int, status: int) -> None:
+        """The gpuq daemon collected child ``pid`` with wait status ``status``: if it is a control command,
+        that is its exit code."""
+        for control in self.known.values():
+            if control.command is not None and control.command.pid == pid:
+                control.command.returncode = os.waitstatus_to_exitcode(status)
 
     @property
     def busy(self) -> bool:
@@ -132,13 +143,13 @@ class Controls:
                     if control.quit_when_up:
                         self._begin_quit(control)
                 else:
-                    what = f"did not return within {START_TIMEOUT:.0f}s" if code is None else f"exited {code}"
+                    what = f"did not return within {self.timeout:g}s" if code is None else f"exited {code}"
                     self._failed_start(control, f"{CONTROL} -d {what}{output}")
             elif code == 0 or not self.mps.alive(control.key):
                 self.mps.forget(control.key)
                 del self.known[control.key]
             else:
-                what = f"did not return within {QUIT_TIMEOUT:.0f}s" if code is None else f"exited {code}"
+                what = f"did not return within {self.timeout:g}s" if code is None else f"exited {code}"
                 self._failed_quit(control, f"quit {what}{output}")
         return settled
 
@@ -166,12 +177,12 @@ class Controls:
         except OSError as err:
             self._failed_quit(control, f"{CONTROL} could not run: {err}")
             return
-        control.deadline = self.clock() + QUIT_TIMEOUT
+        control.deadline = self.clock() + self.timeout
 
     def _failed_start(self, control: Control, why: str) -> None:
         control.phase, control.why = Phase.FAILED, why
         control.failures += 1
-        control.retry_at = self.clock() + RETRY
+        control.retry_at = self.clock() + self.retry
         log.warning("MPS control daemon %s: %s; its packed jobs get the cooperative fence", control.key, why)
         if control.quit_when_up or self.mps.alive(control.key):
             self._begin_quit(control)  # half up, perhaps: a quit cleans up, and its failure is kept
@@ -181,7 +192,7 @@ class Controls:
     def _failed_quit(self, control: Control, why: str) -> None:
         control.phase, control.why = Phase.QUIT_FAILED, why
         control.failures += 1
-        control.retry_at = self.clock() + min(RETRY * 2 ** (control.failures - 1), RETRY_MOST)
+        control.retry_at = self.clock() + min(self.retry * 2 ** (control.failures - 1), RETRY_MOST)
         self.mps.note_failure(control.key, why)
         wait = control.retry_at - self.clock()
         log.warning("MPS control daemon %s: %s; kept, tried again in %.0fs", control.key, why, wait)

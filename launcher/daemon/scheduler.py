@@ -124,10 +124,16 @@ class Scheduler(SchedulerState):
     # -- steps ----------------------------------------------------------------------------------------
 
     def reap(self) -> None:
-        """Collect exited shims (our children) so they do not linger as zombies."""
+        """Collect exited shims (our children) so they do not linger as zombies; an MPS control command
+        reaped here has its status handed to its control daemon's record (the command's own poll would
+        find nothing left to wait for, and take it for a success)."""
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid <= 0:
+                    break
+                if self.controls is not None:
+                    self.controls.reaped(pid, status)
 
     def ingest(self, now: float) -> None:
         """Turn spool requests into table rows in one transaction, then delete them (``launcher.daemon.intake``)."""

@@ -1,4 +1,5 @@
-"""A fake ``nvidia-cuda-mps-control`` for the fake inventory, run as ``python -m`` this module.
+"""A fake ``nvidia-cuda-mps-control`` for the fake inventory, run as ``python3 fake_mps.py`` (standard library
+only: it runs as the user whose control daemon it is, who may not reach gpuq's own interpreter).
 
     -d          start a control daemon for $CUDA_MPS_PIPE_DIRECTORY: a detached process that runs until told
                 to quit (its pid in the pipe directory); this command returns once it is up

@@ -191,23 +191,26 @@ class Mps:
             (self.root / key.uuid).rmdir()  # once no user's control daemon is left on that GPU
 
 
-FAKE_CONTROL = "gpuq_scheduler.launcher.gpus.fake_mps"
+FAKE_CONTROL = Path(__file__).with_name("fake_mps.py")  # standard library only: any user's python runs it
 
 
 class FakeMps(Mps):
     """MPS for the fake inventory: the same folders, users and environment, with ``launcher.gpus.fake_mps``
-    as the control program (a real detached process per control daemon, no server and no driver)."""
+    as the control program (a real detached process per control daemon, no server and no driver). Root
+    runs it with the system's python3: a user may not reach root's interpreter."""
 
     fake = True
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root, binary=sys.executable)
+        python = sys.executable if os.geteuid() != 0 else shutil.which("python3") or sys.executable
+        super().__init__(root, binary=python)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", FAKE_CONTROL]
+        assert self.binary is not None
+        return [self.binary, str(FAKE_CONTROL)]
 
     def _is_control(self, argv: list[bytes]) -> bool:
-        return FAKE_CONTROL.encode() in argv
+        return len(argv) > 1 and argv[1] == os.fsencode(FAKE_CONTROL)
 
 
 SERVER = b"nvidia-cuda-mps-server"

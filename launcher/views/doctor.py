@@ -33,6 +33,7 @@ from gpuq_scheduler.jobs.store.queue import Queue, expand
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.gpus.mps import CONTROL, Mps
 
 Severity = Literal["error", "warning"]
 ERROR: Severity = "error"
@@ -96,6 +97,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
     _guard(problems, "next_id", lambda: problems.extend(_next_id(state, rows, highest_array, spooled or set())))
     _guard(problems, "temp files", lambda: problems.extend(_stale_temps(state, now)))
     _guard(problems, "rejected requests", lambda: problems.extend(_rejected(state)))
+    _guard(problems, "MPS control daemons", lambda: problems.extend(_mps_quits(state)))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
@@ -419,6 +421,18 @@ def _rejected(state: StateDir) -> Iterator[Problem]:
         yield Problem(
             WARNING, f"{count} request file(s) were set aside as unreadable in {state.rejected}; read the .why "
                      "file beside each, then delete them",
+        )  # fmt: skip
+
+
+def _mps_quits(state: StateDir) -> Iterator[Problem]:
+    """A control daemon whose quit failed is kept, not forgotten (``launcher.daemon.controls``): say so."""
+    mps = Mps(state.mps)
+    for key, why in sorted(mps.failures().items(), key=lambda item: str(item[0])):
+        pipe = _quote(mps.pipe(key))
+        yield Problem(
+            WARNING, f"the MPS control daemon of uid {key.uid} on GPU {key.uuid} did not quit ({why}); the gpuq "
+                     f"daemon tries again while it runs; to end it by hand: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} "
+                     f"{CONTROL}, then rm -r {_quote(mps.folder(key))} {_quote(mps.note(key))}",
         )  # fmt: skip
 
 

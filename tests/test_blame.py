@@ -132,6 +132,7 @@ def test_a_victim_names_its_culprit_runs_again_without_spending_a_retry_and_teac
             f"job {culprit} held 20.5 GiB against its 4.0G share (exit code 1)"
         )  # then "(in 0s)", the backoff's countdown
         assert requeued["attempt"] == 1 and requeued["mem_per_gpu"] == 4 * GiB  # no doubled share for a victim
+        assert f"oom-victim (culprit: job {culprit})" in gpuq.run("show", str(victim)).stdout
         db = sqlite3.connect(gpuq.home / "jobs.db")
         assert db.execute("SELECT kind FROM learned WHERE kind='name:victim'").fetchall() == []
         db.close()

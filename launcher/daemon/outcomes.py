@@ -12,6 +12,7 @@ from typing import Any
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
+from gpuq_scheduler.launcher.daemon.exits import Stop
 
 _TAIL_BYTES = 64 << 10
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
@@ -66,14 +67,18 @@ def classify(
         return None
     if exit_data.get("spawn_error"):
         return Outcome.failed_to_spawn(str(exit_data["spawn_error"]))
-    code, signum, reason = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
+    code, signum, said = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
     code = code if isinstance(code, int) else None
     signum = signum if isinstance(signum, int) else None
+    try:
+        stop = Stop(said)
+    except ValueError:
+        return Outcome.lost(f"its supervisor wrote an ending gpuq does not know: {said!r}")
     if code == 0:
         return Outcome.succeeded()
-    if reason == "timeout" and record.spec.time_limit is not None:
+    if stop is Stop.TIMEOUT and record.spec.time_limit is not None:
         return Outcome.timeout(record.spec.time_limit, signum)
-    if reason == "cancel" or launch.cancel_by:
+    if stop is Stop.CANCEL or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     diagnosis = log_reason(record.log)
     if diagnosis is None and (signum is not None or code is not None):

@@ -26,6 +26,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.launcher.daemon.controls import Phase
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key
+from gpuq_scheduler.launcher.policy.placement import Holding
 
 log = logging.getLogger("gpuq.fences")
 
@@ -87,6 +88,14 @@ def wait(scheduler: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uu
 def waiting_reason(scheduler: SchedulerState, job_id: int) -> str:
     gpus, _ = scheduler.fence_waits[job_id]
     return f"waiting for its MPS fence on GPU {gpus[0]}"
+
+
+def holdings(scheduler: SchedulerState) -> list[Holding]:
+    """The memory of jobs that wait for their fence, for placement: reserved on their GPUs as if running."""
+    return [
+        Holding(job_id, gpus, scheduler.pending[job_id].spec.mem_per_gpu, None)
+        for job_id, (gpus, _) in scheduler.fence_waits.items() if job_id in scheduler.pending
+    ]  # fmt: skip
 
 
 def step(scheduler: SchedulerState) -> list[tuple[JobRecord, tuple[int, ...], tuple[str, ...]]]:

@@ -189,8 +189,7 @@ class Scheduler(SchedulerState):
         self.journal.extend(events)
 
     def launch_fenced(self, now: float) -> None:
-        """Launch the jobs placed in an earlier pass that waited for their MPS control daemon, now up (or
-        failed: they take the cooperative fence), on the GPUs they were given (``daemon.fences``)."""
+        """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
         for record, gpus, uuids in fences.step(self):
             self.pending.pop(record.id, None)
             self._launch(record, gpus, uuids, now)
@@ -319,10 +318,7 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
-        ] + [
-            Holding(job_id, gpus, self.pending[job_id].spec.mem_per_gpu, None)
-            for job_id, (gpus, _) in self.fence_waits.items() if job_id in self.pending
-        ]  # fmt: skip
+        ] + fences.holdings(self)  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}

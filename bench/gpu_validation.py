@@ -8,7 +8,9 @@
    over-committed, GPU 0 got only jobs that fit beside the foreign process, every job saw exactly its
    GPUs, both GPUs of each DataParallel job did work, and no job outgrew its --mem.
 3. Packing: the same 16 small jobs as whole-GPU jobs and as --mem jobs; makespan of each and the speedup.
-Prints a summary and writes DIR/gpu_validation.json.
+Prints a summary and writes DIR/gpu_validation.json. --fence, --auto, --non-root and --users run one
+section of bench/gpu_fence.py or bench/gpu_users.py instead (--users: two users' packed jobs on one GPU,
+each behind a control daemon of their own and refused past its share).
 """
 
 from __future__ import annotations
@@ -269,11 +271,17 @@ def fence_only(args: argparse.Namespace, machine: dict[str, Any]) -> None:
             results["kill9"] = gpu_fence.kill_nine(Gpuq, work)
         if args.non_root:
             results["non_root"] = gpu_fence.non_root(Gpuq, work)
+        if args.users:
+            import gpu_users
+
+            results["two_users"] = gpu_users.two_users(Gpuq, work)
         if args.auto:
             results["auto"] = gpu_fence.ensemble(Gpuq, work, 16, args.epochs, args.settle)
     results["mps_left_at_end"] = gpu_fence.mps_left()
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_fence.json" if args.fence else ("gpu_auto.json" if args.auto else "gpu_non_root.json")
+    name = "gpu_fence.json" if args.fence else "gpu_auto.json" if args.auto else (
+        "gpu_users.json" if args.users else "gpu_non_root.json"
+    )
     (args.out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1)[-3000:], flush=True)
 
@@ -285,6 +293,7 @@ def main() -> None:
     parser.add_argument("--fence", action="store_true", help="only the fence: a liar, MPS vs time-sliced, kill -9")
     parser.add_argument("--auto", action="store_true", help="only --mem auto against whole GPUs and a given --mem")
     parser.add_argument("--non-root", action="store_true", help="only an ordinary user's queue under MPS")
+    parser.add_argument("--users", action="store_true", help="only two users' packed jobs on one GPU (MPS, root)")
     parser.add_argument("--settle", type=float, default=5.0, help="GPUQ_AUTO_SETTLE for --auto")
     args = parser.parse_args()
     pynvml.nvmlInit()
@@ -297,7 +306,7 @@ def main() -> None:
         "python": platform.python_version(), "cpus": os.cpu_count(),
     }  # fmt: skip
     print(json.dumps(machine), flush=True)
-    if args.fence or args.auto or args.non_root:
+    if args.fence or args.auto or args.non_root or args.users:
         fence_only(args, machine)
         return
     results: dict[str, Any] = {"machine": machine, "contract": contract()}

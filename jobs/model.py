@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuq_scheduler.jobs import causes
+from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.rules import check_spec
 
@@ -271,45 +273,84 @@ def program_name(command: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended. Build one with the constructors below, never by hand."""
+    """How a job ended: its state, its typed cause (``jobs.causes``) and the reason rendered from it for
+    people. Build one with the constructors below, never by hand."""
 
     state: JobState
+    cause: Cause
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    culprit: int | None = None  # the job that took its memory (Cause.OOM_VICTIM)
 
     @classmethod
     def succeeded(cls) -> Outcome:
-        return cls(JobState.SUCCEEDED, exit_code=0)
+        return cls(JobState.SUCCEEDED, Cause.SUCCEEDED, exit_code=0)
 
     @classmethod
-    def failed(cls, exit_code: int, reason: str = "") -> Outcome:
-        return cls(JobState.FAILED, exit_code=exit_code, reason=reason or f"exit code {exit_code}")
+    def failed(cls, exit_code: int, detail: str = "") -> Outcome:
+        """Exited ``exit_code``; ``detail``: what its log says (its last exception), for people."""
+        why = f"{detail} (exit code {exit_code})" if detail else f"exit code {exit_code}"
+        return cls(JobState.FAILED, Cause.EXIT_CODE, exit_code=exit_code, reason=why)
 
     @classmethod
     def failed_to_spawn(cls, reason: str) -> Outcome:
-        return cls(JobState.FAILED, reason=f"could not start: {reason}")
+        return cls(JobState.FAILED, Cause.FAILED_TO_SPAWN, reason=f"could not start: {reason}")
 
     @classmethod
-    def killed(cls, signum: int, reason: str = "") -> Outcome:
-        return cls(JobState.FAILED, signal=signum, reason=reason or f"killed by {signal_name(signum)}")
+    def rejected(cls, problem: str) -> Outcome:
+        return cls(JobState.FAILED, Cause.REJECTED, reason=problem)
 
     @classmethod
-    def timeout(cls, limit: float, signum: int | None) -> Outcome:
-        return cls(JobState.TIMEOUT, signal=signum, reason=f"time limit of {limit:g}s reached")
+    def killed(cls, signum: int, detail: str = "") -> Outcome:
+        what = f"killed by {signal_name(signum)}"
+        return cls(JobState.FAILED, Cause.SIGNAL, signal=signum, reason=f"{detail} ({what})" if detail else what)
+
+    @classmethod
+    def out_of_memory(cls, oom: OutOfMemory, exit_code: int | None, signum: int | None) -> Outcome:
+        """CUDA out of memory, of the kind ``oom`` says; a victim names its culprit."""
+        end = f"killed by {signal_name(signum)}" if signum is not None else f"exit code {exit_code}"
+        return cls(
+            JobState.FAILED, oom.cause, exit_code=exit_code, signal=signum, reason=f"{oom.sentence()} ({end})",
+            culprit=oom.culprit.job if oom.culprit is not None else None,
+        )  # fmt: skip
+
+    @classmethod
+    def out_of_host_memory(cls, detail: str, exit_code: int | None = None, signum: int | None = None) -> Outcome:
+        return cls(JobState.FAILED, Cause.HOST_OOM, exit_code=exit_code, signal=signum, reason=detail)
+
+    @classmethod
+    def stopped_by_watchdog(cls, what: str, signum: int | None = None) -> Outcome:
+        """The watchdog stopped it: ``what`` it took ("held 22.4 GiB on GPU 0 against its 4.0G share")."""
+        return cls(JobState.FAILED, Cause.WATCHDOG, signal=signum, reason=causes.watchdog(what))
+
+    @classmethod
+    def timeout(cls, limit: float | None, signum: int | None) -> Outcome:
+        """Its time limit (None: a cluster's own limit) was reached."""
+        why = "the cluster's time limit was reached" if limit is None else f"time limit of {limit:g}s reached"
+        return cls(JobState.TIMEOUT, Cause.TIME_LIMIT, signal=signum, reason=why)
 
     @classmethod
     def cancelled(cls, by: str, signum: int | None = None) -> Outcome:
-        return cls(JobState.CANCELLED, signal=signum, reason=f"cancelled by {by}")
+        return cls(JobState.CANCELLED, Cause.CANCELLED, signal=signum, reason=f"cancelled by {by}")
+
+    @classmethod
+    def not_run(cls, why: str) -> Outcome:
+        """It never ran, and never will: a dependency did not succeed (``why`` says which)."""
+        return cls(JobState.CANCELLED, Cause.DEPENDENCY, reason=why)
+
+    @classmethod
+    def gpu_lost(cls, why: str) -> Outcome:
+        return cls(JobState.LOST, Cause.GPU_LOST, reason=why)
 
     @classmethod
     def withdrawn(cls, reason: str) -> Outcome:
         """A job that never ran and never will: recorded cancelled, saying why."""
-        return cls(JobState.CANCELLED, reason=f"withdrawn: {reason}")
+        return cls(JobState.CANCELLED, Cause.CANCELLED, reason=f"withdrawn: {reason}")
 
     @classmethod
     def lost(cls, reason: str) -> Outcome:
-        return cls(JobState.LOST, reason=reason)
+        return cls(JobState.LOST, Cause.LOST, reason=reason)
 
 
 def signal_name(signum: int) -> str:
@@ -336,6 +377,8 @@ class JobRecord:
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    cause: Cause | None = None  # why it ended (None: it has not, or it ended before causes were recorded)
+    culprit: int | None = None  # the job that took its GPU memory (Cause.OOM_VICTIM)
     peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
     log: str = ""
     array_id: int | None = None  # the array this job is a member of (`gpuq submit --array`)
@@ -350,7 +393,7 @@ class JobRecord:
         """This record as ``outcome`` left it (plus ``changes``)."""
         return self.replace(
             state=outcome.state, exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
-            held=False, **changes,
+            cause=outcome.cause, culprit=outcome.culprit, held=False, **changes,
         )  # fmt: skip
 
     def replace(self, **changes: Any) -> JobRecord:
@@ -384,6 +427,8 @@ class JobRecord:
             "exit_code": self.exit_code,
             "signal": self.signal,
             "reason": self.reason,
+            "cause": None if self.cause is None else self.cause.value,
+            "culprit": self.culprit,
             "peak_mem": self.peak_mem,
             "log": self.log,
             "array_id": self.array_id,

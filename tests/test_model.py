@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec, JobState, Mode, Outcome
 
@@ -49,7 +50,7 @@ def test_spec_from_bad_json_is_refused(data: dict[str, object]) -> None:
 
 
 def test_outcomes_carry_their_facts() -> None:
-    assert Outcome.succeeded() == Outcome(JobState.SUCCEEDED, exit_code=0)
+    assert Outcome.succeeded() == Outcome(JobState.SUCCEEDED, Cause.SUCCEEDED, exit_code=0)
     assert Outcome.failed(3).reason == "exit code 3"
     assert Outcome.killed(9).reason == "killed by SIGKILL"
     assert Outcome.timeout(60, 15).state is JobState.TIMEOUT

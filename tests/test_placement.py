@@ -847,25 +847,11 @@ def test_cpu_jobs_and_users_without_a_cap_are_not_capped() -> None:
     assert plan.decisions == [Decision(1, ()), Decision(2, (0,)), Decision(3, (0,))]
 
 
-def test_a_gpu_whose_mps_server_serves_alice_takes_only_alices_packed_jobs() -> None:
-    """One MPS server serves one Unix user at a time: placement keeps bob's packed job off alice's GPU."""
+def test_packed_jobs_of_several_users_share_an_mps_gpu() -> None:
+    """One MPS control daemon per (GPU, user) (daemon/controls.py): a GPU running alice's packed jobs takes
+    bob's beside them, each behind its own user's server."""
     gib = 1 << 30
-    gpus = [GpuView(0, 80 * gib, mps=True, fenced_for="alice"), GpuView(1, 80 * gib, mps=True)]
-    holdings = [Holding(1, (0,), 4 * gib), Holding(2, (1,), None)]  # GPU 1 is taken whole
-    bob = Request(10, 1, 4 * gib, user="bob")
-    alice = Request(11, 1, 4 * gib, user="alice")
-    plan = place([bob, alice], gpus, holdings, 0.0)
-    assert [(d.job_id, d.gpus) for d in plan.decisions] == [(11, (0,))]
-    assert "GPU 0's MPS server serves alice's jobs until they end" in plan.waiting[10]
-    whole = place([Request(12, 1, None, user="bob")], [GpuView(0, 80 * gib, mps=True)], [], 0.0)
-    assert [(d.job_id, d.gpus) for d in whole.decisions] == [(12, (0,))]  # whole-GPU jobs run without MPS
-
-
-def test_in_one_pass_the_first_users_packed_job_claims_a_free_gpus_mps_server() -> None:
-    gib = 1 << 30
-    gpus = [GpuView(0, 80 * gib, mps=True)]
-    plan = place([Request(1, 1, 4 * gib, user="alice"), Request(2, 1, 4 * gib, user="bob")], gpus, [], 0.0)
-    assert [d.job_id for d in plan.decisions] == [1]
-    assert "serves alice's jobs" in plan.waiting[2]
-    same = place([Request(1, 1, 4 * gib, user="alice"), Request(2, 1, 4 * gib, user="alice")], gpus, [], 0.0)
-    assert [d.job_id for d in same.decisions] == [1, 2]
+    gpus = [GpuView(0, 80 * gib, mps=True), GpuView(1, 80 * gib, mps=True)]
+    holdings = [Holding(1, (0,), 4 * gib), Holding(2, (1,), None)]  # alice's packed job; GPU 1 taken whole
+    plan = place([Request(10, 1, 4 * gib, user="bob"), Request(11, 1, 4 * gib, user="alice")], gpus, holdings, 0.0)
+    assert [(d.job_id, d.gpus) for d in plan.decisions] == [(10, (0,)), (11, (0,))]

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -260,16 +261,20 @@ def test_the_report_tells_packings_payoff_and_who_was_stopped_at_a_fence() -> No
 
     alice = [packed(i, 7 * gib, submitted=-1, started=-1, ended=0, gpus=(0,), array=10) for i in range(1, 5)]
     stopped = packed(5, 3 * gib, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-59 / 60,
-                     gpus=(1,), reason="CUDA out of memory at its 3.0G share (--mem 3.0G) (exit code 1)")  # fmt: skip
+                     gpus=(1,), reason="CUDA out of memory at its 3.0G share (--mem 3.0G) (exit code 1)",
+                     cause=Cause.OOM_PAST_SHARE)  # fmt: skip
+    # Counted by its cause: a job that printed those words and exited 1 was not stopped at a fence.
+    printed = packed(7, 3 * gib, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-59 / 60,
+                     gpus=(1,), reason=stopped.reason, cause=Cause.EXIT_CODE)  # fmt: skip
     whole = job(6, user="bob", submitted=-1, started=-0.5, ended=0, gpus=(1,))
-    report = build_report([*alice, stopped, whole], 2, now=NOW, totals=(80 * gib, 80 * gib), overhead=1 * gib)
+    report = build_report([*alice, stopped, printed, whole], 2, now=NOW, totals=(80 * gib, 80 * gib), overhead=1 * gib)
     assert report.saved_by_user["alice"] == pytest.approx(4 * 0.9)  # each held 8 of 80 GiB for an hour
     assert report.saved_by_array == pytest.approx({10: 3.6})
-    assert report.saved_by_user["bob"] == pytest.approx((1 - 4 / 80) / 60)  # a minute at 4 of 80 GiB
+    assert report.saved_by_user["bob"] == pytest.approx(2 * (1 - 4 / 80) / 60)  # two minutes at 4 of 80 GiB
     assert report.fenced_by_user == {"bob": 1} and report.fenced_by_array == {}
     text = render_text(report)
-    assert "packing saved 3.62 GPU-hours against whole GPUs; 1 job(s) stopped at their fence" in text
+    assert "packing saved 3.63 GPU-hours against whole GPUs; 1 job(s) stopped at their fence" in text
     assert "array 10" in text and "user bob" in text
     page = render_html(report)
-    assert '<table id="packing">' in page and "<td>user bob</td><td>0.02</td><td>1</td>" in page
-    assert "<b>3.62</b>GPU-hours saved by packing" in page
+    assert '<table id="packing">' in page and "<td>user bob</td><td>0.03</td><td>1</td>" in page
+    assert "<b>3.63</b>GPU-hours saved by packing" in page

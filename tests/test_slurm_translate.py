@@ -269,7 +269,7 @@ def _record(**changes: object) -> JobRecord:
         (
             slurm.SlurmJob("55", "FAILED", "NonZeroExitCode", "n1", 200.0, 210.0, exit_code=3),
             JobState.FAILED,
-            "exit code 3 (Slurm: NonZeroExitCode)",
+            "Slurm: NonZeroExitCode (exit code 3)",
         ),
         (
             slurm.SlurmJob("55", "CANCELLED", node="n1", started_at=200.0, signal=15),

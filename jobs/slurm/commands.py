@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome, signal_name
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 
 SQUEUE_FIELDS = (
     "JobID",
@@ -270,27 +270,25 @@ def slurm_outcome(record: JobRecord, seen: SlurmJob, cancel_by: str | None, fail
     if state == "COMPLETED":
         return Outcome.succeeded()
     if state == "CANCELLED" and seen.reason == "DependencyNeverSatisfied":
-        return Outcome(JobState.CANCELLED, reason=f"not run: {failed_dependency or 'a dependency did not succeed'}")
+        return Outcome.not_run(f"not run: {failed_dependency or 'a dependency did not succeed'}")
     if state == "CANCELLED":
         return Outcome.cancelled(cancel_by or "Slurm (scancel outside gpuq, or an admin)", seen.signal)
     if state in ("TIMEOUT", "DEADLINE"):
         return _timeout(record, seen.signal)
     if state == "OUT_OF_MEMORY":
-        return Outcome(
-            JobState.FAILED,
-            exit_code=seen.exit_code,
-            signal=seen.signal,
-            reason="out of host memory (Slurm OUT_OF_MEMORY): ask for more with --mem in sbatch_flags",
-        )
+        return Outcome.out_of_host_memory(
+            "out of host memory (Slurm OUT_OF_MEMORY): ask for more with --mem in sbatch_flags",
+            seen.exit_code, seen.signal,
+        )  # fmt: skip
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return Outcome.lost(f"Slurm: {state} on node {seen.node or '?'}")
     if state == "PREEMPTED":
         return Outcome.lost("preempted by Slurm; resubmit it, or add --retries (preempted jobs are requeued then)")
     if state == "FAILED":
         if seen.signal is not None:
-            return Outcome.killed(seen.signal, f"killed by {signal_name(seen.signal)}{why}")
+            return Outcome.killed(seen.signal, f"Slurm: {seen.reason}" if seen.reason else "")
         code = seen.exit_code if seen.exit_code is not None else 1
-        return Outcome.failed(code, f"exit code {code}{why}")
+        return Outcome.failed(code, f"Slurm: {seen.reason}" if seen.reason else "")
     return Outcome.lost(f"Slurm reports state {state}{why}")
 
 
@@ -333,7 +331,7 @@ def _stale(data: Mapping[str, Any], seen: SlurmJob | None) -> bool:
 def _timeout(record: JobRecord, signum: int | None) -> Outcome:
     if record.spec.time_limit is not None:
         return Outcome.timeout(record.spec.time_limit, signum)
-    return Outcome(JobState.TIMEOUT, signal=signum, reason="the cluster's time limit was reached")
+    return Outcome.timeout(None, signum)
 
 
 def _int(value: Any) -> int | None:

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 
 # Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
 # so that `gpuq status --all` reads 100,000 jobs without parsing 100,000 specs (json_extract of six fields
@@ -23,6 +24,28 @@ LISTED = (
     ("mem_per_gpu", "INTEGER", "$.mem_per_gpu"), ("mem_auto", "INTEGER", "$.mem_auto"),
     ("mem_from", "TEXT", "$.mem_from"),
 )  # fmt: skip
+
+# Version 3: why a job ended, typed (``jobs.causes.Cause``), and for a victim of CUDA out of memory the job
+# that took its memory. (column, its type)
+CAUSED = (("cause", "TEXT"), ("culprit", "INTEGER"))
+
+# A version-2 table gets its causes from what was recorded then, once, as the daemon migrates it: its
+# state, exit code and signal, and for out of memory the words a version-2 daemon wrote (the one place a
+# reason is read, since nothing else knows those runs).
+_CAUSE_OF_V2 = f"""CASE
+    WHEN state = 'succeeded' THEN '{Cause.SUCCEEDED.value}'
+    WHEN state = 'cancelled' AND reason LIKE 'not run: %' THEN '{Cause.DEPENDENCY.value}'
+    WHEN state = 'cancelled' THEN '{Cause.CANCELLED.value}'
+    WHEN state = 'timeout' THEN '{Cause.TIME_LIMIT.value}'
+    WHEN state = 'lost' AND reason LIKE 'GPU % was lost%' THEN '{Cause.GPU_LOST.value}'
+    WHEN state = 'lost' THEN '{Cause.LOST.value}'
+    WHEN reason LIKE 'CUDA out of memory at its % share (--mem %' THEN '{Cause.OOM_PAST_SHARE.value}'
+    WHEN reason LIKE 'CUDA out of memory%' THEN '{Cause.OOM.value}'
+    WHEN reason LIKE 'could not start: %' THEN '{Cause.FAILED_TO_SPAWN.value}'
+    WHEN signal IS NOT NULL THEN '{Cause.SIGNAL.value}'
+    WHEN exit_code IS NOT NULL THEN '{Cause.EXIT_CODE.value}'
+    WHEN state = 'failed' THEN '{Cause.REJECTED.value}'
+END"""
 
 # What --mem auto has learned: per kind of job (array:N, name:X, cmd:DIGEST), the most one of its jobs held
 # on one GPU, and which job; ``raised`` marks a share doubled after an out-of-memory, not a measured peak.
@@ -72,7 +95,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-""" + ",\n".join(f"    {column} {kind}" for column, kind, _ in LISTED) + """
+""" + ",\n".join(f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED]) + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -97,8 +120,10 @@ JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
 
 COLUMNS = (
     "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
-    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held"
+    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held, cause, culprit"
 )
+# The same from a table no daemon of version 3 has opened yet (`gpuq status` before the upgraded daemon ran).
+COLUMNS_V2 = COLUMNS.replace("cause, culprit", "NULL, NULL")
 
 
 def create_table(path: Path) -> None:
@@ -121,10 +146,15 @@ def migrate(db: sqlite3.Connection, version: int) -> None:
         return
     db.execute("BEGIN IMMEDIATE")
     try:
-        for column, kind, _ in LISTED:
-            db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
-        copies = ", ".join(f"{column} = json_extract(spec, '{field}')" for column, _, field in LISTED)
-        db.execute(f"UPDATE jobs SET {copies}")
+        if version < 2:
+            for column, kind, _ in LISTED:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            copies = ", ".join(f"{column} = json_extract(spec, '{field}')" for column, _, field in LISTED)
+            db.execute(f"UPDATE jobs SET {copies}")
+        if version < 3:
+            for column, kind in CAUSED:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            db.execute(f"UPDATE jobs SET cause = {_CAUSE_OF_V2} WHERE state NOT IN ('pending', 'running')")
         db.execute(f"PRAGMA user_version={TABLE_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")
@@ -174,19 +204,22 @@ def record_from(
         array_index=row[17],
         attempt=row[18],
         held=bool(row[19]),
+        cause=None if row[20] is None else Cause(row[20]),
+        culprit=row[21],
     )
 
 
-def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, bool]:
+def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, int]:
     """The job table at ``path``, opened (``create``: by the daemon, made or brought up to date first), and
-    whether its lines can be listed from their columns (a table no daemon of this version opened yet: its
-    lines parse specs). A missing table reads as an empty queue: nothing was ever submitted there."""
+    its version (a table no daemon of this version opened yet lacks the newer columns: its lines parse
+    specs before version 2, and it has no causes before version 3). A missing table reads as an empty
+    queue: nothing was ever submitted there."""
     if create and not path.exists():
         create_table(path)
     if not path.exists():
         db = sqlite3.connect(":memory:", isolation_level=None)
         db.executescript(SCHEMA)
-        return db, True
+        return db, TABLE_VERSION
     try:
         db = sqlite3.connect(path, isolation_level=None, timeout=30)
         try:
@@ -207,7 +240,7 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, bo
             db.executescript(LEARNED)
             migrate(db, version)
             version = TABLE_VERSION
-        return db, version >= 2
+        return db, version
     except sqlite3.DatabaseError as err:
         raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
 

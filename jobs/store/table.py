@@ -58,7 +58,9 @@ class JobTable:
     def __init__(self, path: Path, *, create: bool = False, private: PrivateSpecs | None = None) -> None:
         self.path = path
         self.private = private
-        self._db, self._listed = schema.connect(path, create=create)
+        self._db, version = schema.connect(path, create=create)
+        self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
+        self._columns = schema.COLUMNS if version >= 3 else schema.COLUMNS_V2  # no causes recorded yet
 
     def close(self, *, rollback_mode: bool = False) -> None:
         """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
@@ -141,9 +143,10 @@ class JobTable:
         """Record how an active job ended. False if it had already ended (a second report is ignored)."""
         with self.batch():
             cursor = self._db.execute(
-                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?"
                 " WHERE id=? AND state IN ('pending', 'running')",
-                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.reason, ended_at, job_id),
+                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.reason, ended_at,
+                 outcome.cause.value, outcome.culprit, job_id),
             )
         return cursor.rowcount == 1
 
@@ -151,20 +154,26 @@ class JobTable:
         """Record many endings in one transaction (cancelling a 10,000-member array is one fsync)."""
         with self.batch():
             self._db.executemany(
-                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?"
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?"
                 " WHERE id=? AND state IN ('pending', 'running')",
-                [(o.state.value, o.exit_code, o.signal, o.reason, t, job_id) for job_id, o, t in endings],
+                [(o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
+                 for job_id, o, t in endings],
             )
 
-    def requeue(self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None) -> None:
-        """Put a job back in the queue: a launch interrupted before its go, or a retry (a new attempt)."""
+    def requeue(
+        self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None,
+        outcome: Outcome | None = None,
+    ) -> None:  # fmt: skip
+        """Put a job back in the queue: a launch interrupted before its go, a retry (a new attempt), or a
+        victim of another job's memory (``outcome``: the run's, whose cause and culprit it keeps to show)."""
+        cause, culprit = (None, None) if outcome is None else (outcome.cause.value, outcome.culprit)
         with self.batch():
             self._db.execute(
                 "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
                 " exit_code=NULL, signal=NULL, shim_pid=NULL, shim_start=NULL, boot_id=NULL, port=NULL,"
-                " cancel_by=NULL, reason=?, attempt=COALESCE(?, attempt), not_before=?"
+                " cancel_by=NULL, reason=?, attempt=COALESCE(?, attempt), not_before=?, cause=?, culprit=?"
                 " WHERE id=? AND state IN ('running', 'failed', 'timeout', 'lost')",
-                (reason, attempt, not_before, job_id),
+                (reason, attempt, not_before, cause, culprit, job_id),
             )
 
     @_reading
@@ -211,7 +220,7 @@ class JobTable:
     @_reading
     def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
         row = self._db.execute(
-            f"SELECT {schema.COLUMNS}, {schema.ENV} FROM {schema.JOINED} WHERE jobs.id=?", (job_id,)
+            f"SELECT {self._columns}, {schema.ENV} FROM {schema.JOINED} WHERE jobs.id=?", (job_id,)
         ).fetchone()
         if row is None:
             return None
@@ -223,10 +232,10 @@ class JobTable:
         """Jobs in id order; ``limit`` keeps the most recent ones."""
         where = "WHERE state IN ('pending', 'running')" if active_only else ""
         if limit is None:
-            rows = self._db.execute(f"SELECT {schema.COLUMNS} FROM jobs {where} ORDER BY id").fetchall()
+            rows = self._db.execute(f"SELECT {self._columns} FROM jobs {where} ORDER BY id").fetchall()
         else:
             rows = self._db.execute(
-                f"SELECT * FROM (SELECT {schema.COLUMNS} FROM jobs {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
+                f"SELECT * FROM (SELECT {self._columns} FROM jobs {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
                 (limit,),
             ).fetchall()
         return [schema.record_from(row) for row in rows]
@@ -241,7 +250,7 @@ class JobTable:
     def pending(self) -> list[JobRecord]:
         """Pending jobs in queue order: priority first, then submission order."""
         rows = self._db.execute(
-            f"SELECT {schema.COLUMNS}, {schema.ENV} FROM {schema.JOINED} WHERE state='pending' "
+            f"SELECT {self._columns}, {schema.ENV} FROM {schema.JOINED} WHERE state='pending' "
             "ORDER BY priority DESC, jobs.id"
         ).fetchall()
         envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
@@ -279,7 +288,7 @@ class JobTable:
 
     @_reading
     def members(self, array_id: int) -> list[JobRecord]:
-        query = f"SELECT {schema.COLUMNS} FROM jobs WHERE array_id=? ORDER BY id"
+        query = f"SELECT {self._columns} FROM jobs WHERE array_id=? ORDER BY id"
         rows = self._db.execute(query, (array_id,)).fetchall()
         return [schema.record_from(row) for row in rows]
 
@@ -313,7 +322,7 @@ class JobTable:
     @_reading
     def running(self) -> list[tuple[JobRecord, Launch]]:
         rows = self._db.execute(
-            f"SELECT {schema.COLUMNS}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
+            f"SELECT {self._columns}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
             " WHERE state='running' ORDER BY id"
         ).fetchall()
         return [(self._whole(schema.record_from(row[:-5])), Launch(*row[-5:])) for row in rows]

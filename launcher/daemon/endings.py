@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import fences, joblog, learning, processes
@@ -39,7 +40,11 @@ def finish(
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
         "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
+        "cause": outcome.cause.value, "culprit": outcome.culprit,
     })  # fmt: skip
+    if ran and outcome.cause.not_its_fault:
+        _requeue_victim(scheduler, record, outcome, ended, events)
+        return
     biggest = max((g.total for g in scheduler.last_snapshot), default=None)
     again = lifecycle.retry(record, outcome, backoff=scheduler.retry_backoff, biggest_gpu=biggest) if ran else None
     scheduler.changes += 1
@@ -59,15 +64,36 @@ def finish(
     _ended(scheduler, record, outcome)
 
 
+_STOPPED_BY_GPUQ = frozenset((Cause.OOM_PAST_SHARE, Cause.WATCHDOG, Cause.GPU_LOST))  # besides cancels and limits
+
+
 def stopped_line(job_id: int, outcome: Outcome, ended: float) -> str | None:
     """The line for the end of a job's log when gpuq stopped it (a cancel, its time limit, a lost GPU) or its
     fence did, as Slurm writes one: "gpuq: job 7 cancelled by alice at 12:03:04". None when it ended itself."""
     at = time.strftime("%H:%M:%S", time.localtime(ended))
     if outcome.state is JobState.CANCELLED:
         return f"gpuq: job {job_id} {outcome.reason} at {at}"
-    if outcome.state in (JobState.TIMEOUT, JobState.LOST) or lifecycle.stopped_at_fence(outcome.reason):
+    if outcome.state in (JobState.TIMEOUT, JobState.LOST) or outcome.cause in _STOPPED_BY_GPUQ:
         return f"gpuq: job {job_id} stopped at {at}: {outcome.reason}"
     return None
+
+
+def _requeue_victim(
+    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
+) -> None:
+    """Another job took its memory: it runs again as the same attempt (its retries are its own to spend),
+    after the usual first backoff, keeping the cause and culprit of the run it lost for `gpuq show`."""
+    scheduler.changes += 1
+    again = ended + scheduler.retry_backoff
+    reason = f"queued again, not counted against its retries: {outcome.reason}"
+    scheduler.table.requeue(record.id, reason, not_before=again, outcome=outcome)
+    scheduler.running.pop(record.id, None)
+    _clean_run_files(scheduler, record.id)
+    scheduler.not_before[record.id] = again
+    full = scheduler.table.get(record.id, with_env=True)
+    if full is not None:
+        scheduler.pending[record.id] = full
+    events.append({"t": ended, "job": record.id, "event": "requeued", "reason": reason, "culprit": outcome.culprit})
 
 
 def finish_pending(
@@ -76,7 +102,10 @@ def finish_pending(
     """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
     scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
     for record, outcome in endings:
-        events.append({"t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason})
+        events.append({
+            "t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason,
+            "cause": outcome.cause.value,
+        })  # fmt: skip
         _ended(scheduler, record, outcome)
 
 

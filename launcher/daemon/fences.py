@@ -1,16 +1,19 @@
 """The fence each packed job runs behind, and the MPS control daemons that make one.
 
 A job that shares its GPUs (``--mem``) is held to its share: on a GPU with MPS (``gpus.mps``) it runs as
-a client of that GPU's MPS server with ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` at its reservation (its share
-plus placement's overhead: the limit counts the CUDA context, ~0.5 GiB measured on H100), so the driver
-refuses it memory past that; elsewhere, cooperatively: PyTorch's allocator reads
+a client of its user's MPS server on that GPU with ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` at its reservation
+(its share plus placement's overhead: the limit counts the CUDA context, ~0.5 GiB measured on H100), so
+the driver refuses it memory past that; elsewhere, cooperatively: PyTorch's allocator reads
 ``per_process_memory_fraction`` from ``PYTORCH_CUDA_ALLOC_CONF`` (share over the GPU's total; the context
 is not counted), and ``GPUQ_MEM_PER_GPU`` is there for ``current().cap_memory()``. Whole-GPU and CPU jobs
 run without a fence. A multi-GPU packed job is fenced cooperatively: an MPS server here serves one GPU.
 
-The daemon starts a GPU's control daemon with the first packed job placed there and quits it once the
-last one has ended (after the tick's commit), and at start-up quits those an earlier daemon left behind
-with no packed job running.
+Control daemons are one per (GPU, user) (``daemon.controls``), so packed jobs of several users share a GPU,
+each behind its own user's server. A packed job placed on a GPU whose control daemon for its user is not
+up yet stays pending on that GPU, its memory reserved, "waiting for its MPS fence on GPU 0", while the
+control daemon starts beside the pass; it starts once that one is up, or, if it failed to start, with the
+cooperative fence. A control daemon is quit once its last job has ended (after the tick's commit), and
+at start-up those an earlier daemon left with no packed job running are quit.
 """
 
 from __future__ import annotations
@@ -18,106 +21,157 @@ from __future__ import annotations
 import functools
 import logging
 
+from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.launcher.daemon.controls import Phase
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.mps import Fence, Key
+from gpuq_scheduler.launcher.policy.placement import Holding
 
 log = logging.getLogger("gpuq.fences")
 
-MPS, COOPERATIVE, NONE = "mps", "cooperative", "none"
+
+MPS, COOPERATIVE, NONE = Fence.MPS, Fence.COOPERATIVE, Fence.NONE
 
 
-def kind(scheduler: SchedulerState, record: JobRecord) -> str:
+def kind(scheduler: SchedulerState, record: JobRecord) -> Fence:
     """The fence a job gets: none for whole GPUs and CPU jobs; MPS for a one-GPU share where it works."""
     spec = record.spec
-    if spec.mem_per_gpu is None or not spec.gpus or scheduler.fence == NONE:
-        return NONE
-    if scheduler.mps is not None and spec.gpus == 1 and not scheduler.mps_broken:
-        return MPS
-    return COOPERATIVE
+    if spec.mem_per_gpu is None or not spec.gpus or scheduler.fence is Fence.NONE:
+        return Fence.NONE
+    if scheduler.controls is not None and spec.gpus == 1 and scheduler.fence is Fence.MPS:
+        return Fence.MPS
+    return Fence.COOPERATIVE
+
+
+def key(record: JobRecord, uuid: str) -> Key:
+    return Key(uuid, record.uid)
 
 
 def environment(
     scheduler: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...]
-) -> dict[str, str]:
-    """What a job's environment gets for its fence (started MPS control daemon included)."""
+) -> dict[str, str] | None:
+    """What a job's environment gets for its fence; None while the control daemon of its MPS fence is not up
+    yet (it is being started: the job waits for it)."""
     fence = kind(scheduler, record)
     share = record.spec.mem_per_gpu
-    if fence == NONE or share is None:
+    if fence is Fence.NONE or share is None:
         return {}
-    if fence == MPS:
-        assert scheduler.mps is not None
-        uuid = uuids[0]
-        if uuid not in scheduler.mps_jobs:
-            problem = scheduler.mps.start(uuid)
-            if problem is not None:
-                log.warning("MPS on GPU %s: %s; packed jobs get the cooperative fence", gpus[0], problem)
-                scheduler.mps_broken = problem
-                return environment(scheduler, record, gpus, uuids)
-            scheduler.mps_jobs[uuid] = set()
-        scheduler.mps_jobs[uuid].add(record.id)
-        limit = share + scheduler.policy.overhead
-        return {**scheduler.mps.client_env(uuid, limit), "GPUQ_FENCE": MPS}
+    if fence is Fence.MPS:
+        assert scheduler.controls is not None
+        server = key(record, uuids[0])
+        phase = scheduler.controls.phase(server)
+        if phase is Phase.UP:
+            scheduler.mps_jobs.setdefault(server, set()).add(record.id)
+            limit = share + scheduler.policy.overhead
+            return {**scheduler.controls.mps.client_env(server, limit), "GPUQ_FENCE": Fence.MPS.value}
+        if record.id not in scheduler.fence_fallback:
+            account = accounts.account(record.uid) if scheduler.shared is not None else None
+            scheduler.controls.start(server, account)  # a start that failed lately stays failed: no wait
+            if scheduler.controls.phase(server) is not Phase.FAILED:
+                return None
+        log.warning("job %d on GPU %s: the cooperative fence (%s)", record.id, gpus[0], scheduler.controls.why(server))
     totals = [g.total for g in scheduler.last_snapshot if g.index in gpus] or [share]
     fraction = min(1.0, share / min(totals))
     theirs = record.spec.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     kept = [o for o in theirs.split(",") if o.strip() and not o.strip().startswith("per_process_memory_fraction")]
     conf = ",".join([*kept, f"per_process_memory_fraction:{fraction:.4f}"])
-    return {"PYTORCH_CUDA_ALLOC_CONF": conf, "GPUQ_FENCE": COOPERATIVE}
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf, "GPUQ_FENCE": Fence.COOPERATIVE.value}
+
+
+def wait(scheduler: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...]) -> None:
+    """A placed job waits for its control daemon, pending on the GPU it was given (its memory reserved)."""
+    scheduler.fence_waits[record.id] = (gpus, uuids)
+    scheduler.pending[record.id] = record
+
+
+def waiting_reason(scheduler: SchedulerState, job_id: int) -> str:
+    gpus, _ = scheduler.fence_waits[job_id]
+    return f"waiting for its MPS fence on GPU {gpus[0]}"
+
+
+def holdings(scheduler: SchedulerState) -> list[Holding]:
+    """The memory of jobs that wait for their fence, for placement: reserved on their GPUs as if running."""
+    return [
+        Holding(job_id, gpus, scheduler.pending[job_id].spec.mem_per_gpu, None)
+        for job_id, (gpus, _) in scheduler.fence_waits.items() if job_id in scheduler.pending
+    ]  # fmt: skip
+
+
+def step(scheduler: SchedulerState) -> list[tuple[JobRecord, tuple[int, ...], tuple[str, ...]]]:
+    """Between passes: collect control commands that ended, retry failed quits, and hand back the jobs that
+    waited for a control daemon now up (or failed to start: they take the cooperative fence) to launch."""
+    if scheduler.controls is None:
+        return []
+    settled = set(scheduler.controls.poll())
+    if settled:
+        scheduler.changes += 1
+    ready = []
+    for job_id, (gpus, uuids) in list(scheduler.fence_waits.items()):
+        record = scheduler.pending.get(job_id)
+        if record is None:  # cancelled (or ended otherwise) while it waited
+            del scheduler.fence_waits[job_id]
+            continue
+        server = key(record, uuids[0])
+        phase = scheduler.controls.phase(server)
+        if phase is Phase.UP:
+            del scheduler.fence_waits[job_id]
+            ready.append((record, gpus, uuids))
+        elif phase is Phase.FAILED or server in settled:  # it did not start: the cooperative fence
+            scheduler.fence_fallback.add(job_id)
+            del scheduler.fence_waits[job_id]
+            ready.append((record, gpus, uuids))
+        elif phase is None:  # the one it waited for quit meanwhile: start another
+            scheduler.controls.start(server, accounts.account(record.uid) if scheduler.shared is not None else None)
+    return ready
 
 
 def ended(scheduler: SchedulerState, job_id: int) -> None:
-    """A job is gone: quit its GPU's control daemon once no packed job is left there (after the commit)."""
-    if scheduler.mps is None:
-        return
-    for uuid, jobs in list(scheduler.mps_jobs.items()):
+    """A job is gone: quit its control daemon once no packed job is left there (after the commit)."""
+    scheduler.fence_fallback.discard(job_id)
+    for server, jobs in list(scheduler.mps_jobs.items()):
         if job_id in jobs:
             jobs.discard(job_id)
             if not jobs:
-                del scheduler.mps_jobs[uuid]
-                scheduler.after_commit.append(functools.partial(_quit_if_idle, scheduler, uuid))
+                del scheduler.mps_jobs[server]
+                scheduler.after_commit.append(functools.partial(_quit_if_idle, scheduler, server))
 
 
 def forget(scheduler: SchedulerState, job_id: int) -> None:
     """A launch rolled back: the job is no client; a control daemon started for it alone is quit now."""
-    for uuid, jobs in list(scheduler.mps_jobs.items()):
+    for server, jobs in list(scheduler.mps_jobs.items()):
         if job_id in jobs:
             jobs.discard(job_id)
             if not jobs:
-                del scheduler.mps_jobs[uuid]
-                _quit_if_idle(scheduler, uuid)
+                del scheduler.mps_jobs[server]
+                _quit_if_idle(scheduler, server)
 
 
 def close(scheduler: SchedulerState) -> None:
     """The daemon stops: quit every control daemon no running job is a client of (those that serve running
     jobs stay with them; the next daemon adopts them)."""
-    if scheduler.mps is not None:
-        for uuid in scheduler.mps.running():
-            if uuid not in scheduler.mps_jobs:
-                scheduler.mps.stop(uuid)
+    if scheduler.controls is not None:
+        scheduler.controls.close(serving=scheduler.mps_jobs)
 
 
-def _quit_if_idle(scheduler: SchedulerState, uuid: str) -> None:
-    if uuid not in scheduler.mps_jobs and scheduler.mps is not None:
-        scheduler.mps.stop(uuid)
+def _quit_if_idle(scheduler: SchedulerState, server: Key) -> None:
+    waiting = any(
+        key(record, uuids[0]) == server
+        for job_id, (_, uuids) in scheduler.fence_waits.items() if (record := scheduler.pending.get(job_id))
+    )  # fmt: skip
+    if server not in scheduler.mps_jobs and not waiting and scheduler.controls is not None:
+        scheduler.controls.quit(server)
 
 
 def adopt(scheduler: SchedulerState) -> None:
-    """At start-up: running packed jobs keep their GPU's control daemon; any other left behind is quit."""
-    if scheduler.mps is None:
+    """At start-up: running packed jobs keep their control daemon; any other left behind is quit."""
+    if scheduler.controls is None:
         return
-    for job in scheduler.running.values():
-        if kind(scheduler, job.record) == MPS and job.record.gpu_uuids:
-            scheduler.mps_jobs.setdefault(job.record.gpu_uuids[0], set()).add(job.record.id)
-    for uuid in scheduler.mps.running():
-        if uuid not in scheduler.mps_jobs:
-            scheduler.mps.stop(uuid)
-
-
-def owners(scheduler: SchedulerState) -> dict[int, str]:
-    """GPU index -> the user whose MPS server runs there (one user per MPS server)."""
-    users = {}
+    found = set(scheduler.controls.mps.running())
     for job in scheduler.running.values():
         record = job.record
-        if record.gpus and record.gpu_uuids and record.id in scheduler.mps_jobs.get(record.gpu_uuids[0], ()):
-            users[record.gpus[0]] = record.user
-    return users
+        if kind(scheduler, record) is Fence.MPS and record.gpu_uuids and key(record, record.gpu_uuids[0]) in found:
+            scheduler.mps_jobs.setdefault(key(record, record.gpu_uuids[0]), set()).add(record.id)
+    for server in found:
+        account = accounts.account(server.uid) if scheduler.shared is not None else None
+        scheduler.controls.adopt(server, account, serving=server in scheduler.mps_jobs)

@@ -107,7 +107,7 @@ def _may_hand_off(scheduler: SchedulerState, job: Running) -> bool:
     record = job.record
     return (
         bool(record.gpus) and record.spec.mem_per_gpu is None and record.spec.client is None
-        and job.launch.cancel_by is None and record.id not in scheduler.gpu_lost
+        and job.launch.cancel_by is None and record.id not in scheduler.stopped_for
         and not set(record.gpus) & scheduler.drained and scheduler.shims.has(record.id)
     )  # fmt: skip
 
@@ -164,7 +164,7 @@ def _review(scheduler: SchedulerState, head: JobRecord | None, views: dict[int, 
             continue
         record = scheduler.pending.get(job_id)
         if (
-            record is None or record.held or scheduler.paused_by is not None or staged.after in scheduler.gpu_lost
+            record is None or record.held or scheduler.paused_by is not None or staged.after in scheduler.stopped_for
             or any(gpu not in views or not views[gpu].available for gpu in staged.gpus)
             or (head is not None and _rank(head) < _rank(record)) or free >= record.spec.gpus
         ):  # fmt: skip

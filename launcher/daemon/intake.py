@@ -19,7 +19,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import write_atomic
@@ -77,7 +77,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
         problem = _impossible(record, inventory) or _over_cap(scheduler, record, queued)
         if problem:
-            endings.finish(scheduler, record, Outcome(JobState.FAILED, reason=problem), now, events)
+            endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
         else:
             scheduler.pending[record.id] = record
             queued[record.user] = queued.get(record.user, 0) + 1

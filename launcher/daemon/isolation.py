@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import SPOOL, StateDir
 from gpuq_scheduler.launcher.daemon import endings, intake
@@ -140,7 +140,7 @@ def fail(scheduler: SchedulerState, bad: list[tuple[JobRecord, BaseException]], 
     events: list[dict[str, Any]] = []
     endings.finish_pending(
         scheduler,
-        [(record, Outcome(JobState.FAILED, reason=f"could not be placed ({describe(err)})")) for record, err in bad],
+        [(record, Outcome.rejected(f"could not be placed ({describe(err)})")) for record, err in bad],
         now, events,
     )  # fmt: skip
     scheduler.journal.extend(events)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import memory
-from gpuq_scheduler.launcher.policy.lifecycle import OOM_REASON
 
 
 def keys(record: JobRecord) -> list[str]:
@@ -74,10 +74,13 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
 
 
 def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
-    """Learn from a job that ended: its peak, or, stopped out of memory at a share, twice that share."""
+    """Learn from a job that ended: its peak, or, stopped out of memory at a share, twice that share. A
+    victim of another job's memory teaches nothing: its run says nothing of its own need."""
     peak = scheduler.job_peaks.get(record.id, 0) or (record.peak_mem or 0)
     share = record.spec.mem_per_gpu
-    if outcome.reason.startswith(OOM_REASON) and share is not None and record.spec.gpus:
+    if outcome.cause.not_its_fault:
+        return
+    if outcome.cause in (Cause.OOM_PAST_SHARE, Cause.OOM) and share is not None and record.spec.gpus:
         _teach(scheduler, keys(record), memory.Peak(2 * share, record.id, raised=True))
     elif peak > 0 and outcome.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.TIMEOUT):
         _teach(scheduler, keys(record), memory.Peak(peak, record.id))

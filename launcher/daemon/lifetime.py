@@ -224,6 +224,20 @@ def _policy(environ: Mapping[str, str]) -> Policy:
     return policy
 
 
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A number of seconds from the daemon's environment, between 0.1 and a day."""
+    text = environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 86400:
+        raise DaemonError(f"{name}={text!r}: give a number of seconds between 0.1 and 86400")
+    return value
+
+
 def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None, lock_fd: int | None = None) -> int:
     """Run the daemon in this process until stopped (or, with ``burst``, until the queue is empty).
 
@@ -267,15 +281,20 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         policy = _policy(os.environ)
         source = open_source()
         mode = os.environ.get("GPUQ_FENCE", "auto")
-        if mode not in ("auto", "mps", "cooperative", "none"):
+        if mode != "auto" and mode not in {f.value for f in mps.Fence}:
             raise DaemonError(f"GPUQ_FENCE={mode!r}: choose auto (the default), mps, cooperative or none")
         servers = mps.for_gpus(state.mps, isinstance(source, FakeGpus), os.environ)
-        if mode == "mps" and servers is None:
+        if mode == mps.Fence.MPS and servers is None:
             raise DaemonError(f"GPUQ_FENCE=mps: {mps.CONTROL} is not installed here; unset it for the default")
-        if mode in ("cooperative", "none"):
+        if mode in (mps.Fence.COOPERATIVE, mps.Fence.NONE):
             servers = None
-        fence = mode if mode in ("cooperative", "none") else "mps" if servers else "cooperative"
+        fence = mps.Fence(mode) if mode != "auto" else mps.Fence.MPS if servers else mps.Fence.COOPERATIVE
         scheduler = Scheduler(state, source, policy, grace, backoff, shared, servers, fence)
+        if scheduler.controls is not None:  # seconds a control command may take, and before a failed one is retried
+            from gpuq_scheduler.launcher.daemon.controls import RETRY, TIMEOUT
+
+            scheduler.controls.timeout = _seconds(os.environ, "GPUQ_MPS_TIMEOUT", TIMEOUT)
+            scheduler.controls.retry = _seconds(os.environ, "GPUQ_MPS_RETRY", RETRY)
         if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
             from gpuq_scheduler.jobs.units import parse_duration
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.policy import lifecycle
+from gpuq_scheduler.launcher.daemon.exits import Stop
 
 _TAIL_BYTES = 64 << 10
-OOM = lifecycle.OOM_REASON  # --oom-retry and --mem auto key on it
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
 # torchrun's own summary when a rank fails: its root cause names the rank that failed first, whose own
@@ -42,8 +42,9 @@ def read_exit(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def log_reason(log: str) -> str:
-    """A short diagnosis from the end of a failed job's log: CUDA OOM first, else its last exception."""
+def log_reason(log: str) -> str | None:
+    """A short diagnosis from the end of a failed job's log: None for CUDA out of memory (the daemon then
+    works out which kind), else its last exception, or nothing."""
     try:
         with open(log, "rb") as handle:
             handle.seek(0, 2)
@@ -55,12 +56,12 @@ def log_reason(log: str) -> str:
     return tail_reason(tail)
 
 
-def tail_reason(tail: bytes) -> str:
-    """The diagnosis from the end of a log: CUDA OOM, else the failing torchrun rank's own exception, else
+def tail_reason(tail: bytes) -> str | None:
+    """The diagnosis from the end of a log: None for CUDA OOM, else the failing torchrun rank's own exception, else
     the last exception. torchrun ends its log with its own ``ChildFailedError``, which says only that a
     rank failed: the rank's own error is the one a person needs."""
     if _OOM.search(tail):
-        return OOM
+        return None
     root = _ROOT_CAUSE.search(tail)
     if root:
         return _rank_reason(tail, root.group(1))
@@ -91,31 +92,36 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
     return f"rank {rank.decode()} failed first (exit code {code})"
 
 
-def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:
-    """How the job ended; None when it never started (the launch was interrupted: requeue it)."""
+def classify(
+    exit_data: dict[str, Any], record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]
+) -> Outcome | None:
+    """How the job ended; None when it never started (the launch was interrupted: requeue it). ``oom``
+    says what kind of CUDA out of memory it was, asked only when its log shows one."""
     if not exit_data.get("started", True):
         return None
     if exit_data.get("spawn_error"):
         return Outcome.failed_to_spawn(str(exit_data["spawn_error"]))
-    code, signum, reason = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
+    code, signum, said = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
     code = code if isinstance(code, int) else None
     signum = signum if isinstance(signum, int) else None
+    try:
+        stop = Stop(said)
+    except ValueError:
+        return Outcome.lost(f"its supervisor wrote an ending gpuq does not know: {said!r}")
     # gpuq's stop comes before the exit code: a job that catches SIGTERM and exits 0 did not finish its work,
     # and reads as timed out or cancelled (as in Slurm), never as succeeded.
-    if reason == "timeout" and record.spec.time_limit is not None:
+    if stop is Stop.TIMEOUT and record.spec.time_limit is not None:
         return Outcome.timeout(record.spec.time_limit, signum)
-    if reason == "cancel" or launch.cancel_by:
+    if stop is Stop.CANCEL or launch.cancel_by:
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     if code == 0:
         return Outcome.succeeded()
     diagnosis = log_reason(record.log)
-    share = record.spec.mem_per_gpu
-    if diagnosis == OOM and share is not None and record.spec.gpus and fenced:
-        # A job that shares a GPU runs behind a fence at its share (daemon/fences.py): say it stopped there.
-        asked = "auto" if record.spec.mem_auto else format_size(share)
-        diagnosis = lifecycle.at_fence(format_size(share), asked)
+    if diagnosis is None and (signum is not None or code is not None):
+        return Outcome.out_of_memory(oom(), code, signum)
+    diagnosis = diagnosis or ""
     if signum is not None:
         return Outcome.killed(signum, diagnosis)
     if code is None:
         return Outcome.lost("its supervisor reported no exit status")
-    return Outcome.failed(code, f"{diagnosis} (exit code {code})" if diagnosis else "")
+    return Outcome.failed(code, diagnosis)

@@ -12,6 +12,7 @@ table's only writer, so a pass over 10,000 pending jobs reads nothing from disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 import os
@@ -74,6 +75,7 @@ class Scheduler(SchedulerState):
                 snapshot = self.snapshot()
                 watching.stop_on_lost_gpus(self, now, snapshot)
                 clients.withdraw_gone(self, now)
+                self.launch_fenced(now)
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
@@ -124,6 +126,8 @@ class Scheduler(SchedulerState):
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
+        if self.controls is not None and self.controls.busy:
+            return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.pending:
             return 0.5
         if self.running:
@@ -133,10 +137,16 @@ class Scheduler(SchedulerState):
     # -- steps ----------------------------------------------------------------------------------------
 
     def reap(self) -> None:
-        """Collect exited shims (our children) so they do not linger as zombies."""
+        """Collect exited shims (our children) so they do not linger as zombies; an MPS control command
+        reaped here has its status handed to its control daemon's record (the command's own poll would
+        find nothing left to wait for, and take it for a success)."""
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid <= 0:
+                    break
+                if self.controls is not None:
+                    self.controls.reaped(pid, status)
 
     def ingest(self, now: float) -> None:
         """Turn spool requests into table rows in one transaction, then delete them (``launcher.daemon.intake``);
@@ -177,10 +187,12 @@ class Scheduler(SchedulerState):
                     self.shims.handed(job_id, exit_data["next"])  # its shim went on to the job staged behind it
                 else:
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
-                outcome = outcomes.classify(exit_data, job.record, job.launch, fenced=self.fence != fences.NONE)
-                lost_gpu = self.gpu_lost.get(job_id)
-                if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
-                    outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"
+                outcome = outcomes.classify(
+                    exit_data, job.record, job.launch, functools.partial(watching.out_of_memory, self, job)
+                )  # fmt: skip
+                stopped = self.stopped_for.get(job_id)
+                if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                    outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = float(exit_data.get("ended_at") or now)
                 if outcome is None:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
@@ -189,6 +201,12 @@ class Scheduler(SchedulerState):
         if self.staged:
             handoff.settle(self, ended, written, now, events)  # after the ends: a successor follows its first
         self.journal.extend(events)
+
+    def launch_fenced(self, now: float) -> None:
+        """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
+        for record, gpus, uuids in fences.step(self):
+            self.pending.pop(record.id, None)
+            self._launch(record, gpus, uuids, now)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
         if not self.pending:
@@ -231,7 +249,8 @@ class Scheduler(SchedulerState):
         handoff.stage(self, upcoming, snapshot, now)
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
-        self._record_reasons({**waiting, **plan.waiting, **behind}, now)
+        fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
+        self._record_reasons({**waiting, **plan.waiting, **behind, **fenced}, now)
 
     def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
         """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
@@ -244,6 +263,9 @@ class Scheduler(SchedulerState):
         for record in list(self.pending.values()):
             if record.id in self.staged:
                 continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
+            if record.id in self.fence_waits:  # placed, its memory reserved: its MPS fence is starting
+                waiting[record.id] = fences.waiting_reason(self, record.id)
+                continue
             if record.held:
                 waiting[record.id] = record.reason or "held"
             elif self.not_before.get(record.id, 0) > now:
@@ -254,7 +276,7 @@ class Scheduler(SchedulerState):
                         deps[dep] = self._job_list(dep)
                 readiness = lifecycle.dependencies(record.spec, deps)
                 if isinstance(readiness, lifecycle.Never):
-                    never.append((record, Outcome(JobState.CANCELLED, reason=readiness.reason)))
+                    never.append((record, Outcome.not_run(readiness.reason)))
                 elif isinstance(readiness, lifecycle.Waiting):
                     waiting[record.id] = readiness.reason
                 else:
@@ -321,7 +343,7 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
-        ]  # fmt: skip
+        ] + fences.holdings(self)  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
@@ -373,8 +395,12 @@ class Scheduler(SchedulerState):
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
+        fence = fences.environment(self, record, gpus, uuids)  # MPS's limit, or PyTorch's, at its share
+        if fence is None:  # its user's control daemon on that GPU is starting: it waits for it there
+            fences.wait(self, record, gpus, uuids)
+            return
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
-        env.update(fences.environment(self, record, gpus, uuids))  # MPS's limit, or PyTorch's, at its share
+        env.update(fence)
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)

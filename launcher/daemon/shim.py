@@ -49,6 +49,7 @@ from typing import Any
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.daemon import ahead
+from gpuq_scheduler.launcher.daemon.exits import Stop
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
 
@@ -253,14 +254,15 @@ def _supervise(
     if handed:
         _poke(launch.wake, HANDED_OFF)
 
-    reason, kill_at = "", None
+    reason: Stop = Stop.NONE
+    kill_at: float | None = None
     deadline = None if launch.time_limit is None else started + launch.time_limit
     pidfd = os.pidfd_open(pid)
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
     while True:
         now = time.monotonic()
-        due = [t for t in (deadline if not reason else None, kill_at) if t is not None]
+        due = [t for t in (deadline if reason is Stop.NONE else None, kill_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
         ready, _, _ = select.select(watched, [], [], timeout)
         if out_read in ready and not output.pump(out_read):
@@ -269,10 +271,10 @@ def _supervise(
             break
         now = time.monotonic()
         asked, following = _requests(ready, watched, pipe, wake_read, launch, following)
-        if asked and not reason:
-            reason = "cancel"
-        elif deadline is not None and now >= deadline and not reason:
-            reason = "timeout"
+        if asked and reason is Stop.NONE:
+            reason = Stop.CANCEL
+        elif deadline is not None and now >= deadline and reason is Stop.NONE:
+            reason = Stop.TIMEOUT
         elif kill_at is not None and now >= kill_at:
             _signal_group(pid, signal.SIGKILL)
             kill_at = None
@@ -294,7 +296,7 @@ def _supervise(
         "started": True,
         "exit_code": returncode if returncode >= 0 else None,
         "signal": -returncode if returncode < 0 else None,
-        "reason": reason,
+        "reason": reason.value,
     }, following
 
 

@@ -15,14 +15,15 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch, Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import processes, shim, shims
-from gpuq_scheduler.launcher.gpus.mps import Mps
+from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
@@ -113,7 +114,9 @@ class SchedulerState:
         self.next_idle_check = 0.0
         self.next_client_check = 0.0  # when to look again for waiting interactive jobs whose client is gone
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
-        self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
+        # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
+        # lost (daemon/watching.py); the watchdog's stops go here too.
+        self.stopped_for: dict[int, Outcome] = {}
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
@@ -123,11 +126,15 @@ class SchedulerState:
         }
         self.probes: dict[str, int] = {}
         self.job_peaks: dict[int, int] = {}
-        # The fence (daemon/fences.py): MPS control daemons by GPU uuid and the packed jobs each serves.
-        self.mps = mps
-        self.fence = fence or ("mps" if mps is not None else "cooperative")  # for packed jobs: mps, cooperative, none
-        self.mps_jobs: dict[str, set[int]] = {}
-        self.mps_broken: str | None = None  # why MPS failed to start here: the cooperative fence from then on
+        self.held: dict[int, dict[int, int]] = {}  # running job -> GPU index -> bytes, at the last sample
+        # The fence (daemon/fences.py): for packed jobs, mps, cooperative or none. With MPS, its control
+        # daemons (daemon/controls.py), the packed jobs each serves, the jobs placed that wait for theirs
+        # (job -> its GPUs and their uuids), and those that take the cooperative fence since theirs failed.
+        self.fence = Fence(fence or ("mps" if mps is not None else "cooperative"))
+        self.controls = Controls(mps) if mps is not None and self.fence is Fence.MPS else None
+        self.mps_jobs: dict[Key, set[int]] = {}
+        self.fence_waits: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.fence_fallback: set[int] = set()
 
     def close(self) -> None:
         self.shims.close()
@@ -141,7 +148,7 @@ class SchedulerState:
     def snapshot(self) -> list[GpuSnapshot]:
         snapshot = self.source.snapshot()
         self.last_snapshot = snapshot
-        fence = "cooperative" if self.fence == "mps" and self.mps_broken else self.fence
+        fence = self.fence.value
         key = [(g.index, g.uuid, g.name, g.total, g.lost, fence) for g in snapshot]
         if key != self._inventory_key:
             self._inventory_key = key
@@ -191,6 +198,7 @@ class SchedulerState:
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
         self.job_peaks.pop(job_id, None)
+        self.held.pop(job_id, None)
         self.active_at.pop(job_id, None)
         for kind in [kind for kind, prober in self.probes.items() if prober == job_id]:
             del self.probes[kind]  # a probe that ended (or never ran): the next of its kind probes

@@ -7,11 +7,14 @@ import logging
 import time
 from typing import Any
 
-from gpuq_scheduler.jobs.units import format_duration
+from gpuq_scheduler.jobs.causes import OutOfMemory
+from gpuq_scheduler.jobs.model import Outcome
+from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning, processes
-from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy import blame
 from gpuq_scheduler.launcher.policy.placement import GpuView
 
 log = logging.getLogger("gpuq.scheduler")
@@ -29,15 +32,15 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         else:
             scheduler.lost_since.pop(gpu.index, None)
     dead = {g.index: g for g in snapshot if g.lost and now - scheduler.lost_since[g.index] >= LOST_AFTER}
-    for job_id in [j for j in scheduler.gpu_lost if j not in scheduler.running]:
-        del scheduler.gpu_lost[job_id]
+    for job_id in [j for j in scheduler.stopped_for if j not in scheduler.running]:
+        del scheduler.stopped_for[job_id]
     events: list[dict[str, Any]] = []
     for job_id, job in scheduler.running.items():
         gone = [dead[i] for i in job.record.gpus if i in dead]
-        if not gone or job_id in scheduler.gpu_lost:
+        if not gone or job_id in scheduler.stopped_for:
             continue
         why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
-        scheduler.gpu_lost[job_id] = why
+        scheduler.stopped_for[job_id] = Outcome.gpu_lost(why)
         scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
         events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
@@ -47,8 +50,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
 def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
     """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
     ours = {pid for job in scheduler.running.values() for pid in job.pids}
-    owners = fences.owners(scheduler)
-    mps = scheduler.mps is not None and scheduler.mps_broken is None
+    mps = scheduler.controls is not None
     views = []
     for gpu in snapshot:
         if gpu.processes is not None:
@@ -59,7 +61,7 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
         external = gpu.outside_use(ours)
         available = not gpu.lost and gpu.index not in scheduler.drained
         views.append(GpuView(
-            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps, fenced_for=owners.get(gpu.index)
+            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps
         ))  # fmt: skip
     return views
 
@@ -70,6 +72,7 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         return
     scheduler.next_sample = now + SAMPLE_EVERY
     peaks: dict[int, int] = {}
+    scheduler.held = {}
     for gpu in snapshot:
         if not gpu.processes:
             continue
@@ -78,9 +81,26 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
             if held:
                 peaks[job_id] = max(peaks.get(job_id, 0), held)
+                scheduler.held.setdefault(job_id, {})[gpu.index] = held
     if peaks:
         scheduler.table.set_peak_mem(peaks)
     learning.settle(scheduler, now, peaks)
+
+
+def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
+    """Which kind of CUDA out of memory a running job's was, from the last sample (``policy.blame``)."""
+    record = job.record
+    share = record.spec.mem_per_gpu if record.spec.gpus else None
+    asked = "auto" if record.spec.mem_auto else format_size(share) if share is not None else ""
+    others = [
+        blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, scheduler.held.get(other.record.id, {}))
+        for other in scheduler.running.values() if other.record.id != record.id
+    ]  # fmt: skip
+    free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
+    return blame.out_of_memory(
+        blame.Sampled(record.id, share, scheduler.held.get(record.id, {})), record.gpus, others,
+        overhead=scheduler.policy.overhead, fenced=scheduler.fence is not fences.NONE, asked=asked, free=free,
+    )  # fmt: skip
 
 
 def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:

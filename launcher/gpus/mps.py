@@ -1,35 +1,66 @@
-"""CUDA MPS control daemons that gpuq starts and stops: the driver-enforced fence for packed jobs.
+"""CUDA MPS control daemons that gpuq starts and quits: the driver-enforced fence for packed jobs.
 
 A job that shares a GPU (``--mem``, one GPU) runs as a client of an MPS server on that GPU with
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` at its share: allocating past it fails with CUDA out of memory in
-that job, whatever framework it uses, and its neighbours keep their memory. gpuq runs one control daemon
-per GPU that holds such a job (``nvidia-cuda-mps-control -d`` with its own pipe and log directories under
-``<state>/mps/<gpu uuid>/`` and ``CUDA_VISIBLE_DEVICES`` set to that GPU), and quits it once no packed job
-is left there. A control daemon is an ordinary process: no device setting (compute mode, MIG, clocks) is
-ever changed. One MPS server serves one Unix user at a time, so a GPU whose server runs alice's jobs takes
-only alice's packed jobs until they end (placement is told, ``GpuView.fenced_for``).
+that job, whatever framework it uses, and its neighbours keep their memory. An MPS server serves one Unix
+user, so gpuq runs one control daemon per (GPU, user) that has such a job: ``nvidia-cuda-mps-control -d``
+started as that user, with ``CUDA_VISIBLE_DEVICES`` set to that GPU and its pipe and log directories in
+``<state>/mps/<gpu uuid>/<uid>/``, a fresh folder of that user's, mode 0700: only that user (and root) reaches
+the pipe, so nobody connects to another's server. Several users' servers then run on one GPU at once
+(measured on an H100: two users' clients overlapped 12.4 s of 13 s, each refused past its limit). A
+control daemon is an ordinary process: no device setting (compute mode, MIG, clocks) is ever changed.
 
-``FakeMps`` does the same bookkeeping without a driver for the fake inventory: a job gets the same
-environment, and a test program that allocates past its limit fails as CUDA would.
+Starting and quitting are asynchronous here (``begin_start``, ``begin_quit`` return the running control
+command); the daemon polls them between passes (``launcher.daemon.controls``), so a wedged control daemon
+stalls nothing but the jobs that wait for it. A control daemon whose quit failed keeps its folder and a
+note beside it (``<uid>.quit-failed``), so that nothing forgets it: the daemon retries, and `gpuq doctor` shows it.
+
+``FakeMps`` runs ``launcher.gpus.fake_mps``, a fake control program that behaves like the real one
+(a detached daemon process per pipe directory; ``quit`` ends it), for the fake inventory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 
 CONTROL = "nvidia-cuda-mps-control"
 MiB = 1 << 20
+QUIT_FAILED = "quit-failed"  # the note in a control daemon's folder while its quit has not succeeded
+
+
+class Fence(str, enum.Enum):
+    """What holds a packed job to its share: ``GPUQ_FENCE`` (the daemon's setting and each job's
+    environment) and the FENCE `gpuq gpus` shows. A value outside these is refused, never guessed."""
+
+    MPS = "mps"
+    COOPERATIVE = "cooperative"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One control daemon: a GPU (by uuid) and the user (uid) whose jobs its server runs."""
+
+    uuid: str
+    uid: int
+
+    def __str__(self) -> str:
+        return f"{self.uuid}/{self.uid}"
 
 
 class Mps:
-    """Per-GPU MPS control daemons under ``root`` (``<state>/mps``)."""
+    """Control daemons under ``root`` (``<state>/mps``), one per (GPU, user)."""
 
     fake = False
 
@@ -41,81 +72,145 @@ class Mps:
     def available(self) -> bool:
         return self.binary is not None
 
-    def pipe(self, uuid: str) -> Path:
-        return self.root / uuid / "pipe"
+    def command(self) -> list[str]:
+        assert self.binary is not None
+        return [self.binary]
 
-    def logs(self, uuid: str) -> Path:
-        return self.root / uuid / "log"
+    def folder(self, key: Key) -> Path:
+        return self.root / key.uuid / str(key.uid)
 
-    def client_env(self, uuid: str, limit: int) -> dict[str, str]:
-        """What a job on GPU ``uuid`` needs to be a client held to ``limit`` bytes: the server's pipe, the
-        limit on its device 0 (the job sees only its own GPU), and that GPU named by UUID: a client counts
-        devices among its server's (this server has one), where an index would count the machine's."""
+    def pipe(self, key: Key) -> Path:
+        return self.folder(key) / "pipe"
+
+    def logs(self, key: Key) -> Path:
+        return self.folder(key) / "log"
+
+    def client_env(self, key: Key, limit: int) -> dict[str, str]:
+        """What a job on GPU ``key.uuid`` needs to be a client held to ``limit`` bytes: its user's server's
+        pipe, the limit on its device 0 (the job sees only its own GPU), and that GPU named by UUID: a client
+        counts devices among its server's (this server has one), where an index would count the machine's."""
         return {
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(uuid)), "CUDA_MPS_LOG_DIRECTORY": str(self.logs(uuid)),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M", "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)), "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M", "CUDA_VISIBLE_DEVICES": key.uuid,
         }  # fmt: skip
 
-    def running(self) -> list[str]:
-        """The GPUs (uuids) that have a control daemon of ours, from their directories: a daemon that
-        restarts finds the ones an earlier daemon left."""
-        try:
-            return sorted(entry.name for entry in self.root.iterdir() if (entry / "pipe").is_dir())
-        except FileNotFoundError:
-            return []
+    def running(self) -> list[Key]:
+        """The control daemons of ours that may be up, from their folders: a daemon that restarts finds the
+        ones an earlier daemon left, those whose quit failed included."""
+        found = []
+        for gpu in sorted(self.root.glob("*/*/pipe")):
+            with contextlib.suppress(ValueError):
+                found.append(Key(gpu.parent.parent.name, int(gpu.parent.name)))
+        return found
 
-    def start(self, uuid: str) -> str | None:
-        """Start the control daemon of GPU ``uuid``; None when it runs, else why it could not start."""
+    def note(self, key: Key) -> Path:
+        """Where it says why a control daemon did not quit: beside its folder, in root's (the folder is its
+        user's, who could put a link there for root to write through)."""
+        return self.root / key.uuid / f"{key.uid}.{QUIT_FAILED}"
+
+    def failures(self) -> dict[Key, str]:
+        """Control daemons whose quit failed, and why (for `gpuq doctor`)."""
+        failed = {}
+        for key in self.running():
+            with contextlib.suppress(OSError):
+                failed[key] = read_bytes(str(self.note(key))).decode(errors="replace").strip()
+        return failed
+
+    def begin_start(self, key: Key, account: Account | None) -> subprocess.Popen[str]:
+        """Start the control daemon of ``key`` as its user (``account``; None: as ourselves) in its folder,
+        made that user's alone. The command returns once the daemon has detached. OSError if it cannot run."""
         if self.binary is None:
-            return f"{CONTROL} is not installed"
-        pipe, logs = self.pipe(uuid), self.logs(uuid)
-        pipe.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
-        # Clients of any user must reach the pipe (a shared queue runs jobs as their submitters).
-        for folder in (self.root, self.root / uuid, pipe, logs):
-            folder.chmod(0o755)
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs),
-               "CUDA_VISIBLE_DEVICES": uuid}  # fmt: skip
-        try:
-            done = subprocess.run([self.binary, "-d"], env=env, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            self._forget(uuid)
-            return f"{CONTROL} -d failed: {err}"
-        if done.returncode != 0:
-            self._forget(uuid)
-            return f"{CONTROL} -d exited {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
-        return None
+            raise OSError(f"{CONTROL} is not installed")
+        folder, pipe, logs = self.folder(key), self.pipe(key), self.logs(key)
+        for path in (self.root, self.root / key.uuid):
+            path.mkdir(exist_ok=True, parents=True)
+            path.chmod(0o755)  # traversed by every user whose jobs run here; root's, so nobody else writes there
+        # A fresh folder each start: one left by an earlier daemon is its user's, who may have put links in it.
+        shutil.rmtree(folder, ignore_errors=True)
+        self.note(key).unlink(missing_ok=True)
+        for path in (folder, pipe, logs):
+            path.mkdir(mode=0o700)
+        if account is not None and os.geteuid() == 0:
+            for path in (pipe, logs, folder):  # the folder last: until then its user cannot reach inside
+                os.lchown(path, account.uid, account.gid)
+        return self._run(key, [*self.command(), "-d"], account, stdin=None)
 
-    def stop(self, uuid: str) -> None:
-        """Quit the control daemon of GPU ``uuid`` (it stops its server first) and forget its directories."""
-        if self.binary is not None and self.pipe(uuid).is_dir():
-            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(uuid)),
-                   "CUDA_MPS_LOG_DIRECTORY": str(self.logs(uuid))}  # fmt: skip
-            # Gone already, or wedged: its directory goes, and a later start makes a new one.
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run([self.binary], input="quit\n", env=env, capture_output=True, text=True, timeout=30)
-        self._forget(uuid)
+    def begin_quit(self, key: Key, account: Account | None) -> subprocess.Popen[str]:
+        """Tell the control daemon of ``key`` to quit (it stops its server first). OSError if it cannot run."""
+        return self._run(key, self.command(), account, stdin="quit\n")
 
-    def _forget(self, uuid: str) -> None:
-        shutil.rmtree(self.root / uuid, ignore_errors=True)
+    def _run(self, key: Key, argv: list[str], account: Account | None, stdin: str | None) -> subprocess.Popen[str]:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)),
+               "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)), "CUDA_VISIBLE_DEVICES": key.uuid}  # fmt: skip
+        user = group = None
+        groups: list[int] | None = None
+        if account is not None and os.geteuid() == 0 and account.uid != 0:
+            user, group, groups = account.uid, account.gid, list(account.groups)
+        command = subprocess.Popen(
+            argv, env=env, cwd="/", stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            user=user, group=group, extra_groups=groups,
+        )  # fmt: skip
+        if stdin is not None:
+            assert command.stdin is not None
+            with contextlib.suppress(OSError):
+                command.stdin.write(stdin)
+            with contextlib.suppress(OSError):
+                command.stdin.close()
+        return command
+
+    def alive(self, key: Key) -> bool:
+        """Whether the control daemon of ``key`` still runs: a process of its command whose environment names
+        its pipe directory (a quit that failed because it was gone already leaves none)."""
+        wanted = b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(self.pipe(key))
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = read_bytes(f"/proc/{entry}/cmdline").split(b"\0")
+                if not self._is_control(argv):
+                    continue
+                if wanted in read_bytes(f"/proc/{entry}/environ").split(b"\0"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _is_control(self, argv: list[bytes]) -> bool:
+        return os.path.basename(argv[0]) == CONTROL.encode()
+
+    def note_failure(self, key: Key, why: str) -> None:
+        """Keep the folder, and say in it why its control daemon did not quit."""
+        with contextlib.suppress(OSError):
+            self.note(key).write_text(why + "\n")
+
+    def forget(self, key: Key) -> None:
+        shutil.rmtree(self.folder(key), ignore_errors=True)
+        self.note(key).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.root / key.uuid).rmdir()  # once no user's control daemon is left on that GPU
+
+
+FAKE_CONTROL = Path(__file__).with_name("fake_mps.py")  # standard library only: any user's python runs it
 
 
 class FakeMps(Mps):
-    """MPS for the fake inventory: the directories and the clients' environment, no driver and no process.
-    A fake control daemon "runs" while its pipe directory exists, so tests can see it started and quit."""
+    """MPS for the fake inventory: the same folders, users and environment, with ``launcher.gpus.fake_mps``
+    as the control program (a real detached process per control daemon, no server and no driver). Root
+    runs it with the system's python3: a user may not reach root's interpreter."""
 
     fake = True
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root, binary="fake")
+        python = sys.executable if os.geteuid() != 0 else shutil.which("python3") or sys.executable
+        super().__init__(root, binary=python)
 
-    def start(self, uuid: str) -> str | None:
-        self.pipe(uuid).mkdir(parents=True, exist_ok=True)
-        self.logs(uuid).mkdir(parents=True, exist_ok=True)
-        return None
+    def command(self) -> list[str]:
+        assert self.binary is not None
+        return [self.binary, str(FAKE_CONTROL)]
 
-    def stop(self, uuid: str) -> None:
-        self._forget(uuid)
+    def _is_control(self, argv: list[bytes]) -> bool:
+        return len(argv) > 1 and argv[1] == os.fsencode(FAKE_CONTROL)
 
 
 SERVER = b"nvidia-cuda-mps-server"

@@ -10,22 +10,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
 from gpuq_scheduler.jobs.units import format_size
 
 FAIL_FAST_MEMBERS = 3  # an array whose first three members to end all failed...
 FAIL_FAST_SECONDS = 120.0  # ...each within two minutes of starting, is held
-OOM_REASON = "CUDA out of memory"
-
-
-def at_fence(share: str, asked: str) -> str:
-    """How the reason of a job stopped at its fence reads: "CUDA out of memory at its 4.0G share (--mem 4G)".
-    --oom-retry and --mem auto key on its start (OOM_REASON); the report counts it (``stopped_at_fence``)."""
-    return f"{OOM_REASON} at its {share} share (--mem {asked})"
-
-
-def stopped_at_fence(reason: str) -> bool:
-    return reason.startswith(f"{OOM_REASON} at its ") and " share (--mem " in reason
+# Out of memory that more memory may cure: --oom-retry (and --mem auto) retry it with twice the share. Within
+# its share the GPU was full (more would not have helped), and a victim is requeued by the daemon instead.
+GROWS = (Cause.OOM, Cause.OOM_PAST_SHARE)
 
 
 @dataclass(frozen=True)
@@ -78,7 +71,7 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
         return None
     spec = record.spec
     # --mem auto implies --oom-retry: a learned share is a guess, and a job that outgrows it comes back with more.
-    oom = (spec.oom_retry or spec.mem_auto) and outcome.reason.startswith(OOM_REASON)
+    oom = (spec.oom_retry or spec.mem_auto) and outcome.cause in GROWS
     allowed = max(spec.retries, 1) if oom else spec.retries
     if record.attempt > allowed:
         return None

@@ -47,7 +47,6 @@ class GpuView:
     external: int = 0
     available: bool = True
     mps: bool = False  # a job sharing this GPU alone runs as an MPS client (the fence: daemon/fences.py)
-    fenced_for: str | None = None  # the user whose MPS server runs here: it serves one user at a time
 
 
 @dataclass(frozen=True)
@@ -109,15 +108,6 @@ class _Gpu:
     jobs: int = 0
     whole: bool = False
     holds: list[tuple[int, float]] = field(default_factory=list)  # (bytes reserved, ends by; inf if unknown)
-    fenced_for: str | None = None  # the view's, or the user of a packed job placed here in this pass
-
-    def __post_init__(self) -> None:
-        self.fenced_for = self.view.fenced_for
-
-    def serves(self, request: Request) -> bool:
-        """False when this GPU's MPS server belongs to another user than a packed request's."""
-        packed = self.view.mps and request.mem_per_gpu is not None and request.gpus == 1
-        return not packed or self.fenced_for is None or request.user is None or self.fenced_for == request.user
 
     @property
     def headroom(self) -> int:
@@ -127,7 +117,7 @@ class _Gpu:
         return self.view.total - taken
 
     def fits(self, request: Request, policy: Policy) -> bool:
-        if not self.view.available or self.whole or not self.serves(request):
+        if not self.view.available or self.whole:
             return False
         if request.mem_per_gpu is None:
             return self.jobs == 0 and self.view.external <= policy.negligible and self.headroom > policy.margin
@@ -161,8 +151,6 @@ class _Gpu:
 
     def hold(self, mem_per_gpu: int | None, ends_by: float | None, policy: Policy, user: str | None = None) -> None:
         self.jobs += 1
-        if self.view.mps and mem_per_gpu is not None and user is not None and self.fenced_for is None:
-            self.fenced_for = user
         size = self.view.total if mem_per_gpu is None else mem_per_gpu + policy.overhead
         self.holds.append((size, math.inf if ends_by is None else ends_by))
         if mem_per_gpu is None:
@@ -335,9 +323,4 @@ def _why(
     if claim is not None and now_fit >= request.gpus:
         return f"held back for job {claim.head.job_id}, first in the queue, which needs GPU(s) this one fits"
     have = f" ({now_fit} has it now)" if now_fit == 1 else f" ({now_fit} have it now)" if now_fit else ""
-    fenced = sorted((g.view.index, g.fenced_for) for g in state.values() if not g.serves(request) and g.fenced_for)
-    mps = "".join(
-        f"; GPU {index}'s MPS server serves {owner}'s jobs until they end (one user per server)"
-        for index, owner in fenced
-    )
-    return f"waiting for {_need(request)}{have}" + (" - first in line" if head else "") + mps
+    return f"waiting for {_need(request)}{have}" + (" - first in line" if head else "")

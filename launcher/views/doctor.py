@@ -33,6 +33,7 @@ from gpuq_scheduler.jobs.store.queue import Queue, expand
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.gpus.mps import CONTROL, Mps
 from gpuq_scheduler.launcher.views import notices
 
 Severity = Literal["error", "warning"]
@@ -99,6 +100,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
     _guard(problems, "temp files", lambda: problems.extend(_stale_temps(state, now)))
     _guard(problems, "rejected requests", lambda: problems.extend(_rejected(state)))
     _guard(problems, "the daemon's passes", lambda: problems.extend(_failing_pass(state)))
+    _guard(problems, "MPS control daemons", lambda: problems.extend(_mps_quits(state)))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
@@ -429,6 +431,18 @@ def _failing_pass(state: StateDir) -> Iterator[Problem]:
     failing = notices.failing_pass(state)
     if failing:
         yield Problem(ERROR, failing)
+
+
+def _mps_quits(state: StateDir) -> Iterator[Problem]:
+    """A control daemon whose quit failed is kept, not forgotten (``launcher.daemon.controls``): say so."""
+    mps = Mps(state.mps)
+    for key, why in sorted(mps.failures().items(), key=lambda item: str(item[0])):
+        pipe = _quote(mps.pipe(key))
+        yield Problem(
+            WARNING, f"the MPS control daemon of uid {key.uid} on GPU {key.uuid} did not quit ({why}); the gpuq "
+                     f"daemon tries again while it runs; to end it by hand: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} "
+                     f"{CONTROL}, then rm -r {_quote(mps.folder(key))} {_quote(mps.note(key))}",
+        )  # fmt: skip
 
 
 def _quote(path: Path) -> str:

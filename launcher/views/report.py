@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.policy.lifecycle import stopped_at_fence
 from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 
 HOUR = 3600.0
@@ -127,7 +127,7 @@ def build_report(
             saved_user[record.user] += saved * (held[1] - held[0]) / HOUR
             if record.array_id is not None:
                 saved_array[record.array_id] += saved * (held[1] - held[0]) / HOUR
-        if stopped_at_fence(record.reason):
+        if record.cause is Cause.OOM_PAST_SHARE:
             fenced_user[record.user] += 1
             if record.array_id is not None:
                 fenced_array[record.array_id] += 1

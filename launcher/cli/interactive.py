@@ -140,6 +140,8 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 said = True
             time.sleep(0.1)
     except (KeyboardInterrupt, _Withdraw) as why:
+        for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)  # a second hang-up must not stop the withdrawal half-way
         queue.cancel([job_id])
         from gpuq_scheduler.jobs.api import ensure_daemon
 
@@ -149,6 +151,7 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     finally:
         for signum in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits

@@ -80,3 +80,22 @@ def check_sweep(sweep: Sequence[tuple[str, Sequence[str]]], command: Sequence[st
         size *= len(values)
         if size > MAX_ARRAY:
             raise BadInput(f"--array: the sweep has more than {MAX_ARRAY} combinations; at most {MAX_ARRAY}")
+
+
+def sweep_values(sweep: Sequence[tuple[str, Sequence[str]]], index: int) -> tuple[tuple[str, str], ...]:
+    """Member ``index``'s combination of a sweep's values, in itertools.product's order (the last name varies
+    fastest)."""
+    picked = []
+    for name, values in reversed(sweep):
+        index, at = divmod(index, len(values))
+        picked.append((name, values[at]))
+    if index:
+        raise BadInput(f"a sweep of {sweep_size(sweep)} combinations has no member {index}")
+    return tuple(reversed(picked))
+
+
+def sweep_size(sweep: Sequence[tuple[str, Sequence[str]]]) -> int:
+    size = 1
+    for _, values in sweep:
+        size *= len(values)
+    return size

@@ -40,5 +40,6 @@ class JobCommand(click.Command):
             # gpuq took an option from after the command that the job meant as its own (train.py --mode eval)
             flag = next((opt for opt in (err.param.opts if err.param else []) if opt in own), None)
             if flag is not None and command and flag in args[args.index(command[0]) + 1 :]:
-                err.message = f"{err.message.rstrip('.')}; if {flag} is {command[0]}'s own, give it after --"
+                hint = f"{err.message.rstrip('.')}; if {flag} is {command[0]}'s own, give it after --"
+                raise click.BadParameter(hint, ctx=err.ctx, param=err.param) from None
             raise

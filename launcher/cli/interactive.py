@@ -26,7 +26,8 @@ import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import client_argv, start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name, signal_name
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, signal_name
+from gpuq_scheduler.jobs.naming import program_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"

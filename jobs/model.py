@@ -8,14 +8,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal as _signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import check_spec
+from gpuq_scheduler.jobs.naming import program_name
+from gpuq_scheduler.jobs.rules import check_spec, sweep_values
 
 
 class Mode(str, enum.Enum):
@@ -223,52 +224,6 @@ def _pair(item: Any, name: str) -> tuple[str, str]:
     if not isinstance(item, list) or len(item) != 2:
         raise BadInput(f"{name} must be a list of [name, value] pairs")
     return _typed(item[0], str, name), _typed(item[1], str, name)
-
-
-def sweep_values(sweep: Sequence[tuple[str, Sequence[str]]], index: int) -> tuple[tuple[str, str], ...]:
-    """Member ``index``'s combination of a sweep's values, in itertools.product's order (the last name varies
-    fastest)."""
-    picked = []
-    for name, values in reversed(sweep):
-        index, at = divmod(index, len(values))
-        picked.append((name, values[at]))
-    if index:
-        raise BadInput(f"a sweep of {sweep_size(sweep)} combinations has no member {index}")
-    return tuple(reversed(picked))
-
-
-def sweep_size(sweep: Sequence[tuple[str, Sequence[str]]]) -> int:
-    size = 1
-    for _, values in sweep:
-        size *= len(values)
-    return size
-
-
-def _basename(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1] or path
-
-
-_PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # options of python's that take the next word
-
-
-def program_name(command: Sequence[str]) -> str:
-    """What a job without a --name is called: its program's base name, or for ``python [OPTIONS] train.py``
-    the script's (``train.py``) and for ``python -m pkg.mod`` the module: every Python job named "python"
-    told a newcomer nothing."""
-    program = _basename(command[0])
-    if not ((program.startswith("python") and program[6:].replace(".", "").isdigit()) or program == "python"):
-        return program
-    words = iter(command[1:])
-    for word in words:
-        if word in ("-m", "-c") or word in _PYTHON_VALUE_OPTIONS:
-            following = next(words, "")
-            if word == "-m":
-                return following or program
-            if word == "-c":
-                return program
-        elif word == "-" or not word.startswith("-"):
-            return _basename(word) if word != "-" else program
-    return program
 
 
 @dataclass(frozen=True)

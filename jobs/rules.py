@@ -145,3 +145,22 @@ def check_texts(
         check_text("--notify", notify)
     if python is not None:
         check_text("the Python interpreter's path", python)
+
+
+def sweep_values(sweep: Sequence[tuple[str, Sequence[str]]], index: int) -> tuple[tuple[str, str], ...]:
+    """Member ``index``'s combination of a sweep's values, in itertools.product's order (the last name varies
+    fastest)."""
+    picked = []
+    for name, values in reversed(sweep):
+        index, at = divmod(index, len(values))
+        picked.append((name, values[at]))
+    if index:
+        raise BadInput(f"a sweep of {sweep_size(sweep)} combinations has no member {index}")
+    return tuple(reversed(picked))
+
+
+def sweep_size(sweep: Sequence[tuple[str, Sequence[str]]]) -> int:
+    size = 1
+    for _, values in sweep:
+        size *= len(values)
+    return size

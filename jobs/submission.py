@@ -12,7 +12,7 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_sweep, check_texts
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_sweep, check_texts, sweep_size
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -273,10 +273,7 @@ def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tup
         values = tuple(value.strip() for value in rest.split(","))
         sweep.append((name.strip(), values))
     check_sweep(sweep)
-    size = 1
-    for _, values in sweep:
-        size *= len(values)
-    return tuple(range(size)), throttle, tuple(sweep)
+    return tuple(range(sweep_size(sweep))), throttle, tuple(sweep)
 
 
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:

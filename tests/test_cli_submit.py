@@ -297,7 +297,7 @@ FALLBACKS = [
     (["--after", "99", "true"], 2, "no job 99 in this queue"),
     (["--after-any", "true"], 2, "--after-any says how to read --after"),
     (["true", "--gpus"], 2, "Option '--gpus' requires an argument"),
-    (["train.py", "--mode", "eval"], 2, "'eval' is not one of"),
+    (["train.py", "--mode", "eval"], 2, "'torchrun'; if --mode is train.py's own, give it after --"),
 ]
 
 

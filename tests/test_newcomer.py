@@ -206,6 +206,7 @@ def test_an_arrays_id_is_taken_by_show_logs_status_cancel_and_wait(gpuq: Gpuq) -
     ]
     logs = gpuq.run("logs", str(array_id)).stdout
     assert logs == "".join(f"==> job {array_id + 1 + i} (index {i}) <==\nindex {i}\n" for i in range(3))
+    assert gpuq.run("logs", "-f", str(array_id)).stdout == logs
     for args in ([str(array_id)], ["-j", f"{array_id},{other}"]):
         listed = gpuq.run("status", *args).stdout.splitlines()
         assert len(listed) == 1 + len(args) and listed[1].startswith(f"{array_id} "), listed

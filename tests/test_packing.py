@@ -94,6 +94,11 @@ def test_without_mps_the_fence_is_pytorchs_cap_and_the_liar_still_dies_at_its_sh
     assert second["reason"] == "CUDA out of memory at its 4.0G share (--mem 4.0G) (exit code 1)"
     assert "fence: 4831838208" in Path(first["log"]).read_text()  # 4 GiB of 80 as a fraction, and its context
     assert not (cooperative.home / "mps").exists()  # no MPS without a driver that has it
+    # The liar's log ends saying that its fence stopped it, as a cancel or a time limit says so (issue 27).
+    said = wait_for(lambda: "gpuq: job" in (text := Path(second["log"]).read_text()) and text, 10, "gpuq's line")
+    last = said.splitlines()[-1]
+    assert last.startswith(f"gpuq: job {liar} stopped at ") and last.endswith(f": {second['reason']}"), said
+    assert "gpuq: job" not in Path(first["log"]).read_text()
 
 
 def test_gpuq_gpus_says_which_fence_each_gpu_has(mps: Gpuq, cooperative: Gpuq) -> None:

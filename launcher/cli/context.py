@@ -36,7 +36,15 @@ class JobCommand(click.Command):
 
         takes_value = {flag: not p.is_flag for p in self.params if isinstance(p, click.Option) for flag in p.opts}
         own, command = split(args, takes_value)
-        return super().parse_args(ctx, [*own, "--", *command] if command else own)
+        try:
+            return super().parse_args(ctx, [*own, "--", *command] if command else own)
+        except click.BadParameter as err:
+            # gpuq took an option from after the command that the job meant as its own (train.py --mode eval)
+            flag = next((opt for opt in (err.param.opts if err.param else []) if opt in own), None)
+            if flag is not None and command and flag in args[args.index(command[0]) + 1 :]:
+                hint = f"{err.message.rstrip('.')}; if {flag} is {command[0]}'s own, give it after --"
+                raise click.BadParameter(hint, ctx=err.ctx, param=err.param) from None
+            raise
 
 
 class _Number(click.types.IntParamType):

@@ -26,7 +26,8 @@ import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import client_argv, start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, program_name, signal_name
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, signal_name
+from gpuq_scheduler.jobs.naming import program_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"
@@ -140,6 +141,8 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 said = True
             time.sleep(0.1)
     except (KeyboardInterrupt, _Withdraw) as why:
+        for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)  # a second hang-up must not stop the withdrawal half-way
         queue.cancel([job_id])
         from gpuq_scheduler.jobs.api import ensure_daemon
 
@@ -149,6 +152,7 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     finally:
         for signum in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits

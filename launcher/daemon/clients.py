@@ -28,6 +28,14 @@ def withdraw_gone(scheduler: SchedulerState, now: float, *, every: float = CHECK
     withdraw(scheduler, [r for r in scheduler.pending.values() if r.id not in scheduler.staged and gone(r)], now)
 
 
+def withdrawn(scheduler: SchedulerState, record: JobRecord, now: float) -> bool:
+    """Withdraw a job about to start if its client is gone (since the last look); whether it was."""
+    if not gone(record):
+        return False
+    withdraw(scheduler, [record], now)
+    return True
+
+
 def withdraw(scheduler: SchedulerState, records: list[JobRecord], now: float) -> None:
     if not records:
         return

@@ -23,7 +23,6 @@ from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
-    clients,
     endings,
     fences,
     handoff,
@@ -34,6 +33,7 @@ from gpuq_scheduler.launcher.daemon import (
     processes,
     watching,
 )
+from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, lifecycle
@@ -74,7 +74,7 @@ class Scheduler(SchedulerState):
                 endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
                 snapshot = self.snapshot()
                 watching.stop_on_lost_gpus(self, now, snapshot)
-                clients.withdraw_gone(self, now)
+                withdraw_gone(self, now)
                 self.launch_fenced(now)
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
@@ -239,8 +239,7 @@ class Scheduler(SchedulerState):
             record = self.pending.pop(decision.job_id)
             self.not_before.pop(record.id, None)
             self._requests.pop(record.id, None)
-            if clients.gone(record):  # went since the last look: withdrawn, its GPUs free for the next pass
-                clients.withdraw(self, [record], now)
+            if withdrawn(self, record, now):  # its client went since the last look: its GPUs wait for the next pass
                 continue
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
         placed = {decision.job_id for decision in plan.decisions}

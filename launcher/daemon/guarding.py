@@ -19,6 +19,7 @@ from gpuq_scheduler.jobs.model import JobState, Outcome
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy import energy
 from gpuq_scheduler.launcher.policy import watchdog as rules
 
 log = logging.getLogger("gpuq.watchdog")
@@ -34,6 +35,7 @@ class Watch:
     settings: rules.Settings
     next_at: float = 0.0
     said: set[tuple[int, rules.Rule, int, tuple[int, ...]]] = field(default_factory=set)
+    energy_at: dict[str, int] = field(default_factory=dict)  # GPU uuid -> its energy counter at the last check
 
     @classmethod
     def of(cls, root: str | os.PathLike[str], overhead: int) -> Watch:
@@ -65,6 +67,8 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[Gp
         rules.Seen(gpu.index, pid, used)
         for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()
     ]  # fmt: skip
+    owners = _owners(scheduler, watch.key, {row.pid for row in seen}) if seen else {}
+    _charge(scheduler, watch, snapshot, owners)
     if not seen:
         watch.said.clear()
         return
@@ -72,7 +76,6 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[Gp
     for job_id, staged in scheduler.staged.items():  # its shim may start it before this daemon hears of it
         record = scheduler.pending.get(job_id)
         running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)
-    owners = _owners(scheduler, watch.key, {row.pid for row in seen})
     findings = rules.check(seen, owners, running, watch.settings)
     stops = rules.to_stop(findings)
     events: list[dict[str, Any]] = []
@@ -89,6 +92,34 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[Gp
             events.append(_event(finding, now))
     watch.said &= {(f.job, f.rule, f.gpu, f.pids) for f in findings}  # said again if it stops and comes back
     scheduler.journal.extend(events)
+
+
+def _charge(
+    scheduler: SchedulerState, watch: Watch, snapshot: list[GpuSnapshot], owners: Mapping[int, int | None]
+) -> None:
+    """Charge each GPU's energy since the last check to the jobs given it (``policy.energy``'s rule)."""
+    charges: dict[int, float] = {}
+    for gpu in snapshot:
+        last = watch.energy_at.pop(gpu.uuid, None)
+        if gpu.energy is None or gpu.lost:
+            continue
+        watch.energy_at[gpu.uuid] = gpu.energy
+        if last is None or gpu.energy <= last:
+            continue  # its first reading, or its driver was reloaded (the counter started again)
+        held = {job_id: 0 for job_id, job in scheduler.running.items() if gpu.index in job.record.gpus}
+        if not held:
+            continue
+        outside = 0
+        for pid, used in (gpu.processes or {}).items():
+            job_id = owners.get(pid)
+            if job_id is not None and job_id in held:
+                held[job_id] += used
+            else:
+                outside += used
+        for job_id, joules in energy.split((gpu.energy - last) / 1000, held, outside).items():
+            charges[job_id] = charges.get(job_id, 0.0) + joules
+    if charges:
+        scheduler.table.add_energy(charges)
 
 
 def _given(job: Running) -> rules.Given:

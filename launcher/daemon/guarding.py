@@ -1,7 +1,8 @@
 """The GPU watchdog in the daemon's pass: measure (the snapshot's NVML per-process memory), attribute
 (each process to its job by containment, ``daemon.attribution``), compare with what each job was given and
 act (``policy.watchdog``'s rules): stop the job that took what it was not given, naming what it took;
-end a process left on a GPU after its job ended, and say so. docs/watchdog.md is the user's page.
+end a process left on a GPU after its job ended, and say so. On the same sample it charges each GPU's
+energy to the jobs given it (``policy.energy``). docs/watchdog.md is the user's page.
 """
 
 from __future__ import annotations

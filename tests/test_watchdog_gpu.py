@@ -105,3 +105,14 @@ def test_a_job_that_sets_its_own_cuda_visible_devices_to_a_gpu_it_was_not_given_
     assert stopped["reason"] == f"stopped by the watchdog: used GPU {other}, which it was not given"
     assert (stopped["state"], stopped["cause"]) == ("failed", "watchdog")
     assert queue.wait_state(neighbour, *DONE, timeout=120)["state"] == "succeeded"
+
+
+def test_a_job_on_a_real_gpu_is_charged_its_gpu_hours_and_energy(queue: Gpuq) -> None:
+    """NVML's total-energy counter, read at every sample: a job alone on its GPU is charged its energy."""
+    job = queue.submit("--gpus", "1", "grower.py", "2", "10")
+    record = queue.wait_state(job, *DONE, timeout=120)
+    assert record["state"] == "succeeded", record["reason"]
+    seconds = record["ended_at"] - record["started_at"]
+    assert record["gpu_hours"] == pytest.approx(seconds / 3600)
+    # More than nothing, less than 1 kW for its whole run and one sampling interval before it.
+    assert 0 < record["gpu_energy_j"] < 1000 * (seconds + 2.5), record["gpu_energy_j"]

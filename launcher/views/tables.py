@@ -233,6 +233,8 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("started", _when(record.started_at)),
         ("ended", _when(record.ended_at)),
         ("runtime", format_duration(runtime(record, now))),
+        ("gpu hours", format_gpu_hours(record.gpu_hours(now))),
+        ("gpu energy", format_energy(record.energy)),
         ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
@@ -248,8 +250,6 @@ def show(record: JobRecord, now: float | None = None) -> str:
             else "-",
         ),
         ("peak gpu memory", format_size(record.peak_mem)),
-        ("gpu hours", format_gpu_hours(record.gpu_hours(now))),
-        ("gpu energy", format_energy(record.energy)),
         ("log", record.log),
     ]
     width = max(len(key) for key, _ in lines)

@@ -123,6 +123,30 @@ def test_a_process_left_on_a_gpu_after_its_job_ended_is_ended_and_said_so(tmp_pa
         client.cleanup()
 
 
+def test_a_process_that_left_its_jobs_process_tree_still_counts_as_the_jobs(tmp_path: Path) -> None:
+    """A grandchild that left its job's session and process tree (here: started by the test with the job's
+    marker) holds memory on the job's GPU: the daemon counts it as the job's (its peak), not a teammate's,
+    and the watchdog leaves it alone while it keeps within what the job was given."""
+    client = _queue(tmp_path)
+    try:
+        job = client.submit("--gpus", "1", "fake_cuda.py", "0.5", "120")
+        running = client.wait_state(job, "running")
+        env = {
+            **client.env, MARKER: f"{queue_key(client.home)}/{job}",
+            "CUDA_VISIBLE_DEVICES": str(running["gpus"][0]),
+        }  # fmt: skip
+        stray = subprocess.Popen([sys.executable, "fake_cuda.py", "3", "120"], cwd=client.cwd, env=env)
+        try:
+            wait_for(lambda: (client.job(job)["peak_mem"] or 0) >= 3.5 * (1 << 30), 30, "its peak to count it")
+            assert stray.poll() is None and client.job(job)["state"] == "running"
+        finally:
+            stray.kill()
+            stray.wait()
+        assert _events(client) == []
+    finally:
+        client.cleanup()
+
+
 def test_a_process_of_no_job_is_never_touched(tmp_path: Path) -> None:
     """A teammate's program on a GPU with a job's marker of another queue, or none at all: left alone."""
     client = _queue(tmp_path)

@@ -69,6 +69,10 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[Gp
         for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()
     ]  # fmt: skip
     owners = _owners(scheduler, watch.key, {row.pid for row in seen}) if seen else {}
+    for pid, job_id in owners.items():  # placement, peaks and blame count them as the job's from now on
+        job = scheduler.running.get(job_id) if job_id is not None else None
+        if job is not None:
+            job.pids.add(pid)
     _charge(scheduler, watch, snapshot, owners)
     if not seen:
         watch.said.clear()

@@ -165,3 +165,21 @@ def test_every_finding_is_justified_and_every_breach_is_found(
     assert all(f.held == held[(f.job, f.gpu)] for f in found)
     assert found == sorted(found, key=lambda f: (f.job, list(Rule).index(f.rule), f.gpu))
     assert set(to_stop(found)) == {f.job for f in found if f.rule is not Rule.LEFTOVER}
+
+
+def test_the_daemons_settings_come_from_the_config_and_gpuq_watchdog_sets_every_rule() -> None:
+    from gpuq_scheduler.jobs.config import Watchdog
+    from gpuq_scheduler.jobs.errors import BadInput
+    from gpuq_scheduler.launcher.daemon.guarding import settings as daemon_settings
+
+    config = Watchdog(past_share="warn", tolerance=64 * MiB)
+    chosen = daemon_settings(config, {}, overhead=GiB)
+    assert chosen == Settings(past_share=Action.WARN, tolerance=64 * MiB, overhead=GiB)
+    every = daemon_settings(config, {"GPUQ_WATCHDOG": "warn"}, overhead=GiB)
+    assert {every.other_gpu, every.past_share, every.leftover} == {Action.WARN}
+    try:
+        daemon_settings(config, {"GPUQ_WATCHDOG": "kill"}, overhead=GiB)
+    except BadInput as err:
+        assert str(err) == "GPUQ_WATCHDOG='kill': choose stop (the default) or warn"
+    else:
+        raise AssertionError("GPUQ_WATCHDOG=kill was taken")

@@ -16,6 +16,12 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
+    [watchdog]                       # what gpuq does to a job that takes what it was not given (docs/watchdog.md)
+    other_gpu = "stop"               # its process on a GPU it was not given: "stop" (the default) or "warn"
+    past_share = "stop"              # a packed job past its --mem share (plus the context and tolerance)
+    leftover = "stop"                # a process of an ended job still on a GPU: "stop" ends it
+    tolerance = "256M"               # how far past share + context a sample may show before the rule applies
+
     [clusters.lab]                   # `gpuq submit --on lab ...`
     backend = "slurm"
     partition = "gpu"
@@ -71,9 +77,23 @@ class Shared:
 
 
 @dataclass(frozen=True)
+class Watchdog:
+    """The GPU watchdog's rules: each "stop" or "warn" (``launcher.policy.watchdog``)."""
+
+    other_gpu: str = "stop"
+    past_share: str = "stop"
+    leftover: str = "stop"
+    tolerance: int = 256 << 20  # bytes
+
+
+WATCHDOG_ACTIONS = ("stop", "warn")
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path | None = None
     shared: Shared = field(default_factory=Shared)
+    watchdog: Watchdog = field(default_factory=Watchdog)
     clusters: Mapping[str, Cluster] = field(default_factory=dict)
     sources: tuple[Path, ...] = ()  # the files it was read from, for messages
 
@@ -95,9 +115,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         if raw is None:
             continue
         sources.append(path)
-        _check_keys(raw, {"home", "shared", "clusters"}, path, "")
+        _check_keys(raw, {"home", "shared", "clusters", "watchdog"}, path, "")
         for key, value in raw.items():
-            if key in ("shared", "clusters") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            tables = ("shared", "clusters", "watchdog")
+            if key in tables and isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
@@ -141,7 +162,8 @@ def _build(raw: dict[str, Any], sources: tuple[Path, ...]) -> Config:
     if not isinstance(clusters_raw, dict):
         raise ConfigError(f"{where.get('clusters')}: [clusters] must be a table of [clusters.NAME] tables")
     clusters = {name: _cluster(name, value, where.get("clusters")) for name, value in clusters_raw.items()}
-    return Config(home=home, shared=shared, clusters=clusters, sources=sources)
+    watchdog = _watchdog(raw.get("watchdog", {}), where.get("watchdog"))
+    return Config(home=home, shared=shared, clusters=clusters, sources=sources, watchdog=watchdog)
 
 
 def _shared(raw: Any, path: Path | None) -> Shared:
@@ -222,3 +244,25 @@ def _count(value: Any, path: Path | None, key: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 1 << 31:
         raise ConfigError(f"{path}: {key} must be a whole number of 1 or more, not {value!r}")
     return value
+
+
+def _watchdog(raw: Any, path: Path | None) -> Watchdog:
+    from gpuq_scheduler.jobs.units import parse_size
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [watchdog] must be a table")
+    _check_keys(raw, {"other_gpu", "past_share", "leftover", "tolerance"}, path, "watchdog.")
+    actions = {}
+    for rule in ("other_gpu", "past_share", "leftover"):
+        value = raw.get(rule, "stop")
+        if value not in WATCHDOG_ACTIONS:
+            raise ConfigError(f'{path}: watchdog.{rule} must be "stop" or "warn", not {value!r}')
+        actions[rule] = value
+    tolerance = _optional(raw.get("tolerance"), str, path, "watchdog.tolerance")
+    try:
+        size = Watchdog.tolerance if tolerance is None else parse_size(tolerance)
+    except BadInput as err:
+        raise ConfigError(f"{path}: watchdog.tolerance: {err}") from None
+    if not 0 <= size <= 1 << 40:
+        raise ConfigError(f'{path}: watchdog.tolerance must be a size up to 1T, like "256M"')
+    return Watchdog(tolerance=size, **actions)

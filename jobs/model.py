@@ -343,6 +343,15 @@ class JobRecord:
     cluster: str | None = None  # the cluster it was sent to (`gpuq submit --on`); None: this machine's queue
     external_id: str | None = None  # its id there: a Slurm job id, or ARRAYJOB_TASK for an array member
     node: str | None = None  # the cluster node it ran on
+    energy: float | None = None  # joules of GPU energy charged to it (``launcher.policy.energy``); None: none
+
+    def gpu_hours(self, now: float | None = None) -> float | None:
+        """The GPUs it was given times the hours it held them (up to ``now`` while it runs), as fair share
+        counts use; None if it never started (or runs, and no ``now`` is given)."""
+        end = self.ended_at if self.ended_at is not None else now
+        if self.started_at is None or end is None:
+            return None
+        return len(self.gpus) * max(0.0, end - self.started_at) / 3600
 
     def ended(self, outcome: Outcome, **changes: Any) -> JobRecord:
         """This record as ``outcome`` left it (plus ``changes``)."""
@@ -394,6 +403,8 @@ class JobRecord:
             "cluster": self.cluster,
             "external_id": self.external_id,
             "node": self.node,
+            "gpu_hours": self.gpu_hours(),
+            "gpu_energy_j": self.energy,
         }
 
 

@@ -50,6 +50,24 @@ def format_size(size: int | None) -> str:
     return f"{value:.1f}T"
 
 
+def format_energy(joules: float | None) -> str:
+    """Joules -> ``850 J``, ``12.3 kJ`` or ``1.25 kWh``; ``-`` for None."""
+    if joules is None:
+        return "-"
+    if joules < 1000:
+        return f"{joules:.0f} J"
+    if joules < 3.6e6:
+        return f"{joules / 1000:.1f} kJ"
+    return f"{joules / 3.6e6:.2f} kWh"
+
+
+def format_gpu_hours(hours: float | None) -> str:
+    """GPU-hours with the digits a short job needs (``0.0042``) and a long one does not (``12.5``)."""
+    if hours is None:
+        return "-"
+    return f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}" if hours >= 0.1 else f"{hours:.4f}"
+
+
 _DURATION_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 

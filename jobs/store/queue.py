@@ -205,6 +205,9 @@ class Queue:
         table = self.table()
         try:
             records = {r.id: r for r in table.records(active_only=active_only, limit=limit)}
+            for job_id, joules in table.energy(None if limit is None and not active_only else records).items():
+                if job_id in records:
+                    records[job_id] = records[job_id].replace(energy=joules)
         finally:
             table.close()
         for record in spooled:
@@ -251,6 +254,8 @@ class Queue:
         table = self.table()
         try:
             found = {i: r for i in job_ids if (r := table.get(i)) is not None}
+            for job_id, joules in table.energy(found).items():
+                found[job_id] = found[job_id].replace(energy=joules)
             missing = [i for i in job_ids if i not in found]
             if missing:
                 spooled = {r.id: r for r in self._spooled()}

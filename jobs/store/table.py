@@ -365,6 +365,35 @@ class JobTable:
     def max_id(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0])
 
+    def add_energy(self, joules: Mapping[int, float]) -> None:
+        """Charge jobs GPU energy (``launcher.policy.energy``), added to what each was charged before. Its
+        table is made by the first charge: a table no daemon of this version has opened reads as none."""
+        with self.batch():
+            self._db.execute(ENERGY)
+            self._db.executemany(
+                "INSERT INTO energy (job_id, joules) VALUES (?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET joules = joules + excluded.joules",
+                list(joules.items()),
+            )
+
+    @_reading
+    def energy(self, job_ids: Iterable[int] | None = None) -> dict[int, float]:
+        """The GPU energy charged to each job so far, in joules (those never charged are left out)."""
+        try:
+            if job_ids is None:
+                rows = self._db.execute("SELECT job_id, joules FROM energy").fetchall()
+            else:
+                ids = list(job_ids)
+                if not ids:
+                    return {}
+                marks = ",".join("?" * len(ids))
+                rows = self._db.execute(f"SELECT job_id, joules FROM energy WHERE job_id IN ({marks})", ids).fetchall()
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return {}
+            raise
+        return {int(job_id): float(joules) for job_id, joules in rows}
+
     def _spec_row(self, spec: JobSpec) -> tuple[Any, ...]:
         return schema.spec_row(public(spec) if self.private is not None else spec)
 
@@ -407,3 +436,8 @@ class _Transaction:
     def __exit__(self, kind: object, value: object, tb: object) -> None:
         if self._owner:
             self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+# Each job's GPU energy (joules), charged at every sample while it runs. A table of its own, made by the first
+# charge, like ``learned`` added without a new table version: older daemons and readers never look at it.
+ENERGY = "CREATE TABLE IF NOT EXISTS energy (job_id INTEGER PRIMARY KEY, joules REAL NOT NULL)"

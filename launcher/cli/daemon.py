@@ -25,7 +25,8 @@ def daemon_start(ctx: Context, shared: bool) -> None:
     from gpuq_scheduler.launcher.daemon import lifetime as lifetime
 
     state = ctx.state
-    if shared and not os.environ.get("GPUQ_HOME") and config.load().home is None:
+    settings = config.load()  # a mistake in it is said here, not only in the log of a daemon that never started
+    if shared and not os.environ.get("GPUQ_HOME") and settings.home is None:
         state = StateDir(config.SHARED_HOME)
     click.echo(f"daemon running (pid {lifetime.start(state, shared=shared)}) for {state.root}")
 

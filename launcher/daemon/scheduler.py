@@ -34,6 +34,7 @@ from gpuq_scheduler.launcher.daemon import (
     watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
+from gpuq_scheduler.launcher.daemon.guarding import Watch
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, lifecycle
@@ -52,6 +53,8 @@ class Scheduler(SchedulerState):
         super().__init__(*args, **kwargs)
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
+        # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
+        self.watch = Watch.of(self.state.root, self.policy.overhead)
 
     def close(self) -> None:
         fences.close(self)
@@ -78,6 +81,7 @@ class Scheduler(SchedulerState):
                 self.launch_fenced(now)
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
+                self.watch.check(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
         except BaseException:
             for undo in self.on_rollback:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ class FakeGpus:
 
     def __init__(self, spec: str, usage: str | None = None) -> None:
         self.spec = spec
+        self._born = time.monotonic()  # its energy counters start here, as a driver's do when it loads
         self._usage = Path(usage) if usage else None
         self._path = Path(spec) if spec.endswith(".json") or os.path.sep in spec else None
         if self._path is None:
@@ -48,6 +50,8 @@ class FakeGpus:
             except (OSError, ValueError) as err:
                 raise BadInput(f"GPUQ_FAKE_GPUS={self._path}: cannot read it ({err}); fix the JSON file") from None
             gpus = parse_fake_json(data, str(self._path))
+        used = round((time.monotonic() - self._born) * FAKE_WATTS * 1000)
+        gpus = [gpu if gpu.lost else dataclasses.replace(gpu, energy=used) for gpu in gpus]
         return self._with_processes(gpus) if self._usage is not None else gpus
 
     def _with_processes(self, gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
@@ -82,6 +86,7 @@ class FakeGpus:
         pass
 
 
+FAKE_WATTS = 100  # what every fake GPU draws, steadily: its energy counter grows 100 J a second
 TEAMMATE_PID = (1 << 22) + 1  # the fake's "used" memory: a process outside gpuq, past Linux's largest pid
 
 

@@ -41,7 +41,7 @@ class NvmlGpus:
             processes = self._processes(handle)
             return GpuSnapshot(
                 index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle),
-                process_utilization=self._busy_processes(handle),
+                process_utilization=self._busy_processes(handle), energy=self._energy(handle),
             )  # fmt: skip
         except nvml.NVMLError as err:
             return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")
@@ -51,6 +51,12 @@ class NvmlGpus:
             return int(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except self._nvml.NVMLError:
             return None  # not supported on this GPU (or under MIG): shown as unknown, nothing depends on it
+
+    def _energy(self, handle: Any) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        except self._nvml.NVMLError:
+            return None  # before Volta, or not supported here: jobs are charged no energy
 
     def _busy_processes(self, handle: Any) -> dict[int, int] | None:
         """Each process's latest share of the GPU's time (SM utilisation), from NVML's recent samples. MPS

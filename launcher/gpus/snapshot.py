@@ -26,6 +26,7 @@ class GpuSnapshot:
     error: str = ""
     utilization: int | None = None  # percent of the last sample period a kernel ran (NVML); None: not known
     process_utilization: Mapping[int, int] | None = None  # pid -> its share of the GPU's time, percent (NVML)
+    energy: int | None = None  # millijoules the GPU has used since its driver loaded (NVML's counter); None: not known
 
     def outside_use(self, ours: set[int] | frozenset[int]) -> int:
         """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses

@@ -5,6 +5,8 @@
     gpuq_jobs_started_total                    counter: jobs that have started, ever (from the job table)
     gpuq_jobs_ended_total{outcome}             counter: jobs that ended, by outcome (succeeded, failed, ...)
     gpuq_queue_wait_seconds                    histogram: submit -> start of every job that started
+    gpuq_gpu_hours_total{user}                 counter: GPUs held times hours, by the jobs of each user (so far)
+    gpuq_gpu_energy_joules_total{user}         counter: GPU energy charged to each user's jobs (docs/watchdog.md)
     gpuq_gpu_memory_total_bytes{gpu,uuid}      gauge: each GPU's memory
     gpuq_gpu_memory_bytes{gpu,uuid,holder}     gauge: holder = jobs (what gpuq's jobs use now), reserved (reserved
                                                for them, not used), outside (processes outside gpuq), free
@@ -57,6 +59,17 @@ class QueueCollector(Collector):
             "gpuq_queue_wait_seconds", "Time from submit to start of the jobs that started", buckets=buckets,
             sum_value=sum(waits),
         )  # fmt: skip
+        hours = CounterMetricFamily("gpuq_gpu_hours", "GPUs held times hours, by user", labels=["user"])
+        joules = CounterMetricFamily("gpuq_gpu_energy_joules", "GPU energy charged to jobs, by user", labels=["user"])
+        by_user: dict[str, list[float]] = {}
+        for r in started:
+            spent = by_user.setdefault(r.user, [0.0, 0.0])
+            spent[0] += r.gpu_hours(picture.taken) or 0.0
+            spent[1] += r.energy or 0.0
+        for user, (held, used) in sorted(by_user.items()):
+            hours.add_metric([user], held)
+            joules.add_metric([user], used)
+        yield from (hours, joules)
         total = GaugeMetricFamily("gpuq_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
         memory = GaugeMetricFamily("gpuq_gpu_memory_bytes", "GPU memory by holder", labels=["gpu", "uuid", "holder"])
         util = GaugeMetricFamily("gpuq_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "uuid"])

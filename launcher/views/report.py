@@ -75,6 +75,7 @@ class Report:
     fenced_by_user: dict[str, int] = field(default_factory=dict)
     fenced_by_array: dict[int, int] = field(default_factory=dict)
     array_names: dict[int, str] = field(default_factory=dict)
+    energy_by_user: dict[str, float] = field(default_factory=dict)  # joules of GPU energy (NVML), whole jobs
 
     @property
     def gpu_hours(self) -> float:
@@ -113,12 +114,14 @@ def build_report(
     saved_array: dict[int, float] = defaultdict(float)
     fenced_user: Counter[str] = Counter()
     fenced_array: Counter[int] = Counter()
+    energy_user: dict[str, float] = defaultdict(float)
     segments = []
     for record in chosen:
         held = _clip(_running(record, now), start, now)
         count = record.spec.gpus if record.cluster else len(record.gpus)
         hours = count * (held[1] - held[0]) / HOUR if held else 0.0
         by_user[record.user] += hours
+        energy_user[record.user] += record.energy or 0.0
         if record.array_id is not None:
             by_array[record.array_id] += hours
         share = record.spec.mem_per_gpu
@@ -150,6 +153,7 @@ def build_report(
         fenced_by_user=dict(fenced_user),
         fenced_by_array=dict(fenced_array),
         array_names={a: names[a] for a in {r.array_id for r in chosen} if a is not None and a in names},
+        energy_by_user={user: joules for user, joules in energy_user.items() if joules > 0},
     )
 
 
@@ -234,14 +238,20 @@ def _largest_first(hours: Mapping[K, float]) -> dict[K, float]:
 
 def render_text(report: Report) -> str:
     """What ``gpuq report`` prints: a headline, the outcomes table, GPU-hours by user and by array."""
+    from gpuq_scheduler.jobs.units import format_energy  # one name more than the module's own import line
+
     lines = [_headline(report), _usage(report)]
     if report.rows:
         lines += ["", _table(COLUMNS, [cells(row) for row in report.rows])]
     else:
         lines.append("no jobs in this window")
     if report.gpu_hours_by_user:
-        by_user = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
-        lines += ["", _table(("USER", "GPU-HOURS"), by_user)]
+        used = report.energy_by_user  # where NVML measures it (every GPU since Volta; the fake inventory)
+        by_user: list[tuple[str, ...]] = [
+            (user, hours_text(h), *([format_energy(used.get(user))] if used else []))
+            for user, h in report.gpu_hours_by_user.items()
+        ]  # fmt: skip
+        lines += ["", _table(("USER", "GPU-HOURS", "GPU ENERGY")[: len(by_user[0])], by_user)]
     if report.gpu_hours_by_array:
         by_array = [
             (str(array), report.array_names.get(array, "-"), hours_text(h))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
 
 if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq status` needs none of it
     from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -233,6 +233,8 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("started", _when(record.started_at)),
         ("ended", _when(record.ended_at)),
         ("runtime", format_duration(runtime(record, now))),
+        ("gpu hours", format_gpu_hours(record.gpu_hours(now))),
+        ("gpu energy", format_energy(record.energy)),
         ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),

@@ -1,0 +1,210 @@
+"""The GPU watchdog in the daemon's pass: measure (the snapshot's NVML per-process memory), attribute
+(each process to its job by containment, ``daemon.attribution``), compare with what each job was given and
+act (``policy.watchdog``'s rules): stop the job that took what it was not given, naming what it took;
+end a process left on a GPU after its job ended, and say so. On the same sample it charges each GPU's
+energy to the jobs given it (``policy.energy``). docs/watchdog.md is the user's page.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuq_scheduler.jobs.config import Watchdog
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobState, Outcome
+from gpuq_scheduler.launcher.daemon import attribution
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy import energy
+from gpuq_scheduler.launcher.policy import watchdog as rules
+
+log = logging.getLogger("gpuq.watchdog")
+
+EVERY = 2.0  # seconds between checks: one per per-process sample (``watching.SAMPLE_EVERY``)
+
+
+@dataclass
+class Watch:
+    """The watchdog's settings and what it has already said or done, between passes."""
+
+    key: str  # the queue's name in its jobs' cgroups and markers
+    settings: rules.Settings
+    next_at: float = 0.0
+    said: set[tuple[int, rules.Rule, int, tuple[int, ...]]] = field(default_factory=set)
+    energy_at: dict[str, int] = field(default_factory=dict)  # GPU uuid -> its energy counter at the last check
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str], overhead: int) -> Watch:
+        """The watchdog of the queue at ``root``, with its rules' defaults until the daemon's settings come."""
+        return cls(attribution.queue_key(root), rules.Settings(overhead=overhead))
+
+    def check(self, scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+        check(scheduler, self, now, snapshot)
+
+
+def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rules.Settings:
+    """The rules' settings from the config's [watchdog]; ``GPUQ_WATCHDOG=warn`` (or ``stop``) sets all three
+    for this daemon (a personal queue's quick switch)."""
+    every = environ.get("GPUQ_WATCHDOG", "")
+    if every and every not in ("stop", "warn"):
+        raise BadInput(f"GPUQ_WATCHDOG={every!r}: choose stop (the default) or warn")
+    return rules.Settings(
+        other_gpu=rules.Action(every or config.other_gpu), past_share=rules.Action(every or config.past_share),
+        leftover=rules.Action(every or config.leftover), tolerance=config.tolerance, overhead=overhead,
+    )  # fmt: skip
+
+
+def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """One check over this pass's snapshot, at most every ``EVERY`` seconds."""
+    if now < watch.next_at:
+        return
+    watch.next_at = now + EVERY
+    seen = [
+        rules.Seen(gpu.index, pid, used)
+        for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()
+    ]  # fmt: skip
+    owners = _owners(scheduler, watch.key, {row.pid for row in seen}) if seen else {}
+    for pid, job_id in owners.items():  # placement, peaks and blame count them as the job's from now on
+        job = scheduler.running.get(job_id) if job_id is not None else None
+        if job is not None:
+            job.pids.add(pid)
+    _charge(scheduler, watch, snapshot, owners)
+    if not seen:
+        watch.said.clear()
+        return
+    running = {job_id: _given(job) for job_id, job in scheduler.running.items()}
+    for job_id, staged in scheduler.staged.items():  # its shim may start it before this daemon hears of it
+        record = scheduler.pending.get(job_id)
+        running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)
+    findings = rules.check(seen, owners, running, watch.settings)
+    stops = rules.to_stop(findings)
+    events: list[dict[str, Any]] = []
+    for finding in findings:
+        job = scheduler.running.get(finding.job)
+        if finding.rule is rules.Rule.LEFTOVER and finding.action is rules.Action.STOP:
+            _end_leftover(scheduler, watch, finding, now, events)
+        elif stops.get(finding.job) is finding and job is not None and not _stopping(scheduler, finding.job):
+            _stop(scheduler, job, finding.what())
+            log.warning("stopping job %d: %s", finding.job, finding.what())
+            events.append(_event(finding, now))
+        elif finding.action is rules.Action.WARN and _first(watch, finding):
+            log.warning("job %d %s (watchdog.%s = warn: not stopped)", finding.job, finding.what(), _key(finding))
+            events.append(_event(finding, now))
+    watch.said &= {(f.job, f.rule, f.gpu, f.pids) for f in findings}  # said again if it stops and comes back
+    scheduler.journal.extend(events)
+
+
+def _charge(
+    scheduler: SchedulerState, watch: Watch, snapshot: list[GpuSnapshot], owners: Mapping[int, int | None]
+) -> None:
+    """Charge each GPU's energy since the last check to the jobs given it (``policy.energy``'s rule)."""
+    charges: dict[int, float] = {}
+    for gpu in snapshot:
+        last = watch.energy_at.pop(gpu.uuid, None)
+        if gpu.energy is None or gpu.lost:
+            continue
+        watch.energy_at[gpu.uuid] = gpu.energy
+        if last is None or gpu.energy <= last:
+            continue  # its first reading, or its driver was reloaded (the counter started again)
+        held = {job_id: 0 for job_id, job in scheduler.running.items() if gpu.index in job.record.gpus}
+        if not held:
+            continue
+        outside = 0
+        for pid, used in (gpu.processes or {}).items():
+            job_id = owners.get(pid)
+            if job_id is not None and job_id in held:
+                held[job_id] += used
+            else:
+                outside += used
+        for job_id, joules in energy.split((gpu.energy - last) / 1000, held, outside).items():
+            charges[job_id] = charges.get(job_id, 0.0) + joules
+    if charges:
+        scheduler.table.add_energy(charges)
+
+
+def _given(job: Running) -> rules.Given:
+    spec = job.record.spec
+    return rules.Given(job.record.gpus, spec.mem_per_gpu if spec.gpus else None)
+
+
+def _owners(scheduler: SchedulerState, key: str, pids: set[int]) -> dict[int, int | None]:
+    """Each GPU process's job: by containment first; else, for the processes the daemon found under a
+    job's supervisor (``watching.attribute``: an interactive job's program under its client, a queue
+    without containment), by that."""
+    uids: dict[int, int | None] = {job_id: job.record.uid for job_id, job in scheduler.running.items()}
+
+    def uid_of(job_id: int) -> int | None:
+        if job_id not in uids:
+            record = scheduler.table.get(job_id)
+            uids[job_id] = record.uid if record is not None else None
+        return uids[job_id]
+
+    under = {pid: job_id for job_id, job in scheduler.running.items() for pid in job.pids}
+    return {pid: attribution.job_of(pid, key, uid_of) or under.get(pid) for pid in pids}
+
+
+def _stopping(scheduler: SchedulerState, job_id: int) -> bool:
+    """Whether gpuq is already stopping this job (a lost GPU, an earlier finding)."""
+    return job_id in scheduler.stopped_for
+
+
+def _stop(scheduler: SchedulerState, job: Running, what: str) -> None:
+    """Stop a running job for ``what`` it took: unless it succeeds first, it fails with Cause.WATCHDOG."""
+    scheduler.stopped_for[job.record.id] = Outcome.stopped_by_watchdog(what)
+    scheduler.stop(job)  # SIGTERM to every process of the job, SIGKILL after the grace period
+
+
+def _end_leftover(
+    scheduler: SchedulerState, watch: Watch, finding: rules.Finding, now: float, events: list[dict[str, Any]]
+) -> None:
+    """SIGKILL a process of an ended job still on a GPU, through a pidfd opened before its job is read
+    again, so a pid reused meanwhile is never the one killed; and say so on the job's record."""
+    ended = []
+    for pid in finding.pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if attribution.job_of(pid, watch.key) == finding.job:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                ended.append(pid)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    if not ended or not _first(watch, finding):
+        return
+    note = f"{finding.what()} and was ended by the watchdog"
+    log.warning("job %d: %s", finding.job, note)
+    events.append(_event(finding, now))
+    record = scheduler.table.get(finding.job)
+    if record is not None and record.state not in (JobState.PENDING, JobState.RUNNING):
+        reason = f"{record.reason}; {note}" if record.reason else note
+        scheduler.table.set_reasons({finding.job: reason}, state=record.state.value)
+
+
+def _first(watch: Watch, finding: rules.Finding) -> bool:
+    """True the first time this finding is seen: a warning is said once, not every two seconds."""
+    said = (finding.job, finding.rule, finding.gpu, finding.pids)
+    if said in watch.said:
+        return False
+    watch.said.add(said)
+    return True
+
+
+def _key(finding: rules.Finding) -> str:
+    return str(finding.rule.value).replace("-", "_")
+
+
+def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
+    return {
+        "t": now, "job": finding.job, "event": "watchdog", "rule": finding.rule.value,
+        "action": finding.action.value, "gpu": finding.gpu, "pids": list(finding.pids), "held": finding.held,
+        "reason": finding.what(),
+    }  # fmt: skip

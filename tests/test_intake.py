@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.submission import kind_of
 from gpuq_scheduler.launcher.daemon import learning
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
 GOOD_GPUS = {"gpus": [{"name": "H100", "total": "80GiB"}, {"name": "H100", "total": "80GiB"}]}
 
@@ -138,3 +139,21 @@ def test_leftover_temp_files_in_the_spool_are_removed_after_an_hour(gpuq: Gpuq) 
     wait_for(lambda: not old.exists(), 20, "the leftover to go")
     assert fresh.exists()  # a write may still be in progress
     assert "older than an hour" not in gpuq.run("doctor", check=False).stdout
+
+
+def test_a_batch_job_whose_gpus_do_nothing_for_long_is_shown_in_status_and_doctor(tmp_path: Path) -> None:
+    """A batch job that holds GPUs and does nothing on them (a hung NCCL call) was invisible: shown, not stopped."""
+    queue = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_IDLE_REPORT="3s")
+    try:
+        idle = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "0")
+        busy = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "40")
+        queue.wait_state(idle, "running")
+        queue.wait_state(busy, "running")
+        shown_idle = wait_for(lambda: (j := queue.job(idle))["reason"].startswith("no GPU work for") and j, 60, "it")
+        assert shown_idle["state"] == "running"
+        assert "no GPU work for" in queue.run("status").stdout
+        assert not queue.job(busy)["reason"].startswith("no GPU work")
+        doctor = queue.run("doctor", check=False).stdout
+        assert f"job {idle} of" in doctor and "did no work" in doctor and f"job {busy} of" not in doctor, doctor
+    finally:
+        queue.cleanup()

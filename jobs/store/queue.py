@@ -102,8 +102,15 @@ class Queue:
     def _check_caps(self, spec: JobSpec, jobs: int) -> None:
         """A shared queue's per-user limits, refused here with a clear line (the daemon enforces them too)."""
         from gpuq_scheduler.jobs import config
+        from gpuq_scheduler.jobs.units import format_duration
 
         shared = config.load().shared
+        longest = shared.max_time
+        if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
+            raise BadInput(
+                f"--time {format_duration(spec.time_limit)}: this queue allows at most {format_duration(longest)}; "
+                "ask for less, or split the work"
+            )
         most = shared.max_gpus_per_user
         if most is not None and spec.gpus > most:
             raise BadInput(f"--gpus {spec.gpus}: this queue lets a user hold at most {most} GPUs at once")

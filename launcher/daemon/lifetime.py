@@ -235,6 +235,11 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
 
             scheduler.idle_limit = None if os.environ["GPUQ_IDLE_LIMIT"] == "off" else parse_duration(
                 os.environ["GPUQ_IDLE_LIMIT"])
+        if os.environ.get("GPUQ_IDLE_REPORT"):  # a personal queue's (off by default); a shared one's config wins
+            from gpuq_scheduler.jobs.units import parse_duration
+
+            report = os.environ["GPUQ_IDLE_REPORT"]
+            scheduler.idle_report = None if report == "off" else parse_duration(report)
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         try:
             failing = False  # readers are told while passes fail (``jobs.store.notices``), until one succeeds

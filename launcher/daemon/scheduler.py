@@ -65,6 +65,7 @@ class Scheduler(SchedulerState):
                 self.place_and_launch(now, snapshot)
                 watching.sample(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
+                watching.report_idle_batch(self, now, snapshot)
         except BaseException:
             for undo in self.on_rollback:
                 undo()

@@ -106,6 +106,9 @@ class SchedulerState:
         self.idle_limit: float | None = shared.idle_limit if shared else None
         self.active_at: dict[int, float] = {}
         self.next_idle_check = 0.0
+        # Batch jobs whose GPUs did no work this long are said so in their reason (None: never); GPUQ_IDLE_REPORT.
+        self.idle_report: float | None = shared.idle_report if shared else None
+        self.next_batch_check = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         self.gpu_lost: dict[int, str] = {}  # running job id -> the lost GPU it is being stopped for
         self.shims = shims.Shims()

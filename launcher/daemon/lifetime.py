@@ -155,12 +155,12 @@ def _drain(fd: int) -> bytes:
 def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
     """Wait for the next thing to do. Spare shims are forked here, once nothing happened for a moment:
     forked right after a launch, they would take the CPU from the jobs just started."""
-    deadline = time.time() + scheduler.next_wakeup(time.time())
+    deadline = time.monotonic() + scheduler.next_wakeup(time.time())  # a wall-clock jump must not stretch a nap
     if scheduler.wants_spares():
-        if wakeups.wait(min(SETTLE, deadline - time.time())):
+        if wakeups.wait(min(SETTLE, deadline - time.monotonic())):
             return
         scheduler.fork_spares()
-    wakeups.wait(max(0.0, deadline - time.time()))
+    wakeups.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _policy(environ: Mapping[str, str]) -> Policy:

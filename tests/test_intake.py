@@ -157,3 +157,22 @@ def test_a_batch_job_whose_gpus_do_nothing_for_long_is_shown_in_status_and_docto
         assert f"job {idle} of" in doctor and "did no work" in doctor and f"job {busy} of" not in doctor, doctor
     finally:
         queue.cleanup()
+
+
+def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(gpuq: Gpuq) -> None:
+    """The net under the checks: an array whose members' ids run past SQLite's integers (its own id is a valid
+    one, the client's counter is anyone's to write) once failed every pass. Now ingest is retried one request
+    at a time and only that one is set aside, saying why; the job submitted beside it runs.
+    (Tied to ids chosen by clients: once the daemon assigns ids at intake this request cannot be written.)"""
+    from gpuq_scheduler.jobs.store import outbox
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+
+    gpuq.run("daemon", "start")
+    state = StateDir(gpuq.home)
+    spec = JobSpec(("true",), str(gpuq.cwd), gpus=0).to_json()
+    outbox.write_submit(state, 2**63 - 3, spec, time.time(), (tuple(range(5)), None))
+    good = gpuq.submit("--gpus", "0", "true")
+    assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+    said = wait_for(lambda: (s := gpuq.run("status").stderr) and "was set aside" in s and s, 20, "the note")
+    assert "made the daemon's pass fail (OverflowError" in said, said
+    assert "pass has failed" not in said

@@ -168,10 +168,13 @@ def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(g
     from gpuq_scheduler.jobs.store.statedir import StateDir
 
     gpuq.run("daemon", "start")
+    gpuq.run("pause")
+    good = gpuq.submit("--gpus", "0", "true")  # queued; it starts once the queue is resumed
+    gpuq.wait_state(good, "pending")
     state = StateDir(gpuq.home)
     spec = JobSpec(("true",), str(gpuq.cwd), gpus=0).to_json()
     outbox.write_submit(state, 2**63 - 3, spec, time.time(), (tuple(range(5)), None))
-    good = gpuq.submit("--gpus", "0", "true")
+    gpuq.run("resume")  # read in the same pass as the bad request
     assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
     said = wait_for(lambda: (s := gpuq.run("status").stderr) and "was set aside" in s and s, 20, "the note")
     assert "made the daemon's pass fail (OverflowError" in said, said

@@ -12,7 +12,7 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_texts
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_bounds, check_spec, check_texts
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -147,6 +147,7 @@ def capture_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto,
     )  # fmt: skip
+    check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
     check_texts(command=command, cwd=workdir, env=captured, name=name, notify=notify, python=interpreter)
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),

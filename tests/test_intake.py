@@ -79,8 +79,8 @@ def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpu
     gpuq.run("pause")
     bad = gpuq.submit("--mem", "auto", "true")
     gpuq.run("daemon", "stop")
+    spec = json.loads(_row(gpuq, bad))
     db = sqlite3.connect(gpuq.home / "jobs.db")
-    spec = json.loads(db.execute("SELECT spec FROM jobs WHERE id = ?", (bad,)).fetchone()[0])
     spec["like"] = 2**64
     db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), bad))
     db.commit()
@@ -90,6 +90,23 @@ def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpu
     assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
     record = gpuq.wait_state(bad, "failed", timeout=30)
     assert "could not be placed" in record["reason"] and "OverflowError" in record["reason"], record
+
+
+def _row(gpuq: Gpuq, job: int) -> str:
+    """The job's stored spec, once the daemon has ingested it (started again until it has)."""
+
+    def stored() -> str | None:
+        db = sqlite3.connect(gpuq.home / "jobs.db")
+        try:
+            found = db.execute("SELECT spec FROM jobs WHERE id = ?", (job,)).fetchone()
+        finally:
+            db.close()
+        if found is None:
+            gpuq.run("daemon", "start")  # it stopped before reading the request: the next one reads it
+            gpuq.run("daemon", "stop")
+        return None if found is None else str(found[0])
+
+    return str(wait_for(stored, 30, f"job {job} in the table"))
 
 
 def test_a_hand_written_kind_is_replaced_by_the_daemons(tmp_path: Path) -> None:
@@ -179,3 +196,19 @@ def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(g
     said = wait_for(lambda: (s := gpuq.run("status").stderr) and "was set aside" in s and s, 20, "the note")
     assert "made the daemon's pass fail (OverflowError" in said, said
     assert "pass has failed" not in said
+
+
+def test_a_queued_job_past_the_new_bounds_is_still_read(gpuq: Gpuq) -> None:
+    """Upper bounds hold new submits; a row an older gpuq queued past them (here 500 retries) still loads,
+    in status and in a restarted daemon, instead of making every reader fail."""
+    gpuq.run("pause")
+    job = gpuq.submit("--gpus", "0", "true")
+    gpuq.run("daemon", "stop")
+    row = _row(gpuq, job)
+    db = sqlite3.connect(gpuq.home / "jobs.db")
+    db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps({**json.loads(row), "retries": 500}), job))
+    db.commit()
+    db.close()
+    assert gpuq.job(job)["retries"] == 500
+    gpuq.run("resume")
+    assert gpuq.wait_state(job, "succeeded", "failed", timeout=30)["state"] == "succeeded"

@@ -263,7 +263,17 @@ def test_a_shared_queue_bounds_time_limits_by_default_and_setup_writes_the_caps(
     record = wait_for(lambda: (r := queue.records(mallory).get(by_hand)) and r["state"] == "failed" and r, 30)
     assert "max_time" in record["reason"], record
     plain = queue.submit(mallory, "--gpus", "0", "true")
-    assert queue.records(mallory)[plain]["time_limit"] == 7200.0
+    wait_for(lambda: queue.records(mallory)[plain]["time_limit"] == 7200.0, 30, "the default time limit")
+    queue.gpuq(None, "pause")
+    waiting = queue.submit(mallory, "--gpus", "0", "true")
+    refused = queue.gpuq(mallory, "update", "--time", "30d", str(waiting), check=False)
+    assert refused.returncode == 2 and "this queue allows at most 7d00h" in refused.stderr, refused.stderr
+    queue.python_as(
+        mallory, CONTROL, str(queue.home),
+        json.dumps({"kind": "control", "action": "update", "ids": [waiting], "values": {"time_limit": 30 * 86400.0}}),
+    )  # fmt: skip
+    wait_for(lambda: "refused update" in (queue.base / "daemon.out").read_text(), 30, "the daemon to refuse it")
+    assert queue.records(mallory)[waiting]["time_limit"] == 7200.0
     # What `gpuq daemon setup` writes sets the caps, not just comments on them.
     etc = tmp_path / "etc"
     env = {**queue.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(tmp_path / "u"),

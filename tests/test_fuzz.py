@@ -382,3 +382,48 @@ def test_a_broken_config_file_is_one_line_and_exit_2_for_every_command(tmp_path:
         result = subprocess.run([*CLICK, *args], env=env, capture_output=True, text=True)
         assert result.returncode == 2, result
         assert "max_gpus_per_user" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+# -- (d) the client and the daemon agree -----------------------------------------------------------------
+
+api_text = st.text(max_size=6) | st.sampled_from(["\0", "a\0b", "\udcff", "\x1b[2J", "{index}", "٣"])
+api_numbers = st.integers() | st.sampled_from([0, 1, -1, 100, 101, 1024, 1025, 2**63, 10**20])
+
+
+@FUZZ
+@given(
+    command=st.lists(api_text, min_size=1, max_size=3), env=st.dictionaries(api_text, api_text, max_size=2),
+    name=api_text, gpus=api_numbers, retries=api_numbers, priority=api_numbers,
+    time_limit=st.none() | st.floats() | st.sampled_from(["2h", "999999999999999h", "٣h", "400d"]),
+    mem=st.none() | st.sampled_from(["auto", "1G", "٣G", "0G"]), after=st.lists(api_numbers, max_size=2),
+)  # fmt: skip
+@example(command=["x", "é"], env={"K": "v"}, name="n", gpus=1, retries=100, priority=0, time_limit="2h", mem="auto",
+         after=[1])  # fmt: skip
+def test_whatever_the_client_accepts_the_daemon_accepts_and_the_table_holds(
+    tmp_path: Path, command: list[str], env: dict[str, str], name: str, gpus: int, retries: int, priority: int,
+    time_limit: float | str | None, mem: str | None, after: list[int],
+) -> None:  # fmt: skip
+    """The client refuses up front, in one line, what the daemon would set aside: a request a client wrote
+    is never set aside by the daemon, and fits in the job table."""
+    from gpuq_scheduler.jobs.errors import BadInput
+    from gpuq_scheduler.jobs.store import outbox
+    from gpuq_scheduler.jobs.submission import capture_spec
+
+    try:
+        spec = capture_spec(
+            ["/bin/true", *command[1:]], environ={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), gpus=gpus, mem=mem,
+            name=name, priority=priority, time_limit=time_limit, env=env, after=after, retries=retries,
+            python="/usr/bin/python3",
+        )  # fmt: skip
+    except BadInput as err:
+        assert "\n" not in str(err)
+        return
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    request = spool.read_request(outbox.write_submit(state, 1, spec, 1.0))
+    assert isinstance(request, spool.SubmitRequest), request
+    table = JobTable(tmp_path / "absent.db")
+    try:
+        table.insert_pending(expand(state, request))
+    finally:
+        table.close()

@@ -15,13 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.jobs.store import spool
-from gpuq_scheduler.jobs.submission import kind_of
+from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store.queue import expand
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
+from gpuq_scheduler.jobs.submission import capture_spec, kind_of
 from gpuq_scheduler.launcher.daemon import learning
 from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
@@ -181,9 +186,6 @@ def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(g
     one, the client's counter is anyone's to write) once failed every pass. Now ingest is retried one request
     at a time and only that one is set aside, saying why; the job submitted beside it runs.
     (Tied to ids chosen by clients: once the daemon assigns ids at intake this request cannot be written.)"""
-    from gpuq_scheduler.jobs.store import outbox
-    from gpuq_scheduler.jobs.store.statedir import StateDir
-
     gpuq.run("daemon", "start")
     gpuq.run("pause")
     good = gpuq.submit("--gpus", "0", "true")  # queued; it starts once the queue is resumed
@@ -212,3 +214,45 @@ def test_a_queued_job_past_the_new_bounds_is_still_read(gpuq: Gpuq) -> None:
     assert gpuq.job(job)["retries"] == 500
     gpuq.run("resume")
     assert gpuq.wait_state(job, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+
+
+# -- the client and the daemon agree ---------------------------------------------------------------------
+
+api_text = st.text(max_size=6) | st.sampled_from(["\0", "a\0b", "\udcff", "\x1b[2J", "{index}", "٣"])
+api_numbers = st.integers() | st.sampled_from([0, 1, -1, 100, 101, 1024, 1025, 2**63, 10**20])
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    command=st.lists(api_text, min_size=1, max_size=3), env=st.dictionaries(api_text, api_text, max_size=2),
+    name=api_text, gpus=api_numbers, retries=api_numbers, priority=api_numbers,
+    time_limit=st.none() | st.floats() | st.sampled_from(["2h", "999999999999999h", "٣h", "400d"]),
+    mem=st.none() | st.sampled_from(["auto", "1G", "٣G", "0G"]), after=st.lists(api_numbers, max_size=2),
+)  # fmt: skip
+@example(command=["x", "é"], env={"K": "v"}, name="n", gpus=1, retries=100, priority=0, time_limit="2h", mem="auto",
+         after=[1])  # fmt: skip
+def test_whatever_the_client_accepts_the_daemon_accepts_and_the_table_holds(
+    tmp_path: Path, command: list[str], env: dict[str, str], name: str, gpus: int, retries: int, priority: int,
+    time_limit: float | str | None, mem: str | None, after: list[int],
+) -> None:  # fmt: skip
+    """The client refuses up front, in one line, what the daemon would set aside: a request a client wrote
+    is never set aside by the daemon, and fits in the job table."""
+    try:
+        spec = capture_spec(
+            ["/bin/true", *command[1:]], environ={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), gpus=gpus, mem=mem,
+            name=name, priority=priority, time_limit=time_limit, env=env, after=after, retries=retries,
+            python="/usr/bin/python3",
+        )  # fmt: skip
+    except BadInput as err:
+        assert "\n" not in str(err)
+        return
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    request = spool.read_request(outbox.write_submit(state, 1, spec, 1.0))
+    assert isinstance(request, spool.SubmitRequest), request
+    table = JobTable(tmp_path / "absent.db")
+    try:
+        table.insert_pending(expand(state, request))
+    finally:
+        table.close()

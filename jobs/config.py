@@ -10,7 +10,10 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     [shared]                         # read by a daemon started with --shared
     admins = "gpuq-admin"            # members of this group may cancel, hold or update anyone's job
     max_gpus_per_user = 4            # GPUs one user's running jobs may hold at once
-    max_queued_per_user = 1000       # jobs one user may have waiting
+    max_queued_per_user = 1000       # jobs one user may have waiting (default 10000)
+    default_time = "24h"             # the time limit of a job submitted without --time (default: none)
+    max_time = "7d"                  # the longest --time a job may ask for (default 7d; "off": no maximum)
+    idle_report = "2h"               # batch jobs whose GPUs did no work this long are shown (default 2h; "off")
     fair_share_half_life = "24h"     # how fast past GPU use is forgotten
     idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
     [shared.priority]                # users with a higher number go first; default 0
@@ -44,6 +47,7 @@ from typing import Any
 from gpuq_scheduler.jobs import locations
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.locations import config_paths as config_paths
+from gpuq_scheduler.jobs.rules import check_update
 from gpuq_scheduler.jobs.units import parse_duration
 
 SHARED_HOME = Path(locations.SHARED_HOME)  # a shared queue's state directory unless the config names another
@@ -74,6 +78,9 @@ class Shared:
     fair_share_half_life: float = 24 * 3600.0
     priority: Mapping[str, int] = field(default_factory=dict)
     idle_limit: float | None = 4 * 3600.0  # seconds an interactive job's GPUs may do no work; None: no limit
+    default_time: float | None = None  # seconds: the time limit of a job submitted without one
+    max_time: float | None = 7 * 86400.0  # seconds: the longest time limit a job may have; None: no maximum
+    idle_report: float | None = 2 * 3600.0  # seconds a batch job's GPUs may do no work before status says so
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
-                      "idle_limit"}, path, "shared.")  # fmt: skip
+                      "idle_limit", "default_time", "max_time", "idle_report"}, path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
@@ -188,11 +195,18 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         idle_limit = None if idle == "off" else parse_duration(idle)
     except BadInput as err:
         raise ConfigError(f"{path}: shared.idle_limit: {err} (or \"off\")") from None
+    default_time = _duration(raw.get("default_time", "off"), path, "shared.default_time")
+    max_time = _duration(raw.get("max_time", "7d"), path, "shared.max_time")
+    if default_time is not None and max_time is not None and default_time > max_time:
+        raise ConfigError(f"{path}: shared.default_time is longer than shared.max_time; shorten it")
     return Shared(
         idle_limit=idle_limit,
+        default_time=default_time,
+        max_time=max_time,
+        idle_report=_duration(raw.get("idle_report", "2h"), path, "shared.idle_report"),
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
-        max_queued_per_user=_count(raw.get("max_queued_per_user"), path, "shared.max_queued_per_user"),
+        max_queued_per_user=_count(raw.get("max_queued_per_user", 10_000), path, "shared.max_queued_per_user"),
         fair_share_half_life=seconds,
         priority=dict(priority),
     )
@@ -236,6 +250,19 @@ def _typed(value: Any, kind: type, path: Path | None, key: str) -> Any:
 
 def _optional(value: Any, kind: type, path: Path | None, key: str) -> Any:
     return None if value is None else _typed(value, kind, path, key)
+
+
+def _duration(value: Any, path: Path | None, key: str) -> float | None:
+    """A duration setting ("24h"), or None for "off"."""
+    text = _typed(value, str, path, key)
+    if text == "off":
+        return None
+    try:
+        seconds = parse_duration(text)
+        check_update(None, seconds)  # a time limit's bounds
+    except BadInput as err:
+        raise ConfigError(f'{path}: {key}: {err} (or "off")') from None
+    return seconds
 
 
 def _count(value: Any, path: Path | None, key: str) -> int | None:

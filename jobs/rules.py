@@ -46,8 +46,6 @@ def check_spec(
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     if gpus < 0:
         raise BadInput(f"--gpus must be 0 or more, not {gpus}")
-    if gpus > MAX_GPUS:
-        raise BadInput(f"--gpus {gpus}: give a number from 0 to {MAX_GPUS}")
     if gpus == 0 and mem_per_gpu is not None:
         raise BadInput("--mem is memory per GPU; a --gpus 0 (CPU) job cannot ask for it")
     if gpus == 0 and mem_auto:
@@ -56,20 +54,27 @@ def check_spec(
         raise BadInput("--mode torchrun starts one process per GPU: give it --gpus 1 or more")
     if retries < 0:
         raise BadInput(f"--retries must be 0 or more, not {retries}")
-    if retries > MAX_RETRIES:
-        raise BadInput(f"--retries {retries}: give a number from 0 to {MAX_RETRIES} (each retry waits longer)")
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise BadInput(f"--priority {priority}: give a number from -{MAX_PRIORITY} to {MAX_PRIORITY}")
     if mem_per_gpu is not None and not 0 < mem_per_gpu < 1 << 60:
         raise BadInput(f"--mem must be more than nothing and less than an exabyte, not {mem_per_gpu} bytes")
     if time_limit is not None and not 0 < time_limit < _INFINITY:  # NaN fails both
         raise BadInput(f"--time must be a positive, finite duration, not {time_limit}")
+    if any(not 0 < dep < 1 << 63 for dep in after):
+        raise BadInput("--after takes job ids, which are positive numbers")
+
+
+def check_bounds(*, gpus: int, retries: int, time_limit: float | None, after: Sequence[int]) -> None:
+    """The upper bounds of a new submit (the client's and the daemon's intake; not of rows already queued,
+    which an older gpuq may have let past them and which must still be read)."""
+    if gpus > MAX_GPUS:
+        raise BadInput(f"--gpus {gpus}: give a number from 0 to {MAX_GPUS}")
+    if retries > MAX_RETRIES:
+        raise BadInput(f"--retries {retries}: give a number from 0 to {MAX_RETRIES} (each retry waits longer)")
     if time_limit is not None and time_limit > MAX_TIME:
         raise BadInput(f"--time {time_limit:g}s is more than a year; give at most {MAX_TIME / 3600:.0f}h, or no --time")
     if len(after) > MAX_AFTER:
         raise BadInput(f"--after names {len(after)} jobs; a job may wait on at most {MAX_AFTER}")
-    if any(not 0 < dep < 1 << 63 for dep in after):
-        raise BadInput("--after takes job ids, which are positive numbers")
 
 
 def check_sweep(sweep: Sequence[tuple[str, Sequence[str]]], command: Sequence[str] | None = None) -> None:

@@ -12,7 +12,16 @@ import os
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, MODES, check_array, check_spec, check_sweep, check_texts, sweep_size
+from gpuq_scheduler.jobs.rules import (
+    MAX_ARRAY,
+    MODES,
+    check_array,
+    check_bounds,
+    check_spec,
+    check_sweep,
+    check_texts,
+    sweep_size,
+)
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -150,6 +159,7 @@ def capture_spec(
     )  # fmt: skip
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes
+    check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
     check_texts(command=command, cwd=workdir, env=captured, name=name, notify=notify, python=interpreter)
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),

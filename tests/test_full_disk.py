@@ -22,9 +22,13 @@ from tests.conftest import Gpuq, make_env, wait_for
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "small"
     where.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True
-    ).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
     if not mounted:
         pytest.skip("needs root and a tmpfs mount to make a small disk")
     try:

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.test_shared import ADMINS, HAS_TOOLS, SharedQueue, User
 from tests.test_shared import queue as queue  # the fixture, over our users
 
@@ -248,3 +249,38 @@ def test_random_and_malicious_requests_never_stop_other_users_jobs(queue: Shared
     assert "pass has failed" not in queue.gpuq(None, "doctor", check=False).stdout
     log = (queue.base / "daemon.out").read_text()
     assert "tick failed" not in log, log[-3000:]
+
+
+def test_a_shared_queue_bounds_time_limits_by_default_and_setup_writes_the_caps(
+    queue: SharedQueue, users: dict[str, User], tmp_path: Path
+) -> None:
+    """A shared queue once had no default and no maximum --time: one job could hold a GPU for ever."""
+    queue.start(shared='default_time = "2h"')  # max_time is 7d unless the config says otherwise
+    mallory = users["gqfmallory"]
+    refused = queue.gpuq(mallory, "submit", "--gpus", "0", "--time", "30d", "true", check=False)
+    assert refused.returncode == 2 and "this queue allows at most 7d00h" in refused.stderr, refused.stderr
+    by_hand = _hand_write(queue, mallory, {"spec": _spec(mallory, time_limit=30 * 86400.0)})
+    record = wait_for(lambda: (r := queue.records(mallory).get(by_hand)) and r["state"] == "failed" and r, 30)
+    assert "max_time" in record["reason"], record
+    plain = queue.submit(mallory, "--gpus", "0", "true")
+    wait_for(lambda: queue.records(mallory)[plain]["time_limit"] == 7200.0, 30, "the default time limit")
+    queue.gpuq(None, "pause")
+    waiting = queue.submit(mallory, "--gpus", "0", "true")
+    refused = queue.gpuq(mallory, "update", "--time", "30d", str(waiting), check=False)
+    assert refused.returncode == 2 and "this queue allows at most 7d00h" in refused.stderr, refused.stderr
+    queue.python_as(
+        mallory, CONTROL, str(queue.home),
+        json.dumps({"kind": "control", "action": "update", "ids": [waiting], "values": {"time_limit": 30 * 86400.0}}),
+    )  # fmt: skip
+    wait_for(lambda: "refused update" in (queue.base / "daemon.out").read_text(), 30, "the daemon to refuse it")
+    assert queue.records(mallory)[waiting]["time_limit"] == 7200.0
+    # What `gpuq daemon setup` writes sets the caps, not just comments on them.
+    etc = tmp_path / "etc"
+    env = {**queue.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(tmp_path / "u"),
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    subprocess.run([sys.executable, "-m", "gpuq_scheduler", "daemon", "setup", "--home", str(tmp_path / "q")],
+                   env=env, cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    written = (etc / "config.toml").read_text()
+    for line in ("max_gpus_per_user = 4", "max_queued_per_user = 1000", 'default_time = "24h"', 'max_time = "7d"',
+                 'idle_report = "2h"'):  # fmt: skip
+        assert f"\n{line}" in written, written

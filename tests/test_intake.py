@@ -10,19 +10,25 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.jobs.store import spool
-from gpuq_scheduler.jobs.submission import kind_of
+from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store.queue import expand
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
+from gpuq_scheduler.jobs.submission import capture_spec, kind_of
 from gpuq_scheduler.launcher.daemon import learning
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
 GOOD_GPUS = {"gpus": [{"name": "H100", "total": "80GiB"}, {"name": "H100", "total": "80GiB"}]}
 
@@ -79,8 +85,8 @@ def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpu
     bad = gpuq.submit("--mem", "auto", "true")
     wait_for(lambda: not any((gpuq.home / "spool").glob("submit-*")), what="the daemon to ingest the submit")
     gpuq.run("daemon", "stop")
+    spec = json.loads(_row(gpuq, bad))
     db = sqlite3.connect(gpuq.home / "jobs.db")
-    spec = json.loads(db.execute("SELECT spec FROM jobs WHERE id = ?", (bad,)).fetchone()[0])
     spec["like"] = 2**64
     db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), bad))
     db.commit()
@@ -90,6 +96,23 @@ def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpu
     assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
     record = gpuq.wait_state(bad, "failed", timeout=30)
     assert "could not be placed" in record["reason"] and "OverflowError" in record["reason"], record
+
+
+def _row(gpuq: Gpuq, job: int) -> str:
+    """The job's stored spec, once the daemon has ingested it (started again until it has)."""
+
+    def stored() -> str | None:
+        db = sqlite3.connect(gpuq.home / "jobs.db")
+        try:
+            found = db.execute("SELECT spec FROM jobs WHERE id = ?", (job,)).fetchone()
+        finally:
+            db.close()
+        if found is None:
+            gpuq.run("daemon", "start")  # it stopped before reading the request: the next one reads it
+            gpuq.run("daemon", "stop")
+        return None if found is None else str(found[0])
+
+    return str(wait_for(stored, 30, f"job {job} in the table"))
 
 
 def test_a_hand_written_kind_is_replaced_by_the_daemons(tmp_path: Path) -> None:
@@ -139,3 +162,98 @@ def test_leftover_temp_files_in_the_spool_are_removed_after_an_hour(gpuq: Gpuq) 
     wait_for(lambda: not old.exists(), 20, "the leftover to go")
     assert fresh.exists()  # a write may still be in progress
     assert "older than an hour" not in gpuq.run("doctor", check=False).stdout
+
+
+def test_a_batch_job_whose_gpus_do_nothing_for_long_is_shown_in_status_and_doctor(tmp_path: Path) -> None:
+    """A batch job that holds GPUs and does nothing on them (a hung NCCL call) was invisible: shown, not stopped."""
+    queue = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_IDLE_REPORT="3s")
+    try:
+        idle = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "0")
+        busy = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "40")
+        queue.wait_state(idle, "running")
+        queue.wait_state(busy, "running")
+        shown_idle = wait_for(lambda: (j := queue.job(idle))["reason"].startswith("no GPU work for") and j, 60, "it")
+        assert shown_idle["state"] == "running"
+        assert "no GPU work for" in queue.run("status").stdout
+        assert not queue.job(busy)["reason"].startswith("no GPU work")
+        doctor = queue.run("doctor", check=False).stdout
+        assert f"job {idle} of" in doctor and "did no work" in doctor and f"job {busy} of" not in doctor, doctor
+    finally:
+        queue.cleanup()
+
+
+def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(gpuq: Gpuq) -> None:
+    """The net under the checks: an array whose members' ids run past SQLite's integers (its own id is a valid
+    one, the client's counter is anyone's to write) once failed every pass. Now ingest is retried one request
+    at a time and only that one is set aside, saying why; the job submitted beside it runs.
+    (Tied to ids chosen by clients: once the daemon assigns ids at intake this request cannot be written.)"""
+    gpuq.run("daemon", "start")
+    gpuq.run("pause")
+    good = gpuq.submit("--gpus", "0", "true")  # queued; it starts once the queue is resumed
+    gpuq.wait_state(good, "pending")
+    state = StateDir(gpuq.home)
+    spec = JobSpec(("true",), str(gpuq.cwd), gpus=0).to_json()
+    outbox.write_submit(state, 2**63 - 3, spec, time.time(), (tuple(range(5)), None))
+    gpuq.run("resume")  # read in the same pass as the bad request
+    assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+    said = wait_for(lambda: (s := gpuq.run("status").stderr) and "was set aside" in s and s, 20, "the note")
+    assert "made the daemon's pass fail (OverflowError" in said, said
+    assert "pass has failed" not in said
+
+
+def test_a_queued_job_past_the_new_bounds_is_still_read(gpuq: Gpuq) -> None:
+    """Upper bounds hold new submits; a row an older gpuq queued past them (here 500 retries) still loads,
+    in status and in a restarted daemon, instead of making every reader fail."""
+    gpuq.run("pause")
+    job = gpuq.submit("--gpus", "0", "true")
+    gpuq.run("daemon", "stop")
+    row = _row(gpuq, job)
+    db = sqlite3.connect(gpuq.home / "jobs.db")
+    db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps({**json.loads(row), "retries": 500}), job))
+    db.commit()
+    db.close()
+    assert gpuq.job(job)["retries"] == 500
+    gpuq.run("resume")
+    assert gpuq.wait_state(job, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+
+
+# -- the client and the daemon agree ---------------------------------------------------------------------
+
+api_text = st.text(max_size=6) | st.sampled_from(["\0", "a\0b", "\udcff", "\x1b[2J", "{index}", "٣"])
+api_numbers = st.integers() | st.sampled_from([0, 1, -1, 100, 101, 1024, 1025, 2**63, 10**20])
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    command=st.lists(api_text, min_size=1, max_size=3), env=st.dictionaries(api_text, api_text, max_size=2),
+    name=api_text, gpus=api_numbers, retries=api_numbers, priority=api_numbers,
+    time_limit=st.none() | st.floats() | st.sampled_from(["2h", "999999999999999h", "٣h", "400d"]),
+    mem=st.none() | st.sampled_from(["auto", "1G", "٣G", "0G"]), after=st.lists(api_numbers, max_size=2),
+)  # fmt: skip
+@example(command=["x", "é"], env={"K": "v"}, name="n", gpus=1, retries=100, priority=0, time_limit="2h", mem="auto",
+         after=[1])  # fmt: skip
+def test_whatever_the_client_accepts_the_daemon_accepts_and_the_table_holds(
+    tmp_path: Path, command: list[str], env: dict[str, str], name: str, gpus: int, retries: int, priority: int,
+    time_limit: float | str | None, mem: str | None, after: list[int],
+) -> None:  # fmt: skip
+    """The client refuses up front, in one line, what the daemon would set aside: a request a client wrote
+    is never set aside by the daemon, and fits in the job table."""
+    try:
+        spec = capture_spec(
+            ["/bin/true", *command[1:]], environ={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), gpus=gpus, mem=mem,
+            name=name, priority=priority, time_limit=time_limit, env=env, after=after, retries=retries,
+            python="/usr/bin/python3",
+        )  # fmt: skip
+    except BadInput as err:
+        assert "\n" not in str(err)
+        return
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    request = spool.read_request(outbox.write_submit(state, 1, spec, 1.0))
+    assert isinstance(request, spool.SubmitRequest), request
+    table = JobTable(tmp_path / "absent.db")
+    try:
+        table.insert_pending(expand(state, request))
+    finally:
+        table.close()

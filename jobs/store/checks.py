@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_text, check_texts, check_update
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_bounds, check_text, check_texts, check_update
 from gpuq_scheduler.jobs.submission import kind_of
 from gpuq_scheduler.jobs.units import parse_duration
 
@@ -31,6 +31,7 @@ UPDATABLE = ("priority", "time_limit")
 
 def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, throttle: int | None) -> JobSpec:
     """A submit's spec as the daemon may queue it (its own fields set), or BadInput saying what is wrong."""
+    check_bounds(gpus=spec.gpus, retries=spec.retries, time_limit=spec.time_limit, after=spec.after)
     check_texts(
         command=spec.command, cwd=spec.cwd, env=spec.env, name=spec.name, notify=spec.notify, python=spec.python
     )  # fmt: skip

@@ -71,6 +71,9 @@ class Queue:
                 raise NotPermitted(
                     f"job {record.id} belongs to {record.user}; only {record.user} or an admin can {action} it"
                 )
+        limit = (values or {}).get("time_limit")
+        if isinstance(limit, (int, float)) and self.state.is_foreign():
+            self._check_time(limit)
         pending = [r for r in records if r.state is JobState.PENDING]
         if pending:
             outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
@@ -114,6 +117,8 @@ class Queue:
         from gpuq_scheduler.jobs import config
 
         shared = config.load().shared
+        if spec.time_limit is not None:
+            self._check_time(spec.time_limit)
         most = shared.max_gpus_per_user
         if most is not None and spec.gpus > most:
             raise BadInput(f"--gpus {spec.gpus}: this queue lets a user hold at most {most} GPUs at once")
@@ -129,6 +134,18 @@ class Queue:
                     f"you have {queued} jobs waiting and this queue takes at most {cap} per user; "
                     "wait for some to start, or cancel some"
                 )
+
+    def _check_time(self, seconds: float) -> None:
+        """A shared queue's max_time, refused here with a clear line (the daemon enforces it too)."""
+        from gpuq_scheduler.jobs import config
+        from gpuq_scheduler.jobs.units import format_duration
+
+        longest = config.load().shared.max_time
+        if longest is not None and seconds > longest:
+            raise BadInput(
+                f"--time {format_duration(seconds)}: this queue allows at most {format_duration(longest)}; "
+                "ask for less, or split the work"
+            )
 
     def _may_act(self, uid: int, record: JobRecord) -> bool:
         if uid == record.uid:

@@ -329,10 +329,12 @@ class JobTable:
 
     @_reading
     def owners(self, job_ids: Iterable[int]) -> dict[int, tuple[int, str, JobState]]:
-        ids = list(job_ids)
-        marks = ",".join("?" * len(ids))
-        rows = self._db.execute(f"SELECT id, uid, user, state FROM jobs WHERE id IN ({marks})", ids)
-        return {row[0]: (row[1], row[2], JobState(row[3])) for row in rows}
+        ids, found, query = list(job_ids), {}, "SELECT id, uid, user, state FROM jobs WHERE id IN "
+        for at in range(0, len(ids), 10_000):  # below any SQLite's limit on variables, however many requests came
+            chunk = ids[at : at + 10_000]
+            rows = self._db.execute(f"{query}({','.join('?' * len(chunk))})", chunk)
+            found.update({row[0]: (row[1], row[2], JobState(row[3])) for row in rows})
+        return found
 
     @_reading
     def count_pending(self, uid: int) -> int:

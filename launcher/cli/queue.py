@@ -282,8 +282,10 @@ def wait_command(ctx: Context, job_ids: tuple[int, ...], arrays: tuple[int, ...]
     wanted = [*job_ids, *arrays]
     records = _wait(ctx, [r.id for r in ctx.jobs().resolve(wanted)] if wanted else None)
     failed = [r for r in records if r.state is not JobState.SUCCEEDED]
+    from gpuq_scheduler.jobs.shown import shown
+
     for record in failed[:20]:
-        click.echo(f"job {record.id} {record.state.value}: {record.reason or record.exit_code}", err=True)
+        click.echo(f"job {record.id} {record.state.value}: {shown(record.reason) or record.exit_code}", err=True)
     if len(failed) > 20:
         click.echo(f"... and {len(failed) - 20} more did not succeed (`gpuq status --expand`)", err=True)
     click.echo(closing_line(records), err=True)

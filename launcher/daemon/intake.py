@@ -24,6 +24,7 @@ from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import endings, requests
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
@@ -53,6 +54,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     if scheduler.private is not None:
         for submit in submits:
             _keep_private(scheduler, submit)
+    submits = [_with_default_time(scheduler, r) for r in submits]
     fresh = [record for r in submits for record in expand(scheduler.state, r)]
     arrays = [
         ArrayInfo(
@@ -202,7 +204,20 @@ def _queued_by_user(scheduler: SchedulerState) -> dict[str, int]:
     return counts
 
 
+def _with_default_time(scheduler: SchedulerState, submit: spool.SubmitRequest) -> spool.SubmitRequest:
+    """A shared queue's default_time for a job submitted without --time."""
+    default = scheduler.shared.default_time if scheduler.shared else None
+    if default is None or submit.spec.time_limit is not None:
+        return submit
+    return dataclasses.replace(submit, spec=dataclasses.replace(submit.spec, time_limit=default))
+
+
 def _over_cap(scheduler: SchedulerState, record: JobRecord, queued: dict[str, int]) -> str:
+    longest = scheduler.shared.max_time if scheduler.shared else None
+    limit = record.spec.time_limit
+    if longest is not None and limit is not None and limit > longest:
+        allowed = format_duration(longest)
+        return f"user cap: --time {format_duration(limit)} is longer than this queue allows ({allowed}, max_time)"
     most = scheduler.shared.max_gpus_per_user if scheduler.shared else None
     if most is not None and record.spec.gpus > most:
         return (

@@ -196,12 +196,12 @@ def _drain(fd: int) -> bytes:
 def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
     """Wait for the next thing to do. Spare shims are forked here, once nothing happened for a moment:
     forked right after a launch, they would take the CPU from the jobs just started."""
-    deadline = time.time() + scheduler.next_wakeup(time.time())
+    deadline = time.monotonic() + scheduler.next_wakeup(time.time())  # a wall-clock jump must not stretch a nap
     if scheduler.wants_spares():
-        if wakeups.wait(min(SETTLE, deadline - time.time())):
+        if wakeups.wait(min(SETTLE, deadline - time.monotonic())):
             return
         scheduler.fork_spares()
-    wakeups.wait(max(0.0, deadline - time.time()))
+    wakeups.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _policy(environ: Mapping[str, str]) -> Policy:
@@ -302,6 +302,11 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             scheduler.idle_limit = None if os.environ["GPUQ_IDLE_LIMIT"] == "off" else parse_duration(
                 os.environ["GPUQ_IDLE_LIMIT"])
         scheduler.watch.settings = guarding.settings(config.load().watchdog, os.environ, policy.overhead)
+        if os.environ.get("GPUQ_IDLE_REPORT"):  # a personal queue's (off by default); a shared one's config wins
+            from gpuq_scheduler.jobs.units import parse_duration
+
+            report = os.environ["GPUQ_IDLE_REPORT"]
+            scheduler.idle_report = None if report == "off" else parse_duration(report)
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         ready = False
         try:

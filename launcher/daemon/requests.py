@@ -88,6 +88,9 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         else:
             try:
                 spec = _updated(record, request.values)
+                longest = scheduler.shared.max_time if scheduler.shared else None
+                if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
+                    raise BadInput(f"--time is longer than this queue allows (max_time {longest:g}s)")
             except (BadInput, ValueError, TypeError) as err:
                 log.warning("refused update of job %d: %s", record.id, err)
                 continue

@@ -83,6 +83,7 @@ class Scheduler(SchedulerState):
                 watching.sample(self, now, snapshot)
                 self.watch.check(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
+                watching.report_idle_batch(self, now, snapshot)
         except BaseException:
             for undo in self.on_rollback:
                 undo()

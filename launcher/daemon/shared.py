@@ -64,7 +64,15 @@ def setup(admins: str | None, home: Path | None, config_path: Path | None = None
         lines = [f'home = "{home or config.SHARED_HOME}"', "", "[shared]"]
         if admins:
             lines.append(f'admins = "{admins}"  # may cancel, hold or update anyone\'s job')
-        lines += ["# max_gpus_per_user = 4", "# max_queued_per_user = 1000", '# fair_share_half_life = "24h"']
+        lines += [
+            "max_gpus_per_user = 4  # GPUs one user may hold at once: about half of this machine's is a fair start",
+            "max_queued_per_user = 1000  # jobs one user may have waiting",
+            'default_time = "24h"  # the time limit of a job submitted without --time',
+            'max_time = "7d"  # the longest --time a job may ask for',
+            'idle_limit = "4h"  # `gpuq run`/`alloc` jobs whose GPUs do nothing this long are released',
+            'idle_report = "2h"  # batch jobs whose GPUs do nothing this long are shown in status and doctor',
+            '# fair_share_half_life = "24h"',
+        ]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, ("\n".join(lines) + "\n").encode(), mode=0o644)
         wrote = True

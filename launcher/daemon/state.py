@@ -113,6 +113,9 @@ class SchedulerState:
         self.active_at: dict[int, float] = {}
         self.next_idle_check = 0.0
         self.next_client_check = 0.0  # when to look again for waiting interactive jobs whose client is gone
+        # Batch jobs whose GPUs did no work this long are said so in their reason (None: never); GPUQ_IDLE_REPORT.
+        self.idle_report: float | None = shared.idle_report if shared else None
+        self.next_batch_check = 0.0
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
         # lost (daemon/watching.py); the watchdog's stops go here too.

@@ -151,6 +151,45 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
     scheduler.journal.extend(events)
 
 
+IDLE_BATCH = "no GPU work for"  # how a batch job's reason begins while its GPUs do nothing (doctor reads it)
+
+
+def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Say in its reason when a batch job's GPUs have done no work for ``idle_report`` or more (a hung
+    NCCL call, a job waiting on input that never comes): it holds GPUs others wait for. Reported, never
+    stopped: a batch job may have long phases on the CPU. Idle time is monotonic, counted from when this
+    daemon first watched the job; only GPUs whose per-process utilisation is known are judged."""
+    after = scheduler.idle_report
+    if after is None or now < scheduler.next_batch_check:
+        return
+    scheduler.next_batch_check = now + min(SAMPLE_EVERY, after / 10)
+    watched = [(job_id, job) for job_id, job in scheduler.running.items()
+               if not job.record.spec.interactive and job.record.gpus]  # fmt: skip
+    judged = {gpu.index for gpu in snapshot if gpu.process_utilization is not None}
+    if not watched or not judged:
+        return
+    busy: dict[int, int] = {}
+    for gpu in snapshot:
+        if gpu.process_utilization is not None:
+            attribute(scheduler, gpu.process_utilization)
+            busy.update(gpu.process_utilization)
+    clock = time.monotonic()
+    reasons: dict[int, str] = {}
+    for job_id, job in watched:
+        record = job.record
+        if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(IDLE_BATCH)):
+            continue  # cannot tell, or its reason says something else that matters more
+        if any(busy.get(pid, 0) > 0 for pid in job.pids):
+            scheduler.active_at[job_id] = clock
+        idle = clock - scheduler.active_at.setdefault(job_id, clock)
+        reason = f"{IDLE_BATCH} {format_duration(idle)}" if idle >= after else ""
+        if reason != record.reason:
+            reasons[job_id] = reason
+            job.record = record.replace(reason=reason)
+    if reasons:
+        scheduler.table.set_reasons(reasons, state="running")
+
+
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
     """Learn which GPU-using pids belong to our jobs, by walking each pid's ancestors up to a shim."""
     shims = {job.launch.shim_pid: job for job in scheduler.running.values()}

@@ -28,11 +28,13 @@ from typing import Any, Literal, TypeVar
 
 from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobSpec, JobState
+from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.queue import Queue, expand
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.daemon.watching import IDLE_BATCH
 from gpuq_scheduler.launcher.gpus.mps import CONTROL, Mps
 from gpuq_scheduler.launcher.views import notices
 
@@ -92,6 +94,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
             _guard(problems, "running jobs", lambda: problems.extend(_running(state, db, rows)))
             _guard(problems, "job records", lambda: problems.extend(_records(rows)))
             _guard(problems, "GPU reservations", lambda: problems.extend(_gpus(state, rows)))
+            _guard(problems, "idle batch jobs", lambda: problems.extend(_idle_batch(db)))
         finally:
             db.close()
     spooled = _guard(problems, "the spool", lambda: _spool(state, rows, problems))
@@ -424,6 +427,18 @@ def _rejected(state: StateDir) -> Iterator[Problem]:
         yield Problem(
             WARNING, f"{count} request file(s) were set aside as unreadable in {state.rejected}; read the .why "
                      "file beside each, then delete them",
+        )  # fmt: skip
+
+
+def _idle_batch(db: sqlite3.Connection) -> Iterator[Problem]:
+    """Batch jobs holding GPUs that have done no work for hours (the daemon says so in their reason)."""
+    rows = db.execute(
+        "SELECT id, user, reason FROM jobs WHERE state = 'running' AND reason LIKE ?", (IDLE_BATCH + " %",)
+    ).fetchall()
+    for job_id, user, reason in rows:
+        yield Problem(
+            WARNING, f"job {job_id} of {shown(str(user))} holds GPUs that did no work: {shown(str(reason))}; "
+                     f"ask them, or `gpuq cancel {job_id}` as an admin",
         )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ RECENT = 86400.0  # set-aside requests older than a day are history, not news
 
 
 def failing_pass(state: StateDir) -> str | None:
-    """"the daemon's pass has failed 312 times since 02:14: <error>", or None while passes succeed."""
+    """ "the daemon's pass has failed 312 times since 02:14: <error>", or None while passes succeed."""
     found = notices.read_pass_failure(state)
     if found is None:
         return None

@@ -13,6 +13,8 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     max_queued_per_user = 1000       # jobs one user may have waiting
     fair_share_half_life = "24h"     # how fast past GPU use is forgotten
     idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
+    default_cpus = 8                 # --cpus of a job that gives none (host limits: docs/containment.md)
+    default_ram = "64G"              # --ram of a job that gives none
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
@@ -38,7 +40,8 @@ from typing import Any
 from gpuq_scheduler.jobs import locations
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.locations import config_paths as config_paths
-from gpuq_scheduler.jobs.units import parse_duration
+from gpuq_scheduler.jobs.rules import MAX_CPUS
+from gpuq_scheduler.jobs.units import parse_duration, parse_size
 
 SHARED_HOME = Path(locations.SHARED_HOME)  # a shared queue's state directory unless the config names another
 SYSTEM_CONFIG = Path(locations.SYSTEM_CONFIG)
@@ -68,6 +71,8 @@ class Shared:
     fair_share_half_life: float = 24 * 3600.0
     priority: Mapping[str, int] = field(default_factory=dict)
     idle_limit: float | None = 4 * 3600.0  # seconds an interactive job's GPUs may do no work; None: no limit
+    default_cpus: float | None = None  # a job's --cpus when it gives none; None: no limit
+    default_ram: int | None = None  # bytes: a job's --ram when it gives none
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
-                      "idle_limit"}, path, "shared.")  # fmt: skip
+                      "idle_limit", "default_cpus", "default_ram"}, path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
@@ -166,7 +171,20 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         idle_limit = None if idle == "off" else parse_duration(idle)
     except BadInput as err:
         raise ConfigError(f"{path}: shared.idle_limit: {err} (or \"off\")") from None
+    cpus = raw.get("default_cpus")
+    numeric = isinstance(cpus, int | float) and not isinstance(cpus, bool)
+    if cpus is not None and not (numeric and 0.01 <= cpus <= MAX_CPUS):
+        raise ConfigError(f"{path}: shared.default_cpus must be a number of CPUs from 0.01 to {MAX_CPUS}, like 8")
+    ram = _optional(raw.get("default_ram"), str, path, "shared.default_ram")
+    try:
+        ram_bytes = None if ram is None else parse_size(ram)
+    except BadInput as err:
+        raise ConfigError(f"{path}: shared.default_ram: {err}") from None
+    if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
+        raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
     return Shared(
+        default_cpus=None if cpus is None else float(cpus),
+        default_ram=ram_bytes,
         idle_limit=idle_limit,
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),

@@ -75,12 +75,15 @@ class JobSpec:
     # An interactive job (`gpuq run`, `gpuq alloc`): the pid of the gpuq process whose program uses its
     # GPUs from the user's terminal. GPU processes under it count as the job's.
     client: int | None = None
+    # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
+    cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
+    ram: int | None = None  # bytes of host memory (memory.max)
 
     def __post_init__(self) -> None:
         check_spec(
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
-            mem_auto=self.mem_auto,
+            mem_auto=self.mem_auto, cpus=self.cpus, ram=self.ram,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:
@@ -127,6 +130,8 @@ class JobSpec:
             "kind": self.kind,
             "mem_from": self.mem_from,
             "client": self.client,
+            "cpus": self.cpus,
+            "ram": self.ram,
         }
 
     @classmethod
@@ -160,6 +165,8 @@ class JobSpec:
                 kind=_typed(data.get("kind", ""), str, "kind"),
                 mem_from=_typed(data.get("mem_from", ""), str, "mem_from"),
                 client=_optional(data.get("client"), int, "client"),
+                cpus=_optional(data.get("cpus"), float, "cpus"),
+                ram=_optional(data.get("ram"), int, "ram"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None

@@ -17,7 +17,7 @@ from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.jobs.submission import Inventory, check_host_limits
 
 if TYPE_CHECKING:
     from gpuq_scheduler.jobs.store.table import JobTable
@@ -40,6 +40,8 @@ class Queue:
         inventory = self.inventory()
         if inventory is not None:
             inventory.check(spec)
+        if spec.cpus is not None or spec.ram is not None:
+            check_host_limits({"cpus": spec.cpus, "ram": spec.ram}, self.state.inventory)
         if spec.after:
             self.resolve(spec.after)
         if self.state.is_foreign():

@@ -22,6 +22,8 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
     "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
     "kind. Without it the job gets whole GPUs.",
 )  # fmt: skip
+@click.option("--cpus", metavar="N", help="Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.")
+@click.option("--ram", metavar="SIZE", help="Host memory the job may use (32G); past it the kernel ends the job.")
 @click.option("--like", type=int, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
 @click.option("--name", default="", help="A name to show in status (default: the command).")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
@@ -41,8 +43,8 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def submit(
-    ctx: Context, gpus: int, mem: str | None, like: int | None, name: str, priority: int, time_limit: str | None,
-    mode: str,
+    ctx: Context, gpus: int, mem: str | None, cpus: str | None, ram: str | None, like: int | None, name: str,
+    priority: int, time_limit: str | None, mode: str,
     env: tuple[str, ...], cwd: str | None, array_spec: str | None, after: str | None, after_any: bool, retries: int,
     oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
@@ -59,7 +61,7 @@ def submit(
     spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify, like=like,
+        retries=retries, oom_retry=oom_retry, notify=notify, like=like, cpus=cpus, ram=ram,
     ))  # fmt: skip
     if like is not None and on is None:
         try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.policy import lifecycle
@@ -55,6 +56,27 @@ def log_reason(log: str) -> str:
         text: str = (name + b": " + message).decode(errors="replace").strip()
         return text[:200]
     return ""
+
+
+def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
+    """The outcome with what the job's containment saw (the exit file's ``contained``, written by
+    ``launcher.daemon.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
+    failure, and the processes that outlived the job's first one and were ended with it."""
+    facts = exit_data.get("contained")
+    if not isinstance(facts, dict):
+        return outcome
+    reason = outcome.reason
+    kills, limit = facts.get("oom_kills"), facts.get("ram_limit")
+    if isinstance(kills, int) and kills > 0 and isinstance(limit, int) and outcome.state is JobState.FAILED:
+        reason = f"out of host memory at its {format_size(limit)} limit"
+        if outcome.exit_code is not None:
+            reason += f" (exit code {outcome.exit_code})"
+    outlived = facts.get("outlived")
+    if isinstance(outlived, int) and outlived > 0:
+        note = f"{outlived} processes outlived the job and were ended" if outlived > 1 else (
+            "1 process outlived the job and was ended")
+        reason = f"{reason}; {note}" if reason else note
+    return dataclasses.replace(outcome, reason=reason) if reason != outcome.reason else outcome
 
 
 def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:

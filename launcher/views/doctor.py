@@ -109,6 +109,14 @@ def render(problems: list[Problem], state: StateDir) -> str:
     return "\n".join(lines)
 
 
+def containment(state: StateDir) -> str:
+    """Which containment this queue's jobs are under, as its daemon last recorded it (docs/containment.md)."""
+    from gpuq_scheduler.launcher.daemon.containment import read_record
+
+    found = read_record(str(state.inventory))
+    return f"containment: {found.describe() if found else 'not known until a daemon has run here'}"
+
+
 def exit_code(problems: list[Problem]) -> int:
     """0 when nothing is wrong enough to act on, 1 when there is at least one error."""
     return 1 if any(p.severity == ERROR for p in problems) else 0

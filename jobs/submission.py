@@ -147,7 +147,10 @@ def capture_spec(
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
     cpu_share = _cpus(cpus)
-    ram_bytes = parse_size(ram) if isinstance(ram, str) else ram
+    try:
+        ram_bytes = parse_size(ram) if isinstance(ram, str) else ram
+    except BadInput as err:
+        raise BadInput(f"--ram: {err}") from None
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto, cpus=cpu_share, ram=ram_bytes,

@@ -191,15 +191,16 @@ def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[d
     # or containment started it.
     box = containment.Box.from_json(info.get("box")) if isinstance(info, dict) else None
     if isinstance(pid, int) and processes.is_alive(pid, info.get("start")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, 9)
+        if box is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, 9)
         reason = "its gpuq supervisor was killed; the job was stopped"
     else:
         reason = "its gpuq supervisor was killed; the job's exit status is unknown"
     if isinstance(pid, int) and box is not None:
-        outlived = containment.end(box, pid).get("outlived")
-        if isinstance(outlived, int) and outlived:
-            reason += f"; {outlived} of its processes were still there and were ended"
+        ended = containment.end(box, pid).get("outlived")  # its first process too, if it still ran
+        if isinstance(ended, int) and ended:
+            reason += f"; {ended} of its processes were still there and were ended"
     finish(scheduler, job.record, Outcome.lost(reason), now, events)
 
 

@@ -6,10 +6,12 @@ job does to its session, process group or environment, the kernel keeps it in th
 machine never share a cgroup and a restarted daemon finds the cgroups of the jobs it adopts where the last
 one made them. ``<base>``:
 
-- a root daemon outside a service manager: the hierarchy's root (its cgroups are the machine's to make);
-- a root daemon in a systemd unit (``INVOCATION_ID`` set), or any daemon of a user: the daemon's own cgroup,
-  which must be delegated to it (``Delegate=yes``; ``systemd-run --user -p Delegate=yes``). It may only make
-  cgroups below its own, and systemd leaves a delegated subtree alone.
+- a root daemon (a shared queue): the hierarchy's root, under systemd too. The jobs are the machine's, not
+  the daemon's unit's: they outlive a restart of the daemon (``KillMode=process``), and a cgroup beside the
+  unit's, not inside it, is never in the way of systemd putting the next daemon into the unit's cgroup
+  (which, with controllers handed down inside it, the no-internal-processes rule would refuse);
+- a user's daemon: its own cgroup, which must be delegated to the user (``systemd-run --user --scope -p
+  Delegate=yes``): it may only make cgroups below its own.
 
 Where none can be had (no cgroup2, no delegation, ``GPUQ_CONTAINMENT=fallback``), a job is its session,
 its process group and a marker in the environment of every process it starts (``GPUQ_JOB_MARKER``), found
@@ -136,7 +138,7 @@ def open_for(root: str | os.PathLike[str], environ: Mapping[str, str]) -> Contai
     own = own_cgroup()
     if mount is None or own is None:
         return Containment(FALLBACK, key, why="no cgroup v2 hierarchy is mounted here")
-    inside = os.geteuid() != 0 or (own != "/" and bool(environ.get("INVOCATION_ID")))
+    inside = os.geteuid() != 0
     base = os.path.normpath(mount + own) if inside else mount
     group = f"{base}/gpuq-{key}"
     try:

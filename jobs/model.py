@@ -257,6 +257,9 @@ class JobRecord:
     signal: int | None = None
     reason: str = ""
     peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
+    # From its cgroup, where one accounted them (`gpuq show` reads them; listings leave them out):
+    cpu_seconds: float | None = None  # host CPU time of all its processes
+    peak_ram: int | None = None  # bytes, the most host memory they held at once
     log: str = ""
     array_id: int | None = None  # the array this job is a member of (`gpuq submit --array`)
     array_index: int | None = None  # its index in that array ({index} in the command, GPUQ_ARRAY_INDEX)
@@ -305,6 +308,8 @@ class JobRecord:
             "signal": self.signal,
             "reason": self.reason,
             "peak_mem": self.peak_mem,
+            "cpu_seconds": self.cpu_seconds,
+            "peak_ram": self.peak_ram,
             "log": self.log,
             "array_id": self.array_id,
             "array_index": self.array_index,

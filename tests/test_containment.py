@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,17 @@ def test_host_limit_values_are_checked_before_anything_else(queue: Gpuq) -> None
     ):  # fmt: skip
         refused = queue.run("submit", option, value, "true", check=False)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+
+
+@needs_cgroup2
+def test_show_gives_the_host_cpu_time_its_cgroup_accounted_for_all_its_processes(queue: Gpuq) -> None:
+    """A job whose setsid child burns 0.3 s of CPU: the child's time is the job's (cpu.stat of its cgroup,
+    there without the cpu controller). Peak host memory needs the memory controller (the GPU-host test)."""
+    burn = "import time\nwhile time.process_time() < 0.3:\n    pass\n"
+    (queue.cwd / "burn.py").write_text(burn)
+    job = queue.submit(script(queue, "burn.sh", f"setsid {sys.executable} burn.py & wait\n"))
+    assert queue.wait_state(job, "succeeded")["state"] == "succeeded"
+    shown = queue.job(job)
+    assert shown["cpu_seconds"] >= 0.3, shown
+    text = queue.run("show", str(job)).stdout
+    assert "host cpu time" in text and "peak host memory" in text

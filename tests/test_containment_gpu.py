@@ -68,6 +68,7 @@ def test_a_job_past_its_ram_limit_ends_out_of_host_memory_with_that_reason(queue
     job = queue.submit("--gpus", "0", "--ram", "256M", hog)
     record = queue.wait_state(job, "failed", "succeeded", timeout=120)
     assert record["state"] == "failed" and record["reason"].startswith("out of host memory at its 256.0M limit"), record
+    assert queue.job(job)["peak_ram"] > 200 << 20  # its cgroup's memory.peak, in `gpuq show`
 
 
 def test_a_job_given_half_a_cpu_gets_half_a_cpu(queue: Gpuq) -> None:

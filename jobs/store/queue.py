@@ -152,6 +152,9 @@ class Queue:
         from gpuq_scheduler.jobs.store import private
 
         record = self.get(job_id)
+        if record.state is not JobState.PENDING and record.cluster is None:
+            cpu_seconds, peak_ram = self.table().host_usage(job_id)
+            record = record.replace(cpu_seconds=cpu_seconds, peak_ram=peak_ram)
         if not private.is_public(record.spec):
             return record
         try:

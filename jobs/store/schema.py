@@ -35,6 +35,17 @@ CREATE TABLE IF NOT EXISTS learned (
 );
 """
 
+# What a job's cgroup accounted of its last run on the host (launcher.daemon.containment): CPU seconds, and
+# the most host memory it held where the memory controller is there. Added, like ``learned``, without a new
+# version: the daemon creates it in an older table on opening, and a reader without it reads nothing.
+HOST_USAGE = """
+CREATE TABLE IF NOT EXISTS host_usage (
+    job_id INTEGER PRIMARY KEY,
+    cpu_seconds REAL,
+    peak_ram INTEGER
+);
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
@@ -80,7 +91,7 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-""" + LEARNED + """
+""" + LEARNED + HOST_USAGE + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
 

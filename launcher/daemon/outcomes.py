@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
+from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.policy import lifecycle
 
@@ -77,6 +78,18 @@ def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
             "1 process outlived the job and was ended")
         reason = f"{reason}; {note}" if reason else note
     return dataclasses.replace(outcome, reason=reason) if reason != outcome.reason else outcome
+
+
+def record_host_usage(table: JobTable, job_id: int, exit_data: dict[str, Any]) -> None:
+    """Keep what the job's cgroup accounted (the exit file's ``contained``), for `gpuq show`."""
+    facts = exit_data.get("contained")
+    if not isinstance(facts, dict):
+        return
+    cpu, peak = facts.get("cpu_seconds"), facts.get("peak_ram")
+    cpu = float(cpu) if isinstance(cpu, int | float) and not isinstance(cpu, bool) else None
+    peak = peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+    if cpu is not None or peak is not None:
+        table.set_host_usage(job_id, cpu, peak)
 
 
 def classify(exit_data: dict[str, Any], record: JobRecord, launch: Launch, fenced: bool = True) -> Outcome | None:

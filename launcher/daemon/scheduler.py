@@ -165,6 +165,7 @@ class Scheduler(SchedulerState):
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(exit_data, job.record, job.launch, fenced=self.fence != fences.NONE)
                 outcome = outcome and outcomes.contained(outcome, exit_data)
+                outcomes.record_host_usage(self.table, job_id, exit_data)
                 lost_gpu = self.gpu_lost.get(job_id)
                 if lost_gpu is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
                     outcome = Outcome.lost(lost_gpu)  # we stopped it: say why, not "cancelled"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuq_scheduler.launcher.daemon.containment import cgroup2_mount
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
 MOUNT = cgroup2_mount()
 WRITABLE = MOUNT is not None and os.geteuid() == 0 and os.access(MOUNT, os.W_OK)
@@ -238,3 +238,24 @@ def test_show_gives_the_host_cpu_time_its_cgroup_accounted_for_all_its_processes
     assert shown["cpu_seconds"] >= 0.3, shown
     text = queue.run("show", str(job)).stdout
     assert "host cpu time" in text and "peak host memory" in text
+
+
+@needs_cgroup2
+def test_a_detached_grandchild_on_a_gpu_is_counted_as_its_jobs_never_as_outside_use(tmp_path: Path) -> None:
+    """A job double-forks a process that holds 2 GiB of its (fake) GPU and leaves the job's process tree:
+    `gpuq gpus` still counts that memory as the job's, by its cgroup, and a cancel ends it."""
+    queue = fake_cuda_queue(tmp_path, "1x80GiB")
+    try:
+        leave = "sh -c 'setsid python3 fake_cuda.py 2 300 > /dev/null 2>&1 &'\nexec sleep 300\n"
+        job = queue.submit(script(queue, "leave.sh", leave))
+        queue.wait_state(job, "running")
+        usage = Path(queue.env["GPUQ_FAKE_USAGE"])
+        holder = int(wait_for(lambda: next(usage.glob("*.json"), None), 30, "the grandchild to hold memory").stem)
+        row = wait_for(lambda: (rows := json.loads(queue.run("gpus", "--json").stdout)) and rows[0]["jobs"] and rows[0],
+                       30, "the GPU row")  # fmt: skip
+        assert row["used_outside_gpuq"] == 0 and job in row["jobs"], row
+        queue.run("cancel", str(job))
+        queue.wait_state(job, "cancelled")
+        wait_for(lambda: not alive(holder), 10, "the grandchild to end")
+    finally:
+        queue.cleanup()

@@ -28,6 +28,7 @@ the processes a job's end kills.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -115,6 +116,11 @@ def cgroup2_mount(mounts: str = "/proc/self/mounts") -> str | None:
     except OSError:
         pass
     return None
+
+
+@functools.cache
+def _mount() -> str | None:
+    return cgroup2_mount()
 
 
 def own_cgroup(pid: int | str = "self") -> str | None:
@@ -358,6 +364,18 @@ def _kill_marked(marker: str, leader: int) -> int:
         ended |= alive
         time.sleep(0.005)
     return len(ended)
+
+
+def job_of(pid: int, group: str) -> int | None:
+    """The job whose cgroup (in the queue's cgroup ``group``) holds process ``pid``, whatever its ancestry,
+    session or environment: how a process on a GPU is known to be a job's. None: no job's of this queue."""
+    mount, inside = _mount(), own_cgroup(pid)
+    if not group or mount is None or inside is None:
+        return None
+    parent, _, leaf = os.path.normpath(mount + inside).rpartition("/")
+    if parent != group or not leaf.startswith("job-") or not leaf[4:].isdigit():
+        return None
+    return int(leaf[4:])
 
 
 def read_record(path: str) -> Containment | None:

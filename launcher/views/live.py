@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs.model import JobRecord, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon import containment, processes
 from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
@@ -75,6 +75,13 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     ours = {pid for found in pids.values() for pid in found}
     snapshot = source.snapshot()
     on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}
+    recorded = containment.read_record(str(queue.state.inventory))
+    group = recorded.group if recorded is not None else ""
+    for pid in on_gpus - ours:
+        owner = containment.job_of(pid, group)  # it left its job's process tree, never its cgroup
+        if owner is not None and owner in pids:
+            pids[owner].add(pid)
+            ours.add(pid)
     ours |= mps.server_pids(queue.state.mps, on_gpus - ours)  # gpuq's fence: counted with its jobs
     rows = gpu_rows(snapshot, running, ours, fences=fences(queue.state))
     drained = set(settings.get("drained", []))

@@ -223,6 +223,8 @@ def enter(box: Box) -> str | None:
         _write(f"{box.cgroup}/memory.max", str(box.ram))
         with contextlib.suppress(OSError):  # no swap, or no swap accounting: memory.max is the whole limit
             _write(f"{box.cgroup}/memory.swap.max", "0")
+        # At its limit the job ends as one (a worker killed alone would leave its pool hanging).
+        _write(f"{box.cgroup}/memory.oom.group", "1")
     _write(f"{box.cgroup}/cgroup.procs", str(os.getpid()))
     return os.path.normpath(mount + back)
 

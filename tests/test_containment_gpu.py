@@ -105,6 +105,7 @@ def test_a_detached_grandchild_holding_gpu_memory_ends_with_its_job(queue: Gpuq)
         "time.sleep(600)\n"
     ))  # fmt: skip
     leave = _script(queue, "leave.sh", (
+        "#!/bin/sh\n"
         f"setsid env -u CUDA_VISIBLE_DEVICES {sys.executable} grandchild.py > /dev/null 2>&1 < /dev/null &\n"
         "while [ ! -s grandchild.pid ]; do sleep 0.1; done\n"
     ))  # fmt: skip

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,3 +260,28 @@ def test_a_detached_grandchild_on_a_gpu_is_counted_as_its_jobs_never_as_outside_
         wait_for(lambda: not alive(holder), 10, "the grandchild to end")
     finally:
         queue.cleanup()
+
+
+@needs_cgroup2
+def test_doctor_names_a_job_that_ended_with_processes_still_in_its_cgroup(queue: Gpuq) -> None:
+    """What containment should never leave (say, a cgroup someone else filled by hand): doctor finds it,
+    names the job, and says how to end what is there."""
+    job = queue.submit("true")
+    queue.wait_state(job, "succeeded")
+    group = containment(queue).split(" at ", 1)[1].split(";")[0]
+    stray = Path(group, f"job-{job}")
+    stray.mkdir()
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        (stray / "cgroup.procs").write_text(str(sleeper.pid))
+        warned = queue.run("doctor").stdout
+        assert f"warning: job {job} is not running, but 1 process(es) are still in its cgroup {stray}" in warned
+        assert f"`echo 1 > {stray}/cgroup.kill` ends them" in warned
+        (stray / "cgroup.kill").write_text("1")
+        sleeper.wait(10)
+        wait_for(lambda: "not running" not in queue.run("doctor").stdout, 10, "doctor to find nothing")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        wait_for(lambda: not (stray / "cgroup.procs").read_text().strip(), 10, "the stray cgroup to empty")
+        stray.rmdir()

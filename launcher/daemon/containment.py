@@ -380,6 +380,18 @@ def job_of(pid: int, group: str) -> int | None:
     return int(leaf[4:])
 
 
+def occupied(group: str) -> dict[int, int]:
+    """The jobs of a queue's cgroup ``group`` that have processes in their cgroups now, and how many."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(group):
+            if name.startswith("job-") and name[4:].isdigit():
+                count = len(_words(f"{group}/{name}/cgroup.procs"))
+                if count:
+                    found[int(name[4:])] = count
+    return found
+
+
 def read_record(path: str) -> Containment | None:
     """The containment a daemon recorded in gpus.json (``launcher.daemon.state``), for `gpuq gpus`/doctor."""
     try:

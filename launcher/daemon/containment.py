@@ -64,7 +64,8 @@ class Containment:
 
     def box(self, job_id: int, cpus: float | None = None, ram: int | None = None) -> Box:
         cgroup = f"{self.group}/job-{job_id}" if self.kind == CGROUP else None
-        return Box(f"{self.key}/{job_id}", cgroup, cpus, ram)
+        since = time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0  # a tick's rounding, and then some
+        return Box(f"{self.key}/{job_id}", cgroup, cpus, ram, since)
 
     def describe(self) -> str:
         """One line for `gpuq gpus` and `gpuq doctor`."""
@@ -89,16 +90,18 @@ class Box:
     cgroup: str | None  # None: the fallback
     cpus: float | None = None
     ram: int | None = None
+    since: float = 0.0  # seconds since boot when it was made: every process of the job is younger
 
     def to_json(self) -> dict[str, object]:
-        return {"marker": self.marker, "cgroup": self.cgroup}
+        return {"marker": self.marker, "cgroup": self.cgroup, "since": self.since}
 
     @classmethod
     def from_json(cls, data: object) -> Box | None:
         if not isinstance(data, dict) or not isinstance(data.get("marker"), str):
             return None
-        cgroup = data.get("cgroup")
-        return cls(data["marker"], cgroup if isinstance(cgroup, str) else None)
+        cgroup, since = data.get("cgroup"), data.get("since")
+        since = float(since) if isinstance(since, int | float) and not isinstance(since, bool) else 0.0
+        return cls(data["marker"], cgroup if isinstance(cgroup, str) else None, since=since)
 
 
 def queue_key(root: str | os.PathLike[str]) -> str:
@@ -254,7 +257,7 @@ def members(box: Box, leader: int) -> set[int]:
     """The job's live processes now."""
     if box.cgroup is not None:
         return {int(word) for word in _words(f"{box.cgroup}/cgroup.procs")} - {os.getpid()}
-    return _marked(box.marker, leader)
+    return _marked(box.marker, leader, box.since)
 
 
 def end(box: Box | None, leader: int) -> dict[str, object]:
@@ -264,7 +267,7 @@ def end(box: Box | None, leader: int) -> dict[str, object]:
     if box is None:
         return {}
     if box.cgroup is None:
-        return {"outlived": _kill_marked(box.marker, leader)}
+        return {"outlived": _kill_marked(box.marker, leader, box.since)}
     facts: dict[str, object] = {"outlived": len(members(box, leader))}
     if box.ram is not None:
         facts["ram_limit"] = box.ram  # the limit the kernel held it to, for the reason of an OOM kill
@@ -320,44 +323,60 @@ def _kill_all(cgroup: str) -> None:
         time.sleep(0.005)
 
 
-def _marked(marker: str, leader: int) -> set[int]:
+def _marked(marker: str, leader: int, since: float) -> set[int]:
     """The fallback's view of a job: processes in its first process's session or group, or whose
-    environment carries its marker. Only what this process may read: a root daemon's shim reads all."""
+    environment carries its marker. Only what this process may read: a root daemon's shim reads all.
+
+    One pass over /proc (about 1.6 ms of CPU with 120 processes on the 2-core VM, at each job's end): raw
+    reads, and an environment read only for a process born since the job was given out (``since``, in
+    seconds since boot): its processes are all younger than that."""
     needle = f"{MARKER}={marker}\0".encode()
     found = set()
     me = os.getpid()
+    born_after = since * _TICKS
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
+        stat = _raw(f"/proc/{name}/stat", 1024)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                stat = handle.read()
             fields = stat[stat.rfind(b")") + 2 :].split()
-            state, pgid, session = fields[0], int(fields[2]), int(fields[3])
-        except (OSError, ValueError, IndexError):
+            state, pgid, session, born = fields[0], int(fields[2]), int(fields[3]), int(fields[19])
+        except (ValueError, IndexError):
             continue
         if state == b"Z":
             continue
         if leader in (pgid, session):
             found.add(pid)
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:
-            continue
-        if environ.startswith(needle) or b"\0" + needle in environ:
-            found.add(pid)
+        elif born >= born_after:
+            environ = _raw(f"/proc/{name}/environ", 1 << 20)
+            if environ.startswith(needle) or b"\0" + needle in environ:
+                found.add(pid)
     return found
 
 
-def _kill_marked(marker: str, leader: int) -> int:
+def _raw(path: str, most: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, most)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _kill_marked(marker: str, leader: int, since: float) -> int:
     """SIGKILL, until none is found, every process the fallback finds of the job: how many there were."""
     ended: set[int] = set()
     deadline = time.monotonic() + _GONE_WITHIN
     while time.monotonic() < deadline:
-        alive = _marked(marker, leader)
+        alive = _marked(marker, leader, since)
         if not alive:
             break
         for pid in alive:

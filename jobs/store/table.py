@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: every statement run on the job table, over the one connection a tick shares.
 """The job table: SQLite in WAL mode, written by the daemon only, read by anyone.
 
 WAL lets ``gpuq status`` read while the daemon writes, and every write is a transaction, so a reader

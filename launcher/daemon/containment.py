@@ -37,7 +37,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MARKER = "GPUQ_JOB_MARKER"  # in every job's environment: "<queue key>/<job id>"
+from gpuq_scheduler.launcher.daemon import marked
+
+MARKER = marked.MARKER
 FORCE = "GPUQ_CONTAINMENT"  # "fallback": do without cgroups even where they could be had (tests, odd setups)
 CGROUP, FALLBACK = "cgroup", "fallback"
 LIMITS = ("cpu", "memory")  # the controllers --cpus and --ram need
@@ -257,7 +259,7 @@ def members(box: Box, leader: int) -> set[int]:
     """The job's live processes now."""
     if box.cgroup is not None:
         return {int(word) for word in _words(f"{box.cgroup}/cgroup.procs")} - {os.getpid()}
-    return _marked(box.marker, leader, box.since)
+    return marked.find(box.marker, leader, box.since)
 
 
 def end(box: Box | None, leader: int) -> dict[str, object]:
@@ -267,7 +269,7 @@ def end(box: Box | None, leader: int) -> dict[str, object]:
     if box is None:
         return {}
     if box.cgroup is None:
-        return {"outlived": _kill_marked(box.marker, leader, box.since)}
+        return {"outlived": marked.kill(box.marker, leader, box.since, _GONE_WITHIN)}
     facts: dict[str, object] = {"outlived": len(members(box, leader))}
     if box.ram is not None:
         facts["ram_limit"] = box.ram  # the limit the kernel held it to, for the reason of an OOM kill
@@ -321,70 +323,6 @@ def _kill_all(cgroup: str) -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.005)
-
-
-def _marked(marker: str, leader: int, since: float) -> set[int]:
-    """The fallback's view of a job: processes in its first process's session or group, or whose
-    environment carries its marker. Only what this process may read: a root daemon's shim reads all.
-
-    One pass over /proc (about 1.6 ms of CPU with 120 processes on the 2-core VM, at each job's end): raw
-    reads, and an environment read only for a process born since the job was given out (``since``, in
-    seconds since boot): its processes are all younger than that."""
-    needle = f"{MARKER}={marker}\0".encode()
-    found = set()
-    me = os.getpid()
-    born_after = since * _TICKS
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        pid = int(name)
-        stat = _raw(f"/proc/{name}/stat", 1024)
-        try:
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            state, pgid, session, born = fields[0], int(fields[2]), int(fields[3]), int(fields[19])
-        except (ValueError, IndexError):
-            continue
-        if state == b"Z":
-            continue
-        if leader in (pgid, session):
-            found.add(pid)
-        elif born >= born_after:
-            environ = _raw(f"/proc/{name}/environ", 1 << 20)
-            if environ.startswith(needle) or b"\0" + needle in environ:
-                found.add(pid)
-    return found
-
-
-def _raw(path: str, most: int) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, most)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _kill_marked(marker: str, leader: int, since: float) -> int:
-    """SIGKILL, until none is found, every process the fallback finds of the job: how many there were."""
-    ended: set[int] = set()
-    deadline = time.monotonic() + _GONE_WITHIN
-    while time.monotonic() < deadline:
-        alive = _marked(marker, leader, since)
-        if not alive:
-            break
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        ended |= alive
-        time.sleep(0.005)
-    return len(ended)
 
 
 def job_of(pid: int, group: str) -> int | None:

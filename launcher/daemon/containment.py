@@ -218,10 +218,11 @@ def enter(box: Box) -> str | None:
     mount = cgroup2_mount()
     if back is None or mount is None:
         raise OSError("this process is in no cgroup v2 cgroup")
-    if os.path.isdir(box.cgroup):
-        _kill_all(box.cgroup)  # an earlier attempt's leftovers: none of them may join this run
-    else:
-        os.makedirs(box.cgroup)  # the queue's own too, if a daemon that stopped just now removed it
+    if os.path.isdir(box.cgroup):  # an earlier attempt's: none of its processes or limits may join this run
+        _kill_all(box.cgroup)
+        with contextlib.suppress(OSError):
+            os.rmdir(box.cgroup)
+    os.makedirs(box.cgroup, exist_ok=True)  # the queue's own too, if a daemon that stopped just now removed it
     if box.cpus is not None:
         _write(f"{box.cgroup}/cpu.max", f"{max(1000, round(box.cpus * _PERIOD))} {_PERIOD}")
     if box.ram is not None:

@@ -285,3 +285,24 @@ def test_doctor_names_a_job_that_ended_with_processes_still_in_its_cgroup(queue:
         sleeper.wait()
         wait_for(lambda: not (stray / "cgroup.procs").read_text().strip(), 10, "the stray cgroup to empty")
         stray.rmdir()
+
+
+@needs_cgroup2
+def test_a_ram_limit_the_daemon_can_no_longer_enforce_fails_the_job_saying_why(queue: Gpuq) -> None:
+    """Queued while a daemon recorded the memory controller, started by one without it (here: the record is
+    written by hand, as a daemon on a host with the controller would have left it): the job does not run
+    without its limit, and says why."""
+    from gpuq_scheduler.jobs.submission import inventory_json
+
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "fake", "total": 80 << 30, "lost": False} for i in range(2)]
+    host = {"containment": {"kind": "cgroup", "controllers": ["cpu", "memory"], "limits_why": ""}}
+    queue.home.mkdir(parents=True, exist_ok=True)
+    (queue.home / "gpus.json").write_bytes(inventory_json(gpus, host))
+    job = queue.submit("--ram", "1G", "true")
+    record = queue.wait_state(job, "failed", "succeeded")
+    recorded = json.loads((queue.home / "gpus.json").read_text())["containment"]
+    if "memory" in recorded["controllers"]:
+        pytest.skip("the memory controller is delegated here: the job ran with its limit")
+    assert record["state"] == "failed", record
+    assert record["reason"].startswith("could not start: --ram cannot be enforced here any more ("), record
+    assert record["reason"].endswith("; submit it again without it")

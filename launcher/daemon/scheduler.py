@@ -347,6 +347,10 @@ class Scheduler(SchedulerState):
             if problem:
                 endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
                 return
+        problem = self.unenforceable(spec)
+        if problem:
+            endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
+            return
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})

@@ -183,6 +183,15 @@ class SchedulerState:
         have = self.containment.controllers
         return (cpus if "cpu" in have else None), (ram if "memory" in have else None)
 
+    def unenforceable(self, spec: JobSpec) -> str:
+        """Why the job's own --cpus or --ram cannot be enforced now ("" if it can): the controllers were
+        there when it was submitted, and are not since this daemon started."""
+        for flag, value, controller in (("--cpus", spec.cpus, "cpu"), ("--ram", spec.ram, "memory")):
+            if value is not None and controller not in self.containment.controllers:
+                why = self.containment.limits_why or self.containment.describe()
+                return f"{flag} cannot be enforced here any more ({why}); submit it again without it"
+        return ""
+
     def stop(self, job: Running) -> None:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
         if not self.shims.cancel(job.record.id):  # started by an earlier daemon: we have no pipe to its shim

@@ -214,8 +214,7 @@ def enter(box: Box) -> str | None:
     the cgroup cannot be made or entered (the job is then not started)."""
     if box.cgroup is None:
         return None
-    back = own_cgroup()
-    mount = cgroup2_mount()
+    back, mount = own_cgroup(), _mount()
     if back is None or mount is None:
         raise OSError("this process is in no cgroup v2 cgroup")
     if os.path.isdir(box.cgroup):  # an earlier attempt's: none of its processes or limits may join this run

@@ -249,7 +249,8 @@ def _supervise(
         os.write(log_fd, f"gpuq: could not start {what}: {err.strerror or err}\n".encode())
         os.close(out_read)
         os.close(log_fd)
-        containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
+        with contextlib.suppress(OSError):
+            containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
         back = None
         if launch.box is not None and launch.box.cgroup is not None:
             containment.end(launch.box, -1)  # nothing started in it; the cgroup goes

@@ -306,3 +306,14 @@ def test_a_ram_limit_the_daemon_can_no_longer_enforce_fails_the_job_saying_why(q
     assert record["state"] == "failed", record
     assert record["reason"].startswith("could not start: --ram cannot be enforced here any more ("), record
     assert record["reason"].endswith("; submit it again without it")
+
+
+@needs_cgroup2
+def test_show_gives_a_running_jobs_host_cpu_time_so_far(queue: Gpuq) -> None:
+    (queue.cwd / "burn.py").write_text("import time\nwhile time.process_time() < 0.3:\n    pass\n")
+    job = queue.submit(script(queue, "burn.sh", f"{sys.executable} burn.py && touch burned\nexec sleep 300\n"))
+    wait_for(lambda: (queue.cwd / "burned").exists(), 30, "the job to burn its CPU")
+    shown = queue.job(job)
+    assert shown["state"] == "running" and shown["cpu_seconds"] >= 0.3, shown
+    queue.run("cancel", str(job))
+    queue.wait_state(job, "cancelled")

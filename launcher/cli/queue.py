@@ -148,9 +148,10 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job."""
+    from gpuq_scheduler.launcher.views.live import with_host_usage
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
-    record = ctx.jobs().details(job_id)
+    record = with_host_usage(ctx.state, ctx.jobs().details(job_id))
     click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
 
 

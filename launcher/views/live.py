@@ -101,6 +101,19 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util)
 
 
+def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
+    """A running job with what its cgroup has accounted so far (CPU time, peak host memory); an ended
+    job's were recorded when it ended."""
+    recorded = containment.read_record(str(state.inventory))
+    if record.state is not JobState.RUNNING or recorded is None or not recorded.group:
+        return record
+    used = containment.usage(f"{recorded.group}/job-{record.id}")
+    cpu, peak = used.get("cpu_seconds"), used.get("peak_ram")
+    return record.replace(
+        cpu_seconds=cpu if isinstance(cpu, float) else None, peak_ram=peak if isinstance(peak, int) else None
+    )
+
+
 def fences(state: StateDir) -> dict[int, str]:
     """Each GPU's fence, as the daemon last recorded it (gpus.json); none known before a daemon ran here."""
     try:

@@ -58,8 +58,18 @@ class Containment:
     controllers: tuple[str, ...] = ()  # of LIMITS, those the jobs' cgroups have
     limits_why: str = ""  # why --cpus or --ram cannot be enforced here, if they cannot
 
-    def close(self) -> None:
-        """Remove the queue's cgroup if no job's is left in it (a daemon that stopped; the next makes it again)."""
+    def sweep(self, running: set[int]) -> None:
+        """Remove the empty cgroups of jobs not running (their shims were killed before they could), never
+        a running job's: its shim may be about to enter it."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.group or "/nonexistent"):
+                if name.startswith("job-") and name[4:].isdigit() and int(name[4:]) not in running:
+                    with contextlib.suppress(OSError):  # EBUSY: processes still in it (doctor names them)
+                        os.rmdir(f"{self.group}/{name}")
+
+    def close(self, running: set[int]) -> None:
+        """Sweep, then remove the queue's cgroup if nothing is left in it (the next daemon makes it again)."""
+        self.sweep(running)
         if self.group:
             with contextlib.suppress(OSError):
                 os.rmdir(self.group)

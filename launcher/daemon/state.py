@@ -112,6 +112,7 @@ class SchedulerState:
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
         self.containment = containment.open_for(state.root, os.environ)
+        self.containment.sweep(set(self.running))
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
@@ -129,7 +130,7 @@ class SchedulerState:
 
     def close(self) -> None:
         self.shims.close()
-        self.containment.close()
+        self.containment.close(set(self.running))
         self.table.close()
         self.source.close()
 

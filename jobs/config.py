@@ -16,6 +16,8 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     idle_report = "2h"               # batch jobs whose GPUs did no work this long are shown (default 2h; "off")
     fair_share_half_life = "24h"     # how fast past GPU use is forgotten
     idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
+    default_cpus = 8                 # --cpus of a job that gives none (host limits: docs/containment.md)
+    default_ram = "64G"              # --ram of a job that gives none
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
@@ -47,8 +49,8 @@ from typing import Any
 from gpuq_scheduler.jobs import locations
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.locations import config_paths as config_paths
-from gpuq_scheduler.jobs.rules import check_update
-from gpuq_scheduler.jobs.units import parse_duration
+from gpuq_scheduler.jobs.rules import MAX_CPUS, check_update
+from gpuq_scheduler.jobs.units import parse_duration, parse_size
 
 SHARED_HOME = Path(locations.SHARED_HOME)  # a shared queue's state directory unless the config names another
 SYSTEM_CONFIG = Path(locations.SYSTEM_CONFIG)
@@ -78,6 +80,8 @@ class Shared:
     fair_share_half_life: float = 24 * 3600.0
     priority: Mapping[str, int] = field(default_factory=dict)
     idle_limit: float | None = 4 * 3600.0  # seconds an interactive job's GPUs may do no work; None: no limit
+    default_cpus: float | None = None  # a job's --cpus when it gives none; None: no limit
+    default_ram: int | None = None  # bytes: a job's --ram when it gives none
     default_time: float | None = None  # seconds: the time limit of a job submitted without one
     max_time: float | None = 7 * 86400.0  # seconds: the longest time limit a job may have; None: no maximum
     idle_report: float | None = 2 * 3600.0  # seconds a batch job's GPUs may do no work before status says so
@@ -177,7 +181,8 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
-                      "idle_limit", "default_time", "max_time", "idle_report"}, path, "shared.")  # fmt: skip
+                      "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram"},
+                 path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
@@ -199,7 +204,20 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     max_time = _duration(raw.get("max_time", "7d"), path, "shared.max_time")
     if default_time is not None and max_time is not None and default_time > max_time:
         raise ConfigError(f"{path}: shared.default_time is longer than shared.max_time; shorten it")
+    cpus = raw.get("default_cpus")
+    numeric = isinstance(cpus, int | float) and not isinstance(cpus, bool)
+    if cpus is not None and not (numeric and 0.01 <= cpus <= MAX_CPUS):
+        raise ConfigError(f"{path}: shared.default_cpus must be a number of CPUs from 0.01 to {MAX_CPUS}, like 8")
+    ram = _optional(raw.get("default_ram"), str, path, "shared.default_ram")
+    try:
+        ram_bytes = None if ram is None else parse_size(ram)
+    except BadInput as err:
+        raise ConfigError(f"{path}: shared.default_ram: {err}") from None
+    if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
+        raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
     return Shared(
+        default_cpus=None if cpus is None else float(cpus),
+        default_ram=ram_bytes,
         idle_limit=idle_limit,
         default_time=default_time,
         max_time=max_time,

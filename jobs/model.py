@@ -83,12 +83,15 @@ class JobSpec:
     # replaced by its value; ``values`` are a member's own, kept to be shown.
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
     values: tuple[tuple[str, str], ...] = ()
+    # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
+    cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
+    ram: int | None = None  # bytes of host memory (memory.max)
 
     def __post_init__(self) -> None:
         check_spec(
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
-            mem_auto=self.mem_auto, sweep=self.sweep,
+            mem_auto=self.mem_auto, sweep=self.sweep, cpus=self.cpus, ram=self.ram,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:
@@ -152,6 +155,8 @@ class JobSpec:
             "client": self.client,
             "sweep": [[name, list(values)] for name, values in self.sweep],
             "values": [list(pair) for pair in self.values],
+            "cpus": self.cpus,
+            "ram": self.ram,
         }
 
     @classmethod
@@ -187,6 +192,8 @@ class JobSpec:
                 client=_optional(data.get("client"), int, "client"),
                 sweep=_sweep(data.get("sweep", [])),
                 values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
+                cpus=_optional(data.get("cpus"), float, "cpus"),
+                ram=_optional(data.get("ram"), int, "ram"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -335,6 +342,9 @@ class JobRecord:
     cause: Cause | None = None  # why it ended (None: it has not, or it ended before causes were recorded)
     culprit: int | None = None  # the job that took its GPU memory (Cause.OOM_VICTIM)
     peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
+    # From its cgroup, where one accounted them (`gpuq show` reads them; listings leave them out):
+    cpu_seconds: float | None = None  # host CPU time of all its processes
+    peak_ram: int | None = None  # bytes, the most host memory they held at once
     log: str = ""
     array_id: int | None = None  # the array this job is a member of (`gpuq submit --array`)
     array_index: int | None = None  # its index in that array ({index} in the command, GPUQ_ARRAY_INDEX)
@@ -394,6 +404,8 @@ class JobRecord:
             "cause": None if self.cause is None else self.cause.value,
             "culprit": self.culprit,
             "peak_mem": self.peak_mem,
+            "cpu_seconds": self.cpu_seconds,
+            "peak_ram": self.peak_ram,
             "log": self.log,
             "array_id": self.array_id,
             "array_index": self.array_index,

@@ -22,6 +22,7 @@ MAX_ARRAY = 10_000  # members of one array (indices or the product of named valu
 # below SQLite's limit on variables; one bound for every check
 MAX_INDEX = (1 << 31) - 1  # an array index, as GPUQ_ARRAY_INDEX and Slurm's task ids hold one
 MAX_AFTER = 1000  # ids one job may wait on
+MAX_CPUS = 100_000  # --cpus: a bound before it becomes cpu.max's quota
 MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode, in its order
 _INFINITY = float("inf")  # not math.inf: loading math is ~0.2 ms of every quick `gpuq submit`
 
@@ -38,6 +39,8 @@ def check_spec(
     after: Sequence[int],
     mem_auto: bool = False,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
+    cpus: float | None = None,
+    ram: int | None = None,
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
     if sweep:
@@ -60,6 +63,10 @@ def check_spec(
         raise BadInput(f"--mem must be more than nothing and less than an exabyte, not {mem_per_gpu} bytes")
     if time_limit is not None and not 0 < time_limit < _INFINITY:  # NaN fails both
         raise BadInput(f"--time must be a positive, finite duration, not {time_limit}")
+    if cpus is not None and not 0.01 <= cpus <= MAX_CPUS:  # NaN fails both
+        raise BadInput(f"--cpus must be from 0.01 to {MAX_CPUS} (CPUs' worth of time), not {cpus}")
+    if ram is not None and not 1 << 20 <= ram < 1 << 60:
+        raise BadInput(f"--ram must be at least 1M and less than an exabyte, not {ram} bytes")
     if any(not 0 < dep < 1 << 63 for dep in after):
         raise BadInput("--after takes job ids, which are positive numbers")
 

@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 _TOTALS = b'{"totals": ['
 
 
-def inventory_json(gpus: Sequence[Mapping[str, Any]]) -> bytes:
+def inventory_json(gpus: Sequence[Mapping[str, Any]], host: Mapping[str, Any] | None = None) -> bytes:
     """``gpus.json``'s text: each GPU's total memory first, as ``Inventory.read`` reads it without json, then
-    the GPUs in full (index, uuid, name, total, lost, fence) for everyone else."""
-    return jsontext.encode({"totals": [int(gpu["total"]) for gpu in gpus], "gpus": list(gpus)})
+    the GPUs in full (index, uuid, name, total, lost, fence) for everyone else, then what ``host`` says of
+    the machine (its ``containment``: ``host_limits`` reads it)."""
+    return jsontext.encode({"totals": [int(gpu["total"]) for gpu in gpus], "gpus": list(gpus), **(host or {})})
 
 
 class Inventory:
@@ -123,6 +124,8 @@ def capture_spec(
     python: str | None = None,
     like: int | None = None,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
+    cpus: float | str | None = None,
+    ram: str | int | None = None,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
@@ -153,9 +156,14 @@ def capture_spec(
         raise BadInput(f"--like takes a job id, which is a positive number, not {like}")
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
+    cpu_share = _cpus(cpus)
+    try:
+        ram_bytes = parse_size(ram) if isinstance(ram, str) else ram
+    except BadInput as err:
+        raise BadInput(f"--ram: {err}") from None
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
-        time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep,
+        time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
     )  # fmt: skip
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes
@@ -184,7 +192,53 @@ def capture_spec(
         "client": None,
         "sweep": [[name, list(values)] for name, values in sweep],
         "values": [],
+        "cpus": cpu_share,
+        "ram": ram_bytes,
     }
+
+
+def _cpus(value: float | str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise BadInput(f"--cpus {value!r}: give a number of CPUs, like 4 or 0.5") from None
+
+
+def host_limits(inventory: str | Path) -> tuple[tuple[str, ...], str] | None:
+    """The host limits this queue's jobs can have (of "cpu", "memory") and, for the others, why not, as the
+    daemon recorded them in ``gpus.json`` (``launcher.daemon.containment``); None if no daemon has yet."""
+    import json  # only for a submit with --cpus or --ram
+
+    try:
+        with open(inventory, "rb") as handle:
+            found = json.loads(handle.read())["containment"]
+        have = tuple(str(name) for name in found["controllers"])
+        return have, str(found.get("limits_why") or found.get("text") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_host_limits(spec: Mapping[str, Any], inventory: str | Path) -> None:
+    """Refuse --cpus or --ram where this queue's daemon cannot enforce it (nothing is queued then)."""
+    asked = [(flag, controller) for flag, controller, key in (("--cpus", "cpu", "cpus"), ("--ram", "memory", "ram"))
+             if spec.get(key) is not None]  # fmt: skip
+    if not asked:
+        return
+    recorded = host_limits(inventory)
+    if recorded is None:
+        raise BadInput(
+            f"{asked[0][0]}: no gpuq daemon has run here yet to say whether it can be enforced; "
+            "`gpuq daemon start`, then submit again"
+        )
+    have, why = recorded
+    for flag, controller in asked:
+        if controller not in have:
+            raise BadInput(
+                f"{flag} cannot be enforced here: the {controller} controller is not delegated to gpuq ({why}); "
+                "submit without it, or see docs/containment.md"
+            )
 
 
 def kind_of(command: Sequence[str], cwd: str) -> str:

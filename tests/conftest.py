@@ -101,6 +101,13 @@ class Gpuq:
             for pid_file in run.glob("*.pid"):
                 with contextlib.suppress(Exception):
                     os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
+        with contextlib.suppress(Exception):  # what jobs left in their cgroups (setsid children...), then the cgroups
+            group = Path(json.loads((self.home / "gpus.json").read_text())["containment"]["group"])
+            for job in group.glob("job-*"):
+                (job / "cgroup.kill").write_text("1")
+                wait_for(lambda job=job: "populated 0" in (job / "cgroup.events").read_text(), 10, f"{job} to empty")
+                job.rmdir()
+            group.rmdir()
         with contextlib.suppress(Exception):
             import sqlite3
 

@@ -285,7 +285,7 @@ def test_the_inventory_written_by_an_older_daemon_is_read_in_full(queue: Queue) 
 FALLBACKS = [
     (["--help"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
     (["-h", "true"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
-    (["--gpu", "2", "true"], 2, "No such option '--gpu'. Did you mean '--gpus'?"),
+    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpus'?)"),
     (["--gpus", "x", "true"], 2, "'x' is not a valid integer"),
     (["--gpus"], 2, "Option '--gpus' requires an argument"),
     (["--json=yes", "true"], 2, "Option '--json' does not take a value"),
@@ -366,3 +366,28 @@ def test_bad_input_is_refused_in_the_same_words_by_both_and_writes_nothing(queue
 def test_other_commands_go_to_click(queue: Queue) -> None:
     run = queue.gpuq(QUICK, "status", "--all", "--json")
     assert run.returncode == 0 and run.stdout == "[]\n" and "click" in run.modules
+
+
+def test_host_limits_are_written_alike_where_the_daemon_recorded_the_controllers(queue: Queue) -> None:
+    """A daemon that could hand the cpu and memory controllers down recorded so in gpus.json: both paths
+    write --cpus and --ram into the same request; recorded without them, both refuse in the same words."""
+    gpus = [{"index": 0, "uuid": "GPU-0", "name": "fake", "total": 80 * GiB, "lost": False, "fence": "mps"}]
+    for controllers, code in ((["cpu", "memory"], 0), ([], 2)):
+        host = {"containment": {"kind": "cgroup", "controllers": controllers, "limits_why": "no memory here"}}
+        (queue.home / "gpus.json").write_bytes(inventory_json(gpus, host))
+        seen = {}
+        for entry in (QUICK, CLICK):
+            counter = queue.counter()
+            run = queue.gpuq(entry, "submit", "--cpus", "2.5", "--ram", "4G", "true")
+            assert run.returncode == code, run.stderr
+            assert ("click" in run.modules) is (entry == CLICK)  # the quick path read the record itself
+            spec = json.loads(queue.requests()[0].read_text())["spec"] if code == 0 else {}
+            for request in queue.requests():
+                request.unlink()
+            (queue.home / "next_id").write_text(counter)
+            seen[entry] = (spec.get("cpus"), spec.get("ram"), run.stdout, run.stderr)
+        assert seen[QUICK] == seen[CLICK]
+        if code == 0:
+            assert seen[QUICK][:2] == (2.5, 4 * GiB)
+        else:
+            assert "--cpus cannot be enforced here" in seen[QUICK][3] and "no memory here" in seen[QUICK][3]

@@ -69,6 +69,14 @@ def test_the_clusters_default_time_applies_when_the_job_gives_none(tmp_path: Pat
     assert "time" not in _options(sbatch.translate(_spec("true"), Cluster("bare"), job_id=1, state=_state(tmp_path)))
 
 
+def test_host_limits_become_slurms_cpus_per_task_and_mem_rounded_up(tmp_path: Path) -> None:
+    spec = _spec("true", cpus=2.5, ram=(32 << 30) + 1)
+    options = _options(sbatch.translate(spec, Cluster("bare"), job_id=1, state=_state(tmp_path)))
+    assert options["cpus-per-task"] == "3" and options["mem"] == f"{(32 << 10) + 1}M"
+    plain = _options(sbatch.translate(_spec("true"), Cluster("bare"), job_id=1, state=_state(tmp_path)))
+    assert "cpus-per-task" not in plain and "mem" not in plain
+
+
 def test_arrays_dependencies_retries_and_a_lower_priority_translate(tmp_path: Path) -> None:
     spec = _spec("true", after=(3, 4), retries=2, priority=-5)
     batch = sbatch.translate(

@@ -71,14 +71,16 @@ class Executor:
     """Submits Python callables as gpuq jobs. The options are ``gpuq submit``'s, named as in the CLI:
     ``gpus``, ``mem`` (a size, ``"auto"`` or None for whole GPUs), ``time`` (a time limit), ``name``,
     ``retries``, ``on`` (a cluster), and any other ``submit`` keyword (``priority``, ``mode``, ``env``,
-    ``after``, ``oom_retry``, ``notify``...). ``home`` picks the queue, ``folder`` where the pickles go."""
+    ``after``, ``oom_retry``, ``notify``, ``cpus``, ``ram``...). ``home`` picks the queue, ``folder`` where the
+    pickles go."""
 
     def __init__(
         self, gpus: int = 1, mem: str | int | None = None, time: str | float | None = None, name: str | None = None,
         retries: int = 0, on: str | None = None, *, home: str | os.PathLike[str] | None = None,
         folder: str | os.PathLike[str] | None = None, **options: Any,
     ) -> None:  # fmt: skip
-        unknown = set(options) - {"priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd"}
+        known = {"priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd", "cpus", "ram"}
+        unknown = set(options) - known
         if unknown:
             raise BadInput(f"Executor() got unknown option(s) {', '.join(sorted(unknown))}: use gpuq submit's names")
         self.home = home

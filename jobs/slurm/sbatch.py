@@ -14,6 +14,8 @@ What translates, and what is refused because Slurm has nothing like it (one line
     --retries N       --requeue, and the batch script requeues itself after a failure, N times at most
     --mode torchrun   torchrun --standalone: it picks its own free port on the node
     --priority P<0    --nice=-P (only admins may raise a job's priority on a cluster: P>0 is refused)
+    --cpus N          --cpus-per-task, rounded up to whole CPUs (Slurm's unit)
+    --ram SIZE        --mem in MiB, rounded up (Slurm's --mem is host memory per node, as --ram is per job)
     --mem             refused: on a cluster every job gets whole GPUs (Slurm cannot share one by memory)
     --oom-retry       refused: it grows --mem; use --retries
     --notify          refused: no gpuq daemon watches cluster jobs; use sbatch's --mail-type in sbatch_flags
@@ -103,6 +105,10 @@ def translate(
         argv.append(f"--account={cluster.account}")
     if spec.gpus:
         argv.append(f"--gres=gpu:{spec.gpus}")
+    if spec.cpus is not None:
+        argv.append(f"--cpus-per-task={math.ceil(spec.cpus - 1e-9)}")
+    if spec.ram is not None:
+        argv.append(f"--mem={-(-spec.ram // (1 << 20))}M")
     limit = spec.time_limit if spec.time_limit is not None else cluster.time
     if limit is not None:
         argv.append(f"--time={slurm_minutes(limit)}")

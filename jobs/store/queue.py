@@ -17,7 +17,7 @@ from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.jobs.submission import Inventory
+from gpuq_scheduler.jobs.submission import Inventory, check_host_limits
 
 if TYPE_CHECKING:
     from gpuq_scheduler.jobs.store.table import JobTable
@@ -49,6 +49,8 @@ class Queue:
         inventory = self.inventory()
         if inventory is not None:
             inventory.check(spec)
+        if spec.cpus is not None or spec.ram is not None:
+            check_host_limits({"cpus": spec.cpus, "ram": spec.ram}, self.state.inventory)
         if spec.after:
             self.resolve(spec.after)
         if self.state.is_foreign():
@@ -177,6 +179,9 @@ class Queue:
         from gpuq_scheduler.jobs.store import private
 
         record = self.get(job_id)
+        if record.state is not JobState.PENDING and record.cluster is None:
+            cpu_seconds, peak_ram = self.table().host_usage(job_id)
+            record = record.replace(cpu_seconds=cpu_seconds, peak_ram=peak_ram)
         if not private.is_public(record.spec):
             return record
         try:

@@ -66,6 +66,17 @@ CREATE TABLE IF NOT EXISTS intake (
 # ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
 # the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
 
+# What a job's cgroup accounted of its last run on the host (launcher.daemon.containment): CPU seconds, and
+# the most host memory it held where the memory controller is there. Added, like ``learned``, without a new
+# version: the daemon creates it in an older table on opening, and a reader without it reads nothing.
+HOST_USAGE = """
+CREATE TABLE IF NOT EXISTS host_usage (
+    job_id INTEGER PRIMARY KEY,
+    cpu_seconds REAL,
+    peak_ram INTEGER
+);
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
@@ -111,7 +122,7 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-""" + LEARNED + """
+""" + LEARNED + HOST_USAGE + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """
 
@@ -237,7 +248,7 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
             )
         if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
             db.execute("PRAGMA journal_mode=WAL")  # left in rollback mode by a clean stop (JobTable.close)
-            db.executescript(LEARNED)
+            db.executescript(LEARNED + HOST_USAGE)
             migrate(db, version)
             version = TABLE_VERSION
         return db, version

@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: every statement run on the job table, over the one connection a tick shares.
 """The job table: SQLite in WAL mode, written by the daemon only, read by anyone.
 
 WAL lets ``gpuq status`` read while the daemon writes, and every write is a transaction, so a reader
@@ -207,6 +208,23 @@ class JobTable:
         except sqlite3.OperationalError:  # a table from before --mem auto, opened by a reader
             return {}
         return {kind: (size, job_id, bool(raised)) for kind, size, job_id, raised in rows}
+
+    def set_host_usage(self, job_id: int, cpu_seconds: float | None, peak_ram: int | None) -> None:
+        """What the job's cgroup accounted of its run (its latest attempt's)."""
+        with self.batch():
+            self._db.execute(
+                "INSERT OR REPLACE INTO host_usage (job_id, cpu_seconds, peak_ram) VALUES (?, ?, ?)",
+                (job_id, cpu_seconds, peak_ram),
+            )
+
+    @_reading
+    def host_usage(self, job_id: int) -> tuple[float | None, int | None]:
+        """(CPU seconds, peak host memory) of a job's last run, where its cgroup accounted them."""
+        try:
+            row = self._db.execute("SELECT cpu_seconds, peak_ram FROM host_usage WHERE job_id=?", (job_id,)).fetchone()
+        except sqlite3.OperationalError:  # a table no daemon of this version opened yet
+            return None, None
+        return (None, None) if row is None else (row[0], row[1])
 
     def set_peak_mem(self, peaks: dict[int, int]) -> None:
         with self.batch():

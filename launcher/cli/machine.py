@@ -83,6 +83,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
     """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
     from gpuq_scheduler.launcher.gpus.sources import open_source
     from gpuq_scheduler.launcher.views import live
+    from gpuq_scheduler.launcher.views.doctor import containment
     from gpuq_scheduler.launcher.views.tables import gpu_table
 
     source = open_source()
@@ -94,6 +95,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
         click.echo(json.dumps([row.to_json() for row in rows], indent=1))
     else:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
+        click.echo(containment(ctx.state))
 
 
 
@@ -143,4 +145,6 @@ def doctor(ctx: Context, as_json: bool) -> None:
 
     problems = checks.check(ctx.state)
     click.echo(json.dumps([p.to_json() for p in problems], indent=1) if as_json else checks.render(problems, ctx.state))
+    if not as_json:
+        click.echo(checks.containment(ctx.state))
     sys.exit(checks.exit_code(problems))

@@ -22,6 +22,8 @@ from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pas
     "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
     "kind. Without it the job gets whole GPUs.",
 )  # fmt: skip
+@click.option("--cpus", metavar="N", help="Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.")
+@click.option("--ram", metavar="SIZE", help="Host memory the job may use (32G); past it the kernel ends the job.")
 @click.option("--like", type=NUMBER, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
 @click.option("--name", default="", help="A name to show in status (default: the command).")
 @click.option("--priority", type=NUMBER, default=0, show_default=True, help="Higher runs first.")
@@ -44,10 +46,10 @@ from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pas
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def submit(
-    ctx: Context, gpus: int, mem: str | None, like: int | None, name: str, priority: int, time_limit: str | None,
-    mode: str, env: tuple[str, ...], cwd: str | None, array_spec: tuple[str, ...], after: str | None,
-    after_any: bool, retries: int, oom_retry: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None,
-    command: tuple[str, ...],
+    ctx: Context, gpus: int, mem: str | None, cpus: str | None, ram: str | None, like: int | None, name: str,
+    priority: int, time_limit: str | None, mode: str, env: tuple[str, ...], cwd: str | None,
+    array_spec: tuple[str, ...], after: str | None, after_any: bool, retries: int, oom_retry: bool,
+    notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
@@ -73,7 +75,7 @@ def submit(
     spec = JobSpec.from_json(capture_spec(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep,
+        retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep, cpus=cpus, ram=ram,
     ))  # fmt: skip
     if like is not None and on is None:
         try:
@@ -183,6 +185,7 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job; for an array, its members, one line each."""
+    from gpuq_scheduler.launcher.views.live import with_host_usage
     from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
@@ -195,7 +198,7 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         else:
             click.echo(array_view(job_id, name, members))
         return
-    record = queue.details(job_id)
+    record = with_host_usage(ctx.state, queue.details(job_id))
     click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
 
 

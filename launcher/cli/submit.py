@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 OPTIONS: dict[str, tuple[str, str, object]] = {
     "--gpus": ("gpus", "int", 1),
     "--mem": ("mem", "str", None),
+    "--cpus": ("cpus", "str", None),
+    "--ram": ("ram", "str", None),
     "--like": ("like", "int", None),
     "--name": ("name", "str", ""),
     "--priority": ("priority", "int", 0),
@@ -154,10 +156,14 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
         command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
         env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
-        sweep=sweep,
+        sweep=sweep, cpus=options["cpus"], ram=options["ram"],
     )  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
+    if spec["cpus"] is not None or spec["ram"] is not None:
+        from gpuq_scheduler.jobs.submission import check_host_limits
+
+        check_host_limits(spec, state.at(INVENTORY))
     job_id = post_submit(state, spec, array, submitted_at=time.time())
     ensure_daemon(state)
     members = range(job_id + 1, job_id + 1 + len(array[0])) if array else range(0)

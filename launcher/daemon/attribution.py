@@ -3,7 +3,7 @@
 
 A job is the cgroup v2 ``.../gpuq-<key>/job-<id>`` where gpuq can make one, else (the fallback) the
 marker ``GPUQ_JOB_MARKER=<key>/<id>`` every process of the job inherits (``launcher.daemon.containment``
-makes both; the names here must stay theirs). ``<key>`` names the queue (its state directory), so a
+makes both, and names them: ``queue_key``, ``MARKER``). ``<key>`` names the queue (its state directory), so a
 process of another queue on the same machine is never taken for one of ours.
 
 A cgroup is the kernel's word: only gpuq (root, or the user's delegated subtree) moves processes between
@@ -13,16 +13,11 @@ only of a process whose owner is the job's (``uid_of``), so no user can pin thei
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 
-MARKER = "GPUQ_JOB_MARKER"  # containment.MARKER
-
-
-def queue_key(root: str | os.PathLike[str]) -> str:
-    """The queue's name in its cgroups and markers (``containment.queue_key``)."""
-    return hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:12]
+from gpuq_scheduler.launcher.daemon.containment import queue_key as queue_key
+from gpuq_scheduler.launcher.daemon.marked import MARKER
 
 
 def job_of(pid: int, key: str, uid_of: Callable[[int], int | None] | None = None) -> int | None:

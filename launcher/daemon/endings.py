@@ -18,7 +18,7 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.launcher.daemon import fences, joblog, learning, processes
+from gpuq_scheduler.launcher.daemon import containment, fences, joblog, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
 
@@ -231,12 +231,20 @@ def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[d
             requeue(scheduler, job, "its launch was interrupted before it started; queued again", events, now)
         return
     pid = info.get("pid") if isinstance(info, dict) else None
+    # Its cgroup (or marker) as the shim recorded it: where this job's processes are, whichever daemon
+    # or containment started it.
+    box = containment.Box.from_json(info.get("box")) if isinstance(info, dict) else None
     if isinstance(pid, int) and processes.is_alive(pid, info.get("start")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, 9)
+        if box is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, 9)
         reason = "its gpuq supervisor was killed; the job was stopped"
     else:
         reason = "its gpuq supervisor was killed; the job's exit status is unknown"
+    if isinstance(pid, int) and box is not None:
+        ended = containment.end(box, pid).get("outlived")  # its first process too, if it still ran
+        if isinstance(ended, int) and ended:
+            reason += f"; {ended} of its processes were still there and were ended"
     finish(scheduler, job.record, Outcome.lost(reason), now, events)
 
 

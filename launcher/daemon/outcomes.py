@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
-from gpuq_scheduler.jobs.model import JobRecord, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
+from gpuq_scheduler.jobs.store.table import JobTable
+from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.daemon.exits import Stop
 
 _TAIL_BYTES = 64 << 10
@@ -90,6 +93,42 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
         return f"rank {rank.decode()}: {found}"[:200]
     code = fields.get(b"exitcode", b"?").decode()
     return f"rank {rank.decode()} failed first (exit code {code})"
+
+
+
+def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
+    """The outcome with what the job's containment saw (the exit file's ``contained``, written by
+    ``launcher.daemon.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
+    failure, and the processes that outlived the job's first one and were ended with it."""
+    facts = exit_data.get("contained")
+    if not isinstance(facts, dict):
+        return outcome
+    kills, limit = facts.get("oom_kills"), facts.get("ram_limit")
+    if isinstance(kills, int) and kills > 0 and isinstance(limit, int) and outcome.state is JobState.FAILED:
+        detail = f"out of host memory at its {format_size(limit)} limit"
+        if outcome.exit_code is not None:
+            detail += f" (exit code {outcome.exit_code})"
+        outcome = Outcome.out_of_host_memory(detail, outcome.exit_code, outcome.signal)
+    reason = outcome.reason
+    outlived = facts.get("outlived")
+    if isinstance(outlived, int) and outlived > 0:
+        note = f"{outlived} processes outlived the job and were ended" if outlived > 1 else (
+            "1 process outlived the job and was ended")
+        reason = f"{reason}; {note}" if reason else note
+    return dataclasses.replace(outcome, reason=reason) if reason != outcome.reason else outcome
+
+
+def record_host_usage(table: JobTable, job_id: int, exit_data: dict[str, Any]) -> None:
+    """Keep what the job's cgroup accounted (the exit file's ``contained``), for `gpuq show`."""
+    facts = exit_data.get("contained")
+    if not isinstance(facts, dict):
+        return
+    cpu, peak = facts.get("cpu_seconds"), facts.get("peak_ram")
+    cpu = float(cpu) if isinstance(cpu, int | float) and not isinstance(cpu, bool) else None
+    peak = peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+    if cpu is not None or peak is not None:
+        table.set_host_usage(job_id, cpu, peak)
+
 
 
 def classify(

@@ -195,6 +195,8 @@ class Scheduler(SchedulerState):
                 outcome = outcomes.classify(
                     exit_data, job.record, job.launch, functools.partial(watching.out_of_memory, self, job)
                 )  # fmt: skip
+                outcome = outcome and outcomes.contained(outcome, exit_data)
+                outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
                 if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
                     outcome = stopped  # we stopped it: say why, not "cancelled"
@@ -396,6 +398,10 @@ class Scheduler(SchedulerState):
             if problem:
                 endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
                 return
+        problem = self.unenforceable(spec)
+        if problem:
+            endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
+            return
         port = None
         if spec.mode.value == "torchrun":
             port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})

@@ -48,7 +48,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.daemon import ahead
+from gpuq_scheduler.launcher.daemon import ahead, containment
 from gpuq_scheduler.launcher.daemon.exits import Stop
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
@@ -79,6 +79,7 @@ class Launch:
     grace: float
     account: Account | None = None  # run as this user (a shared queue); None: as the daemon's own user
     log_group: int | None = None  # the admin group, which may read every job's log
+    box: containment.Box | None = None  # what holds the job's processes together (its cgroup); None: its group
 
 
 class Shim:
@@ -238,19 +239,32 @@ def _supervise(
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
         fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
+    # Into the job's cgroup and out again around the spawn: the job is born inside it, its shim is not.
+    what, back = launch.argv[0], None
     try:
+        if launch.box is not None:
+            what = f"its cgroup {launch.box.cgroup}"
+            back = containment.enter(launch.box)
+            what = launch.argv[0]
         pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
         ahead.drop()
-        os.write(log_fd, f"gpuq: could not start {shown(launch.argv[0])}: {err.strerror}\n".encode())
+        os.write(log_fd, f"gpuq: could not start {shown(what)}: {err.strerror or err}\n".encode())
         os.close(out_read)
         os.close(log_fd)
-        return {"started": True, "spawn_error": f"{launch.argv[0]}: {err.strerror}"}, None
+        with contextlib.suppress(OSError):
+            containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
+        back = None
+        if launch.box is not None and launch.box.cgroup is not None:
+            containment.end(launch.box, -1)  # nothing started in it; the cgroup goes
+        return {"started": True, "spawn_error": f"{what}: {err.strerror or err}"}, None
     finally:
+        containment.leave(back)
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     output = JobLog(log_fd, log_limit())
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
-    ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start}).encode())
+    box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
+    ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
 
@@ -276,15 +290,18 @@ def _supervise(
         elif deadline is not None and now >= deadline and reason is Stop.NONE:
             reason = Stop.TIMEOUT
         elif kill_at is not None and now >= kill_at:
-            _signal_group(pid, signal.SIGKILL)
+            containment.signal_all(launch.box, pid, signal.SIGKILL)
             kill_at = None
             continue
         else:
             continue
-        _signal_group(pid, signal.SIGTERM)
+        containment.signal_all(launch.box, pid, signal.SIGTERM)
         kill_at = now + launch.grace
     returncode = reap()
-    _signal_group(pid, signal.SIGKILL)  # stragglers the job left behind would hold its GPU memory
+    # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted.
+    contained = containment.end(launch.box, pid)
+    if launch.box is None:
+        _signal_group(pid, signal.SIGKILL)
     if out_read in watched:
         output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
     for fd in (pidfd, out_read, log_fd):
@@ -297,6 +314,7 @@ def _supervise(
         "exit_code": returncode if returncode >= 0 else None,
         "signal": -returncode if returncode < 0 else None,
         "reason": reason.value,
+        "contained": contained,
     }, following
 
 

@@ -8,6 +8,7 @@ them in order over it; so the steps never import the scheduler, and the schedule
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
-from gpuq_scheduler.launcher.daemon import processes, shim, shims
+from gpuq_scheduler.launcher.daemon import containment, processes, shim, shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
@@ -120,6 +121,10 @@ class SchedulerState:
         # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
         # lost (daemon/watching.py); the watchdog's stops go here too.
         self.stopped_for: dict[int, Outcome] = {}
+        # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
+        # processes") does so here, and its shims are born where it went.
+        self.containment = containment.open_for(state.root, os.environ)
+        self.containment.sweep(set(self.running))
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
@@ -141,6 +146,7 @@ class SchedulerState:
 
     def close(self) -> None:
         self.shims.close()
+        self.containment.close(set(self.running))
         self.table.close(rollback_mode=True)
         self.source.close()
 
@@ -158,7 +164,9 @@ class SchedulerState:
             body = [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost,
                      "fence": fence} for g in snapshot]  # fmt: skip
             # Readable by all: clients check --gpus against it (the directory decides who "all" is).
-            write_atomic(self.state.inventory, inventory_json(body), durable=False, mode=0o644)
+            # The containment rides along: `gpuq gpus` and doctor show it, and a submit's --cpus/--ram check it.
+            text = inventory_json(body, {"containment": self.containment.to_json()})
+            write_atomic(self.state.inventory, text, durable=False, mode=0o644)
         return snapshot
 
     def inventory(self) -> Inventory | None:
@@ -175,13 +183,31 @@ class SchedulerState:
         self, record: JobRecord, gpus: tuple[int, ...], env: dict[str, str], port: int | None = None,
         account: accounts.Account | None = None,
     ) -> shim.Launch:  # fmt: skip
-        """What a shim needs to run ``record`` on ``gpus`` with ``env``."""
+        """What a shim needs to run ``record`` on ``gpus`` with ``env`` (given the job's marker here)."""
+        box = self.containment.box(record.id, *self.host_limits(record.spec))
+        env[containment.MARKER] = box.marker
         return shim.Launch(
             job_id=record.id, argv=processes.job_argv(record.spec, port), env=env, cwd=record.spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=record.spec.time_limit,
-            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None,
+            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
         )  # fmt: skip
+
+    def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None]:
+        """The job's --cpus and --ram, else a shared queue's defaults, where the controllers enforce them."""
+        cpus = spec.cpus if spec.cpus is not None else self.shared.default_cpus if self.shared else None
+        ram = spec.ram if spec.ram is not None else self.shared.default_ram if self.shared else None
+        have = self.containment.controllers
+        return (cpus if "cpu" in have else None), (ram if "memory" in have else None)
+
+    def unenforceable(self, spec: JobSpec) -> str:
+        """Why the job's own --cpus or --ram cannot be enforced now ("" if it can): the controllers were
+        there when it was submitted, and are not since this daemon started."""
+        for flag, value, controller in (("--cpus", spec.cpus, "cpu"), ("--ram", spec.ram, "memory")):
+            if value is not None and controller not in self.containment.controllers:
+                why = self.containment.limits_why or self.containment.describe()
+                return f"{flag} cannot be enforced here any more ({why}); submit it again without it"
+        return ""
 
     def stop(self, job: Running) -> None:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""

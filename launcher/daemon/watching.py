@@ -10,7 +10,7 @@ from typing import Any
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.model import Outcome
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.daemon import fences, learning, processes
+from gpuq_scheduler.launcher.daemon import containment, fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -198,8 +198,13 @@ def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
         if client is not None and processes.owner(client) == job.record.uid:
             shims.setdefault(client, job)
     known = {pid for job in scheduler.running.values() for pid in job.pids}
+    group = scheduler.containment.group
     for pid in usage:
         if pid in known:
+            continue
+        owner = containment.job_of(pid, group)  # a detached grandchild too: its cgroup says whose it is
+        if owner is not None and owner in scheduler.running:
+            scheduler.running[owner].pids.add(pid)
             continue
         for ancestor in processes.ancestors(pid):
             if ancestor in shims:

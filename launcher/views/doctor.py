@@ -95,6 +95,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
             _guard(problems, "job records", lambda: problems.extend(_records(rows)))
             _guard(problems, "GPU reservations", lambda: problems.extend(_gpus(state, rows)))
             _guard(problems, "idle batch jobs", lambda: problems.extend(_idle_batch(db)))
+            _guard(problems, "job cgroups", lambda: problems.extend(_stray_processes(state, db)))
         finally:
             db.close()
     spooled = _guard(problems, "the spool", lambda: _spool(state, rows, problems))
@@ -115,6 +116,32 @@ def render(problems: list[Problem], state: StateDir) -> str:
     lines = [f"{p.severity}: {p.message}" for p in problems]
     lines.append(f"{errors} error(s), {len(problems) - errors} warning(s) in {state.root}")
     return "\n".join(lines)
+
+
+def _stray_processes(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
+    """A job that is not running has no process left in its cgroup: containment ends them all with it. The
+    job's state is read after its cgroup was, so a job starting meanwhile is not taken for one that ended."""
+    from gpuq_scheduler.launcher.daemon.containment import occupied, read_record
+
+    recorded = read_record(str(state.inventory))
+    if recorded is None or not recorded.group:
+        return
+    for job_id, count in occupied(recorded.group).items():
+        found = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if found is None or found[0] != "running":
+            where = f"{recorded.group}/job-{job_id}"
+            yield Problem(
+                WARNING, f"job {job_id} is not running, but {count} process(es) are still in its cgroup {where}; "
+                f"`echo 1 > {where}/cgroup.kill` ends them"
+            )  # fmt: skip
+
+
+def containment(state: StateDir) -> str:
+    """Which containment this queue's jobs are under, as its daemon last recorded it (docs/containment.md)."""
+    from gpuq_scheduler.launcher.daemon.containment import read_record
+
+    found = read_record(str(state.inventory))
+    return f"containment: {found.describe() if found else 'not known until a daemon has run here'}"
 
 
 def exit_code(problems: list[Problem]) -> int:

@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs.model import JobRecord, JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon import containment, processes
 from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
@@ -75,6 +75,13 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     ours = {pid for found in pids.values() for pid in found}
     snapshot = source.snapshot()
     on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}
+    recorded = containment.read_record(str(queue.state.inventory))
+    group = recorded.group if recorded is not None else ""
+    for pid in on_gpus - ours:
+        owner = containment.job_of(pid, group)  # it left its job's process tree, never its cgroup
+        if owner is not None and owner in pids:
+            pids[owner].add(pid)
+            ours.add(pid)
     ours |= mps.server_pids(queue.state.mps, on_gpus - ours)  # gpuq's fence: counted with its jobs
     rows = gpu_rows(snapshot, running, ours, fences=fences(queue.state))
     drained = set(settings.get("drained", []))
@@ -92,6 +99,19 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         if shares:  # none under MPS: NVML files an MPS client's work under the server's pid
             job_util[job_id] = max(shares)
     return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util)
+
+
+def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
+    """A running job with what its cgroup has accounted so far (CPU time, peak host memory); an ended
+    job's were recorded when it ended."""
+    recorded = containment.read_record(str(state.inventory))
+    if record.state is not JobState.RUNNING or recorded is None or not recorded.group:
+        return record
+    used = containment.usage(f"{recorded.group}/job-{record.id}")
+    cpu, peak = used.get("cpu_seconds"), used.get("peak_ram")
+    return record.replace(
+        cpu_seconds=cpu if isinstance(cpu, float) else None, peak_ram=peak if isinstance(peak, int) else None
+    )
 
 
 def fences(state: StateDir) -> dict[int, str]:

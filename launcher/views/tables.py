@@ -250,6 +250,8 @@ def show(record: JobRecord, now: float | None = None) -> str:
             else "-",
         ),
         ("peak gpu memory", format_size(record.peak_mem)),
+        ("host cpu time", "-" if record.cpu_seconds is None else format_duration(record.cpu_seconds)),
+        ("peak host memory", format_size(record.peak_ram)),
         ("log", record.log),
     ]
     width = max(len(key) for key, _ in lines)

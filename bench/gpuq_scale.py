@@ -62,7 +62,8 @@ def placement_pass(pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dic
 
 def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dict[str, Any]:
     """The daemon's pass (``Scheduler.place_and_launch``) with ``pending`` queued and every GPU busy."""
-    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
+    from gpuq_scheduler.jobs.outcome import JobState
     from gpuq_scheduler.jobs.store.statedir import StateDir
     from gpuq_scheduler.jobs.store.table import JobTable
     from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
@@ -110,7 +111,8 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
 
 def build_history(home: Path, count: int) -> float:
     """A state directory with ``count`` finished jobs, written straight into the table. Returns seconds."""
-    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+    from gpuq_scheduler.jobs.outcome import JobState, Outcome
     from gpuq_scheduler.jobs.store.statedir import StateDir
     from gpuq_scheduler.jobs.store.table import JobTable
 

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from gpuq_scheduler.jobs.api import array, cancel, status, submit, wait
     from gpuq_scheduler.jobs.errors import GpuqError
     from gpuq_scheduler.jobs.functions.executor import Executor, Job, JobFailed, as_completed, wait_all
-    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Mode, Outcome
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+    from gpuq_scheduler.jobs.outcome import JobState, Outcome
 
 _EXPORTS = {
     "submit": "gpuq_scheduler.jobs.api",
@@ -49,9 +50,9 @@ _EXPORTS = {
     "GpuqError": "gpuq_scheduler.jobs.errors",
     "JobRecord": "gpuq_scheduler.jobs.model",
     "JobSpec": "gpuq_scheduler.jobs.model",
-    "JobState": "gpuq_scheduler.jobs.model",
+    "JobState": "gpuq_scheduler.jobs.outcome",
     "Mode": "gpuq_scheduler.jobs.model",
-    "Outcome": "gpuq_scheduler.jobs.model",
+    "Outcome": "gpuq_scheduler.jobs.outcome",
 }
 
 __all__ = [

@@ -11,7 +11,8 @@ import sqlite3
 from pathlib import Path
 
 from gpuq_scheduler.jobs.causes import Cause, Culprit, OutOfMemory
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.policy import blame, lifecycle

@@ -44,8 +44,8 @@ HEAVY = (
     "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch", "hashlib",
     "shutil", "pathlib",  # ~2 ms each (OpenSSL; bz2 and lzma; urllib.parse and ipaddress)
     "re", "enum", "json", "contextlib", "collections",  # 4 ms (re loads enum), 1.6 ms, 1 ms, 1 ms
-    *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.store.spool", "jobs.store.queue", "jobs.api", "jobs.config",
-                                      "launcher.cli.app")),
+    *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.outcome", "jobs.store.spool", "jobs.store.queue", "jobs.api",
+                                      "jobs.config", "launcher.cli.app")),
 )  # fmt: skip
 
 

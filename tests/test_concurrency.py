@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from gpuq_scheduler.jobs.errors import UnknownJob
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.queue import Queue, expand
 from gpuq_scheduler.jobs.store.statedir import StateDir

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.daemon import processes

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import StateDir

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs.listing import Line
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views import live
 from gpuq_scheduler.launcher.views.tables import GpuRow
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobSpec, JobState, Mode, Outcome
+from gpuq_scheduler.jobs.model import JobSpec, Mode
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 
 specs = st.builds(
     JobSpec,

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs.config import Cluster
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Mode
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
 from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable

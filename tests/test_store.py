@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuq_scheduler.jobs.errors import NotPermitted, StateDirError, UnknownJob
-from gpuq_scheduler.jobs.model import JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir

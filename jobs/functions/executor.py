@@ -32,7 +32,8 @@ from typing import Any
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NoIdYet, NotPermitted
 from gpuq_scheduler.jobs.functions import runner
-from gpuq_scheduler.jobs.model import JobRecord, JobState
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
 
 

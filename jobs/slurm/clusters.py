@@ -20,7 +20,8 @@ from gpuq_scheduler.jobs import accounts, config
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.listing import Line
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
 from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 
 SQUEUE_FIELDS = (
     "JobID",

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 
 TABLE_VERSION = 1
 

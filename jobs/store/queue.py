@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.listing import Line
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.submission import Inventory, check_host_limits

@@ -12,7 +12,8 @@ from typing import Any
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 
 TABLE_VERSION = 3
 

@@ -26,7 +26,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from gpuq_scheduler.jobs import listing
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.listing import Line
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
 

@@ -26,8 +26,9 @@ import click
 
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError
 from gpuq_scheduler.jobs.hold import client_argv, start_ticks
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, signal_name
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.naming import program_name
+from gpuq_scheduler.jobs.outcome import JobState, signal_name
 from gpuq_scheduler.launcher.cli.context import Context, JobCommand, pass_ctx
 
 HOLD = "gpuq_scheduler.jobs.hold"

@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
 

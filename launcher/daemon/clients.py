@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuq_scheduler.jobs.hold import client_alive
-from gpuq_scheduler.jobs.model import JobRecord, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.launcher.daemon import endings
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import containment, fences, joblog, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobState, Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot

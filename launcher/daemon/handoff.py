@@ -31,7 +31,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Mode, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, processes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged

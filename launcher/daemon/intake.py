@@ -19,7 +19,8 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, Outcome
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import write_atomic

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import SPOOL, StateDir
 from gpuq_scheduler.launcher.daemon import endings, intake

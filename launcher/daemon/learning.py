@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpuq_scheduler.jobs.causes import Cause
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import memory
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, Launch
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import format_size

@@ -14,7 +14,8 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, Outcome
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import endings, handoff

@@ -19,7 +19,8 @@ import os
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
-from gpuq_scheduler.jobs.model import JobRecord, JobState, Launch, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, Launch
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
@@ -31,13 +32,14 @@ from gpuq_scheduler.launcher.daemon import (
     learning,
     outcomes,
     processes,
+    readiness,
     watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
 from gpuq_scheduler.launcher.daemon.guarding import Watch
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy import fairshare, lifecycle
+from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
 
 log = logging.getLogger("gpuq.scheduler")
@@ -232,14 +234,14 @@ class Scheduler(SchedulerState):
             return
         self._last_plan_key = key
         try:
-            ready, waiting = self.eligible(now)
+            ready, waiting = readiness.eligible(self, now)
             plan = self.plan(now, snapshot, ready)
         except isolation.INPUT_ERRORS:  # a job that breaks planning fails alone, not every pass for everyone
-            bad = isolation.unplaceable(self, lambda: self.plan(now, snapshot, self.eligible(now)[0]))
+            bad = isolation.unplaceable(self, lambda: self.plan(now, snapshot, readiness.eligible(self, now)[0]))
             if not bad:
                 raise
             isolation.fail(self, bad, now)
-            ready, waiting = self.eligible(now)
+            ready, waiting = readiness.eligible(self, now)
             plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
@@ -257,73 +259,6 @@ class Scheduler(SchedulerState):
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
         fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
         self._record_reasons({**waiting, **plan.waiting, **behind, **fenced}, now)
-
-    def eligible(self, now: float) -> tuple[list[JobRecord], dict[int, str]]:
-        """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
-        dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
-        ready: list[JobRecord] = []
-        waiting: dict[int, str] = {}
-        events: list[dict[str, Any]] = []
-        deps: dict[int, list[JobRecord]] = {}
-        never: list[tuple[JobRecord, Outcome]] = []
-        for record in list(self.pending.values()):
-            if record.id in self.staged:
-                continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
-            if record.id in self.fence_waits:  # placed, its memory reserved: its MPS fence is starting
-                waiting[record.id] = fences.waiting_reason(self, record.id)
-                continue
-            if record.held:
-                waiting[record.id] = record.reason or "held"
-            elif self.not_before.get(record.id, 0) > now:
-                waiting[record.id] = f"{record.reason} (in {self.not_before[record.id] - now:.0f}s)"
-            elif record.spec.after:
-                for dep in record.spec.after:
-                    if dep not in deps:
-                        deps[dep] = self._job_list(dep)
-                readiness = lifecycle.dependencies(record.spec, deps)
-                if isinstance(readiness, lifecycle.Never):
-                    never.append((record, Outcome.not_run(readiness.reason)))
-                elif isinstance(readiness, lifecycle.Waiting):
-                    waiting[record.id] = readiness.reason
-                else:
-                    ready.append(record)
-            else:
-                ready.append(record)
-        ready = self._with_learned_memory(ready, waiting)
-        if never:
-            endings.finish_pending(self, never, now, events)
-        self.journal.extend(events)
-        if self.paused_by is not None:
-            waiting.update(
-                {r.id: f"the queue is paused (by {self.paused_by}); `gpuq resume` resumes it" for r in ready}
-            )
-            return [], waiting
-        return ready, waiting
-
-    def _with_learned_memory(self, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
-        """``--mem auto`` jobs with the reservation they get now (``daemon.learning``); those that wait for
-        their kind's probe move to ``waiting``."""
-        if not any(record.spec.mem_auto for record in ready):
-            return ready
-        placed: list[JobRecord] = []
-        for record in ready:
-            if not record.spec.mem_auto:
-                placed.append(record)
-                continue
-            resolved = learning.resolve(self, record)
-            if isinstance(resolved, str):
-                waiting[record.id] = resolved
-            else:
-                self.pending[record.id] = resolved
-                placed.append(resolved)
-        return placed
-
-    def _job_list(self, job_id: int) -> list[JobRecord]:
-        """A dependency's records: the job, or an array's members (``self.arrays`` forgets ended arrays)."""
-        if job_id in self.arrays:
-            return self.table.members(job_id)
-        record = self.pending.get(job_id) or self.table.get(job_id)
-        return self.table.members(job_id) if record is None else [record]
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
         jobs = list(self.pending.values()) if ready is None else ready

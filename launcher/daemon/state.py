@@ -16,7 +16,8 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch, Outcome
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic

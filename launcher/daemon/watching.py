@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
-from gpuq_scheduler.jobs.model import Outcome
+from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import containment, fences, learning, processes
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState

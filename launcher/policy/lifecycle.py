@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuq_scheduler.jobs.causes import Cause
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, JobState, Outcome
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.units import format_size
 
 FAIL_FAST_MEMBERS = 3  # an array whose first three members to end all failed...

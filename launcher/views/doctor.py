@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from gpuq_scheduler.jobs.errors import GpuqError
-from gpuq_scheduler.jobs.model import JobSpec, JobState
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.queue import Queue, expand

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpuq_scheduler.jobs.causes import Cause
-from gpuq_scheduler.jobs.model import JobRecord, JobState, signal_name
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 

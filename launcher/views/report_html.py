@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from gpuq_scheduler.jobs.model import JobState
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.units import format_duration, format_energy
 from gpuq_scheduler.launcher.views.report import (
     COLUMNS,

@@ -1,0 +1,82 @@
+"""Which pending jobs may be placed now, and why each of the others waits: paused, held, in backoff, behind
+its dependencies, or waiting for its kind's ``--mem auto`` probe (``launcher.daemon.learning``). A job whose
+dependency failed never will run: it is cancelled here, saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.launcher.daemon import endings, fences, learning
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.policy import lifecycle
+
+
+def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], dict[int, str]]:
+    """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
+    dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
+    ready: list[JobRecord] = []
+    waiting: dict[int, str] = {}
+    events: list[dict[str, Any]] = []
+    deps: dict[int, list[JobRecord]] = {}
+    never: list[tuple[JobRecord, Outcome]] = []
+    for record in list(scheduler.pending.values()):
+        if record.id in scheduler.staged:
+            continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
+        if record.id in scheduler.fence_waits:  # placed, its memory reserved: its MPS fence is starting
+            waiting[record.id] = fences.waiting_reason(scheduler, record.id)
+            continue
+        if record.held:
+            waiting[record.id] = record.reason or "held"
+        elif scheduler.not_before.get(record.id, 0) > now:
+            waiting[record.id] = f"{record.reason} (in {scheduler.not_before[record.id] - now:.0f}s)"
+        elif record.spec.after:
+            for dep in record.spec.after:
+                if dep not in deps:
+                    deps[dep] = _job_list(scheduler, dep)
+            readiness = lifecycle.dependencies(record.spec, deps)
+            if isinstance(readiness, lifecycle.Never):
+                never.append((record, Outcome.not_run(readiness.reason)))
+            elif isinstance(readiness, lifecycle.Waiting):
+                waiting[record.id] = readiness.reason
+            else:
+                ready.append(record)
+        else:
+            ready.append(record)
+    ready = _with_learned_memory(scheduler, ready, waiting)
+    if never:
+        endings.finish_pending(scheduler, never, now, events)
+    scheduler.journal.extend(events)
+    if scheduler.paused_by is not None:
+        waiting.update(
+            {r.id: f"the queue is paused (by {scheduler.paused_by}); `gpuq resume` resumes it" for r in ready}
+        )
+        return [], waiting
+    return ready, waiting
+
+def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
+    """``--mem auto`` jobs with the reservation they get now (``daemon.learning``); those that wait for
+    their kind's probe move to ``waiting``."""
+    if not any(record.spec.mem_auto for record in ready):
+        return ready
+    placed: list[JobRecord] = []
+    for record in ready:
+        if not record.spec.mem_auto:
+            placed.append(record)
+            continue
+        resolved = learning.resolve(scheduler, record)
+        if isinstance(resolved, str):
+            waiting[record.id] = resolved
+        else:
+            scheduler.pending[record.id] = resolved
+            placed.append(resolved)
+    return placed
+
+def _job_list(scheduler: SchedulerState, job_id: int) -> list[JobRecord]:
+    """A dependency's records: the job, or an array's members (``scheduler.arrays`` forgets ended arrays)."""
+    if job_id in scheduler.arrays:
+        return scheduler.table.members(job_id)
+    record = scheduler.pending.get(job_id) or scheduler.table.get(job_id)
+    return scheduler.table.members(job_id) if record is None else [record]

@@ -33,10 +33,11 @@ pytestmark = pytest.mark.skipif(
 
 NAMES = ("gqfbob", "gqfmallory")
 
-# What mallory writes with the client's own writer, bypassing its checks: `outbox` as any user has it.
-# argv[1] is the queue, argv[2] a JSON body: {"spec": {...}, "members": N, "throttle": T, "t": time}.
+# What mallory writes with the client's own writer, bypassing its checks: `outbox` as any user has it, a
+# shared queue's submit named by a token (the daemon gives the id). argv[1] is the queue, argv[2] a JSON body:
+# {"spec": {...}, "members": N, "throttle": T, "t": time}.
 HAND_WRITTEN = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from gpuq_scheduler.jobs.store import outbox
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -44,10 +45,10 @@ state = StateDir(Path(sys.argv[1]))
 body = json.loads(sys.argv[2])
 members = body.get("members")
 array = None if members is None else (tuple(range(members)), body.get("throttle"))
-job = outbox.allocate_ids(state, 1 + (members or 0))
-outbox.write_submit(state, job, body["spec"], body.get("t", time.time()), array)
+token = os.urandom(16).hex()
+outbox.write_request(state.token_request(token), None, body["spec"], body.get("t", time.time()), array)
 outbox.poke(state)
-print(job)
+print(token)
 """
 CONTROL = """
 import json, sys
@@ -89,8 +90,9 @@ def _spec(user: User, **fields: Any) -> dict[str, Any]:
     return {**base, **fields}
 
 
-def _hand_write(queue: SharedQueue, user: User, body: dict[str, Any]) -> int:
-    return int(queue.python_as(user, HAND_WRITTEN, str(queue.home), json.dumps(body)))
+def _hand_write(queue: SharedQueue, user: User, body: dict[str, Any]) -> str:
+    """The request's token: its file is spool/submit-<token>.json until the daemon reads it."""
+    return queue.python_as(user, HAND_WRITTEN, str(queue.home), json.dumps(body)).strip()
 
 
 def _bob_runs_and_is_recorded_right(queue: SharedQueue, bob: User) -> None:
@@ -259,7 +261,9 @@ def test_a_shared_queue_bounds_time_limits_by_default_and_setup_writes_the_caps(
     mallory = users["gqfmallory"]
     refused = queue.gpuq(mallory, "submit", "--gpus", "0", "--time", "30d", "true", check=False)
     assert refused.returncode == 2 and "this queue allows at most 7d00h" in refused.stderr, refused.stderr
-    by_hand = _hand_write(queue, mallory, {"spec": _spec(mallory, time_limit=30 * 86400.0)})
+    token = _hand_write(queue, mallory, {"spec": _spec(mallory, time_limit=30 * 86400.0)})
+    answer = queue.home / "answers" / token  # the id the daemon gave it (its client would read it there)
+    by_hand = int(wait_for(lambda: answer.exists() and answer.read_text().strip(), 30, "the daemon's answer"))
     record = wait_for(lambda: (r := queue.records(mallory).get(by_hand)) and r["state"] == "failed" and r, 30)
     assert "max_time" in record["reason"], record
     plain = queue.submit(mallory, "--gpus", "0", "true")

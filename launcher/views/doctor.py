@@ -179,9 +179,10 @@ def _open(state: StateDir, problems: list[Problem]) -> sqlite3.Connection | None
         version = int(db.execute("PRAGMA user_version").fetchone()[0])
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         verdict = [" ".join(str(line).split()) for (line,) in db.execute("PRAGMA quick_check(3)")]
-    except sqlite3.Error as err:
+    except (sqlite3.Error, UnicodeDecodeError) as err:  # a damaged schema's text need not even be UTF-8
         db.close()
-        problems.append(Problem(ERROR, f"the job table {path} cannot be read ({err}): {damaged}"))
+        said = " ".join(str(err).split())  # SQLite quotes the damaged schema, newlines and all: one line
+        problems.append(Problem(ERROR, f"the job table {path} cannot be read ({said}): {damaged}"))
         return None
     if version > TABLE_VERSION:
         problems.append(

@@ -137,16 +137,16 @@ def main() -> None:
             result["fake"]["busy"] = measure(work / "fake-busy", fake, args.passes)
         from gpuq_scheduler.launcher.gpus.nvml import NvmlGpus
 
-        nvml = NvmlGpus()
+        nvml = NvmlGpus()  # each measure's scheduler closes its source (NVML shut down): a fresh one each
         real = nvml.snapshot()
         if real:
             result["nvml"] = {"gpus": [g.name for g in real], "idle": measure(work / "nvml-idle", nvml, args.passes)}
             if args.cuda:
                 with cuda_holders(args.cuda, len(real)):
-                    result["nvml"]["busy"] = measure(work / "nvml-busy", nvml, args.passes)
+                    result["nvml"]["busy"] = measure(work / "nvml-busy", NvmlGpus(), args.passes)
         else:
             result["nvml"] = "no GPU found through NVML here"
-        nvml.close()
+            nvml.close()
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

@@ -99,8 +99,10 @@ class NvmlGpus:
             return None
 
     def close(self) -> None:
+        """Shut NVML down once: a second close (a source shared by two schedulers, as the benches do) is a no-op."""
         if self._nvml is not None:
-            self._nvml.nvmlShutdown()
+            nvml, self._nvml = self._nvml, None
+            nvml.nvmlShutdown()
 
 
 def _text(value: bytes | str) -> str:

@@ -263,7 +263,7 @@ class JobRecord:
     def ended(self, outcome: Outcome, **changes: Any) -> JobRecord:
         """This record as ``outcome`` left it (plus ``changes``)."""
         return self.replace(
-            state=outcome.state, exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
+            state=outcome.state, exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.recorded_reason(),
             cause=outcome.cause, culprit=outcome.culprit, held=False, **changes,
         )  # fmt: skip
 

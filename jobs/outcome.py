@@ -38,6 +38,19 @@ class Outcome:
     signal: int | None = None
     reason: str = ""
     culprit: int | None = None  # the job that took its memory (Cause.OOM_VICTIM)
+    outlived: int = 0  # processes that outlived its first one and were ended with it (its containment saw)
+
+    def ended_with(self) -> str:
+        """What its end had to end ("2 processes outlived the job and were ended"), or ""."""
+        if not self.outlived:
+            return ""
+        if self.outlived == 1:
+            return "1 process outlived the job and was ended"
+        return f"{self.outlived} processes outlived the job and were ended"
+
+    def recorded_reason(self) -> str:
+        """The reason as the job's record keeps it: with what its end had to end, if anything."""
+        return "; ".join(part for part in (self.reason, self.ended_with()) if part)
 
     @classmethod
     def succeeded(cls) -> Outcome:

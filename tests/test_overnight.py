@@ -146,13 +146,15 @@ def test_an_array_failing_fast_is_held_then_released(gpuq: Gpuq) -> None:
 
 
 def test_hold_release_and_update_priority(gpuq: Gpuq) -> None:
-    report = gpuq.cwd / "seen.jsonl"
-    blocker = gpuq.submit("--gpus", "4", "sleep", "1")
+    report, go = gpuq.cwd / "seen.jsonl", gpuq.cwd / "go"
+    # The blocker holds every GPU until the hold and the update are in (a fixed sleep raced them on a busy machine).
+    blocker = gpuq.submit("--gpus", "4", "sh", "-c", 'while [ ! -e "$1" ]; do sleep 0.02; done', "sh", str(go))
     low = gpuq.submit("--gpus", "4", str(REPORT), str(report), "0")
     high = gpuq.submit("--gpus", "4", str(REPORT), str(report), "0")
     held = gpuq.submit("--gpus", "4", str(REPORT), str(report), "0")
     gpuq.run("hold", str(held))
     gpuq.run("update", str(high), "--priority", "5")
+    go.touch()
     gpuq.run("wait", str(blocker), str(low), str(high))
     assert [r["job"] for r in read_reports(report)] == [high, low]
     assert gpuq.job(held)["state"] == "pending" and gpuq.job(held)["reason"].startswith("held by")

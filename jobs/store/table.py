@@ -147,7 +147,7 @@ class JobTable:
             cursor = self._db.execute(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?"
                 " WHERE id=? AND state IN ('pending', 'running')",
-                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.reason, ended_at,
+                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.recorded_reason(), ended_at,
                  outcome.cause.value, outcome.culprit, job_id),
             )
         return cursor.rowcount == 1

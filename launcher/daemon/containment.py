@@ -272,12 +272,18 @@ def members(box: Box, leader: int) -> set[int]:
     return marked.find(box.marker, leader, box.since)
 
 
-def end(box: Box | None, leader: int) -> dict[str, object]:
+def end(box: Box | None, leader: int, settle: float = 0.0) -> dict[str, object]:
     """End every process left of the job once its first process has exited, and remove its cgroup: the
     facts for the exit file's ``contained`` field (``outlived``: how many processes had to be ended;
-    from a cgroup also ``oom_kills``, ``cpu_seconds`` and ``peak_ram`` where the kernel accounts them)."""
+    from a cgroup also ``oom_kills``, ``cpu_seconds`` and ``peak_ram`` where the kernel accounts them).
+    ``settle``: gpuq signalled all of the job's processes (a cancel, its time limit), so those still on
+    their way out of that signal are given this long to go by themselves and are not counted as outliving it;
+    a job that ended by itself is counted at once (nothing else was told to end)."""
     if box is None:
         return {}
+    deadline = time.monotonic() + settle
+    while members(box, leader) and time.monotonic() < deadline:
+        time.sleep(0.01)
     if box.cgroup is None:
         return {"outlived": marked.kill(box.marker, leader, box.since, _GONE_WITHIN)}
     facts: dict[str, object] = {"outlived": len(members(box, leader))}

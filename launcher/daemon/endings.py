@@ -40,7 +40,7 @@ def finish(
             scheduler.after_commit.append(lambda: joblog.append_line(record.log, said))
     events.append({
         "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
-        "signal": outcome.signal, "reason": outcome.reason, "attempt": record.attempt,
+        "signal": outcome.signal, "reason": outcome.recorded_reason(), "attempt": record.attempt,
         "cause": outcome.cause.value, "culprit": outcome.culprit,
     })  # fmt: skip
     if ran and outcome.cause.not_its_fault:
@@ -72,10 +72,11 @@ def stopped_line(job_id: int, outcome: Outcome, ended: float) -> str | None:
     """The line for the end of a job's log when gpuq stopped it (a cancel, its time limit, a lost GPU) or its
     fence did, as Slurm writes one: "gpuq: job 7 cancelled by alice at 12:03:04". None when it ended itself."""
     at = time.strftime("%H:%M:%S", time.localtime(ended))
+    rest = f"; {outcome.ended_with()}" if outcome.outlived else ""
     if outcome.state is JobState.CANCELLED:
-        return f"gpuq: job {job_id} {outcome.reason} at {at}"
+        return f"gpuq: job {job_id} {outcome.reason} at {at}{rest}"
     if outcome.state in (JobState.TIMEOUT, JobState.LOST) or outcome.cause in _STOPPED_BY_GPUQ:
-        return f"gpuq: job {job_id} stopped at {at}: {outcome.reason}"
+        return f"gpuq: job {job_id} stopped at {at}: {outcome.reason}{rest}"
     return None
 
 
@@ -86,7 +87,7 @@ def _requeue_victim(
     after the usual first backoff, keeping the cause and culprit of the run it lost for `gpuq show`."""
     scheduler.changes += 1
     again = ended + scheduler.retry_backoff
-    reason = f"queued again, not counted against its retries: {outcome.reason}"
+    reason = f"queued again, not counted against its retries: {outcome.recorded_reason()}"
     scheduler.table.requeue(record.id, reason, not_before=again, outcome=outcome)
     scheduler.running.pop(record.id, None)
     _clean_run_files(scheduler, record.id)
@@ -104,7 +105,7 @@ def finish_pending(
     scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
     for record, outcome in endings:
         events.append({
-            "t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.reason,
+            "t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.recorded_reason(),
             "cause": outcome.cause.value,
         })  # fmt: skip
         _ended(scheduler, record, outcome)
@@ -123,7 +124,7 @@ def _ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> No
         _notify(scheduler, record.spec.notify, record.id, {
             "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
             "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
-            "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.reason,
+            "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.recorded_reason(),
         }, record)  # fmt: skip
     if record.array_id is None and scheduler.private is not None:
         scheduler.private.forget(record.id)  # its private part, cached while it could run (and notify)

@@ -110,13 +110,10 @@ def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
         if outcome.exit_code is not None:
             detail += f" (exit code {outcome.exit_code})"
         outcome = Outcome.out_of_host_memory(detail, outcome.exit_code, outcome.signal)
-    reason = outcome.reason
     outlived = facts.get("outlived")
-    if isinstance(outlived, int) and outlived > 0:
-        note = f"{outlived} processes outlived the job and were ended" if outlived > 1 else (
-            "1 process outlived the job and was ended")
-        reason = f"{reason}; {note}" if reason else note
-    return dataclasses.replace(outcome, reason=reason) if reason != outcome.reason else outcome
+    if isinstance(outlived, int) and not isinstance(outlived, bool) and outlived > 0:
+        return dataclasses.replace(outcome, outlived=outlived)
+    return outcome
 
 
 def record_host_usage(table: JobTable, job_id: int, exit_data: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
+_SETTLE = 0.5  # seconds the processes of a job gpuq signalled get to end by themselves before they are counted
 _HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a job id after a cancel or drop
 # What the daemon writes down a shim's pipe: a job to start now, or the job to start once this one ends (each
 # then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
@@ -299,7 +300,7 @@ def _supervise(
         kill_at = now + launch.grace
     returncode = reap()
     # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted.
-    contained = containment.end(launch.box, pid)
+    contained = containment.end(launch.box, pid, settle=_SETTLE if reason is not Stop.NONE else 0.0)
     if launch.box is None:
         _signal_group(pid, signal.SIGKILL)
     if out_read in watched:

@@ -239,7 +239,7 @@ class JobRecord:
     cause: Cause | None = None  # why it ended (None: it has not, or it ended before causes were recorded)
     culprit: int | None = None  # the job that took its GPU memory (Cause.OOM_VICTIM)
     peak_mem: int | None = None  # bytes, the most any one of its GPUs held for its processes
-    # From its cgroup, where one accounted them (`gpuq show` reads them; listings leave them out):
+    # From its cgroup, where one accounted them, once it ended (`views.live.with_host_usage`: while it runs):
     cpu_seconds: float | None = None  # host CPU time of all its processes
     peak_ram: int | None = None  # bytes, the most host memory they held at once
     log: str = ""

@@ -180,9 +180,6 @@ class Queue:
         from gpuq_scheduler.jobs.store import private
 
         record = self.get(job_id)
-        if record.state is not JobState.PENDING and record.cluster is None:
-            cpu_seconds, peak_ram = self.table().host_usage(job_id)
-            record = record.replace(cpu_seconds=cpu_seconds, peak_ram=peak_ram)
         if not private.is_public(record.spec):
             return record
         try:
@@ -228,9 +225,7 @@ class Queue:
         table = self.table()
         try:
             records = {r.id: r for r in table.records(active_only=active_only, limit=limit)}
-            for job_id, joules in table.energy(None if limit is None and not active_only else records).items():
-                if job_id in records:
-                    records[job_id] = records[job_id].replace(energy=joules)
+            _add_costs(table, records, None if limit is None and not active_only else list(records))
         finally:
             table.close()
         for record in spooled:
@@ -277,8 +272,7 @@ class Queue:
         table = self.table()
         try:
             found = {i: r for i in job_ids if (r := table.get(i)) is not None}
-            for job_id, joules in table.energy(found).items():
-                found[job_id] = found[job_id].replace(energy=joules)
+            _add_costs(table, found, list(found))
             missing = [i for i in job_ids if i not in found]
             if missing:
                 spooled = {r.id: r for r in self._spooled()}
@@ -308,6 +302,19 @@ def _check_ids(job_ids: Iterable[int]) -> None:
     for job_id in job_ids:
         if not 0 < job_id <= spool.MAX_ID:
             raise UnknownJob(job_id)
+
+
+def _add_costs(table: JobTable, records: dict[int, JobRecord], job_ids: list[int] | None) -> None:
+    """Give ``records`` (id -> record) what their jobs cost: GPU energy charged so far, and for ended jobs
+    the host CPU time and peak memory their cgroup accounted (a running job's row, if any, is an earlier
+    attempt's: ``views.live.with_host_usage`` reads its cgroup instead)."""
+    for job_id, joules in table.energy(job_ids).items():
+        if job_id in records:
+            records[job_id] = records[job_id].replace(energy=joules)
+    for job_id, (cpu_seconds, peak_ram) in table.host_usage(job_ids).items():
+        record = records.get(job_id)
+        if record is not None and record.state.finished and record.cluster is None:
+            records[job_id] = record.replace(cpu_seconds=cpu_seconds, peak_ram=peak_ram)
 
 
 def expand(state: StateDir, request: spool.SubmitRequest) -> list[JobRecord]:

@@ -219,13 +219,23 @@ class JobTable:
             )
 
     @_reading
-    def host_usage(self, job_id: int) -> tuple[float | None, int | None]:
-        """(CPU seconds, peak host memory) of a job's last run, where its cgroup accounted them."""
+    def host_usage(self, job_ids: Iterable[int] | None = None) -> dict[int, tuple[float | None, int | None]]:
+        """(CPU seconds, peak host memory) of each job's last run where its cgroup accounted them, for
+        ``job_ids`` (None: every job); jobs with none are left out."""
         try:
-            row = self._db.execute("SELECT cpu_seconds, peak_ram FROM host_usage WHERE job_id=?", (job_id,)).fetchone()
+            if job_ids is None:
+                rows = self._db.execute("SELECT job_id, cpu_seconds, peak_ram FROM host_usage").fetchall()
+            else:
+                ids = list(job_ids)
+                if not ids:
+                    return {}
+                marks = ",".join("?" * len(ids))
+                rows = self._db.execute(
+                    f"SELECT job_id, cpu_seconds, peak_ram FROM host_usage WHERE job_id IN ({marks})", ids
+                ).fetchall()
         except sqlite3.OperationalError:  # a table no daemon of this version opened yet
-            return None, None
-        return (None, None) if row is None else (row[0], row[1])
+            return {}
+        return {int(job_id): (cpu, peak) for job_id, cpu, peak in rows}
 
     def set_peak_mem(self, peaks: dict[int, int]) -> None:
         with self.batch():

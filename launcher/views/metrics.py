@@ -7,6 +7,10 @@
     gpuq_queue_wait_seconds                    histogram: submit -> start of every job that started
     gpuq_gpu_hours_total{user}                 counter: GPUs held times hours, by the jobs of each user (so far)
     gpuq_gpu_energy_joules_total{user}         counter: GPU energy charged to each user's jobs (docs/watchdog.md)
+    gpuq_cpu_seconds_total{user}               counter: host CPU time of each user's jobs, ended and so far
+                                               (their cgroups: docs/containment.md; absent under the fallback)
+    gpuq_job_peak_ram_bytes{user}              histogram: the peak host memory of each ended job whose cgroup
+                                               measured it (the memory controller); _sum adds the peaks up
     gpuq_gpu_memory_total_bytes{gpu,uuid}      gauge: each GPU's memory
     gpuq_gpu_memory_bytes{gpu,uuid,holder}     gauge: holder = jobs (what gpuq's jobs use now), reserved (reserved
                                                for them, not used), outside (processes outside gpuq), free
@@ -30,6 +34,7 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views.live import Picture
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
+RAM_BUCKETS = tuple(float(1 << shift) for shift in range(26, 42, 2))  # 64 MiB, 256 MiB, ... 1 TiB: --ram's sizes
 
 
 class QueueCollector(Collector):
@@ -71,6 +76,7 @@ class QueueCollector(Collector):
             hours.add_metric([user], held)
             joules.add_metric([user], used)
         yield from (hours, joules)
+        yield from _host_use(records, picture.running)
         total = GaugeMetricFamily("gpuq_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
         memory = GaugeMetricFamily("gpuq_gpu_memory_bytes", "GPU memory by holder", labels=["gpu", "uuid", "holder"])
         util = GaugeMetricFamily("gpuq_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "uuid"])
@@ -84,6 +90,34 @@ class QueueCollector(Collector):
                 util.add_metric(labels, line.utilization / 100)
             up.add_metric(labels, 0 if row.state != "ok" else 1)
         yield from (total, memory, util, up)
+
+
+def _host_use(records: list[JobRecord], running: list[JobRecord]) -> Iterator[Metric]:
+    """Host CPU time (ended jobs as recorded, running ones so far) and the distribution of ended jobs' peak
+    host memory. A job's figures are its last attempt's, so a retry that starts reads to Prometheus as a
+    counter reset. Either is left out while no job has a figure (no cgroup, or no memory controller)."""
+    now = {r.id: r for r in running}
+    cpu: dict[str, float] = {}
+    peaks: dict[str, list[int]] = {}
+    for r in records:
+        current = r if r.state.finished else now.get(r.id)
+        if current is not None and current.cpu_seconds is not None:
+            cpu[r.user] = cpu.get(r.user, 0.0) + current.cpu_seconds
+        if r.state.finished and r.peak_ram is not None:
+            peaks.setdefault(r.user, []).append(r.peak_ram)
+    if cpu:
+        seconds = CounterMetricFamily("gpuq_cpu_seconds", "Host CPU time of jobs, by user", labels=["user"])
+        for user, used in sorted(cpu.items()):
+            seconds.add_metric([user], used)
+        yield seconds
+    if peaks:
+        ram = HistogramMetricFamily(
+            "gpuq_job_peak_ram_bytes", "Peak host memory of ended jobs, by user", labels=["user"]
+        )
+        for user, sizes in sorted(peaks.items()):
+            buckets = [(_le(b), sum(1 for s in sizes if s <= b)) for b in RAM_BUCKETS] + [("+Inf", len(sizes))]
+            ram.add_metric([user], buckets, sum_value=float(sum(sizes)))
+        yield ram
 
 
 def _le(bound: float) -> str:

@@ -40,6 +40,8 @@ class JobRow:
     peak_mem: int | None  # bytes
     gpus: tuple[int, ...]
     gpus_requested: int
+    cpu_seconds: float | None = None  # host CPU time of all its processes, where its cgroup accounted it
+    peak_ram: int | None = None  # bytes of host memory at most, where its cgroup's memory controller measured it
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,10 @@ class Report:
     fenced_by_array: dict[int, int] = field(default_factory=dict)
     array_names: dict[int, str] = field(default_factory=dict)
     energy_by_user: dict[str, float] = field(default_factory=dict)  # joules of GPU energy (NVML), whole jobs
+    # Host use of whole jobs, where their cgroups accounted it: CPU seconds summed, and the largest peak
+    # memory of any one job (a sum of peaks that never coincided would describe no moment).
+    cpu_by_user: dict[str, float] = field(default_factory=dict)
+    peak_ram_by_user: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -116,6 +122,8 @@ def build_report(
     fenced_user: Counter[str] = Counter()
     fenced_array: Counter[int] = Counter()
     energy_user: dict[str, float] = defaultdict(float)
+    cpu_user: dict[str, float] = defaultdict(float)
+    ram_user: dict[str, int] = {}
     segments = []
     for record in chosen:
         held = _clip(_running(record, now), start, now)
@@ -123,6 +131,10 @@ def build_report(
         hours = count * (held[1] - held[0]) / HOUR if held else 0.0
         by_user[record.user] += hours
         energy_user[record.user] += record.energy or 0.0
+        if record.cpu_seconds is not None:
+            cpu_user[record.user] += record.cpu_seconds
+        if record.peak_ram is not None:
+            ram_user[record.user] = max(ram_user.get(record.user, 0), record.peak_ram)
         if record.array_id is not None:
             by_array[record.array_id] += hours
         share = record.spec.mem_per_gpu
@@ -155,6 +167,8 @@ def build_report(
         fenced_by_array=dict(fenced_array),
         array_names={a: names[a] for a in {r.array_id for r in chosen} if a is not None and a in names},
         energy_by_user={user: joules for user, joules in energy_user.items() if joules > 0},
+        cpu_by_user=dict(cpu_user),
+        peak_ram_by_user=ram_user,
     )
 
 
@@ -227,7 +241,8 @@ def _row(record: JobRecord, now: float, names: Mapping[int, str]) -> JobRow:
         args = member_arguments(record.spec)
     return JobRow(record.id, record.spec.display_name, record.user, array, args, record.state,
                   ending if record.exit_code is None else str(record.exit_code), record.reason,
-                  runtime(record, now), record.peak_mem, record.gpus, record.spec.gpus)  # fmt: skip
+                  runtime(record, now), record.peak_mem, record.gpus, record.spec.gpus, record.cpu_seconds,
+                  record.peak_ram)  # fmt: skip
 
 
 def _largest_first(hours: Mapping[K, float]) -> dict[K, float]:
@@ -239,20 +254,13 @@ def _largest_first(hours: Mapping[K, float]) -> dict[K, float]:
 
 def render_text(report: Report) -> str:
     """What ``gpuq report`` prints: a headline, the outcomes table, GPU-hours by user and by array."""
-    from gpuq_scheduler.jobs.units import format_energy  # one name more than the module's own import line
-
     lines = [_headline(report), _usage(report)]
     if report.rows:
-        lines += ["", _table(COLUMNS, [cells(row) for row in report.rows])]
+        lines += ["", _table(*outcome_table(report))]
     else:
         lines.append("no jobs in this window")
     if report.gpu_hours_by_user:
-        used = report.energy_by_user  # where NVML measures it (every GPU since Volta; the fake inventory)
-        by_user: list[tuple[str, ...]] = [
-            (user, hours_text(h), *([format_energy(used.get(user))] if used else []))
-            for user, h in report.gpu_hours_by_user.items()
-        ]  # fmt: skip
-        lines += ["", _table(("USER", "GPU-HOURS", "GPU ENERGY")[: len(by_user[0])], by_user)]
+        lines += ["", _table(*user_table(report))]
     if report.gpu_hours_by_array:
         by_array = [
             (str(array), report.array_names.get(array, "-"), hours_text(h))
@@ -262,6 +270,29 @@ def render_text(report: Report) -> str:
     if report.saved_by_user or report.fenced_by_user:
         lines += ["", _packing(report)]
     return "\n".join(lines)
+
+
+def user_table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """What each user's jobs used: GPU-hours, and where measured GPU energy (NVML: every GPU since Volta,
+    the fake inventory), host CPU time and the largest peak host memory (a job's cgroup): a column each
+    only where some job has a figure. The header and the rows, for the text and the page alike."""
+    from gpuq_scheduler.jobs.units import format_energy  # one name more than the module's own import line
+
+    measured = [
+        (header, shown)
+        for header, shown in (
+            ("GPU ENERGY", {user: format_energy(j) for user, j in report.energy_by_user.items()}),
+            ("CPU TIME", {user: format_duration(s) for user, s in report.cpu_by_user.items()}),
+            ("PEAK RAM", {user: format_size(b) for user, b in report.peak_ram_by_user.items()}),
+        )
+        if shown
+    ]
+    header = ("USER", "GPU-HOURS", *(h for h, _ in measured))
+    rows = [
+        (user, hours_text(hours), *(shown.get(user, "-") for _, shown in measured))
+        for user, hours in report.gpu_hours_by_user.items()
+    ]
+    return header, rows
 
 
 def _packing(report: Report) -> str:
@@ -311,13 +342,25 @@ _ORDER = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIME
           JobState.RUNNING, JobState.PENDING)  # fmt: skip
 
 
-COLUMNS = ("ID", "NAME", "USER", "ARRAY", "ARGS", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "GPUS", "REASON")
+# PEAK MEM: GPU memory (NVML); CPU TIME and PEAK RAM: host use, from the job's cgroup (HOST_COLUMNS).
+COLUMNS = ("ID", "NAME", "USER", "ARRAY", "ARGS", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "CPU TIME", "PEAK RAM",
+           "GPUS", "REASON")  # fmt: skip
+HOST_COLUMNS = (9, 10)
+
+
+def outcome_table(report: Report, name_width: int | None = 24) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The outcomes' header and rows; each host-use column only where some job has a figure in it (none
+    does without a cgroup to account it), as the users' table does."""
+    rows = [cells(row, name_width) for row in report.rows]
+    kept = [i for i in range(len(COLUMNS)) if i not in HOST_COLUMNS or any(row[i] != "-" for row in rows)]
+    return tuple(COLUMNS[i] for i in kept), [tuple(row[i] for i in kept) for row in rows]
 
 
 def cells(row: JobRow, name_width: int | None = 24) -> tuple[str, ...]:
     gpus = ",".join(map(str, row.gpus)) or ("-" if row.gpus_requested == 0 else f"({row.gpus_requested})")
     return (str(row.id), row.name[:name_width], row.user, row.array or "-", row.args[:40] or "-", row.state.value,
-            row.exit or "-", format_duration(row.runtime), format_size(row.peak_mem), gpus, row.reason)  # fmt: skip
+            row.exit or "-", format_duration(row.runtime), format_size(row.peak_mem),
+            format_duration(row.cpu_seconds), format_size(row.peak_ram), gpus, row.reason)  # fmt: skip
 
 
 def hours_text(hours: float) -> str:

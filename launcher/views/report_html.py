@@ -10,16 +10,16 @@ import time
 from collections.abc import Sequence
 
 from gpuq_scheduler.jobs.outcome import JobState
-from gpuq_scheduler.jobs.units import format_duration, format_energy
+from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.views.report import (
-    COLUMNS,
     HOUR,
     PACKING_COLUMNS,
     Report,
-    cells,
     hours_text,
     ordered_counts,
+    outcome_table,
     packing_rows,
+    user_table,
     when,
 )
 
@@ -64,12 +64,7 @@ def render_html(report: Report) -> str:
     summary += [(hours_text(sum(report.saved_by_user.values())), "GPU-hours saved by packing")]
     window = f"{when(report.start)} to {when(report.end)} ({format_duration(report.end - report.start)})"
     legend = "".join(f'<span><i style="background:{c}"></i>{s.value}</span>' for s, c in _COLOURS.items())
-    used = report.energy_by_user  # GPU energy where NVML measures it: a column of its own then
-    columns = ("USER", "GPU-HOURS", "GPU ENERGY")
-    users: list[tuple[str, ...]] = [
-        (user, hours_text(h), *([format_energy(used.get(user))] if used else []))
-        for user, h in report.gpu_hours_by_user.items()
-    ]  # fmt: skip
+    columns, users = user_table(report)
     arrays = [(str(a), report.array_names.get(a, "-"), hours_text(h)) for a, h in report.gpu_hours_by_array.items()]
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -80,8 +75,8 @@ def render_html(report: Report) -> str:
         '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
         " its job.</p>", timeline_svg(report), f'<p class="legend">{legend}</p>',
         "<h2>Outcomes</h2>",
-        html_table("outcomes", COLUMNS, [cells(row, name_width=None) for row in report.rows]),
-        "<h2>GPU-hours by user</h2>", html_table("by-user", columns[: 3 if used else 2], users),
+        html_table("outcomes", *outcome_table(report, name_width=None)),
+        "<h2>GPU-hours by user</h2>", html_table("by-user", columns, users),
         "<h2>GPU-hours by array</h2>", html_table("by-array", ("ARRAY", "NAME", "GPU-HOURS"), arrays),
         "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
         " and jobs stopped at their memory fence.</p>",

@@ -4,7 +4,8 @@
                  and a per-GPU timeline of the last hours; it reloads itself every 5 s (no script, nothing
                  fetched, and a Content-Security-Policy that would refuse either)
     /api/gpus    per GPU, as JSON
-    /api/jobs    running and waiting jobs, as JSON
+    /api/jobs    running and waiting jobs, as JSON (a running job with its GPU-hours, GPU energy, host CPU
+                 time and peak host memory so far)
     /metrics     Prometheus' text format (``metrics.py``)
 
 It shows only what every user of a shared queue may see (``gpuq status``'s public columns): never a
@@ -14,6 +15,7 @@ command line, a working directory, an environment or a log. It binds to 127.0.0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import json
 import threading
@@ -50,8 +52,11 @@ class Dashboard:
         self.lock = threading.Lock()
 
     def picture(self) -> live.Picture:
+        """The box now, its running jobs with the host CPU time and peak memory their cgroups accounted so far."""
         with self.lock:
-            return live.take(self.queue, self.source)
+            picture = live.take(self.queue, self.source)
+        running = [live.with_host_usage(self.queue.state, r) for r in picture.running]
+        return dataclasses.replace(picture, running=running)
 
     def gpus(self, picture: live.Picture) -> list[dict[str, Any]]:
         return [
@@ -64,7 +69,8 @@ class Dashboard:
         return {
             "running": [
                 {**_public(r, picture.job_use.get(r.id)), "utilization": picture.job_util.get(r.id),
-                 "gpu_hours": r.gpu_hours(picture.taken), "gpu_energy_j": r.energy}
+                 "gpu_hours": r.gpu_hours(picture.taken), "gpu_energy_j": r.energy, "cpu_seconds": r.cpu_seconds,
+                 "peak_ram": r.peak_ram}
                 for r in picture.running
             ],
             "waiting": [_public(r, None) for r in picture.waiting],

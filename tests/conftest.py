@@ -28,7 +28,7 @@ REPORT = FIXTURES / "report.py"
 # fast tier only when someone puts it on this list; a heavy test inside one of these is marked
 # `@pytest.mark.slow` where it is written.
 FAST_MODULES = frozenset({
-    "test_allocation", "test_cli_submit", "test_doctor", "test_fairshare", "test_jsontext", "test_layout",
+    "test_allocation", "test_cli_submit", "test_doctor", "test_exits", "test_fairshare", "test_jsontext", "test_layout",
     "test_lint", "test_listing", "test_live", "test_memory", "test_model", "test_placement", "test_report",
     "test_slurm_translate", "test_spool", "test_store", "test_units", "test_watchdog_policy",
 })  # fmt: skip

@@ -144,6 +144,11 @@ class StateDir:
             object.__setattr__(self, "_root", root)
         return root
 
+    def owner(self) -> int:
+        """Who owns the queue: the state directory's owner, the user its daemon runs as (root for a shared
+        queue). The one answer both the clients and the daemon use."""
+        return os.stat(self.text).st_uid
+
     def at(self, *names: str) -> str:
         """A path in the directory as a string, for the quick submit path (``NEXT_ID``, ``SPOOL``, ...)."""
         return os.path.join(self.text, *names)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ log = logging.getLogger("gpuq.requests")
 
 
 def _may_act(scheduler: SchedulerState, uid: int, record: JobRecord) -> bool:
-    return accounts.may_act(uid, record.uid, scheduler.admins, os.getuid())
+    return accounts.may_act(uid, record.uid, scheduler.admins, scheduler.state.owner())
 
 
 def _named(scheduler: SchedulerState, ids: tuple[int, ...]) -> list[JobRecord]:
@@ -135,8 +134,8 @@ def _queue_control(
     scheduler: SchedulerState, request: spool.ControlRequest, who: str, now: float, events: list[dict[str, Any]],
     apply: Callable[[SchedulerState, tuple[int, ...], str], None],
 ) -> None:  # fmt: skip
-    owner = scheduler.state.root.stat().st_uid
-    if not accounts.may_act(request.uid, owner, scheduler.admins, os.getuid()):
+    owner = scheduler.state.owner()
+    if not accounts.may_act(request.uid, owner, scheduler.admins, owner):
         log.warning("refused %s from %s", request.action, who)
         events.append({"t": now, "event": f"{request.action}-refused", "by": who})
         return

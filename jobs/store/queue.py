@@ -160,10 +160,6 @@ class Queue:
 
         return config.load().shared.admins
 
-    def wake_daemon(self) -> bool:
-        """Nudge the daemon to act now; False when none is running."""
-        return self.state.exists() and outbox.poke(self.state)
-
     # -- reads ------------------------------------------------------------------------------------
 
     def table(self) -> JobTable:

@@ -37,7 +37,7 @@ from bench.harness_table import build_rows, real_packing, table  # noqa: E402
 from bench.peers import TOOLS, Tool  # noqa: E402
 from bench.peers import gpuq as gpuq_peer  # noqa: E402
 from bench.peers import sgs as sgs_peer  # noqa: E402
-from bench.slurm_local import missing_commands  # noqa: E402
+from tests.slurm_local import missing_commands  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -1,7 +1,7 @@
 """gpuq's Python API: ``from gpuq_scheduler import submit, array, wait`` for commands, ``Executor`` for functions.
 
 The import name is the distribution's (``gpuq-scheduler``): ``gpuq`` is taken on PyPI twice over (the
-``gpuq`` GPU-query library and the ``gpuqu`` queue both install a top-level ``gpuq``), and the card's
+``gpuq`` GPU-query library and the ``gpuqu`` queue both install a top-level ``gpuq``), and the repository's
 folders keep their names inside it: ``jobs/`` installs as ``gpuq_scheduler.jobs`` and ``launcher/`` as
 ``gpuq_scheduler.launcher`` (see ``[tool.setuptools.package-dir]``), so gpuq takes no generic top-level
 name from anyone.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os as _os
 
-# Run from a source checkout (its root on sys.path, as in `python -m gpuq_scheduler` there), the card's
+# Run from a source checkout (its root on sys.path, as in `python -m gpuq_scheduler` there), the package's
 # folders sit beside this one rather than inside it: look for the subpackages there too, as an install
 # would find them. An installed copy has them inside and is left alone.
 _here = _os.path.dirname(__file__)

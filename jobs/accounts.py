@@ -64,10 +64,6 @@ class Account:
     gid: int  # primary group
     groups: tuple[int, ...]  # every group, primary included
 
-    @property
-    def is_root(self) -> bool:
-        return self.uid == 0
-
 
 @_fresh(FRESH_FOR, 512)
 def account(uid: int) -> Account | None:

@@ -1,7 +1,7 @@
 """JSON text for the plain values a client writes (requests, ``--json`` answers), without the json package.
 
-``import json`` loads ``re``, and ``re`` loads ``enum``: 5.5 ms together on the 2-core VM, a third of a
-quick ``gpuq submit`` (the whole of a submit is ~16 ms, Python's own start ~8.5 ms). A request holds only
+``import json`` loads ``re``, and ``re`` loads ``enum``: together a large part of a quick ``gpuq submit``,
+which must stay close to Python's own start (bench/cli_cost.py measures it). A request holds only
 dicts with string keys, lists, tuples, strings, ints, floats, booleans and None, which take a few lines to
 write. What is written reads back with ``json.loads`` to the same values (tests/test_jsontext.py checks it
 against the json package over random values); the daemon and every reader still parse with ``json``.

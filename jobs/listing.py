@@ -1,9 +1,9 @@
 """What a listing shows of a job: one ``Line`` per job, the few fields `gpuq status` prints.
 
-`gpuq status --all` over 100,000 finished jobs used to build 100,000 full records, each spec parsed
-from JSON and checked again, for a table that shows eight short columns: 2.8 s on a 2-core VM. A Line
-is filled straight from SQL (the spec's fields picked out by ``json_extract``), and a full record
-becomes one with ``Line.of`` (spooled jobs, cluster jobs, the few rows of the default listing).
+`gpuq status --all` over 100,000 finished jobs must not build 100,000 full records, each spec parsed from JSON
+and checked again, for a table that shows eight short columns. A Line is filled straight from SQL (the spec's
+fields picked out by ``json_extract``), and a full record becomes one with ``Line.of`` (spooled jobs, cluster
+jobs, the few rows of the default listing).
 """
 
 from __future__ import annotations

@@ -27,9 +27,6 @@ class Mode(str, enum.Enum):
     TORCHRUN = "torchrun"  # one process per GPU, started by torchrun on a port gpuq chose
 
 
-ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING)
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """Everything the submitter asked for, captured at submit time. Immutable once queued.
@@ -102,10 +99,6 @@ class JobSpec:
     def interactive(self) -> bool:
         """A `gpuq run` or `gpuq alloc` job: its program runs in a user's terminal (``jobs.hold``)."""
         return self.client is not None or "gpuq_scheduler.jobs.hold" in self.command
-
-    @property
-    def whole_gpus(self) -> bool:
-        return self.gpus > 0 and self.mem_per_gpu is None
 
     @property
     def display_name(self) -> str:

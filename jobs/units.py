@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuq_scheduler.jobs.errors import BadInput
 
-# No regular expressions here: `re` (with the enum it loads) costs ~4 ms to import on the 2-core VM, and
+# No regular expressions here: `re` (with the enum it loads) is a heavy import for the quick path, and
 # `gpuq submit --mem 10G --time 2h` parses both. str.isdecimal() is what \d matches in a str pattern.
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

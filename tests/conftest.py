@@ -23,6 +23,23 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPORT = FIXTURES / "report.py"
 
 
+# The fast tier (`pytest -m "not slow"`, docs/development.md): modules that need no root, browser, Slurm,
+# tmux or GPU and run in seconds. Every other module is marked slow here, by name, so a new module joins the
+# fast tier only when someone puts it on this list; a heavy test inside one of these is marked
+# `@pytest.mark.slow` where it is written.
+FAST_MODULES = frozenset({
+    "test_allocation", "test_cli_submit", "test_doctor", "test_exits", "test_fairshare", "test_jsontext", "test_layout",
+    "test_lint", "test_listing", "test_live", "test_memory", "test_model", "test_placement", "test_report",
+    "test_slurm_translate", "test_spool", "test_store", "test_units", "test_watchdog_policy",
+})  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem not in FAST_MODULES or item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll with a deadline instead of sleeping a fixed time."""
     deadline = time.monotonic() + timeout
@@ -83,6 +100,11 @@ class Gpuq:
     def daemon_pid(self) -> int | None:
         info = json.loads(self.run("daemon", "status", "--json").stdout)
         return info["pid"] if info["running"] else None
+
+    def wait_exit_file(self, job_id: int, timeout: float = 60) -> None:
+        """Until the job's shim wrote its exit file: the job ended, whether or not a daemon runs to see it."""
+        exit_file = self.home / "run" / f"{job_id}.exit"
+        wait_for(exit_file.exists, timeout, f"job {job_id}'s exit file")
 
     def kill_daemon(self) -> None:
         pid = self.daemon_pid()

@@ -61,7 +61,7 @@ def test_kill_9_between_launch_and_exit_keeps_the_outcome(gpuq: Gpuq) -> None:
     job_id = gpuq.submit(str(REPORT), str(report), "1", "5")
     gpuq.wait_state(job_id, "running")
     gpuq.kill_daemon()
-    time.sleep(1.5)  # the job ends while no daemon runs
+    gpuq.wait_exit_file(job_id)  # the job ends while no daemon runs
     assert read_reports(report)
     gpuq.run("daemon", "start")
     record = gpuq.wait_state(job_id, "failed")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import psutil
 
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.launcher.daemon.outcomes import tail_reason
@@ -253,6 +255,16 @@ def test_daemon_start_stop_status(gpuq: Gpuq) -> None:
     assert gpuq.daemon_pid() is None
 
 
+def _processes_of(home: Path) -> list[psutil.Process]:
+    """The live processes whose environment names ``home`` as their queue (daemons, clients, shims)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("GPUQ_HOME") == str(home) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
 def test_clients_that_all_find_no_daemon_start_exactly_one(gpuq: Gpuq) -> None:
     """Regression (CI, 2026-11-24): two submits that both found no daemon listening started two; when the
     first was stopped while the second was still importing, the second took the lock and served on, and
@@ -261,7 +273,9 @@ def test_clients_that_all_find_no_daemon_start_exactly_one(gpuq: Gpuq) -> None:
     clients = [subprocess.Popen(command, env=gpuq.env, cwd=gpuq.cwd, stdout=subprocess.DEVNULL) for _ in range(6)]
     assert [c.wait(60) for c in clients] == [0] * 6
     gpuq.run("daemon", "stop")
-    time.sleep(1.0)  # a second daemon, still importing when the first stopped, would hold the lock by now
+    # A second daemon, still importing when the first stopped, would take the lock and serve on: wait until
+    # every process started for this queue has exited, then look.
+    wait_for(lambda: not _processes_of(gpuq.home), 30, "every daemon of this queue to exit")
     assert gpuq.daemon_pid() is None
     log = (gpuq.home / "daemon.log").read_text()
     assert "another daemon already serves" not in log and log.count(" serving ") <= 1
@@ -280,7 +294,7 @@ def test_jobs_keep_running_while_the_daemon_is_stopped(gpuq: Gpuq) -> None:
     job_id = gpuq.submit(str(REPORT), str(report), "1.5")
     gpuq.wait_state(job_id, "running")
     gpuq.run("daemon", "stop")
-    time.sleep(2)
+    gpuq.wait_exit_file(job_id)
     assert read_reports(report)  # it finished with no daemon around
     gpuq.run("daemon", "start")
     assert gpuq.wait_state(job_id, "succeeded")["exit_code"] == 0

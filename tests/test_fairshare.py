@@ -314,6 +314,7 @@ shared_requests = st.builds(
 )
 
 
+@pytest.mark.slow  # many simulated ticks: seconds, not the fast tier
 @settings(SIM, max_examples=500)
 @given(st.data())
 def test_caps_hold_and_a_capped_user_never_blocks_the_others_tick_after_tick(data: st.DataObject) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuq_scheduler.launcher.daemon import processes
 from tests.conftest import Gpuq, fake_cuda_queue, wait_for
@@ -119,8 +120,13 @@ def test_alloc_without_a_shell_hands_tools_its_environment_until_released(gpuq: 
                             capture_output=True, text=True)  # fmt: skip
     assert inside.stdout.split() == ["0,1", str(held["id"])]
     waiting = gpuq.submit("--gpus", "4", "true")
-    time.sleep(1.0)
-    assert gpuq.job(waiting)["state"] == "pending"  # the allocation holds two of the four GPUs
+    # Placed or told why it waits, once the daemon has seen it: the allocation holds two of the four GPUs.
+    def seen() -> dict[str, Any] | None:
+        job = gpuq.job(waiting)
+        return job if job["state"] != "pending" or job["reason"] else None
+
+    shown = wait_for(seen, 30, "the daemon to place the job or say why it waits")
+    assert shown["state"] == "pending", shown
     refused = gpuq.run("release-alloc", str(waiting), check=False)
     assert refused.returncode == 2 and "is not an allocation" in refused.stderr
     assert "releasing" in gpuq.run("release-alloc", str(held["id"])).stdout

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,7 +176,7 @@ def test_control_daemons_left_by_a_killed_daemon_are_quit_once_their_jobs_end(mp
     mps.wait_state(job, "running")
     wait_for(lambda: list((mps.home / "mps").glob("GPU-*")), 10, "an MPS control daemon to start")
     mps.kill_daemon()
-    time.sleep(4.5)  # the job ends while no daemon runs
+    mps.wait_exit_file(job)  # the job ends while no daemon runs
     mps.run("daemon", "start")
     (record,) = _ended(mps, [job])
     assert record["state"] == "succeeded"

@@ -1,5 +1,5 @@
 """Cluster jobs through a real Slurm: `gpuq submit --on lab` runs real sbatch against a private
-slurmctld + slurmd (bench/slurm_local.py, 4 fake GPUs), slurmd runs the jobs, and gpuq reads back what
+slurmctld + slurmd (tests/slurm_local.py, 4 fake GPUs), slurmd runs the jobs, and gpuq reads back what
 happened with squeue and the jobs' exit files. No Slurm command is faked.
 
 Needs root and Debian's slurmctld, slurmd and slurm-client; skipped elsewhere, but under CI (which
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from bench.slurm_local import LocalSlurm, missing_commands
 from tests.conftest import REPORT, Gpuq, make_env, read_reports, wait_for
+from tests.slurm_local import LocalSlurm, missing_commands
 
 
 def _why_not() -> str | None:

@@ -22,10 +22,10 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
+from gpuq_scheduler.jobs.slurm.clusters import read_exit
 from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable
 from gpuq_scheduler.jobs.store.spool import ArrayPlan
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.daemon.outcomes import read_exit
 from tests.conftest import REPORT, ROOT, make_env, read_reports
 
 LAB = Cluster("lab", partition="gpu", account="ml", time=4 * 3600.0, sbatch_flags=("--qos=normal", "--gres=gpu:a100:2"))
@@ -160,7 +160,7 @@ def test_the_script_runs_the_job_in_its_cwd_and_writes_an_exit_file_gpuq_reads(t
     assert result.returncode == 3, result.stderr
     (seen,) = read_reports(report)
     assert seen["job"] == 5 and seen["cvd"] == "1,2" and seen["order"] == "PCI_BUS_ID" and seen["cwd"] == str(tmp_path)
-    data = read_exit(state.exit_file(5))
+    data = read_exit(state, 5)
     assert data is not None
     assert data["exit_code"] == 3 and data["signal"] is None and data["gpus"] == "1,2" and data["node"] == "node7"
     record = JobRecord(id=5, spec=spec, uid=0, user="u", state=JobState.RUNNING, submitted_at=0.0)
@@ -179,7 +179,7 @@ def test_an_array_members_id_log_and_index_come_from_the_task_id(tmp_path: Path)
         result = _run_script(batch, tmp_path, SLURM_ARRAY_TASK_ID=str(index), SLURM_ARRAY_JOB_ID="70")
         assert result.returncode == 0, result.stderr
         assert Path(state.log(member)).read_text() == f"{member} 20 {index} {index}\n"
-        assert read_exit(state.exit_file(member)) is not None
+        assert read_exit(state, member) is not None
     assert _run_script(batch, tmp_path, SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_JOB_ID="70").returncode == 1
 
 
@@ -188,7 +188,7 @@ def test_a_cpu_job_sees_no_gpu_even_if_the_submitters_shell_had_some(tmp_path: P
     state = _state(tmp_path)
     result = _run_script(sbatch.translate(spec, LAB, job_id=1, state=state), tmp_path, CUDA_VISIBLE_DEVICES="0")
     assert result.stdout == "[]\n"  # a single job's output goes where sbatch --output says: here, stdout
-    data = read_exit(state.exit_file(1))
+    data = read_exit(state, 1)
     assert data is not None and data["gpus"] == ""
 
 
@@ -197,7 +197,7 @@ def test_a_missing_cwd_on_the_node_fails_to_start_and_says_why(tmp_path: Path) -
     spec = JobSpec(command=("true",), cwd=str(tmp_path / "gone"))
     result = _run_script(sbatch.translate(spec, LAB, job_id=3, state=state), tmp_path)
     assert result.returncode == 1
-    data = read_exit(state.exit_file(3))
+    data = read_exit(state, 3)
     assert data is not None and "cannot enter the working directory" in data["spawn_error"]
     record = JobRecord(id=3, spec=spec, uid=0, user="u", state=JobState.RUNNING, submitted_at=0.0)
     ended = slurm.follow(record, None, data)

@@ -56,3 +56,13 @@ def test_a_request_ingested_before_a_crash_is_not_run_twice(gpuq: Gpuq) -> None:
     gpuq.submit("true")
     gpuq.run("wait")
     assert len(read_reports(report)) == 1
+
+
+def test_every_control_action_the_spool_accepts_has_one_handler_in_the_daemon() -> None:
+    """An action the spool lets through with no handler of its own would once have run as "update" or
+    "unpause" (the `else` branches): now the daemon raises, and this names the missing one first."""
+    from gpuq_scheduler.jobs.store.spool import CONTROL_ACTIONS
+    from gpuq_scheduler.launcher.daemon.requests import JOB_ACTIONS, QUEUE_ACTIONS
+
+    assert not set(JOB_ACTIONS) & set(QUEUE_ACTIONS)
+    assert sorted({*JOB_ACTIONS, *QUEUE_ACTIONS}) == sorted(CONTROL_ACTIONS)

@@ -1,4 +1,4 @@
-"""Slurm, one node on loopback with a 4-GPU GRES (bench/slurm_local.py), tuned for short jobs.
+"""Slurm, one node on loopback with a 4-GPU GRES (tests/slurm_local.py), tuned for short jobs.
 
 Jobs are ``sbatch --gres=gpu:N --output=/dev/null job.sh ...``; Slurm sets CUDA_VISIBLE_DEVICES.
 "Held": the partition is DOWN (jobs queue with reason PartitionDown); released: UP again.
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.peers.base import GPUS, Tool
-from bench.slurm_local import LocalSlurm, version
+from tests.slurm_local import LocalSlurm, version
 
 
 class Slurm(Tool):

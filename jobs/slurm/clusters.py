@@ -172,7 +172,7 @@ def refresh(state: StateDir, *, now: float | None = None) -> list[str]:
 
 def _refresh_cluster(state: StateDir, table: ClusterTable, records: list[JobRecord], now: float) -> None:
     seen = slurm.squeue(sorted({_slurm_job(r) for r in records}, key=int))
-    exits = {r.id: _read_exit(state, r.id) for r in records}  # after squeue: an exit file beats a COMPLETED
+    exits = {r.id: read_exit(state, r.id) for r in records}  # after squeue: an exit file beats a COMPLETED
     unknown = sorted({r.external_id or "" for r in records if r.external_id not in seen and exits[r.id] is None})
     accounted = (slurm.sacct(unknown) if unknown else None) or {}
     cancel_by = table.cancel_by(r.id for r in records)
@@ -217,7 +217,7 @@ def _slurm_job(record: JobRecord) -> str:
     return (record.external_id or "0").split("_")[0]
 
 
-def _read_exit(state: StateDir, job_id: int) -> dict[str, Any] | None:
+def read_exit(state: StateDir, job_id: int) -> dict[str, Any] | None:
     try:
         data = json.loads(read_bytes(state.exit_file(job_id)))
     except (OSError, ValueError):

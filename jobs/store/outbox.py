@@ -252,7 +252,7 @@ def start_daemon(state: StateDir, *, shared: bool = False) -> bool:
         from gpuq_scheduler.jobs.accounts import user_name
 
         raise DaemonError(
-            f"the queue in {state.root} belongs to {user_name(state.root.stat().st_uid)} and its daemon is not "
+            f"the queue in {state.root} belongs to {user_name(state.owner())} and its daemon is not "
             "running; ask its admin to start it (`sudo systemctl start gpuq`)"
         )
     import subprocess  # ~15 ms: paid only by the submit that finds no daemon running

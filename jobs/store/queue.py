@@ -86,7 +86,7 @@ class Queue:
         """drain/undrain GPUs, pause/unpause the queue: for whoever runs the daemon, or root."""
         uid = os.getuid() if uid is None else uid
         self.state.ensure()
-        owner = self.state.root.stat().st_uid
+        owner = self.state.owner()
         if not accounts.may_act(uid, owner, self._admins(), owner):
             raise NotPermitted(f"only {accounts.user_name(owner)} (who runs this queue) or an admin can {action} it")
         inventory = self.inventory()
@@ -153,16 +153,12 @@ class Queue:
     def _may_act(self, uid: int, record: JobRecord) -> bool:
         if uid == record.uid:
             return True  # the common case reads no config
-        return accounts.may_act(uid, record.uid, self._admins(), self.state.root.stat().st_uid)
+        return accounts.may_act(uid, record.uid, self._admins(), self.state.owner())
 
     def _admins(self) -> str | None:
         from gpuq_scheduler.jobs import config
 
         return config.load().shared.admins
-
-    def wake_daemon(self) -> bool:
-        """Nudge the daemon to act now; False when none is running."""
-        return self.state.exists() and outbox.poke(self.state)
 
     # -- reads ------------------------------------------------------------------------------------
 

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 REQUEST_SCHEMA = 1  # of the spool's request files: ``outbox`` writes it, ``spool`` refuses any other
 
-# The names the quick ``gpuq submit`` path opens as plain strings (``StateDir.at``): importing pathlib
-# cost 2.3 ms of its 18 (2-core VM), so it builds no Path.
+# The names the quick ``gpuq submit`` path opens as plain strings (``StateDir.at``): it imports no pathlib,
+# so it builds no Path.
 NEXT_ID = "next_id"
 SPOOL = "spool"
 WAKE = "wake.fifo"
@@ -90,10 +90,6 @@ def _configured_home(env: Mapping[str, str]) -> str:
             return os.fspath(configured)
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "gpuq")
-
-
-def default_home(env: Mapping[str, str] | None = None) -> Path:
-    return _path(home_text(env))
 
 
 class StateDir:
@@ -143,6 +139,11 @@ class StateDir:
             root = _path(self.text)
             object.__setattr__(self, "_root", root)
         return root
+
+    def owner(self) -> int:
+        """Who owns the queue: the state directory's owner, the user its daemon runs as (root for a shared
+        queue). The one answer both the clients and the daemon use."""
+        return os.stat(self.text).st_uid
 
     def at(self, *names: str) -> str:
         """A path in the directory as a string, for the quick submit path (``NEXT_ID``, ``SPOOL``, ...)."""
@@ -216,11 +217,9 @@ class StateDir:
         return self.root / PRIVATE
 
     # A job's own files (and a request's) are named by strings, not Paths: pathlib interns every name it
-    # parses. Python 3.12 before 3.12.7 never frees an interned string, so a daemon or an idle shim that
-    # made a Path of each job's files kept every job's file names for good (~106 bytes a name on 3.12.1;
-    # CPython gh-121780); on 3.11 the intern table, filling with dead names, was rebuilt every few thousand
-    # jobs and left ~0.9 MB holes in the daemon's heap (bench/results/soak-memory-2core-2026-11-25.md).
-    # The os functions take either; tests/test_long_lived.py checks that no gpuq process interns them.
+    # parses, and some Pythons never free an interned string (3.12 before 3.12.7, CPython gh-121780), so a
+    # long-lived daemon or shim must not make a Path of each job's files. The os functions take either;
+    # tests/test_long_lived.py checks that no gpuq process interns them.
     def private_file(self, job_id: int) -> str:
         return self.at(PRIVATE, f"{job_id}.json")
 

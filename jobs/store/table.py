@@ -308,14 +308,6 @@ class JobTable:
         return found
 
     @_reading
-    def array_env(self, array_id: int) -> dict[str, str]:
-        if self.private is not None:
-            env = self._private_field(array_id, "env")
-            return dict(env) if isinstance(env, dict) else {}
-        row = self._db.execute("SELECT env FROM arrays WHERE id=?", (array_id,)).fetchone()
-        return dict(json.loads(row[0])) if row else {}
-
-    @_reading
     def members(self, array_id: int) -> list[JobRecord]:
         query = f"SELECT {self._columns} FROM jobs WHERE array_id=? ORDER BY id"
         rows = self._db.execute(query, (array_id,)).fetchall()

@@ -1,6 +1,6 @@
 """Files a successor hand-off writes, made when the successor is staged with a shim (``launcher.daemon.shim``)
-rather than between one job's end and the next one's start on its GPUs: on the 2-core VM creating a file costs
-20-350 us of CPU, writing into one that exists ~7, and that moment is what the hand-off is for.
+rather than between one job's end and the next one's start on its GPUs: creating a file costs far more than
+writing into one that exists, and that moment is what the hand-off is for.
 
 A shim runs one job at a time, so these are the shim process's own: the running job's exit file and the
 staged job's pid file, as the temp files ``write_atomic`` fills and renames in, and the staged job's log,

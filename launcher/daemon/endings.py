@@ -52,13 +52,10 @@ def finish(
     if again is not None:
         scheduler.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
         scheduler.table.update_spec(record.id, again.spec)
-        scheduler.table.requeue(record.id, again.reason, attempt=record.attempt + 1, not_before=ended + again.delay)
-        scheduler.running.pop(record.id, None)
-        _clean_run_files(scheduler, record.id)
-        scheduler.not_before[record.id] = ended + again.delay
-        full = scheduler.table.get(record.id, with_env=True)
-        if full is not None:
-            scheduler.pending[record.id] = full
+        _queue_again(
+            scheduler, record.id, again.reason, _run_files(scheduler, record.id), attempt=record.attempt + 1,
+            not_before=ended + again.delay,
+        )  # fmt: skip
         events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
         return
     scheduler.table.finish(record.id, outcome, ended)
@@ -85,16 +82,11 @@ def _requeue_victim(
 ) -> None:
     """Another job took its memory: it runs again as the same attempt (its retries are its own to spend),
     after the usual first backoff, keeping the cause and culprit of the run it lost for `gpuq show`."""
-    scheduler.changes += 1
-    again = ended + scheduler.retry_backoff
     reason = f"queued again, not counted against its retries: {outcome.recorded_reason()}"
-    scheduler.table.requeue(record.id, reason, not_before=again, outcome=outcome)
-    scheduler.running.pop(record.id, None)
-    _clean_run_files(scheduler, record.id)
-    scheduler.not_before[record.id] = again
-    full = scheduler.table.get(record.id, with_env=True)
-    if full is not None:
-        scheduler.pending[record.id] = full
+    _queue_again(
+        scheduler, record.id, reason, _run_files(scheduler, record.id), not_before=ended + scheduler.retry_backoff,
+        outcome=outcome,
+    )  # fmt: skip
     events.append({"t": ended, "job": record.id, "event": "requeued", "reason": reason, "culprit": outcome.culprit})
 
 
@@ -139,10 +131,31 @@ def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
     scheduler.journal.extend(events)
 
 
+def _run_files(scheduler: SchedulerState, job_id: int) -> tuple[str, str]:
+    return scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id)
+
+
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
-    paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id))
+    paths = _run_files(scheduler, job_id)
     scheduler.after_commit.append(lambda: unlink(*paths))
+
+
+def _queue_again(
+    scheduler: SchedulerState, job_id: int, reason: str, run_files: tuple[str, ...], *, attempt: int | None = None,
+    not_before: float | None = None, outcome: Outcome | None = None,
+) -> None:  # fmt: skip
+    """Put a job that was running (or launching) back in the queue: in the table (``JobTable.requeue`` says
+    what each argument keeps), in the daemon's view, and its ``run_files`` gone once that is committed."""
+    scheduler.changes += 1
+    scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
+    scheduler.running.pop(job_id, None)
+    scheduler.after_commit.append(lambda: unlink(*run_files))
+    if not_before is not None:
+        scheduler.not_before[job_id] = not_before
+    full = scheduler.table.get(job_id, with_env=True)
+    if full is not None:
+        scheduler.pending[job_id] = full
 
 
 def unlink(*paths: str | os.PathLike[str]) -> None:
@@ -209,16 +222,9 @@ def _notify(
 
 
 def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
-    scheduler.changes += 1
     fences.ended(scheduler, job.record.id)
-    scheduler.table.requeue(job.record.id, reason)
-    scheduler.running.pop(job.record.id, None)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
-    exit_file = scheduler.state.exit_file(job.record.id)
-    scheduler.after_commit.append(lambda: unlink(exit_file))
-    full = scheduler.table.get(job.record.id, with_env=True)
-    if full is not None:
-        scheduler.pending[job.record.id] = full
+    _queue_again(scheduler, job.record.id, reason, (scheduler.state.exit_file(job.record.id),))
     events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
 
 

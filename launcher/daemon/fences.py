@@ -129,22 +129,26 @@ def step(scheduler: SchedulerState) -> list[tuple[JobRecord, tuple[int, ...], tu
 def ended(scheduler: SchedulerState, job_id: int) -> None:
     """A job is gone: quit its control daemon once no packed job is left there (after the commit)."""
     scheduler.fence_fallback.discard(job_id)
-    for server, jobs in list(scheduler.mps_jobs.items()):
-        if job_id in jobs:
-            jobs.discard(job_id)
-            if not jobs:
-                del scheduler.mps_jobs[server]
-                scheduler.after_commit.append(functools.partial(_quit_if_idle, scheduler, server))
+    for server in _leave(scheduler, job_id):
+        scheduler.after_commit.append(functools.partial(_quit_if_idle, scheduler, server))
 
 
 def forget(scheduler: SchedulerState, job_id: int) -> None:
     """A launch rolled back: the job is no client; a control daemon started for it alone is quit now."""
+    for server in _leave(scheduler, job_id):
+        _quit_if_idle(scheduler, server)
+
+
+def _leave(scheduler: SchedulerState, job_id: int) -> list[Key]:
+    """Take the job off the control daemons it is a client of: those left with no client."""
+    empty = []
     for server, jobs in list(scheduler.mps_jobs.items()):
         if job_id in jobs:
             jobs.discard(job_id)
             if not jobs:
                 del scheduler.mps_jobs[server]
-                _quit_if_idle(scheduler, server)
+                empty.append(server)
+    return empty
 
 
 def close(scheduler: SchedulerState) -> None:

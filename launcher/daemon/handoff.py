@@ -35,6 +35,7 @@ from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, processes, watching
+from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
@@ -193,7 +194,7 @@ def cancel(scheduler: SchedulerState, job_id: int, who: str) -> None:
 
 
 def settle(
-    scheduler: SchedulerState, ended: dict[int, tuple[dict[str, Any] | None, Launch]], written: set[str] | None,
+    scheduler: SchedulerState, ended: dict[int, tuple[ExitFile | None, Launch]], written: set[str] | None,
     now: float, events: list[dict[str, Any]],
 ) -> None:  # fmt: skip
     """Jobs ended this pass (id -> their exit file, None if they left none, and their launch, which names their
@@ -207,7 +208,7 @@ def settle(
             continue
         del scheduler.staged[job_id]
         exit_data, first = ended.get(staged.after, (None, None))
-        started = exit_data is not None and first is not None and exit_data.get("next") == job_id
+        started = exit_data is not None and first is not None and exit_data.next == job_id
         # Not started: a give-back's exit file goes too. Started, its exit file is its own (it may have ended).
         if not started:
             scheduler.after_commit.append(functools.partial(endings.unlink, scheduler.state.exit_file(job_id)))
@@ -219,7 +220,7 @@ def settle(
             continue
         if started:
             assert exit_data is not None and first is not None
-            _started(scheduler, record, staged, first, float(exit_data.get("ended_at") or now), events)
+            _started(scheduler, record, staged, first, exit_data.ended_at, events)
         elif staged.cancel_by:
             endings.finish_pending(scheduler, [(record, Outcome.cancelled(staged.cancel_by))], now, events)
 
@@ -228,8 +229,12 @@ def _given_back(scheduler: SchedulerState, job_id: int, written: set[str] | None
     """Whether the shim holding a staged job dropped it and said so in the job's exit file."""
     if written is not None and f"{job_id}.exit" not in written:
         return False
-    exit_data = outcomes.read_exit(scheduler.state.exit_file(job_id))
-    return exit_data is not None and exit_data.get("dropped") is True
+    try:
+        exit_data = outcomes.read_exit(scheduler.state.exit_file(job_id))
+    except BadExitFile as err:  # not a give-back: the job stays staged until the one ahead of it ends
+        log.error("staged job %d's exit file is not one gpuq reads: %s", job_id, err)
+        return False
+    return exit_data is not None and exit_data.dropped
 
 
 def _started(

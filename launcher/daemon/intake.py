@@ -69,8 +69,8 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     # table (``Scheduler.tick``), so a job submitted to an idle queue starts without waiting on the disk.
     inserted = set(scheduler.table.insert_pending(fresh, arrays, durable=False, intake=named))
     for info in arrays:
-        # Not its environment: the table has it, and thousands of arrays' environments kept for the
-        # daemon's lifetime were the one thing that grew in a long soak (12 KiB of RSS per array).
+        # Not its environment: the table has it, and the daemon's memory stays bounded by what placement
+        # reads (an environment is kilobytes an array).
         scheduler.arrays.setdefault(info.id, dataclasses.replace(info, env={}))
     inventory = scheduler.inventory()
     queued = _queued_by_user(scheduler)

@@ -261,8 +261,8 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
                 f"create it (`groupadd {shared.admins}`) or change the config"
             )
         state.ensure_shared()
-    # fcntl.flock, not the filelock package: filelock hooks every fork of its process, which made each
-    # shim's fork cost ~9 ms instead of ~1 ms here (measured), and a daemon's whole job is forking.
+    # fcntl.flock, not the filelock package: filelock hooks every fork of its process, and a daemon's whole
+    # job is forking shims.
     if lock_fd is None:
         lock = os.open(state.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     else:

@@ -17,9 +17,8 @@ def find(marker: str, leader: int, since: float) -> set[int]:
     """The fallback's view of a job: processes in its first process's session or group, or whose
     environment carries its marker. Only what this process may read: a root daemon's shim reads all.
 
-    One pass over /proc (about 1.6 ms of CPU with 120 processes on the 2-core VM, at each job's end): raw
-    reads, and an environment read only for a process born since the job was given out (``since``, in
-    seconds since boot): its processes are all younger than that."""
+    One pass over /proc at each job's end, kept cheap: raw reads, and an environment read only for a process born
+    since the job was given out (``since``, in seconds since boot): its processes are all younger than that."""
     needle = f"{MARKER}={marker}\0".encode()
     found = set()
     me = os.getpid()

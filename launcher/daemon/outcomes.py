@@ -8,7 +8,6 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch
@@ -16,7 +15,7 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.daemon.exits import Stop
+from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile, Stop
 
 _TAIL_BYTES = 64 << 10
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
@@ -37,13 +36,19 @@ def exit_files(run: Path) -> set[str] | None:
         return None
 
 
-def read_exit(path: str) -> dict[str, Any] | None:
-    """The shim's exit file, or None if there is none yet (or it is torn: the shim died mid-write)."""
+def read_exit(path: str) -> ExitFile | None:
+    """The shim's exit file, or None if there is none yet (or it is torn: the shim died mid-write). Raises
+    ``BadExitFile`` for one that is whole and not what a shim writes."""
     try:
         data = json.loads(read_bytes(path))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return ExitFile.from_json(data)
+
+
+def unreadable(err: BadExitFile) -> Outcome:
+    """The outcome of a job whose shim left an exit file gpuq cannot read."""
+    return Outcome.lost(f"its supervisor's exit file is not one gpuq reads: {err}")
 
 
 def log_reason(log: str) -> str | None:
@@ -97,13 +102,11 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
 
 
 
-def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
+def contained(outcome: Outcome, exit_data: ExitFile) -> Outcome:
     """The outcome with what the job's containment saw (the exit file's ``contained``, written by
     ``launcher.daemon.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
     failure, and the processes that outlived the job's first one and were ended with it."""
-    facts = exit_data.get("contained")
-    if not isinstance(facts, dict):
-        return outcome
+    facts = exit_data.contained
     kills, limit = facts.get("oom_kills"), facts.get("ram_limit")
     if isinstance(kills, int) and kills > 0 and isinstance(limit, int) and outcome.state is JobState.FAILED:
         detail = f"out of host memory at its {format_size(limit)} limit"
@@ -116,11 +119,9 @@ def contained(outcome: Outcome, exit_data: dict[str, Any]) -> Outcome:
     return outcome
 
 
-def record_host_usage(table: JobTable, job_id: int, exit_data: dict[str, Any]) -> None:
+def record_host_usage(table: JobTable, job_id: int, exit_data: ExitFile) -> None:
     """Keep what the job's cgroup accounted (the exit file's ``contained``), for `gpuq show`."""
-    facts = exit_data.get("contained")
-    if not isinstance(facts, dict):
-        return
+    facts = exit_data.contained
     cpu, peak = facts.get("cpu_seconds"), facts.get("peak_ram")
     cpu = float(cpu) if isinstance(cpu, int | float) and not isinstance(cpu, bool) else None
     peak = peak if isinstance(peak, int) and not isinstance(peak, bool) else None
@@ -130,21 +131,15 @@ def record_host_usage(table: JobTable, job_id: int, exit_data: dict[str, Any]) -
 
 
 def classify(
-    exit_data: dict[str, Any], record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]
+    exit_data: ExitFile, record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]
 ) -> Outcome | None:
     """How the job ended; None when it never started (the launch was interrupted: requeue it). ``oom``
     says what kind of CUDA out of memory it was, asked only when its log shows one."""
-    if not exit_data.get("started", True):
+    if not exit_data.started:
         return None
-    if exit_data.get("spawn_error"):
-        return Outcome.failed_to_spawn(str(exit_data["spawn_error"]))
-    code, signum, said = exit_data.get("exit_code"), exit_data.get("signal"), exit_data.get("reason", "")
-    code = code if isinstance(code, int) else None
-    signum = signum if isinstance(signum, int) else None
-    try:
-        stop = Stop(said)
-    except ValueError:
-        return Outcome.lost(f"its supervisor wrote an ending gpuq does not know: {said!r}")
+    if exit_data.spawn_error is not None:
+        return Outcome.failed_to_spawn(exit_data.spawn_error)
+    code, signum, stop = exit_data.exit_code, exit_data.signal, exit_data.reason
     # gpuq's stop comes before the exit code: a job that catches SIGTERM and exits 0 did not finish its work,
     # and reads as timed out or cancelled (as in Slurm), never as succeeded.
     if stop is Stop.TIMEOUT and record.spec.time_limit is not None:

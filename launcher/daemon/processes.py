@@ -44,11 +44,10 @@ def spawn(
     stderr to ``output``: its pid, its start time (``start_time``), and what waits for it and returns its exit
     status (negative: the signal that ended it). OSError if it cannot start.
 
-    ``os.posix_spawnp`` rather than ``subprocess.Popen``: the same vfork and exec, at a third of Popen's CPU
-    (~80 against ~230 us on the 2-core VM), spent in the moment between one job's end and the next one's
-    start on that GPU. Popen only for a job that runs as another user (a shared queue): posix_spawn cannot
-    drop privileges. Like Popen: the job's own PATH finds its program, from its directory, and SIGPIPE and
-    SIGXFSZ, which Python ignores, are default again for it."""
+    ``os.posix_spawnp`` rather than ``subprocess.Popen``: the same vfork and exec, without Popen's Python-side
+    set-up, in the moment between one job's end and the next one's start on that GPU. Popen only for a job that runs
+    as another user (a shared queue): posix_spawn cannot drop privileges. Like Popen: the job's own PATH finds its
+    program, from its directory, and SIGPIPE and SIGXFSZ, which Python ignores, are default again for it."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     if credentials or not hasattr(os, "posix_spawnp"):
         job = subprocess.Popen(
@@ -79,8 +78,8 @@ def _reap(pid: int) -> int:
 def started_between(pid: int, before: int, after: int) -> float | None:
     """``start_time(pid)`` of a process created between two CLOCK_BOOTTIME readings (ns). The kernel stamps a
     new process with that clock and /proc shows the stamp in whole clock ticks: when both readings fall in one
-    tick, that tick is the answer, without reading /proc/<pid>/stat while the process execs (~120 us of CPU
-    on the 2-core VM, at the moment the job starts). Otherwise (a tick boundary between them) it is read."""
+    tick, that tick is the answer, without reading /proc/<pid>/stat while the process execs (at the moment
+    the job starts). Otherwise (a tick boundary between them) it is read."""
     per_tick = 1_000_000_000 // _CLOCK_TICKS
     if before // per_tick == after // per_tick:
         return before // per_tick / _CLOCK_TICKS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+from collections.abc import Callable
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
@@ -25,7 +25,7 @@ log = logging.getLogger("gpuq.requests")
 
 
 def _may_act(scheduler: SchedulerState, uid: int, record: JobRecord) -> bool:
-    return accounts.may_act(uid, record.uid, scheduler.admins, os.getuid())
+    return accounts.may_act(uid, record.uid, scheduler.admins, scheduler.state.owner())
 
 
 def _named(scheduler: SchedulerState, ids: tuple[int, ...]) -> list[JobRecord]:
@@ -68,11 +68,17 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
 
 
 def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
+    """Apply one control request. Each action the spool accepts (``spool.CONTROL_ACTIONS``) has its handler
+    below; one without is an error here, never taken for another."""
     who = user_name(request.uid)
+    queue_wide, on_job = QUEUE_ACTIONS.get(request.action), JOB_ACTIONS.get(request.action)
+    if queue_wide is None and on_job is None:
+        raise ValueError(f"control action {request.action!r} has no handler in launcher.daemon.requests")
     scheduler.changes += 1
-    if request.action in ("drain", "undrain", "pause", "unpause"):
-        _queue_control(scheduler, request, who, now, events)
+    if queue_wide is not None:
+        _queue_control(scheduler, request, who, now, events, queue_wide)
         return
+    assert on_job is not None
     for record in _named(scheduler, request.ids):
         if record.id not in scheduler.pending:
             continue  # already running or ended: hold, release and update apply to pending jobs
@@ -81,23 +87,37 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
             continue
         handoff.withdraw(scheduler, record.id)  # held or changed, it may no longer be the one to go next
-        if request.action in ("hold", "release"):
-            held = request.action == "hold"
-            reason = f"held by {who}; `gpuq release {record.id}` lets it run" if held else ""
-            scheduler.table.set_held([record.id], held, reason)
-            scheduler.pending[record.id] = record.replace(held=held, reason=reason)
-        else:
-            try:
-                spec = _updated(record, request.values)
-                longest = scheduler.shared.max_time if scheduler.shared else None
-                if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
-                    raise BadInput(f"--time is longer than this queue allows (max_time {longest:g}s)")
-            except (BadInput, ValueError, TypeError) as err:
-                log.warning("refused update of job %d: %s", record.id, err)
-                continue
-            scheduler.table.update_spec(record.id, spec)
-            scheduler.pending[record.id] = record.replace(spec=spec)
-        events.append({"t": now, "job": record.id, "event": request.action, "by": who, **request.values})
+        if on_job(scheduler, record, request, who):
+            events.append({"t": now, "job": record.id, "event": request.action, "by": who, **request.values})
+
+
+def _hold(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
+    return _set_held(scheduler, record, True, f"held by {who}; `gpuq release {record.id}` lets it run")
+
+
+def _release(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
+    return _set_held(scheduler, record, False, "")
+
+
+def _set_held(scheduler: SchedulerState, record: JobRecord, held: bool, reason: str) -> bool:
+    scheduler.table.set_held([record.id], held, reason)
+    scheduler.pending[record.id] = record.replace(held=held, reason=reason)
+    return True
+
+
+def _update(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
+    """Whether the update applied: one the queue's bounds refuse is logged and changes nothing."""
+    try:
+        spec = _updated(record, request.values)
+        longest = scheduler.shared.max_time if scheduler.shared else None
+        if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
+            raise BadInput(f"--time is longer than this queue allows (max_time {longest:g}s)")
+    except (BadInput, ValueError, TypeError) as err:
+        log.warning("refused update of job %d: %s", record.id, err)
+        return False
+    scheduler.table.update_spec(record.id, spec)
+    scheduler.pending[record.id] = record.replace(spec=spec)
+    return True
 
 
 def _updated(record: JobRecord, values: dict[str, Any]) -> Any:
@@ -111,21 +131,41 @@ def _updated(record: JobRecord, values: dict[str, Any]) -> Any:
 
 
 def _queue_control(
-    scheduler: SchedulerState, request: spool.ControlRequest, who: str, now: float, events: list[dict[str, Any]]
-) -> None:
-    owner = scheduler.state.root.stat().st_uid
-    if not accounts.may_act(request.uid, owner, scheduler.admins, os.getuid()):
+    scheduler: SchedulerState, request: spool.ControlRequest, who: str, now: float, events: list[dict[str, Any]],
+    apply: Callable[[SchedulerState, tuple[int, ...], str], None],
+) -> None:  # fmt: skip
+    owner = scheduler.state.owner()
+    if not accounts.may_act(request.uid, owner, scheduler.admins, owner):
         log.warning("refused %s from %s", request.action, who)
         events.append({"t": now, "event": f"{request.action}-refused", "by": who})
         return
-    if request.action == "drain":
-        scheduler.drained |= set(request.ids)
-    elif request.action == "undrain":
-        scheduler.drained -= set(request.ids)
-    elif request.action == "pause":
-        scheduler.paused_by = who
-    else:
-        scheduler.paused_by = None
+    apply(scheduler, request.ids, who)
     scheduler.table.set_setting("drained", sorted(scheduler.drained))
     scheduler.table.set_setting("paused_by", scheduler.paused_by)
     events.append({"t": now, "event": request.action, "gpus": list(request.ids), "by": who})
+
+
+def _drain(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
+    scheduler.drained |= set(gpus)
+
+
+def _undrain(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
+    scheduler.drained -= set(gpus)
+
+
+def _pause(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
+    scheduler.paused_by = who
+
+
+def _unpause(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
+    scheduler.paused_by = None
+
+
+# What each control action does: to the queue (its owner, an admin or root may), or to each pending job it
+# names (its owner, an admin or root may). tests/test_spool.py checks these cover spool.CONTROL_ACTIONS.
+QUEUE_ACTIONS: dict[str, Callable[[SchedulerState, tuple[int, ...], str], None]] = {
+    "drain": _drain, "undrain": _undrain, "pause": _pause, "unpause": _unpause,
+}  # fmt: skip
+JOB_ACTIONS: dict[str, Callable[[SchedulerState, JobRecord, spool.ControlRequest, str], bool]] = {
+    "hold": _hold, "release": _release, "update": _update,
+}  # fmt: skip

@@ -36,6 +36,7 @@ from gpuq_scheduler.launcher.daemon import (
     watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
+from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile
 from gpuq_scheduler.launcher.daemon.guarding import Watch
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -169,13 +170,20 @@ class Scheduler(SchedulerState):
         if check_liveness:
             self._next_liveness = now + LIVENESS_EVERY
         written = outcomes.exit_files(self.state.run)
-        ended: dict[int, tuple[dict[str, Any] | None, Launch]] = {}  # for what was staged behind them
+        ended: dict[int, tuple[ExitFile | None, Launch]] = {}  # for what was staged behind them
         for job_id, job in list(self.running.items()):
-            exit_data = (
-                outcomes.read_exit(self.state.exit_file(job_id))
-                if written is None or f"{job_id}.exit" in written
-                else None
-            )  # fmt: skip
+            try:
+                exit_data = (
+                    outcomes.read_exit(self.state.exit_file(job_id))
+                    if written is None or f"{job_id}.exit" in written
+                    else None
+                )  # fmt: skip
+            except BadExitFile as err:
+                log.error("job %d's exit file is not one gpuq reads: %s", job_id, err)
+                ended[job_id] = None, job.launch
+                self.shims.ended(job_id)  # its shim wrote the file: it waits for the next job
+                endings.finish(self, job.record, outcomes.unreadable(err), now, events)
+                continue
             if exit_data is None and job.launch.boot_id != self.boot_id:
                 ended[job_id] = None, job.launch
                 endings.finish(self, job.record, Outcome.lost("the machine restarted while it ran"), now, events)
@@ -184,14 +192,15 @@ class Scheduler(SchedulerState):
                 and check_liveness
                 and not processes.is_alive(job.launch.shim_pid, job.launch.shim_start)
             ):
-                exit_data = outcomes.read_exit(self.state.exit_file(job_id))  # it may have just finished
+                with contextlib.suppress(BadExitFile):  # read just above, and not there then
+                    exit_data = outcomes.read_exit(self.state.exit_file(job_id))  # it may have just finished
                 if exit_data is None:
                     ended[job_id] = None, job.launch
                     endings.orphaned(self, job, now, events)
             if exit_data is not None:
                 ended[job_id] = exit_data, job.launch
-                if exit_data.get("next") in self.staged:
-                    self.shims.handed(job_id, exit_data["next"])  # its shim went on to the job staged behind it
+                if exit_data.next is not None and exit_data.next in self.staged:
+                    self.shims.handed(job_id, exit_data.next)  # its shim went on to the job staged behind it
                 else:
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(
@@ -202,7 +211,7 @@ class Scheduler(SchedulerState):
                 stopped = self.stopped_for.get(job_id)
                 if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
                     outcome = stopped  # we stopped it: say why, not "cancelled"
-                ended_at = float(exit_data.get("ended_at") or now)
+                ended_at = exit_data.ended_at
                 if outcome is None:
                     endings.requeue(self, job, "its launch was interrupted; queued again", events, now)
                 else:

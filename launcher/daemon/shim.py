@@ -42,14 +42,14 @@ import select
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.daemon import ahead, containment
-from gpuq_scheduler.launcher.daemon.exits import Stop
+from gpuq_scheduler.launcher.daemon.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
 
@@ -231,7 +231,7 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 def _supervise(
     launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int,
     pipe: int, handed: bool,
-) -> tuple[dict[str, object], Launch | None]:
+) -> tuple[ExitFile, Launch | None]:
     """Run the job to its end: its outcome, for the exit file, and the job staged to follow it, if any.
     ``handed``: this job followed one that just ended, and the daemon learns of both once this one started."""
     log_fd = ahead.log(launch.log)
@@ -258,7 +258,7 @@ def _supervise(
         back = None
         if launch.box is not None and launch.box.cgroup is not None:
             containment.end(launch.box, -1)  # nothing started in it; the cgroup goes
-        return {"started": True, "spawn_error": f"{what}: {err.strerror or err}"}, None
+        return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{what}: {err.strerror or err}"), None
     finally:
         containment.leave(back)
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
@@ -310,13 +310,10 @@ def _supervise(
     # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
     while pipe in watched and select.select([pipe], [], [], 0)[0]:
         _, following = _requests([pipe], watched, pipe, wake_read, launch, following)
-    return {
-        "started": True,
-        "exit_code": returncode if returncode >= 0 else None,
-        "signal": -returncode if returncode < 0 else None,
-        "reason": reason.value,
-        "contained": contained,
-    }, following
+    return ExitFile(
+        launch.job_id, 0.0, started=True, exit_code=returncode if returncode >= 0 else None,
+        signal=-returncode if returncode < 0 else None, reason=reason, contained=contained,
+    ), following
 
 
 def _requests(
@@ -355,19 +352,19 @@ def _give_back(staged: Launch | None) -> None:
     elsewhere now rather than once the job ahead of it ends."""
     if staged is not None:
         ahead.drop()  # before the exit file: once it is written, the job may start elsewhere, with its log
-        _finish(staged, {"started": False, "dropped": True}, None)
+        _finish(staged, ExitFile(staged.job_id, 0.0, started=False, dropped=True), None)
 
 
 
-def _finish(launch: Launch, outcome: dict[str, object], following: Launch | None) -> None:
-    outcome["job"] = launch.job_id
-    outcome["ended_at"] = time.time()
-    if following is not None:
-        outcome["next"] = following.job_id  # starts once this file is written; the daemon hears of it after
+def _finish(launch: Launch, outcome: ExitFile, following: Launch | None) -> None:
+    # ``next`` starts once this file is written; the daemon hears of it after.
+    outcome = replace(
+        outcome, ended_at=time.time(), next=None if following is None else following.job_id
+    )  # fmt: skip
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
-    data = json.dumps(outcome).encode()
+    data = json.dumps(outcome.to_json()).encode()
     tries = 0
     while True:  # until written: a shim that died here would leave its job "lost", whatever it did
         try:

@@ -77,8 +77,8 @@ class SchedulerState:
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
         self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
         self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        # Arrays with a member pending or running (ingest adds new ones; endings forget those whose members
-        # have all ended): every array ever submitted, kept for the daemon's lifetime, grew without bound.
+        # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
+        # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
         self.not_before: dict[int, float] = self.table.not_before()
         settings = self.table.settings()

@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq st
 @contextlib.contextmanager
 def many_rows() -> Iterator[None]:
     """Cycle collection off while a listing is built: 100,000 jobs make half a million tuples and strings
-    and not one reference cycle, and the collector, triggered by every 700 of them, scanned the growing
-    heap again and again (0.25 s of `gpuq status --all`'s 0.67 s on the 2-core VM). Turned back on after."""
+    and not one reference cycle, and the collector, triggered by every 700 of them, would scan the growing
+    heap again and again. Turned back on after."""
     enabled = gc.isenabled()
     gc.disable()
     try:

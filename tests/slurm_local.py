@@ -1,13 +1,13 @@
 """A private single-node Slurm on loopback with a fake 4-GPU GRES, for benchmarks and tests.
 
-    from bench.slurm_local import LocalSlurm
+    from tests.slurm_local import LocalSlurm
 
     with LocalSlurm(gpus=4) as slurm:          # writes configs, starts slurmctld + slurmd, waits for idle
         out = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
         ...                                    # slurm.env has SLURM_CONF; any slurm command works with it
     # daemons stopped, jobs cancelled, temp dir removed
 
-    python bench/slurm_local.py --smoke        # one sbatch --gres=gpu:2 job; prints its CUDA_VISIBLE_DEVICES
+    python tests/slurm_local.py --smoke        # one sbatch --gres=gpu:2 job; prints its CUDA_VISIBLE_DEVICES
 
 Needs root (the daemons run jobs as their submitter, and the GPU "devices" are character devices made
 with mknod: Slurm refuses regular files) and Debian's ``slurmctld slurmd slurm-client``. No munge, no

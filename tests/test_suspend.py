@@ -102,3 +102,29 @@ def test_status_and_show_say_what_a_suspended_job_holds_in_host_memory(tmp_path:
     assert json.loads(cli.run("status", "--all", "--json").stdout)[1]["state"] == "suspended"
     shown = cli.run("show", "2").stdout
     assert "38.2 GiB in host memory" in shown and "gpuq resume 2" in shown
+
+
+def test_the_old_resume_spelling_says_what_to_type_instead_and_changes_nothing(one_gpu: Gpuq) -> None:
+    one_gpu.run("pause")
+    waiting = one_gpu.submit("--gpus", "0", "true")
+    old = one_gpu.run("resume", check=False)
+    assert old.returncode == 2 and old.stderr.count("\n") == 1 and "type `gpuq unpause`" in old.stderr
+    one_gpu.run("undrain", "0")  # a GPU that is not drained: nothing to undo, and no error
+    one_gpu.run("drain", "0")
+    old = one_gpu.run("resume", "0", check=False)
+    assert old.returncode == 2 and old.stderr.count("\n") == 1 and "type `gpuq undrain 0`" in old.stderr
+    assert one_gpu.job(waiting)["state"] == "pending"  # still paused
+    assert not list((one_gpu.home / "spool").rglob("control-*"))  # nothing was asked of the daemon
+    one_gpu.run("unpause")
+    one_gpu.wait_state(waiting, "succeeded")
+
+
+def test_only_a_running_job_is_suspended_and_only_a_suspended_one_resumed(one_gpu: Gpuq) -> None:
+    one_gpu.run("pause")
+    waiting = one_gpu.submit("true")
+    for action, words in (("suspend", "can only suspend a running one"), ("resume", "can only resume a suspended one")):
+        refused = one_gpu.run(action, str(waiting), check=False)
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == f"gpuq: job {waiting} is pending; `gpuq {action}` {words}"
+    unknown = one_gpu.run("suspend", "999", check=False)
+    assert unknown.returncode == 2 and "999" in unknown.stderr and unknown.stderr.count("\n") == 1

@@ -320,6 +320,9 @@ class JobRecord:
             "node": self.node,
             "gpu_hours": self.gpu_hours(),
             "gpu_energy_j": self.energy,
+            "step": None if self.step is None else self.step.value,  # a suspend or resume under way
+            "host_bytes": self.host_bytes,  # suspended: its GPU state in host memory
+            "suspended_for": self.suspended_for,  # seconds of suspensions that ended
         }
 
 

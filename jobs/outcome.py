@@ -119,6 +119,15 @@ class Outcome:
         return cls(JobState.CANCELLED, Cause.CANCELLED, reason=f"withdrawn: {reason}")
 
     @classmethod
+    def died_suspended(cls, ended: Outcome) -> Outcome:
+        """It ended while suspended to host memory, as ``ended`` says (a suspended job cannot run: something
+        killed it); its exit code and signal kept."""
+        return cls(
+            JobState.FAILED, Cause.DIED_SUSPENDED, exit_code=ended.exit_code, signal=ended.signal,
+            reason=f"died while suspended ({ended.reason})" if ended.reason else "died while suspended",
+        )  # fmt: skip
+
+    @classmethod
     def lost(cls, reason: str) -> Outcome:
         return cls(JobState.LOST, Cause.LOST, reason=reason)
 

@@ -4,7 +4,9 @@ inventory, and a daemon killed in the middle of it."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
@@ -12,9 +14,10 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
-from tests.conftest import Gpuq, make_env
+from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
 GiB = 2**30
+COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
 
 
 def _suspended_table(path: Path) -> JobTable:
@@ -128,3 +131,97 @@ def test_only_a_running_job_is_suspended_and_only_a_suspended_one_resumed(one_gp
         assert refused.stderr.strip() == f"gpuq: job {waiting} is pending; `gpuq {action}` {words}"
     unknown = one_gpu.run("suspend", "999", check=False)
     assert unknown.returncode == 2 and "999" in unknown.stderr and unknown.stderr.count("\n") == 1
+
+
+def _counts(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _counting_queue(tmp_path: Path, **extra: str) -> Gpuq:
+    queue = fake_cuda_queue(tmp_path, "1x80GiB", **{"GPUQ_FAKE_HOST_MEMORY": "256GiB", **extra})
+    shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
+    return queue
+
+
+def _suspended_counter(queue: Gpuq, last: int = 100_000, *more: str) -> tuple[int, Path]:
+    """A counting job holding 60 GiB of the one GPU, suspended once it counted and its memory was seen."""
+    counts = queue.cwd / "counts"
+    job = queue.submit(*more, "fake_counter.py", "60", str(counts), str(last))
+    wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+    assert queue.run("suspend", str(job)).stdout == f"suspending job {job}\n"
+    queue.wait_state(job, "suspended", timeout=15)
+    return job, counts
+
+
+def test_suspend_frees_the_gpu_for_another_job_and_resume_goes_on_from_where_it_stopped(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path)
+    try:
+        job, counts = _suspended_counter(queue)
+        shown = queue.job(job)
+        assert shown["host_bytes"] == int(60.5 * GiB) and shown["gpus"] == [0] and shown["step"] is None
+        assert "60.5 GiB in host memory" in queue.run("status").stdout
+        stopped = _counts(counts)
+        # The GPU is free: a job that needs 70 of its 80 GiB runs there now, and ends.
+        other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")
+        assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
+        assert _counts(counts) == stopped  # no progress while suspended
+        assert queue.run("resume", str(job)).stdout == f"resuming job {job}\n"
+        queue.wait_state(job, "running")
+        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))  # on from where it was
+        resumed = queue.job(job)
+        assert resumed["host_bytes"] is None and resumed["suspended_for"] > 0 and resumed["reason"] == ""
+        queue.run("cancel", str(job))
+        queue.wait_state(job, "cancelled")
+    finally:
+        queue.cleanup()
+
+
+def test_the_time_limit_does_not_run_while_suspended(tmp_path: Path) -> None:
+    """A job of about 3 s of counting under a 6 s limit, suspended for longer than its whole limit: it ends
+    as it would have without the suspension, having counted to the end, not as a timeout."""
+    queue = _counting_queue(tmp_path)
+    try:
+        job, counts = _suspended_counter(queue, 150, "--time", "6s")
+        until = time.monotonic() + 7
+        wait_for(lambda: time.monotonic() > until and queue.job(job)["state"] == "suspended", 30, "7 s suspended")
+        queue.run("resume", str(job))
+        assert queue.wait_state(job, "succeeded", "timeout", "failed")["state"] == "succeeded"
+        assert _counts(counts) == list(range(1, 151))
+    finally:
+        queue.cleanup()
+
+
+def test_a_job_the_driver_cannot_checkpoint_is_left_running_and_says_why(tmp_path: Path) -> None:
+    """A client of an MPS server: the driver's lock answers 801 (not supported), as the fake's does. The
+    suspend is undone, the job runs on, and its reason says why."""
+    queue = _counting_queue(tmp_path, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "mps"))
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("fake_counter.py", "10", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        queue.run("suspend", str(job))
+        refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
+        assert refused["state"] == "running" and refused["step"] is None
+        why = "it runs as a client of an MPS server, which the driver cannot checkpoint"
+        assert refused["reason"] == f"not suspended: {why}"
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()
+
+
+def test_too_little_host_memory_refuses_the_suspend(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path, GPUQ_FAKE_HOST_MEMORY="32GiB")
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("fake_counter.py", "60", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        queue.run("suspend", str(job))
+        refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
+        assert refused["state"] == "running" and refused["step"] is None
+        assert "60.5 GiB of GPU state would not fit in the host's 32.0 GiB" in refused["reason"]
+        queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()

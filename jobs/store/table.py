@@ -376,10 +376,12 @@ class JobTable:
             )
 
     @_reading
-    def running(self) -> list[tuple[JobRecord, Launch]]:
+    def running(self, state: JobState = JobState.RUNNING) -> list[tuple[JobRecord, Launch]]:
+        """Running jobs (or, ``state``, suspended ones: alive too) and how to find each one's shim again."""
         rows = self._db.execute(
             f"SELECT {self._columns}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
-            " WHERE state='running' ORDER BY id"
+            " WHERE state=? ORDER BY id",
+            (state.value,),
         ).fetchall()
         return [(self._whole(schema.record_from(row[:-5])), Launch(*row[-5:])) for row in rows]
 

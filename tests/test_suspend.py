@@ -4,7 +4,9 @@ inventory, and a daemon killed in the middle of it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -223,5 +225,83 @@ def test_too_little_host_memory_refuses_the_suspend(tmp_path: Path) -> None:
         assert refused["state"] == "running" and refused["step"] is None
         assert "60.5 GiB of GPU state would not fit in the host's 32.0 GiB" in refused["reason"]
         queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()
+
+
+def _restart(queue: Gpuq) -> None:
+    queue.kill_daemon()
+    queue.run("daemon", "start")
+
+
+def test_a_daemon_killed_while_a_job_is_suspended_finds_it_suspended_and_can_resume_it(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path)
+    try:
+        job, counts = _suspended_counter(queue)
+        stopped = _counts(counts)
+        _restart(queue)
+        other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")  # its GPU is still free
+        assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
+        assert queue.job(job)["state"] == "suspended" and _counts(counts) == stopped
+        queue.run("resume", str(job))
+        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()
+
+
+def test_a_daemon_killed_in_the_middle_of_a_suspend_undoes_it_and_places_nothing_on_its_gpu(tmp_path: Path) -> None:
+    """The checkpoint takes 3 s here; the daemon is killed while it runs. Its helper finishes on its own;
+    the next daemon waits for it, then undoes the suspend: the job counts on, on its GPU, and a job that
+    wants that GPU waits for it (nothing is placed twice)."""
+    queue = _counting_queue(tmp_path, GPUQ_FAKE_CHECKPOINT_SECONDS="3")
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("fake_counter.py", "60", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        queue.run("suspend", str(job))
+        wait_for(lambda: queue.job(job)["step"] == "suspending", 30, "the suspend to begin")
+        _restart(queue)
+        other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")
+        wait_for(lambda: (shown := queue.job(job))["state"] == "running" and shown["step"] is None, 60, "the undo")
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        assert queue.job(other)["state"] == "pending"
+        queue.run("cancel", str(job))
+        assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
+        assert _counts(counts) == list(range(1, len(_counts(counts)) + 1))
+    finally:
+        queue.cleanup()
+
+
+def test_a_daemon_killed_in_the_middle_of_a_resume_finishes_it(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path, GPUQ_FAKE_CHECKPOINT_SECONDS="2")
+    try:
+        job, counts = _suspended_counter(queue)
+        stopped = _counts(counts)
+        queue.run("resume", str(job))
+        wait_for(lambda: queue.job(job)["step"] == "resuming", 30, "the resume to begin")
+        _restart(queue)
+        other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")  # the resuming job holds the GPU
+        wait_for(lambda: (shown := queue.job(job))["state"] == "running" and shown["step"] is None, 60, "the resume")
+        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        assert queue.job(other)["state"] == "pending"
+        queue.run("cancel", str(job))
+        assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
+    finally:
+        queue.cleanup()
+
+
+def test_a_suspended_job_whose_process_dies_is_recorded_so(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path)
+    try:
+        job, _ = _suspended_counter(queue)
+        pid = json.loads((queue.home / "run" / f"{job}.pid").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        ended = queue.wait_state(job, "failed", "cancelled", "lost")
+        assert ended["cause"] == "died-suspended" and ended["signal"] == signal.SIGKILL
+        assert ended["reason"] == "died while suspended (killed by SIGKILL)"
     finally:
         queue.cleanup()

@@ -33,8 +33,11 @@ FREEZE_WITHIN = 10.0  # seconds a cgroup may take to report itself frozen
 
 
 def checkpointer(fake: bool, usage: str | None) -> Checkpointer:
-    """The fake inventory's (``usage``: GPUQ_FAKE_USAGE) or the driver's."""
-    return FakeCheckpoint(usage) if fake else DriverCheckpoint()
+    """The fake inventory's (``usage``: GPUQ_FAKE_USAGE; GPUQ_FAKE_CHECKPOINT_SECONDS: how long each of its
+    checkpoints and restores takes), or the driver's."""
+    if fake:
+        return FakeCheckpoint(usage, float(os.environ.get("GPUQ_FAKE_CHECKPOINT_SECONDS") or 0.0))
+    return DriverCheckpoint()
 
 
 def cuda_processes(cuda: Checkpointer, box: Box | None, leader: int) -> dict[int, CudaState]:

@@ -17,6 +17,7 @@ import ctypes
 import enum
 import json
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -99,9 +100,11 @@ class FakeCheckpoint:
     between leaves it readable, as the driver's is. A client of an MPS server (CUDA_MPS_PIPE_DIRECTORY in
     its environment) is refused as the driver refuses one."""
 
-    def __init__(self, usage: str | os.PathLike[str] | None) -> None:
-        """``usage`` None: no fake process says what it holds (GPUQ_FAKE_USAGE unset), none is a CUDA one."""
+    def __init__(self, usage: str | os.PathLike[str] | None, seconds: float = 0.0) -> None:
+        """``usage`` None: no fake process says what it holds (GPUQ_FAKE_USAGE unset), none is a CUDA one.
+        ``seconds``: how long each checkpoint and restore takes (the driver's take seconds per 10 GB)."""
         self.usage = Path(usage) if usage else None
+        self.seconds = seconds
 
     def _files(self, pid: int) -> tuple[Path, Path, Path]:
         usage = self.usage or Path("/nonexistent")
@@ -127,12 +130,14 @@ class FakeCheckpoint:
     def checkpoint(self, pid: int) -> None:
         if self.state(pid) is not CudaState.LOCKED:
             raise CheckpointError(pid, "cuCheckpointProcessCheckpoint", 1)
+        time.sleep(self.seconds)
         on_gpu, in_host, _ = self._files(pid)
         os.replace(on_gpu, in_host)
 
     def restore(self, pid: int) -> None:
         if self.state(pid) is not CudaState.CHECKPOINTED:
             raise CheckpointError(pid, "cuCheckpointProcessRestore", 1)
+        time.sleep(self.seconds)
         on_gpu, in_host, _ = self._files(pid)
         os.replace(in_host, on_gpu)
 

@@ -8,6 +8,8 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -303,5 +305,37 @@ def test_a_suspended_job_whose_process_dies_is_recorded_so(tmp_path: Path) -> No
         ended = queue.wait_state(job, "failed", "cancelled", "lost")
         assert ended["cause"] == "died-suspended" and ended["signal"] == signal.SIGKILL
         assert ended["reason"] == "died while suspended (killed by SIGKILL)"
+    finally:
+        queue.cleanup()
+
+
+HAND_WRITTEN = """
+import sys
+from pathlib import Path
+from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.statedir import StateDir
+state = StateDir(Path(sys.argv[1]))
+outbox.write_control(state, "suspend", [int(sys.argv[2])])
+outbox.poke(state)
+"""
+
+
+def test_an_mps_fenced_job_is_refused_in_one_line_and_by_the_daemon(tmp_path: Path) -> None:
+    queue = _counting_queue(tmp_path, GPUQ_FAKE_MPS="1")
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("--mem", "12G", "fake_counter.py", "5", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        refused = queue.run("suspend", str(job), check=False)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+        assert f"job {job} runs as a client of an MPS server" in refused.stderr
+        assert not list((queue.home / "spool").glob("control-*"))  # nothing was asked
+        # Asked all the same (the client's checks bypassed): the daemon refuses it too, and it runs on.
+        subprocess.run([sys.executable, "-c", HAND_WRITTEN, str(queue.home), str(job)], env=queue.env, check=True)
+        refusal = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
+        assert refusal["state"] == "running" and "client of an MPS server" in refusal["reason"]
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        queue.run("cancel", str(job))
     finally:
         queue.cleanup()

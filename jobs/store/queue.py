@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gpuq_scheduler.jobs import accounts
@@ -82,10 +82,14 @@ class Queue:
             outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
         return pending
 
-    def suspend(self, action: str, ids: Iterable[int], *, uid: int | None = None) -> list[JobRecord]:
+    def suspend(
+        self, action: str, ids: Iterable[int], *, uid: int | None = None,
+        refuse: Callable[[list[JobRecord]], None] | None = None,
+    ) -> list[JobRecord]:  # fmt: skip
         """Ask the daemon to suspend running jobs to host memory, or (``action="resume"``) to resume suspended
         ones (an array id stands for its members in that state). The owner, the queue's owner or an admin
-        only; refuses before writing anything, a job in neither state included."""
+        only; refuses before writing anything, a job in neither state included (and what ``refuse`` raises
+        for the jobs chosen)."""
         uid = os.getuid() if uid is None else uid
         wanted, named = list(dict.fromkeys(ids)), self.resolve(ids)
         source = JobState.RUNNING if action == "suspend" else JobState.SUSPENDED
@@ -103,6 +107,8 @@ class Queue:
                 raise BadInput(f"job {job_id} is {found.state.value}; `gpuq {action}` can only {how}")
         if not chosen:
             raise BadInput(f"no {source.value} job among {', '.join(map(str, wanted))}; nothing to {action}")
+        if refuse is not None:
+            refuse(chosen)
         outbox.write_control(self.state, action, [r.id for r in chosen])
         return chosen
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from gpuq_scheduler.jobs.errors import BadInput, UnknownJob
+from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, pass_ctx
 
 
@@ -35,7 +38,8 @@ def _act(ctx: Context, action: str, job_ids: tuple[int, ...]) -> None:
 
     queue = ctx.jobs()
     try:
-        chosen = queue.suspend(action, job_ids)
+        check = functools.partial(_refuse_mps_clients, ctx) if action == "suspend" else None
+        chosen = queue.suspend(action, job_ids, refuse=check)
     except (BadInput, UnknownJob):
         if action == "resume":
             _old_spelling(ctx, job_ids)
@@ -43,6 +47,25 @@ def _act(ctx: Context, action: str, job_ids: tuple[int, ...]) -> None:
     ensure_daemon(ctx.state)
     for record in chosen:
         click.echo(f"{'suspending' if action == 'suspend' else 'resuming'} job {record.id}")
+
+
+def _refuse_mps_clients(ctx: Context, chosen: list[JobRecord]) -> None:
+    """A packed one-GPU job on a queue whose fence is MPS runs as a client of an MPS server, whose lock the
+    driver refuses (801): said here, in one line, before anything is asked (the daemon checks it too)."""
+    import json
+
+    try:
+        with open(ctx.state.inventory, "rb") as handle:
+            fences = {gpu["index"]: gpu.get("fence") for gpu in json.load(handle)["gpus"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for record in chosen:
+        spec = record.spec
+        if spec.mem_per_gpu is not None and spec.gpus == 1 and all(fences.get(g) == "mps" for g in record.gpus):
+            raise BadInput(
+                f"job {record.id} runs as a client of an MPS server (packed with --mem under the MPS fence), which "
+                "the driver cannot checkpoint; it cannot be suspended"
+            )
 
 
 def _old_spelling(ctx: Context, ids: tuple[int, ...]) -> None:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.store import schema
@@ -157,8 +159,12 @@ def _suspended_counter(queue: Gpuq, last: int = 100_000, *more: str) -> tuple[in
     return job, counts
 
 
-def test_suspend_frees_the_gpu_for_another_job_and_resume_goes_on_from_where_it_stopped(tmp_path: Path) -> None:
-    queue = _counting_queue(tmp_path)
+@pytest.mark.parametrize("containment", ["auto", "fallback"])
+def test_suspend_frees_the_gpu_for_another_job_and_resume_goes_on_from_where_it_stopped(
+    tmp_path: Path, containment: str
+) -> None:
+    """Its cgroup frozen where it has one (gpus.json says which), else each of its processes stopped."""
+    queue = _counting_queue(tmp_path, GPUQ_CONTAINMENT=containment)
     try:
         job, counts = _suspended_counter(queue)
         shown = queue.job(job)

@@ -31,7 +31,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
-from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
@@ -103,6 +103,8 @@ def _refusal(scheduler: SchedulerState, job: Running) -> str:
         return "a job is staged to start on its GPUs when it ends; try again once that one started"
     if not job.record.gpus:
         return "it holds no GPU"
+    if job.record.spec.mode is Mode.TORCHRUN:
+        return "it runs a process per GPU under torchrun, whose NCCL state the driver's checkpoint does not cover"
     gpu_bytes = sum(scheduler.held.get(job_id, {}).values())
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
     margin = max(MARGIN, int(total * MARGIN_SHARE))

@@ -308,7 +308,7 @@ def ordered_counts(report: Report) -> list[tuple[JobState, int]]:
 
 # The headline's order: how things ended first, then what is still going on.
 _ORDER = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.LOST,
-          JobState.RUNNING, JobState.PENDING)  # fmt: skip
+          JobState.RUNNING, JobState.SUSPENDED, JobState.PENDING)  # fmt: skip
 
 
 COLUMNS = ("ID", "NAME", "USER", "ARRAY", "ARGS", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "GPUS", "REASON")

@@ -155,7 +155,7 @@ def _suspended_counter(queue: Gpuq, last: int = 100_000, *more: str) -> tuple[in
     job = queue.submit(*more, "fake_counter.py", "60", str(counts), str(last))
     wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
     assert queue.run("suspend", str(job)).stdout == f"suspending job {job}\n"
-    queue.wait_state(job, "suspended", timeout=15)
+    queue.wait_state(job, "suspended", timeout=60)
     return job, counts
 
 

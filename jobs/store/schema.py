@@ -278,6 +278,8 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
         return db, version
     except sqlite3.DatabaseError as err:
         raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+    except UnicodeDecodeError:  # SQLite's own schema text damaged past UTF-8
+        raise StateDirError(f"cannot read the job table {path}: its schema is damaged; run `gpuq doctor`") from None
 
 
 def locked_out(path: Path) -> bool:

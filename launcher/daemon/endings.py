@@ -140,7 +140,7 @@ def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
 
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
-    paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id))
+    paths = (scheduler.state.exit_file(job_id), scheduler.state.pid_file(job_id), scheduler.state.pause_file(job_id))
     scheduler.after_commit.append(lambda: unlink(*paths))
 
 
@@ -213,8 +213,8 @@ def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[d
     scheduler.table.requeue(job.record.id, reason)
     scheduler.running.pop(job.record.id, None)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
-    exit_file = scheduler.state.exit_file(job.record.id)
-    scheduler.after_commit.append(lambda: unlink(exit_file))
+    exit_file, pause_file = scheduler.state.exit_file(job.record.id), scheduler.state.pause_file(job.record.id)
+    scheduler.after_commit.append(lambda: unlink(exit_file, pause_file))  # a new run: no time suspended yet
     full = scheduler.table.get(job.record.id, with_env=True)
     if full is not None:
         scheduler.pending[job.record.id] = full

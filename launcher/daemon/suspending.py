@@ -46,6 +46,7 @@ log = logging.getLogger("gpuq.suspend")
 
 MARGIN = 2 << 30  # bytes of host memory left free beyond a job's GPU state, at the least...
 MARGIN_SHARE = 0.05  # ...or this share of the host's memory: a suspend never pushes the box into swap
+RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Acting:
     action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
     began: float = 0.0  # wall time
     bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
+    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
+    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
 
 
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
@@ -132,23 +135,32 @@ def host_memory(fake: bool = False) -> tuple[int, int]:
 
 
 def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who: str, now: float) -> None:
-    """Record the step, then start its child; the pause file names the child for a daemon started later."""
+    """Record the step; once that is committed, start its child (a daemon that dies before the commit leaves
+    nothing done that its successor does not know of). The pause file names the child for a later daemon."""
     record = job.record
     if record.step is not step and not scheduler.table.mark_step(record.id, step):
         return
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=sum(scheduler.held.get(record.id, {}).values()))
-    order = {"action": action, **_subject(scheduler, record.id)}
-    acting.child = subprocess.Popen(
-        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon.suspender", json.dumps(order)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
-    )  # fmt: skip
     scheduler.acting[record.id] = acting
-    paused = _pause(scheduler, record.id)
-    if step is Step.SUSPENDING and paused.get("since") is None:
-        paused["since"] = time.monotonic()  # its time limit stops running now
-    paused["child"] = [acting.child.pid, processes.start_time(acting.child.pid) or 0.0]
-    _write_pause(scheduler, record.id, paused)
+    order = {"action": action, **_subject(scheduler, record.id)}
+
+    def start() -> None:
+        paused = _pause(scheduler, record.id)
+        if step is Step.SUSPENDING and paused.get("since") is None:
+            paused["since"] = time.monotonic()  # its time limit stops running now
+        _write_pause(scheduler, record.id, paused)
+        acting.child = subprocess.Popen(
+            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon.suspender", json.dumps(order)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        paused["child"] = [acting.child.pid, processes.start_time(acting.child.pid) or 0.0]
+        _write_pause(scheduler, record.id, paused)
+
+    scheduler.after_commit.append(start)
+    # A pass that fails drops ``start``: then the step is undone (a suspend) or finished (a resume) as after
+    # a restart, whether or not it was recorded.
+    scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
 def _subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
@@ -191,11 +203,13 @@ def recover(scheduler: SchedulerState) -> None:
     now = time.time()
     for job in list(scheduler.running.values()):
         if job.record.step is Step.SUSPENDING:
-            scheduler.acting[job.record.id] = Acting(Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id))
+            scheduler.acting[job.record.id] = Acting(
+                Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True
+            )
     for job_id, job in list(scheduler.suspended.items()):
         if job.record.step is Step.RESUMING:
             scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # it holds its GPUs again
-            scheduler.acting[job_id] = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id))
+            scheduler.acting[job_id] = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
     for acting in scheduler.acting.values():
         acting.began = now
 
@@ -210,8 +224,10 @@ def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
 def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """Once a pass: collect the children that finished, start the resumes whose GPUs are free."""
     for job_id, acting in list(scheduler.acting.items()):
+        if acting.child is None and not acting.again:
+            continue  # its child starts once this pass is committed
         if acting.child is None:  # recovered: run again once the earlier daemon's child is gone
-            if acting.left is not None and processes.is_alive(*acting.left):
+            if (acting.left is not None and processes.is_alive(*acting.left)) or now < acting.retry_at:
                 continue
             job = scheduler.running.get(job_id)
             if job is None:
@@ -267,7 +283,7 @@ def _settle(
         # resume is tried again next pass.
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
         events.append({"t": now, "job": job_id, "event": "resume-failed", "why": str(result.get("why"))})
-        scheduler.acting[job_id] = Acting(acting.step, acting.by, began=now)
+        scheduler.acting[job_id] = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
         return
     if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
         scheduler.table.undo_step(job_id)

@@ -108,7 +108,7 @@ def _refusal(scheduler: SchedulerState, job: Running) -> str:
         return "it holds no GPU"
     if job.record.spec.mode is Mode.TORCHRUN:
         return "it runs a process per GPU under torchrun, whose NCCL state the driver's checkpoint does not cover"
-    gpu_bytes = sum(scheduler.held.get(job_id, {}).values())
+    gpu_bytes = gpu_state(scheduler, job)
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
     margin = max(MARGIN, int(total * MARGIN_SHARE))
     if gpu_bytes + margin > available:
@@ -117,6 +117,18 @@ def _refusal(scheduler: SchedulerState, job: Running) -> str:
             f"of available memory with {margin / 2**30:.1f} GiB to spare"
         )
     return ""
+
+
+def gpu_state(scheduler: SchedulerState, job: Running) -> int:
+    """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
+    lists for its processes."""
+    held = scheduler.held.get(job.record.id)
+    if held:
+        return sum(held.values())
+    return sum(
+        used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
+        for pid, used in (gpu.processes or {}).items() if pid in job.pids
+    )  # fmt: skip
 
 
 def host_memory(fake: bool = False) -> tuple[int, int]:
@@ -141,7 +153,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     if record.step is not step and not scheduler.table.mark_step(record.id, step):
         return
     job.record = record.replace(step=step)
-    acting = Acting(step, who, action=action, began=now, bytes=sum(scheduler.held.get(record.id, {}).values()))
+    acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     scheduler.acting[record.id] = acting
     order = {"action": action, **_subject(scheduler, record.id)}
 

@@ -33,6 +33,7 @@ class Cause(str, enum.Enum):
     DEPENDENCY = "dependency"  # never run: a job it depended on did not succeed
     GPU_LOST = "gpu-lost"  # stopped because a GPU it held stopped answering
     LOST = "lost"  # its end was not seen: its supervisor was killed, the machine restarted
+    DIED_SUSPENDED = "died-suspended"  # it ended while suspended to host memory (killed: it could not run)
 
     @property
     def out_of_memory(self) -> bool:

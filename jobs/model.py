@@ -14,7 +14,7 @@ from typing import Any
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.naming import program_name
-from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.rules import check_spec, sweep_values
 
 
@@ -244,6 +244,12 @@ class JobRecord:
     external_id: str | None = None  # its id there: a Slurm job id, or ARRAYJOB_TASK for an array member
     node: str | None = None  # the cluster node it ran on
     energy: float | None = None  # joules of GPU energy charged to it (``launcher.policy.energy``); None: none
+    # Suspended to host memory (`gpuq suspend`): the step in progress, the bytes of GPU state held in host
+    # memory while suspended, since when (wall time), and the seconds of earlier suspensions.
+    step: Step | None = None
+    host_bytes: int | None = None
+    suspended_at: float | None = None
+    suspended_for: float = 0.0
 
     def gpu_hours(self, now: float | None = None) -> float | None:
         """The GPUs it was given times the hours it held them (up to ``now`` while it runs), as fair share
@@ -307,6 +313,9 @@ class JobRecord:
             "node": self.node,
             "gpu_hours": self.gpu_hours(),
             "gpu_energy_j": self.energy,
+            "step": None if self.step is None else self.step.value,  # a suspend or resume under way
+            "host_bytes": self.host_bytes,  # suspended: its GPU state in host memory
+            "suspended_for": self.suspended_for,  # seconds of suspensions that ended
         }
 
 

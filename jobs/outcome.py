@@ -16,6 +16,7 @@ from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
 class JobState(str, enum.Enum):
     PENDING = "pending"
     RUNNING = "running"
+    SUSPENDED = "suspended"  # alive, its GPU state in host memory, its GPUs back in the pool
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -24,7 +25,20 @@ class JobState(str, enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING)
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
+
+
+class Step(str, enum.Enum):
+    """A suspend or resume in progress, recorded before its first act so that a daemon restarted in the
+    middle of it knows which to finish or undo (``launcher.daemon.suspending``). None: none in progress."""
+
+    SUSPENDING = "suspending"  # running -> suspended: freezing, locking, checkpointing
+    RESUMING = "resuming"  # suspended -> running: restoring, unlocking, thawing
+
+
+def in_host_memory(size: int) -> str:
+    """What a suspended job holds, for people: "38.2 GiB in host memory"."""
+    return f"{size / 2**30:.1f} GiB in host memory"
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,15 @@ class Outcome:
     def withdrawn(cls, reason: str) -> Outcome:
         """A job that never ran and never will: recorded cancelled, saying why."""
         return cls(JobState.CANCELLED, Cause.CANCELLED, reason=f"withdrawn: {reason}")
+
+    @classmethod
+    def died_suspended(cls, ended: Outcome) -> Outcome:
+        """It ended while suspended to host memory, as ``ended`` says (a suspended job cannot run: something
+        killed it); its exit code and signal kept."""
+        return cls(
+            JobState.FAILED, Cause.DIED_SUSPENDED, exit_code=ended.exit_code, signal=ended.signal,
+            reason=f"died while suspended ({ended.reason})" if ended.reason else "died while suspended",
+        )  # fmt: skip
 
     @classmethod
     def lost(cls, reason: str) -> Outcome:

@@ -70,9 +70,9 @@ def test_retries_and_learning_decide_by_the_cause_not_the_words() -> None:
 
 
 def _as_version_2(path: Path) -> None:
-    """Make a version-3 table what version 2 was: no typed causes."""
+    """Make a table of this version what version 2 was: no typed causes, nothing suspended."""
     db = sqlite3.connect(path, isolation_level=None)
-    for column, _ in schema.CAUSED:
+    for column, _ in [*schema.CAUSED, *schema.SUSPENSION]:
         db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     db.execute("PRAGMA user_version=2")
     db.close()

@@ -33,7 +33,7 @@ def test_forty_mixed_jobs_survive_repeated_kill_9_of_the_daemon(gpuq: Gpuq) -> N
         if i % 8 == 7:  # kill while requests are still arriving: some are ingested, some wait in the spool
             gpuq.kill_daemon()
             kills += 1
-    gpuq.run("resume")
+    gpuq.run("unpause")
     kills_while_running = 0
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and kills_while_running < 10:

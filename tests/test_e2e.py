@@ -339,7 +339,7 @@ def test_an_upgraded_daemon_migrates_a_version_1_table_with_a_job_running(gpuq: 
     before = gpuq.run("status", "--all").stdout
     gpuq.run("daemon", "stop")
     db = sqlite3.connect(gpuq.home / "jobs.db", isolation_level=None)
-    for column in [*(c for c, _, _ in schema.LISTED), *(c for c, _ in schema.CAUSED)]:
+    for column in [*(c for c, _, _ in schema.LISTED), *(c for c, _ in [*schema.CAUSED, *schema.SUSPENSION])]:
         db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     db.execute("PRAGMA user_version=1")
     db.close()

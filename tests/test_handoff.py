@@ -51,7 +51,7 @@ def test_jobs_queued_behind_a_running_one_start_from_its_shim_once_each_in_order
     gpuq = one_gpu
     gpuq.run("pause")
     ids = [stamped(gpuq, 0.4) for _ in range(5)]
-    gpuq.run("resume")
+    gpuq.run("unpause")
     for job_id in ids:
         gpuq.wait_state(job_id, "succeeded")
     runs = stamps(gpuq)
@@ -71,7 +71,7 @@ def test_successors_that_end_before_their_hand_off_is_recorded_are_recorded_ende
     gpuq = one_gpu
     gpuq.run("pause")
     ids = [stamped(gpuq, 0.3), *(stamped(gpuq, 0) for _ in range(4))]
-    gpuq.run("resume")
+    gpuq.run("unpause")
     for job_id in ids:
         gpuq.wait_state(job_id, "succeeded", timeout=20)
     assert any("after" in e for e in events(gpuq, "started")), "no job was handed off"
@@ -109,7 +109,7 @@ def test_holding_a_staged_job_keeps_it_from_starting_until_released(one_gpu: Gpu
     assert len(stamps(gpuq)[staged]) == 2
 
 
-@pytest.mark.parametrize("stop, go", [(["pause"], ["resume"]), (["drain", "0"], ["resume", "0"])])
+@pytest.mark.parametrize("stop, go", [(["pause"], ["unpause"]), (["drain", "0"], ["undrain", "0"])])
 def test_a_paused_queue_or_a_drained_gpu_takes_a_staged_job_back(one_gpu: Gpuq, stop: list[str], go: list[str]) -> None:
     gpuq = one_gpu
     first = stamped(gpuq, 1.5)
@@ -173,7 +173,7 @@ def test_a_staged_job_goes_to_a_gpu_that_frees_first_rather_than_wait(tmp_path: 
         long = stamped(gpuq, 30)
         short = stamped(gpuq, 2)
         staged = stamped(gpuq, 0)
-        gpuq.run("resume")
+        gpuq.run("unpause")
         staged_behind(gpuq, staged, long)  # both started in one pass: the lower id is first in line
         ran = gpuq.wait_state(staged, "succeeded", timeout=20)
         assert gpuq.job(long)["state"] == "running", "the staged job waited for the long job to end"

@@ -92,7 +92,7 @@ def test_a_table_row_that_breaks_placement_fails_alone_and_the_queue_goes_on(gpu
     db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), bad))
     db.commit()
     db.close()
-    gpuq.run("resume")
+    gpuq.run("unpause")
     good = gpuq.submit("--gpus", "1", "true")
     assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
     record = gpuq.wait_state(bad, "failed", timeout=30)
@@ -195,7 +195,7 @@ def test_a_request_that_passes_the_checks_but_breaks_ingest_is_set_aside_alone(g
     state = StateDir(gpuq.home)
     spec = JobSpec(("true",), str(gpuq.cwd), gpus=0).to_json()
     outbox.write_submit(state, 2**63 - 3, spec, time.time(), (tuple(range(5)), None))
-    gpuq.run("resume")  # read in the same pass as the bad request
+    gpuq.run("unpause")  # read in the same pass as the bad request
     assert gpuq.wait_state(good, "succeeded", "failed", timeout=30)["state"] == "succeeded"
     said = wait_for(lambda: (s := gpuq.run("status").stderr) and "was set aside" in s and s, 20, "the note")
     assert "made the daemon's pass fail (OverflowError" in said, said
@@ -214,7 +214,7 @@ def test_a_queued_job_past_the_new_bounds_is_still_read(gpuq: Gpuq) -> None:
     db.commit()
     db.close()
     assert gpuq.job(job)["retries"] == 500
-    gpuq.run("resume")
+    gpuq.run("unpause")
     assert gpuq.wait_state(job, "succeeded", "failed", timeout=30)["state"] == "succeeded"
 
 

@@ -66,7 +66,7 @@ def test_lines_from_the_table_equal_lines_made_from_its_records(
 def _as_version_1(path: Path) -> None:
     """Make a table of this version what version 1 was: no copies of the spec's listed fields, no causes."""
     db = sqlite3.connect(path, isolation_level=None)
-    for column in [*(c for c, _, _ in schema.LISTED), *(c for c, _ in schema.CAUSED)]:
+    for column in [*(c for c, _, _ in schema.LISTED), *(c for c, _ in [*schema.CAUSED, *schema.SUSPENSION])]:
         db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     db.execute("PRAGMA user_version=1")
     db.close()

@@ -48,7 +48,7 @@ def test_no_process_of_the_queue_interns_a_jobs_file_names(gpuq: Gpuq, tmp_path:
     ids.append(gpuq.submit("--notify", "true", "true"))
     doomed = gpuq.submit("--after", str(ids[-1]), "sleep", "60")
     gpuq.run("cancel", str(doomed))
-    gpuq.run("resume")
+    gpuq.run("unpause")
     gpuq.run("wait", check=False)
     states = {job["id"]: job["state"] for job in gpuq.status()}
     assert [states[i] for i in ids].count("succeeded") == len(ids) - 1, states

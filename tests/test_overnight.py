@@ -172,31 +172,31 @@ def test_jobs_start_by_priority_then_by_id(gpuq: Gpuq) -> None:
     for job_id in reversed(list(priorities)):
         if priorities[job_id]:
             gpuq.run("update", str(job_id), "--priority", str(priorities[job_id]))
-    gpuq.run("resume")
+    gpuq.run("unpause")
     gpuq.run("wait", *map(str, priorities))
     events = [json.loads(line) for line in (gpuq.home / "events.jsonl").read_text().splitlines()]
     started = [e["job"] for e in events if e.get("event") == "started"]
     assert started == sorted(priorities, key=lambda job_id: (-priorities[job_id], job_id))
 
 
-def test_drain_a_gpu_then_resume_it(gpuq: Gpuq) -> None:
+def test_drain_a_gpu_then_undrain_it(gpuq: Gpuq) -> None:
     report = gpuq.cwd / "seen.jsonl"
     gpuq.run("drain", "0", "1", "2")
     ids = [gpuq.submit("--gpus", "1", str(REPORT), str(report), "0.1") for _ in range(3)]
     gpuq.run("wait", *map(str, ids))
     assert {r["cvd"] for r in read_reports(report)} == {"3"}
-    gpuq.run("resume", "0", "1", "2")
+    gpuq.run("undrain", "0", "1", "2")
     ids = [gpuq.submit("--gpus", "1", str(REPORT), str(report), "1") for _ in range(4)]
     gpuq.run("wait", *map(str, ids))
     assert {r["cvd"] for r in read_reports(report)[3:]} == {"0", "1", "2", "3"}
 
 
-def test_pause_starts_nothing_until_resumed(gpuq: Gpuq) -> None:
+def test_pause_starts_nothing_until_unpaused(gpuq: Gpuq) -> None:
     gpuq.run("pause")
     job_id = gpuq.submit("--gpus", "1", "true")
     record = wait_for(lambda: (r := gpuq.job(job_id))["reason"] and r, 10, "a reason")
     assert record["state"] == "pending" and "paused" in record["reason"]
-    gpuq.run("resume")
+    gpuq.run("unpause")
     gpuq.wait_state(job_id, "succeeded")
 
 

@@ -285,7 +285,7 @@ def test_fair_share_interleaves_two_users_arrays_and_caps_hold(queue: SharedQueu
     first = queue.submit(alice, "--array", "0-5", "--gpus", "1", *queue.stamp(0.4))
     second = queue.submit(bob, "--array", "0-5", "--gpus", "1", *queue.stamp(0.4))
     third = queue.submit(carol, "--gpus", "1", *queue.stamp(0.4))
-    queue.gpuq(None, "resume")
+    queue.gpuq(None, "unpause")
     for user, job_id in ((alice, first), (bob, second), (carol, third)):
         queue.wait(user, job_id)
     records = queue.records()
@@ -315,7 +315,7 @@ def test_fair_share_puts_the_lighter_user_first_and_says_why(queue: SharedQueue,
     queue.gpuq(None, "pause")
     a = queue.submit(alice, "--gpus", "1", *queue.stamp())
     b = queue.submit(bob, "--gpus", "1", *queue.stamp())
-    queue.gpuq(None, "resume")
+    queue.gpuq(None, "unpause")
     try:
         reason = wait_for(lambda: "fair-share" in (r := queue.records()[a]["reason"]) and r, 10, "a fair-share reason")
     except AssertionError:
@@ -349,7 +349,7 @@ def test_queued_job_cap_and_oversized_jobs_are_refused_with_reasons(queue: Share
     assert [records[i]["state"] for i in ids] == ["pending", "pending"]
     assert records[third]["state"] == "failed" and "max_queued_per_user" in records[third]["reason"]
     assert "at most 1 GPUs" in records[big]["reason"]
-    queue.gpuq(None, "resume")
+    queue.gpuq(None, "unpause")
 
 
 def test_a_rewound_id_counter_loses_no_job(queue: SharedQueue, users: dict[str, User]) -> None:

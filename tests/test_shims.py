@@ -85,7 +85,7 @@ def test_a_stray_sigterm_ends_an_idle_shim_and_the_next_job_still_runs(one_gpu: 
     for pid in idle:
         os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not set(idle) & set(idle_shims(gpuq)), 10, "the idle shims to end")
-    gpuq.run("resume")
+    gpuq.run("unpause")
     assert gpuq.wait_state(waiting, "succeeded")["exit_code"] == 0
     assert shim_of(gpuq, waiting) not in idle
 
@@ -147,7 +147,7 @@ def test_a_job_starts_as_from_its_submitters_shell_and_one_that_cannot_says_why(
     denied = gpuq.submit("unrunnable")
     (tools / "gone").unlink()
     (tools / "unrunnable").chmod(0o644)
-    gpuq.run("resume")
+    gpuq.run("unpause")
     assert gpuq.wait_state(where, "succeeded")["exit_code"] == 0
     fields = dict(word.split("=") for word in log(gpuq, where).split())
     assert fields["dir"] == str(gpuq.cwd) and fields["session"] == fields["pid"], fields

@@ -62,7 +62,8 @@ def test_every_control_action_the_spool_accepts_has_one_handler_in_the_daemon() 
     """An action the spool lets through with no handler of its own would once have run as "update" or
     "unpause" (the `else` branches): now the daemon raises, and this names the missing one first."""
     from gpuq_scheduler.jobs.store.spool import CONTROL_ACTIONS
-    from gpuq_scheduler.launcher.daemon.requests import JOB_ACTIONS, QUEUE_ACTIONS
+    from gpuq_scheduler.launcher.daemon.requests import JOB_ACTIONS, QUEUE_ACTIONS, RUNNING_ACTIONS
 
-    assert not set(JOB_ACTIONS) & set(QUEUE_ACTIONS)
-    assert sorted({*JOB_ACTIONS, *QUEUE_ACTIONS}) == sorted(CONTROL_ACTIONS)
+    tables = (set(JOB_ACTIONS), set(QUEUE_ACTIONS), set(RUNNING_ACTIONS))
+    assert sum(map(len, tables)) == len(set().union(*tables))  # each action in one table only
+    assert sorted(set().union(*tables)) == sorted(CONTROL_ACTIONS)

@@ -1,6 +1,6 @@
 """gpuq on fake GPUs (``GPUQ_FAKE_GPUS=4x80GiB``), with a private state directory and daemon.
 
-"Held": ``gpuq pause``; released: ``gpuq resume``. A batch is queued through the Python API (the same
+"Held": ``gpuq pause``; released: ``gpuq unpause``. A batch is queued through the Python API (the same
 spool files the CLI writes; only the CLI's start-up is skipped, and queueing is not timed).
 """
 
@@ -111,7 +111,7 @@ class Gpuq(Tool):
             submit(argv, gpus=gpus, mem=mem, home=self.home)
 
     def release(self) -> None:
-        self.gpuq("resume")
+        self.gpuq("unpause")
 
     def wait_idle(self, timeout: float = 300.0) -> None:
         self.gpuq("wait", check=False, timeout=timeout)

@@ -13,9 +13,9 @@ from typing import Any
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
-from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.outcome import JobState, Step
 
-TABLE_VERSION = 3
+TABLE_VERSION = 4
 
 # Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
 # so that `gpuq status --all` reads 100,000 jobs without parsing 100,000 specs with json_extract.
@@ -29,6 +29,12 @@ LISTED = (
 # Version 3: why a job ended, typed (``jobs.causes.Cause``), and for a victim of CUDA out of memory the job
 # that took its memory. (column, its type)
 CAUSED = (("cause", "TEXT"), ("culprit", "INTEGER"))
+
+# Version 4: a job suspended to host memory (``gpuq suspend``): the step in progress (``jobs.outcome.Step``,
+# NULL when none), the bytes of GPU state its processes hold in host memory while suspended, when the
+# current suspension began (wall time, for records) and the seconds it spent suspended before (its time
+# limit does not run then). (column, its type)
+SUSPENSION = (("step", "TEXT"), ("host_bytes", "INTEGER"), ("suspended_at", "REAL"), ("suspended_for", "REAL"))
 
 # A version-2 table gets its causes from what was recorded then, once, as the daemon migrates it: its
 # state, exit code and signal, and for out of memory the words a version-2 daemon wrote (the one place a
@@ -77,6 +83,10 @@ CREATE TABLE IF NOT EXISTS host_usage (
     peak_ram INTEGER
 );
 """
+# The jobs not finished, suspended ones included (SQLite uses a partial index only for a query that names
+# its condition word for word: ``LIVE_STATES`` is that condition).
+LIVE_STATES = "state IN ('pending', 'running', 'suspended')"
+LIVE = f"CREATE INDEX IF NOT EXISTS jobs_live ON jobs(state) WHERE {LIVE_STATES};\n"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -107,7 +117,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-""" + ",\n".join(f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED]) + """
+""" + ",\n".join(
+    f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED, *SUSPENSION]
+) + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -125,17 +137,20 @@ CREATE TABLE IF NOT EXISTS arrays (
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """ + LEARNED + HOST_USAGE + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
-"""
+""" + LIVE
 
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
 
 COLUMNS = (
     "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
-    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held, cause, culprit"
+    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held, cause, culprit, "
+    "step, host_bytes, suspended_at, suspended_for"
 )
-# The same from a table no daemon of version 3 has opened yet (`gpuq status` before the upgraded daemon ran).
-COLUMNS_V2 = COLUMNS.replace("cause, culprit", "NULL, NULL")
+# The same from a table no daemon of version 4 (or 3) has opened yet (`gpuq status` before the upgraded
+# daemon ran): nothing was ever suspended there.
+COLUMNS_V3 = COLUMNS.replace("step, host_bytes, suspended_at, suspended_for", "NULL, NULL, NULL, NULL")
+COLUMNS_V2 = COLUMNS_V3.replace("cause, culprit", "NULL, NULL")
 
 
 def create_table(path: Path) -> None:
@@ -167,6 +182,10 @@ def migrate(db: sqlite3.Connection, version: int) -> None:
             for column, kind in CAUSED:
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
             db.execute(f"UPDATE jobs SET cause = {_CAUSE_OF_V2} WHERE state NOT IN ('pending', 'running')")
+        if version < 4:
+            for column, kind in SUSPENSION:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            db.execute(LIVE)
         db.execute(f"PRAGMA user_version={TABLE_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")
@@ -218,6 +237,10 @@ def record_from(
         held=bool(row[19]),
         cause=None if row[20] is None else Cause(row[20]),
         culprit=row[21],
+        step=None if row[22] is None else Step(row[22]),
+        host_bytes=row[23],
+        suspended_at=row[24],
+        suspended_for=row[25] or 0.0,
     )
 
 
@@ -255,6 +278,8 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
         return db, version
     except sqlite3.DatabaseError as err:
         raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
+    except UnicodeDecodeError:  # SQLite's own schema text damaged past UTF-8
+        raise StateDirError(f"cannot read the job table {path}: its schema is damaged; run `gpuq doctor`") from None
 
 
 def locked_out(path: Path) -> bool:

@@ -62,7 +62,7 @@ class SubmitRequest:
 
 @dataclass(frozen=True)
 class ControlRequest:
-    """hold, release, update, drain, resume-gpu, pause, resume: small changes to queued jobs or the queue."""
+    """hold, release, update, suspend, resume (jobs); drain, undrain, pause, unpause (the queue)."""
 
     path: str
     uid: int
@@ -88,7 +88,7 @@ class BadRequest:
 
 Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
 
-CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause")
+CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause", "suspend", "resume")
 
 
 def scan(state: StateDir) -> list[Request]:

@@ -245,6 +245,10 @@ class StateDir:
     def pid_file(self, job_id: int) -> str:
         return self.at(RUN, f"{job_id}.pid")
 
+    def pause_file(self, job_id: int) -> str:
+        """How long a job was suspended (``gpuq suspend``), for its shim's time limit."""
+        return self.at(RUN, f"{job_id}.paused")
+
     def next_file(self, job_id: int) -> str:
         return self.at(RUN, f"{job_id}.next")
 

@@ -27,7 +27,7 @@ from gpuq_scheduler.jobs import listing
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
-from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step, in_host_memory
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
 
@@ -62,7 +62,10 @@ class JobTable:
         self.private = private
         self._db, version = schema.connect(path, create=create)
         self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
-        self._columns = schema.COLUMNS if version >= 3 else schema.COLUMNS_V2  # no causes recorded yet
+        # A table no daemon of this version opened yet: no causes recorded (before 3), nothing suspended (4).
+        self._columns = (
+            schema.COLUMNS if version >= 4 else schema.COLUMNS_V3 if version == 3 else schema.COLUMNS_V2
+        )
 
     def close(self, *, rollback_mode: bool = False) -> None:
         """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
@@ -145,8 +148,8 @@ class JobTable:
         """Record how an active job ended. False if it had already ended (a second report is ignored)."""
         with self.batch():
             cursor = self._db.execute(
-                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?"
-                " WHERE id=? AND state IN ('pending', 'running')",
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
+                f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
                 (outcome.state.value, outcome.exit_code, outcome.signal, outcome.recorded_reason(), ended_at,
                  outcome.cause.value, outcome.culprit, job_id),
             )
@@ -156,10 +159,44 @@ class JobTable:
         """Record many endings in one transaction (cancelling a 10,000-member array is one fsync)."""
         with self.batch():
             self._db.executemany(
-                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?"
-                " WHERE id=? AND state IN ('pending', 'running')",
+                "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
+                f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
                 [(o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
                  for job_id, o, t in endings],
+            )
+
+    def mark_step(self, job_id: int, step: Step) -> bool:
+        """Record a suspend or resume as begun, before its first act (False: the job is not in the state the
+        step starts from, or another step is in progress)."""
+        source = "running" if step is Step.SUSPENDING else "suspended"
+        with self.batch():
+            cursor = self._db.execute(
+                "UPDATE jobs SET step=? WHERE id=? AND state=? AND step IS NULL", (step.value, job_id, source)
+            )
+        return cursor.rowcount == 1
+
+    def undo_step(self, job_id: int) -> None:
+        """The step in progress was undone: the job stands where it stood before it."""
+        with self.batch():
+            self._db.execute("UPDATE jobs SET step=NULL WHERE id=?", (job_id,))
+
+    def mark_suspended(self, job_id: int, host_bytes: int, at: float) -> None:
+        """The suspend finished: its GPUs are back in the pool, its state in ``host_bytes`` of host memory."""
+        with self.batch():
+            self._db.execute(
+                "UPDATE jobs SET state='suspended', step=NULL, host_bytes=?, suspended_at=?, reason=?"
+                " WHERE id=? AND state='running'",
+                (host_bytes, at, in_host_memory(host_bytes), job_id),
+            )
+
+    def mark_resumed(self, job_id: int, at: float) -> None:
+        """The resume finished: running on its GPUs again, the time it spent suspended counted."""
+        with self.batch():
+            self._db.execute(
+                "UPDATE jobs SET state='running', step=NULL, host_bytes=NULL, reason='',"
+                " suspended_for=COALESCE(suspended_for, 0) + MAX(0, ? - COALESCE(suspended_at, ?)),"
+                " suspended_at=NULL WHERE id=? AND state='suspended'",
+                (at, at, job_id),
             )
 
     def requeue(
@@ -259,7 +296,7 @@ class JobTable:
     @_reading
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
         """Jobs in id order; ``limit`` keeps the most recent ones."""
-        where = "WHERE state IN ('pending', 'running')" if active_only else ""
+        where = f"WHERE {schema.LIVE_STATES}" if active_only else ""
         if limit is None:
             rows = self._db.execute(f"SELECT {self._columns} FROM jobs {where} ORDER BY id").fetchall()
         else:
@@ -290,7 +327,7 @@ class JobTable:
         """Arrays by id (without their environments); ``active_only``: those with a member pending or running."""
         query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
         if active_only:
-            active = "SELECT array_id FROM jobs WHERE state IN ('pending', 'running') AND array_id IS NOT NULL"
+            active = f"SELECT array_id FROM jobs WHERE {schema.LIVE_STATES} AND array_id IS NOT NULL"
             rows = self._db.execute(f"{query} WHERE id IN ({active})").fetchall()
         elif ids is None:
             rows = self._db.execute(query).fetchall()
@@ -341,10 +378,12 @@ class JobTable:
             )
 
     @_reading
-    def running(self) -> list[tuple[JobRecord, Launch]]:
+    def running(self, state: JobState = JobState.RUNNING) -> list[tuple[JobRecord, Launch]]:
+        """Running jobs (or, ``state``, suspended ones: alive too) and how to find each one's shim again."""
         rows = self._db.execute(
             f"SELECT {self._columns}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
-            " WHERE state='running' ORDER BY id"
+            " WHERE state=? ORDER BY id",
+            (state.value,),
         ).fetchall()
         return [(self._whole(schema.record_from(row[:-5])), Launch(*row[-5:])) for row in rows]
 

@@ -1,4 +1,4 @@
-"""`gpuq gpus, top, serve, drain, pause, resume, report, doctor`: the machine and the queue as a whole."""
+"""`gpuq gpus, top, serve, drain, undrain, pause, unpause, report, doctor`: the machine and the queue as a whole."""
 
 from __future__ import annotations
 
@@ -17,26 +17,30 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @click.argument("gpu_ids", type=int, nargs=-1, required=True)
 @pass_ctx
 def drain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
-    """Place nothing new on these GPUs; jobs running there finish. `gpuq resume GPU` undoes it."""
+    """Place nothing new on these GPUs; jobs running there finish. `gpuq undrain GPU` undoes it."""
     _queue_control(ctx, "drain", gpu_ids, f"draining GPU(s) {', '.join(map(str, gpu_ids))}")
 
 
 @click.command()
 @pass_ctx
 def pause(ctx: Context) -> None:
-    """Start nothing new anywhere; running jobs finish. `gpuq resume` undoes it."""
-    _queue_control(ctx, "pause", (), "queue paused: nothing new starts until `gpuq resume`")
+    """Start nothing new anywhere; running jobs finish. `gpuq unpause` undoes it."""
+    _queue_control(ctx, "pause", (), "queue paused: nothing new starts until `gpuq unpause`")
 
 
 @click.command()
-@click.argument("gpu_ids", type=int, nargs=-1)
+@click.argument("gpu_ids", type=int, nargs=-1, required=True)
 @pass_ctx
-def resume(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
-    """Resume the queue, or (with GPU ids) place jobs on drained GPUs again."""
-    if gpu_ids:
-        _queue_control(ctx, "undrain", gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
-    else:
-        _queue_control(ctx, "unpause", (), "queue resumed")
+def undrain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
+    """Place jobs on drained GPUs again."""
+    _queue_control(ctx, "undrain", gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
+
+
+@click.command()
+@pass_ctx
+def unpause(ctx: Context) -> None:
+    """Let a paused queue start jobs again."""
+    _queue_control(ctx, "unpause", (), "queue unpaused")
 
 
 def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message: str) -> None:

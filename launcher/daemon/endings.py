@@ -137,7 +137,7 @@ def _run_files(scheduler: SchedulerState, job_id: int) -> tuple[str, str]:
 
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
-    paths = _run_files(scheduler, job_id)
+    paths = (*_run_files(scheduler, job_id), scheduler.state.pause_file(job_id))
     scheduler.after_commit.append(lambda: unlink(*paths))
 
 
@@ -150,6 +150,7 @@ def _queue_again(
     scheduler.changes += 1
     scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
     scheduler.running.pop(job_id, None)
+    scheduler.suspended.pop(job_id, None)
     scheduler.after_commit.append(lambda: unlink(*run_files))
     if not_before is not None:
         scheduler.not_before[job_id] = not_before
@@ -224,7 +225,9 @@ def _notify(
 def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
     fences.ended(scheduler, job.record.id)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
-    _queue_again(scheduler, job.record.id, reason, (scheduler.state.exit_file(job.record.id),))
+    # A new run: no time suspended yet (its pause file goes with its exit file).
+    run_files = (scheduler.state.exit_file(job.record.id), scheduler.state.pause_file(job.record.id))
+    _queue_again(scheduler, job.record.id, reason, run_files)
     events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
 
 

@@ -1,4 +1,5 @@
-"""Applying what clients asked for through the spool: cancel, hold, release, update, drain, pause.
+"""Applying what clients asked for through the spool: cancel, hold, release, update, drain, pause (and
+suspend and resume, which ``daemon.suspending`` carries out).
 
 Who asked is the request file's owner (from the OS). A job's owner, root, or the user the daemon runs
 as may act on a job; refusals are logged and journalled, never silently dropped.
@@ -18,7 +19,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import endings, handoff
+from gpuq_scheduler.launcher.daemon import endings, handoff, suspending
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.requests")
@@ -35,10 +36,13 @@ def _named(scheduler: SchedulerState, ids: tuple[int, ...]) -> list[JobRecord]:
         if job_id in scheduler.arrays:
             found.extend(r for r in scheduler.pending.values() if r.array_id == job_id)
             found.extend(j.record for j in scheduler.running.values() if j.record.array_id == job_id)
+            found.extend(j.record for j in scheduler.suspended.values() if j.record.array_id == job_id)
         elif job_id in scheduler.pending:
             found.append(scheduler.pending[job_id])
         elif job_id in scheduler.running:
             found.append(scheduler.running[job_id].record)
+        elif job_id in scheduler.suspended:
+            found.append(scheduler.suspended[job_id].record)
     return found
 
 
@@ -61,7 +65,9 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
         if record.id in scheduler.pending:
             pending.append(record)
             continue
-        scheduler.cancel(scheduler.running[record.id], who)
+        if record.id in scheduler.suspended:
+            suspending.thaw(scheduler, record.id)  # it must run to end: SIGTERM, then SIGKILL after the grace
+        scheduler.cancel(scheduler.running.get(record.id) or scheduler.suspended[record.id], who)
         events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
     if pending:
         endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)
@@ -72,11 +78,15 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     below; one without is an error here, never taken for another."""
     who = user_name(request.uid)
     queue_wide, on_job = QUEUE_ACTIONS.get(request.action), JOB_ACTIONS.get(request.action)
-    if queue_wide is None and on_job is None:
+    on_running = RUNNING_ACTIONS.get(request.action)
+    if queue_wide is None and on_job is None and on_running is None:
         raise ValueError(f"control action {request.action!r} has no handler in launcher.daemon.requests")
     scheduler.changes += 1
     if queue_wide is not None:
         _queue_control(scheduler, request, who, now, events, queue_wide)
+        return
+    if on_running is not None:  # suspend, resume: running and suspended jobs (``daemon.suspending`` checks who)
+        on_running(scheduler, request, now, events)
         return
     assert on_job is not None
     for record in _named(scheduler, request.ids):
@@ -168,4 +178,7 @@ QUEUE_ACTIONS: dict[str, Callable[[SchedulerState, tuple[int, ...], str], None]]
 }  # fmt: skip
 JOB_ACTIONS: dict[str, Callable[[SchedulerState, JobRecord, spool.ControlRequest, str], bool]] = {
     "hold": _hold, "release": _release, "update": _update,
+}  # fmt: skip
+RUNNING_ACTIONS: dict[str, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
+    "suspend": suspending.request, "resume": suspending.request,
 }  # fmt: skip

@@ -33,6 +33,7 @@ from gpuq_scheduler.launcher.daemon import (
     outcomes,
     processes,
     readiness,
+    suspending,
     watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
@@ -56,6 +57,7 @@ class Scheduler(SchedulerState):
         super().__init__(*args, **kwargs)
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
+        suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
 
@@ -77,6 +79,7 @@ class Scheduler(SchedulerState):
         try:
             with self.table.batch():
                 self.reconcile(now)
+                suspending.advance(self, now, self.journal)
                 endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
                 snapshot = self.snapshot()
                 watching.stop_on_lost_gpus(self, now, snapshot)
@@ -117,6 +120,9 @@ class Scheduler(SchedulerState):
         """Forget what this tick did in memory and read the active jobs back from the table."""
         self.pending = {r.id: r for r in self.table.pending()}
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
+        for job_id in set(self.suspended) & set(self.acting):  # resuming: it holds its GPUs
+            self.running[job_id] = self.suspended.pop(job_id)
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
         handoff.load(self)
@@ -136,6 +142,8 @@ class Scheduler(SchedulerState):
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
+        if self.acting or self.resume_wanted:
+            return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
         if self.pending:
             return 0.5
         if self.running:
@@ -163,7 +171,7 @@ class Scheduler(SchedulerState):
 
     def reconcile(self, now: float) -> None:
         """Collect outcomes from exit files; deal with shims that died without writing one."""
-        if not self.running:
+        if not self.running and not self.suspended:
             return
         events: list[dict[str, Any]] = []
         check_liveness = now >= self._next_liveness
@@ -171,7 +179,7 @@ class Scheduler(SchedulerState):
             self._next_liveness = now + LIVENESS_EVERY
         written = outcomes.exit_files(self.state.run)
         ended: dict[int, tuple[ExitFile | None, Launch]] = {}  # for what was staged behind them
-        for job_id, job in list(self.running.items()):
+        for job_id, job in [*self.running.items(), *self.suspended.items()]:
             try:
                 exit_data = (
                     outcomes.read_exit(self.state.exit_file(job_id))
@@ -207,6 +215,8 @@ class Scheduler(SchedulerState):
                     exit_data, job.record, job.launch, functools.partial(watching.out_of_memory, self, job)
                 )  # fmt: skip
                 outcome = outcome and outcomes.contained(outcome, exit_data)
+                if job_id in self.suspended and outcome is not None and job.launch.cancel_by is None:
+                    outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
                 if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:

@@ -81,6 +81,7 @@ class Launch:
     account: Account | None = None  # run as this user (a shared queue); None: as the daemon's own user
     log_group: int | None = None  # the admin group, which may read every job's log
     box: containment.Box | None = None  # what holds the job's processes together (its cgroup); None: its group
+    pause_file: str = ""  # where the daemon says how long the job was suspended (its time limit does not run)
 
 
 class Shim:
@@ -289,6 +290,12 @@ def _supervise(
         if asked and reason is Stop.NONE:
             reason = Stop.CANCEL
         elif deadline is not None and now >= deadline and reason is Stop.NONE:
+            paused, ongoing = suspended_for(launch.pause_file, now)
+            deadline = started + (launch.time_limit or 0.0) + paused
+            if ongoing:
+                deadline = max(deadline, now + _PAUSED_LOOK)
+            if now < deadline:
+                continue  # suspended meanwhile: the limit counts only the time it could run
             reason = Stop.TIMEOUT
         elif kill_at is not None and now >= kill_at:
             containment.signal_all(launch.box, pid, signal.SIGKILL)
@@ -340,6 +347,24 @@ def _requests(
     if wake_read in ready:
         asked = signal.SIGTERM in os.read(wake_read, 64) or asked
     return asked, following
+
+
+_PAUSED_LOOK = 0.5  # seconds between looks at a suspended job's pause file once its limit came due
+
+
+def suspended_for(pause_file: str, now: float) -> tuple[float, bool]:
+    """Seconds of ``time.monotonic()`` the job spent suspended up to ``now``, and whether it is suspended now,
+    as the daemon wrote them in ``pause_file`` ({"total": seconds of ended suspensions, "since": when the
+    current one began, or null}); read only when its time limit comes due: a job never suspended costs
+    nothing."""
+    try:
+        with open(pause_file) as handle:
+            paused = json.load(handle)
+        since = paused.get("since")
+        ongoing = max(0.0, now - float(since)) if since is not None else 0.0
+        return float(paused.get("total") or 0.0) + ongoing, since is not None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0, False
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
-from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
@@ -77,6 +77,13 @@ class SchedulerState:
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
         self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
         self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        # Jobs suspended to host memory (``daemon.suspending``): alive, their GPUs free for others; the
+        # suspends and resumes under way; the resumes asked for, waiting for their GPUs (-> who asked).
+        self.suspended: dict[int, Running] = {
+            r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)
+        }
+        self.acting: dict[int, Any] = {}
+        self.resume_wanted: dict[int, str] = {}
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
@@ -125,7 +132,7 @@ class SchedulerState:
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
         self.containment = containment.open_for(state.root, os.environ)
-        self.containment.sweep(set(self.running))
+        self.containment.sweep(set(self.running) | set(self.suspended))
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
@@ -147,7 +154,7 @@ class SchedulerState:
 
     def close(self) -> None:
         self.shims.close()
-        self.containment.close(set(self.running))
+        self.containment.close(set(self.running) | set(self.suspended))
         self.table.close(rollback_mode=True)
         self.source.close()
 
@@ -192,6 +199,7 @@ class SchedulerState:
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=record.spec.time_limit,
             grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
+            pause_file=self.state.pause_file(record.id),
         )  # fmt: skip
 
     def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None]:
@@ -225,6 +233,9 @@ class SchedulerState:
         """Drop an ended job from the in-memory view of the queue."""
         self.pending.pop(job_id, None)
         self.running.pop(job_id, None)
+        self.suspended.pop(job_id, None)
+        self.acting.pop(job_id, None)
+        self.resume_wanted.pop(job_id, None)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
         self.job_peaks.pop(job_id, None)

@@ -339,7 +339,7 @@ def ordered_counts(report: Report) -> list[tuple[JobState, int]]:
 
 # The headline's order: how things ended first, then what is still going on.
 _ORDER = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.LOST,
-          JobState.RUNNING, JobState.PENDING)  # fmt: skip
+          JobState.RUNNING, JobState.SUSPENDED, JobState.PENDING)  # fmt: skip
 
 
 # PEAK MEM: GPU memory (NVML); CPU TIME and PEAK RAM: host use, from the job's cgroup (HOST_COLUMNS).

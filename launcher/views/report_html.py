@@ -26,7 +26,7 @@ from gpuq_scheduler.launcher.views.report import (
 _COLOURS = {
     JobState.SUCCEEDED: "#2e7d32", JobState.FAILED: "#c62828", JobState.RUNNING: "#1565c0",
     JobState.CANCELLED: "#757575", JobState.TIMEOUT: "#e65100", JobState.LOST: "#6a1b9a",
-    JobState.PENDING: "#9e9e9e",
+    JobState.PENDING: "#9e9e9e", JobState.SUSPENDED: "#f9a825",
 }  # fmt: skip
 _WIDTH, _LABEL_W, _LANE_H, _GAP, _AXIS_H = 1200, 72, 30, 6, 34
 _TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)

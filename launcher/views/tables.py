@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
-from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
 
@@ -207,6 +207,15 @@ class Progress:
         self.out.flush()
 
 
+def _suspension(record: JobRecord, now: float) -> str:
+    """What a suspended job holds and since when, or the step in progress."""
+    if record.step is not None:
+        return f"{record.step.value} (in progress)"
+    held = in_host_memory(record.host_bytes) if record.host_bytes is not None else "its GPU state in host memory"
+    since = f", since {_when(record.suspended_at)}" if record.suspended_at is not None else ""
+    return f"{held}{since} (its GPUs are free; `gpuq resume {record.id}` brings it back)"
+
+
 def show(record: JobRecord, now: float | None = None) -> str:
     now = time.time() if now is None else now
     spec = record.spec
@@ -239,6 +248,7 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
+        *([("suspended", _suspension(record, now))] if record.state is JobState.SUSPENDED or record.step else []),
         ("cause", "-" if record.cause is None else record.cause.value + (
             f" (culprit: job {record.culprit})" if record.culprit is not None else "")),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),

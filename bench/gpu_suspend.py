@@ -1,0 +1,198 @@
+"""Suspend and resume on a lent GPU host (#28), run by the lead:
+
+    .venv/bin/python bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40]
+
+For each size, a PyTorch job holding N GiB (a known pattern) is suspended and resumed through gpuq (a
+private queue on the real GPUs): the time from `gpuq suspend` to the job recorded suspended and from
+`gpuq resume` to it running again, the helper's own step times (lock, checkpoint, freeze; thaw, restore,
+unlock, from events.jsonl) and GB/s; whether the GPU was empty of the job while suspended (NVML), whether
+its count made no progress then, and whether its tensor was intact after. Then the bare driver calls on a
+plain process holding the same size, timed the same way, for the comparison (gpuq's time within 5 % of
+the driver's is the issue's bar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gpuq_scheduler.launcher.gpus.checkpoint import DriverCheckpoint  # noqa: E402
+
+GB = 1e9
+GiB = 1 << 30
+
+# The job: fills N GiB with a pattern, counts in COUNTS every 50 ms (on the GPU: a locked process's CUDA
+# calls block, so its count stops), and once STOP exists checks the whole tensor and exits 0 if intact.
+JOB = """
+import sys, time, torch
+from pathlib import Path
+size, counts, stop = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+row = 1 << 20
+pattern = torch.arange(row, device="cuda", dtype=torch.int32).remainder(251).to(torch.uint8)
+x = torch.empty((int(size * 1024), row), dtype=torch.uint8, device="cuda")
+x.copy_(pattern.expand_as(x))
+count = torch.zeros(1, dtype=torch.int64, device="cuda")
+torch.cuda.synchronize()
+print(f"holding {size} GiB on {torch.cuda.get_device_name()}", flush=True)
+with counts.open("a") as out:
+    while not stop.exists():
+        count += 1
+        out.write(f"{int(count.item())}\\n")
+        out.flush()
+        time.sleep(0.05)
+intact = all(bool(x[at : at + 1024].eq(pattern).all().item()) for at in range(0, x.shape[0], 1024))  # 1 GiB at a time
+print("INTACT" if intact else "CORRUPT", flush=True)
+sys.exit(0 if intact else 1)
+"""
+
+
+def gpuq(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=env, capture_output=True, text=True,
+        check=True, timeout=600,
+    )  # fmt: skip
+
+
+def show(home: Path, job: int) -> dict[str, Any]:
+    return dict(json.loads(gpuq(home, "show", "--json", str(job)).stdout))
+
+
+def until(what: str, check: Any, timeout: float = 600.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.02)
+
+
+def counts(path: Path) -> list[int]:
+    return [int(v) for v in path.read_text().split()] if path.exists() else []
+
+
+def gpu_processes() -> dict[int, int]:
+    """pid -> bytes, every compute process NVML lists."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    found = {}
+    for line in out.strip().splitlines():
+        pid, used = (part.strip() for part in line.split(","))
+        found[int(pid)] = int(used) << 20
+    return found
+
+
+def event(home: Path, job: int, kind: str) -> dict[str, Any]:
+    for line in reversed((home / "events.jsonl").read_text().splitlines()):
+        data = json.loads(line)
+        if data.get("job") == job and data.get("event") == kind:
+            return dict(data)
+    return {}
+
+
+def through_gpuq(size: float, work: Path) -> dict[str, Any]:
+    home, script = work / f"queue-{size:g}", work / "job.py"
+    script.write_text(JOB)
+    count_file, stop = work / f"counts-{size:g}", work / f"stop-{size:g}"
+    job = int(json.loads(gpuq(home, "submit", "--json", "--gpus", "1", sys.executable, str(script), str(size),
+                              str(count_file), str(stop)).stdout)["id"])  # fmt: skip
+    until("the job to count", lambda: len(counts(count_file)) > 5 and show(home, job)["peak_mem"])
+    pid = json.loads((home / "run" / f"{job}.pid").read_text())["pid"]
+    held = gpu_processes().get(pid, 0)
+    at = time.monotonic()
+    gpuq(home, "suspend", str(job))
+    until("suspended", lambda: show(home, job)["state"] == "suspended")
+    suspend_s = time.monotonic() - at
+    stopped = counts(count_file)
+    on_gpu = gpu_processes()
+    time.sleep(2)  # the count must not move while suspended: looked at after a while
+    still = counts(count_file) == stopped
+    at = time.monotonic()
+    gpuq(home, "resume", str(job))
+    until("resumed", lambda: show(home, job)["state"] == "running")
+    resume_s = time.monotonic() - at
+    until("the job to count on", lambda: len(counts(count_file)) > len(stopped) + 5)
+    went_on = counts(count_file)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+    stop.touch()
+    until("the job to end", lambda: show(home, job)["state"] not in ("running", "suspended"))
+    ended = show(home, job)
+    gpuq(home, "daemon", "stop")
+    steps = {"suspend": event(home, job, "suspended").get("steps"), "resume": event(home, job, "resumed").get("steps")}
+    return {
+        "size_gib": size, "held_bytes": held, "host_bytes": event(home, job, "suspended").get("bytes"),
+        "suspend_s": round(suspend_s, 3), "resume_s": round(resume_s, 3), "helper_steps": steps,
+        "suspend_gb_s": round(held / GB / suspend_s, 2), "resume_gb_s": round(held / GB / resume_s, 2),
+        "gpu_empty_of_job_while_suspended": pid not in on_gpu, "gpu_processes_while_suspended": on_gpu,
+        "no_progress_while_suspended": still, "counted_on_from_where_it_stopped": went_on,
+        "intact_after": ended["state"] == "succeeded", "outcome": ended["state"],
+    }  # fmt: skip
+
+
+def bare_driver(size: float, work: Path) -> dict[str, Any]:
+    """The same job, not through gpuq: this process drives the driver's calls on it, timed."""
+    count_file, stop = work / f"bare-counts-{size:g}", work / f"bare-stop-{size:g}"
+    child = subprocess.Popen([sys.executable, str(work / "job.py"), str(size), str(count_file), str(stop)])
+    until("the bare job to count", lambda: len(counts(count_file)) > 5)
+    cuda = DriverCheckpoint()
+    held = gpu_processes().get(child.pid, 0)
+    times = {}
+    for name, call in (("lock", cuda.lock), ("checkpoint", cuda.checkpoint)):
+        at = time.monotonic()
+        call(child.pid)
+        times[name] = round(time.monotonic() - at, 3)
+    empty = child.pid not in gpu_processes()
+    for name, call in (("restore", cuda.restore), ("unlock", cuda.unlock)):
+        at = time.monotonic()
+        call(child.pid)
+        times[name] = round(time.monotonic() - at, 3)
+    stop.touch()
+    code = child.wait(600)
+    down, up = times["lock"] + times["checkpoint"], times["restore"] + times["unlock"]
+    return {
+        "size_gib": size, "held_bytes": held, "times_s": times, "suspend_s": round(down, 3),
+        "resume_s": round(up, 3), "suspend_gb_s": round(held / GB / down, 2), "resume_gb_s": round(held / GB / up, 2),
+        "gpu_empty_while_checkpointed": empty, "intact_after": code == 0,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
+    args = parser.parse_args()
+    results: dict[str, Any] = {"machine": subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True, text=True,
+    ).stdout.strip(), "date": time.strftime("%Y-%m-%d"), "sizes": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
+        work = Path(tmp)
+        for size in args.sizes:
+            row = {"gpuq": through_gpuq(size, work), "driver": bare_driver(size, work)}
+            g, d = row["gpuq"], row["driver"]
+            row["gpuq_over_driver"] = {
+                "suspend": round(g["suspend_s"] / d["suspend_s"], 3), "resume": round(g["resume_s"] / d["resume_s"], 3),
+            }  # fmt: skip
+            results["sizes"].append(row)
+            print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Suspending a running job to host memory and resuming it (``gpuq suspend/resume``), beside the pass.
+
+A suspend or resume is recorded as begun in the job table (``Step``) before its first act, then done by a
+child process (``launcher.daemon.suspender``) that the daemon polls once a pass: a checkpoint of tens of
+gigabytes takes tens of seconds, and the queue goes on meanwhile. While it suspends, a job still holds its
+GPUs; once suspended, it is out of ``scheduler.running`` (placement, the watchdog and hand-offs see no job
+on its GPUs) and in ``scheduler.suspended``, whose exit files are still read. A resume waits until its own
+GPUs are free again (the driver's restore onto another GPU is not established: docs/suspend.md), takes
+them back into ``running`` at once, and restores.
+
+Crash safety: both of the child's actions are idempotent, and the step is on disk. A daemon that finds a
+suspend begun undoes it (runs a resume: the job never left its GPUs, which nobody took); one that finds a
+resume begun finishes it (the job holds its GPUs again from the start). It first waits for the child an
+earlier daemon left, named in the job's pause file, so two never act on one job at once.
+
+The pause file (``run/<id>.paused``) also tells the job's shim how long it was suspended: its time limit
+does not run meanwhile (``shim.suspended_for``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.accounts import user_name
+from gpuq_scheduler.jobs.model import JobRecord, Mode
+from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
+from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
+from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.daemon.containment import Box
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.suspender import freeze
+from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+
+log = logging.getLogger("gpuq.suspend")
+
+MARGIN = 2 << 30  # bytes of host memory left free beyond a job's GPU state, at the least...
+MARGIN_SHARE = 0.05  # ...or this share of the host's memory: a suspend never pushes the box into swap
+RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
+
+
+@dataclass
+class Acting:
+    """A suspend or resume under way: its child, or (after a restart) the one an earlier daemon left."""
+
+    step: Step
+    by: str
+    child: subprocess.Popen[str] | None = None
+    left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
+    action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
+    began: float = 0.0  # wall time
+    bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
+    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
+    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
+
+
+def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
+    """``gpuq suspend`` or ``gpuq resume`` of the jobs named (an array id: its members in the state to act on)."""
+    who = user_name(request.uid)
+    pool = scheduler.running if request.action == "suspend" else scheduler.suspended
+    named = [job for job_id in request.ids for job in _named(pool, job_id)]
+    for job in named:
+        record = job.record
+        if not accounts.may_act(request.uid, record.uid, scheduler.admins, os.getuid()):
+            log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
+            events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
+            continue
+        if record.id in scheduler.acting or record.id in scheduler.resume_wanted:
+            continue  # already under way
+        if request.action == "resume":
+            scheduler.resume_wanted[record.id] = who
+            events.append({"t": now, "job": record.id, "event": "resume-requested", "by": who})
+            continue
+        why = _refusal(scheduler, job)
+        if why:
+            log.warning("refused suspend of job %d: %s", record.id, why)
+            scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state="running")
+            events.append({"t": now, "job": record.id, "event": "suspend-refused", "by": who, "why": why})
+            continue
+        _begin(scheduler, job, Step.SUSPENDING, "suspend", who, now)
+        events.append({"t": now, "job": record.id, "event": "suspending", "by": who})
+
+
+def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
+    if job_id in pool:
+        return [pool[job_id]]
+    return [job for job in pool.values() if job.record.array_id == job_id]
+
+
+def _refusal(scheduler: SchedulerState, job: Running) -> str:
+    """Why this running job cannot be suspended now ("" if it can)."""
+    job_id = job.record.id
+    if any(job_id in jobs for jobs in scheduler.mps_jobs.values()):
+        return "it runs as a client of an MPS server, which the driver cannot checkpoint (docs/suspend.md)"
+    if any(staged.after == job_id for staged in scheduler.staged.values()):
+        return "a job is staged to start on its GPUs when it ends; try again once that one started"
+    if not job.record.gpus:
+        return "it holds no GPU"
+    if job.record.spec.mode is Mode.TORCHRUN:
+        return "it runs a process per GPU under torchrun, whose NCCL state the driver's checkpoint does not cover"
+    gpu_bytes = gpu_state(scheduler, job)
+    available, total = host_memory(isinstance(scheduler.source, FakeGpus))
+    margin = max(MARGIN, int(total * MARGIN_SHARE))
+    if gpu_bytes + margin > available:
+        return (
+            f"its {gpu_bytes / 2**30:.1f} GiB of GPU state would not fit in the host's {available / 2**30:.1f} GiB "
+            f"of available memory with {margin / 2**30:.1f} GiB to spare"
+        )
+    return ""
+
+
+def gpu_state(scheduler: SchedulerState, job: Running) -> int:
+    """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
+    lists for its processes."""
+    held = scheduler.held.get(job.record.id)
+    if held:
+        return sum(held.values())
+    return sum(
+        used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
+        for pid, used in (gpu.processes or {}).items() if pid in job.pids
+    )  # fmt: skip
+
+
+def host_memory(fake: bool = False) -> tuple[int, int]:
+    """The host's available and total memory, bytes (/proc/meminfo). Beside the fake inventory, a fake host:
+    GPUQ_FAKE_HOST_MEMORY (a size, available and total), where set."""
+    if fake and os.environ.get("GPUQ_FAKE_HOST_MEMORY"):
+        size = parse_size(os.environ["GPUQ_FAKE_HOST_MEMORY"])
+        return size, size
+    found: dict[str, int] = {}
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key in ("MemAvailable", "MemTotal"):
+                found[key] = int(value.split()[0]) * 1024
+    return found.get("MemAvailable", 0), found.get("MemTotal", 0)
+
+
+def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who: str, now: float) -> None:
+    """Record the step; once that is committed, start its child (a daemon that dies before the commit leaves
+    nothing done that its successor does not know of). The pause file names the child for a later daemon."""
+    record = job.record
+    if record.step is not step and not scheduler.table.mark_step(record.id, step):
+        return
+    job.record = record.replace(step=step)
+    acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
+    scheduler.acting[record.id] = acting
+    order = {"action": action, **_subject(scheduler, record.id)}
+
+    def start() -> None:
+        paused = _pause(scheduler, record.id)
+        if step is Step.SUSPENDING and paused.get("since") is None:
+            paused["since"] = time.monotonic()  # its time limit stops running now
+        _write_pause(scheduler, record.id, paused)
+        acting.child = subprocess.Popen(
+            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon.suspender", json.dumps(order)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        paused["child"] = [acting.child.pid, processes.start_time(acting.child.pid) or 0.0]
+        _write_pause(scheduler, record.id, paused)
+
+    scheduler.after_commit.append(start)
+    # A pass that fails drops ``start``: then the step is undone (a suspend) or finished (a resume) as after
+    # a restart, whether or not it was recorded.
+    scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
+
+
+def _subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
+    """The job's first process and containment (from its pid file), and which checkpoint to use."""
+    try:
+        info = json.loads(read_bytes(scheduler.state.pid_file(job_id)))
+    except (OSError, ValueError):
+        info = {}
+    fake = isinstance(scheduler.source, FakeGpus)
+    return {
+        "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
+        "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
+    }  # fmt: skip
+
+
+def _pause(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
+    try:
+        data = json.loads(read_bytes(scheduler.state.pause_file(job_id)))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_pause(scheduler: SchedulerState, job_id: int, paused: dict[str, Any]) -> None:
+    write_atomic(scheduler.state.pause_file(job_id), json.dumps(paused).encode(), durable=False)
+
+
+def _unpause(scheduler: SchedulerState, job_id: int) -> None:
+    """The job runs again: its time limit counts on from where it stopped."""
+    paused = _pause(scheduler, job_id)
+    since = paused.pop("since", None)
+    if since is not None:
+        paused["total"] = float(paused.get("total") or 0.0) + max(0.0, time.monotonic() - float(since))
+    paused.pop("child", None)
+    _write_pause(scheduler, job_id, paused)
+
+
+def recover(scheduler: SchedulerState) -> None:
+    """At start-up: undo a suspend an earlier daemon began, finish a resume it began (see the module's doc)."""
+    now = time.time()
+    for job in list(scheduler.running.values()):
+        if job.record.step is Step.SUSPENDING:
+            scheduler.acting[job.record.id] = Acting(
+                Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True
+            )
+    for job_id, job in list(scheduler.suspended.items()):
+        if job.record.step is Step.RESUMING:
+            scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # it holds its GPUs again
+            scheduler.acting[job_id] = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
+    for acting in scheduler.acting.values():
+        acting.began = now
+
+
+def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
+    child = _pause(scheduler, job_id).get("child")
+    if isinstance(child, list) and len(child) == 2:
+        return int(child[0]), float(child[1])
+    return -1, 0.0
+
+
+def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+    """Once a pass: collect the children that finished, start the resumes whose GPUs are free."""
+    for job_id, acting in list(scheduler.acting.items()):
+        if acting.child is None and not acting.again:
+            continue  # its child starts once this pass is committed
+        if acting.child is None:  # recovered: run again once the earlier daemon's child is gone
+            if (acting.left is not None and processes.is_alive(*acting.left)) or now < acting.retry_at:
+                continue
+            job = scheduler.running.get(job_id)
+            if job is None:
+                del scheduler.acting[job_id]
+                continue
+            del scheduler.acting[job_id]
+            _begin(scheduler, job, acting.step, "resume", acting.by, now)
+            continue
+        if acting.child.poll() is None:
+            continue
+        out = acting.child.stdout.read() if acting.child.stdout is not None else ""
+        if acting.child.stdout is not None:
+            acting.child.stdout.close()
+        del scheduler.acting[job_id]
+        try:
+            result = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            result = {"ok": False, "why": f"its helper exited {acting.child.returncode} saying nothing"}
+        _settle(scheduler, job_id, acting, result, now, events)
+    _start_resumes(scheduler, now, events)
+
+
+def _settle(
+    scheduler: SchedulerState, job_id: int, acting: Acting, result: dict[str, Any], now: float,
+    events: list[dict[str, Any]],
+) -> None:  # fmt: skip
+    job = scheduler.running.get(job_id)
+    if job is None:
+        return  # it ended meanwhile (its exit file was read): nothing to record
+    steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
+    if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
+        host_bytes = acting.bytes
+        scheduler.table.mark_suspended(job_id, host_bytes, now)
+        record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
+        job.record = record
+        scheduler.suspended[job_id] = scheduler.running.pop(job_id)
+        scheduler.held.pop(job_id, None)
+        scheduler.changes += 1  # its GPUs are free: placement looks again
+        events.append({"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps})
+        return
+    if acting.step is Step.RESUMING and result.get("ok"):
+        scheduler.table.mark_resumed(job_id, now)
+        _unpause(scheduler, job_id)
+        spent = max(0.0, now - (job.record.suspended_at or now))
+        job.record = job.record.replace(
+            state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
+            suspended_for=job.record.suspended_for + spent, reason="",
+        )  # fmt: skip
+        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps})
+        return
+    if not result.get("ok") and (acting.action == "resume" or result.get("undone") is False):
+        # A resume (or a suspend's undo) that failed: it stays on its GPUs, its step recorded, and the
+        # resume is tried again next pass.
+        log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
+        events.append({"t": now, "job": job_id, "event": "resume-failed", "why": str(result.get("why"))})
+        scheduler.acting[job_id] = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
+        return
+    if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
+        scheduler.table.undo_step(job_id)
+        _unpause(scheduler, job_id)
+        job.record = job.record.replace(step=None)
+        why = str(result.get("why") or "a daemon restarted in the middle of it")
+        if acting.action == "suspend":
+            scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state="running")
+        events.append({"t": now, "job": job_id, "event": "suspend-undone", "why": why})
+
+
+def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+    """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them)."""
+    if not scheduler.resume_wanted:
+        return
+    busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
+    busy |= {gpu for staged in scheduler.staged.values() for gpu in staged.gpus}
+    for job_id, who in list(scheduler.resume_wanted.items()):
+        job = scheduler.suspended.get(job_id)
+        if job is None:
+            del scheduler.resume_wanted[job_id]
+            continue
+        if busy & set(job.record.gpus):
+            held = in_host_memory(job.record.host_bytes or 0)
+            reason = f"{held}; waiting for GPU(s) {_listed(job.record)} to resume"
+            if reason != job.record.reason:
+                scheduler.table.set_reasons({job_id: reason}, state="suspended")
+                job.record = job.record.replace(reason=reason)
+            continue
+        del scheduler.resume_wanted[job_id]
+        if not scheduler.table.mark_step(job_id, Step.RESUMING):
+            continue
+        job.record = job.record.replace(step=Step.RESUMING)
+        scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
+        busy |= set(job.record.gpus)
+        scheduler.changes += 1
+        _begin(scheduler, job, Step.RESUMING, "resume", who, now)
+        events.append({"t": now, "job": job_id, "event": "resuming", "by": who})
+
+
+def thaw(scheduler: SchedulerState, job_id: int) -> None:
+    """Let a suspended job's processes run (to be cancelled: a frozen process cannot end on SIGTERM); its
+    CUDA state stays in host memory, and a CUDA call it makes blocks until SIGKILL ends it."""
+    subject = _subject(scheduler, job_id)
+    with contextlib.suppress(OSError):
+        freeze(Box.from_json(subject["box"]), int(subject["leader"]), False)
+
+
+def _listed(record: JobRecord) -> str:
+    return ",".join(map(str, record.gpus))

@@ -1,0 +1,56 @@
+"""Suspend and resume on a lent GPU host (real driver, real PyTorch), run by the lead:
+
+    .venv/bin/python -m pytest -q -m gpu tests/test_suspend_gpu.py
+
+A PyTorch job holding 4 GiB is suspended through gpuq: the GPU no longer lists it (its memory is in host
+memory), its count on the GPU stops; resumed, it counts on from where it stopped, and its tensor is intact.
+Skipped where no NVIDIA driver is found. bench/gpu_suspend.py measures the times and GB/s.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_suspend import JOB, counts, gpu_processes
+from tests.conftest import Gpuq, make_env, wait_for
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU and driver"),
+]
+
+
+@pytest.fixture
+def real(tmp_path: Path) -> Iterator[Gpuq]:
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    client = Gpuq(home, make_env(home, fake=None), work)
+    yield client
+    client.cleanup()
+
+
+def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) -> None:
+    script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
+    script.write_text(JOB)
+    job = real.submit("--gpus", "1", sys.executable, str(script), "4", str(count_file), str(stop))
+    wait_for(lambda: len(counts(count_file)) > 5 and real.job(job)["peak_mem"], 120, "the job to count")
+    pid = json.loads((real.home / "run" / f"{job}.pid").read_text())["pid"]
+    assert gpu_processes().get(pid, 0) >= 4 << 30
+    real.run("suspend", str(job))
+    real.wait_state(job, "suspended", timeout=120)
+    assert pid not in gpu_processes()  # the GPU holds nothing of it
+    assert real.job(job)["host_bytes"] >= 4 << 30
+    stopped = counts(count_file)
+    real.run("resume", str(job))
+    real.wait_state(job, "running", timeout=120)
+    wait_for(lambda: len(counts(count_file)) > len(stopped) + 5, 60, "the job to count on")
+    assert counts(count_file)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+    assert gpu_processes().get(pid, 0) >= 4 << 30
+    stop.touch()
+    assert real.wait_state(job, "succeeded", "failed", timeout=120)["state"] == "succeeded"  # INTACT

@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: one process's whole life, its pipe protocol beside the loop it drives.
 """A job's supervisor, the *shim*: a fork of the daemon that starts one job and sees it to its end.
 
 Every job runs under a shim in its own session that starts the job (in the job's own process group),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, wait_for
-from tests.test_shared import ADMINS, HAS_TOOLS, SharedQueue, User
+from tests.test_shared import HAS_TOOLS, SharedQueue, User, unix_users
 from tests.test_shared import queue as queue  # the fixture, over our users
 
 pytestmark = pytest.mark.skipif(
@@ -67,22 +66,8 @@ outbox.poke(state)
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, User]]:
-    new_group = subprocess.run(["getent", "group", ADMINS], capture_output=True).returncode != 0
-    subprocess.run(["groupadd", "-f", ADMINS], check=True)
-    made = []
-    for name in NAMES:
-        if subprocess.run(["id", name], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
-            made.append(name)
-    found = {}
-    for name in NAMES:
-        entry = pwd.getpwnam(name)
-        found[name] = User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    yield found
-    for name in made:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-    if new_group:
-        subprocess.run(["groupdel", ADMINS], capture_output=True)
+    with unix_users(NAMES) as found:
+        yield found
 
 
 def _spec(user: User, **fields: Any) -> dict[str, Any]:

@@ -6,7 +6,6 @@ a folder only they reach, on one GPU at once."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAKE_CUDA, ROOT, wait_for
-from tests.test_shared import HAS_TOOLS, SharedQueue, User
+from tests.test_shared import HAS_TOOLS, SharedQueue, User, unix_users
 from tests.test_shared import queue as queue  # the fixture: a shared queue's files, as root
 
 USERS = ("gqmann", "gqmben")
@@ -29,18 +28,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, User]]:
-    made = []
-    for name in USERS:
-        if subprocess.run(["id", name], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
-            made.append(name)
-    found = {}
-    for name in USERS:
-        entry = pwd.getpwnam(name)
-        found[name] = User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    yield found
-    for name in made:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
+    with unix_users(USERS, admins=None) as found:
+        yield found
 
 
 def _start(queue: SharedQueue) -> None:

@@ -10,6 +10,7 @@ Python of the same version. Everything each test checks comes from what the jobs
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,25 +59,39 @@ def _python_for_users() -> str:
     pytest.fail(f"no {version} that other users may run (looked in /usr/bin, /usr/local/bin)")
 
 
-@pytest.fixture(scope="module")
-def users() -> Iterator[dict[str, User]]:
-    new_group = subprocess.run(["getent", "group", ADMINS], capture_output=True).returncode != 0
-    subprocess.run(["groupadd", "-f", ADMINS], check=True)
+@contextlib.contextmanager
+def unix_users(
+    names: Sequence[str], admins: str | None = ADMINS, in_admins: Sequence[str] = ()
+) -> Iterator[dict[str, User]]:
+    """Real users ``names`` (made if missing, removed after if made here) and, unless ``admins`` is None, the
+    admins group, which ``in_admins`` join. Every module that acts as real users takes them from here."""
+    new_group = admins is not None and subprocess.run(["getent", "group", admins], capture_output=True).returncode
+    if admins is not None:
+        subprocess.run(["groupadd", "-f", admins], check=True)
     made = []
-    for name in USERS:
+    for name in names:
         if subprocess.run(["id", name], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
             made.append(name)
-    subprocess.run(["usermod", "-aG", ADMINS, "gqcarol"], check=True)
+    for name in in_admins:
+        subprocess.run(["usermod", "-aG", str(admins), name], check=True)
     found = {}
-    for name in USERS:
+    for name in names:
         entry = pwd.getpwnam(name)
         found[name] = User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    yield found
-    for name in made:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-    if new_group:
-        subprocess.run(["groupdel", ADMINS], capture_output=True)
+    try:
+        yield found
+    finally:
+        for name in made:
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+        if new_group:
+            subprocess.run(["groupdel", str(admins)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, User]]:
+    with unix_users(USERS, in_admins=("gqcarol",)) as found:
+        yield found
 
 
 @dataclass

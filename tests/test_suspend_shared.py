@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
-from tests.test_shared import ADMINS, HAS_TOOLS, SharedQueue, User
+from tests.test_shared import HAS_TOOLS, SharedQueue, User, unix_users
 from tests.test_shared import queue as queue  # the fixture, over our users
 
 pytestmark = pytest.mark.skipif(
@@ -43,22 +40,8 @@ outbox.poke(state)
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, User]]:
-    new_group = subprocess.run(["getent", "group", ADMINS], capture_output=True).returncode != 0
-    subprocess.run(["groupadd", "-f", ADMINS], check=True)
-    made = []
-    for name in NAMES:
-        if subprocess.run(["id", name], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
-            made.append(name)
-    found = {}
-    for name in NAMES:
-        entry = pwd.getpwnam(name)
-        found[name] = User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    yield found
-    for name in made:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-    if new_group:
-        subprocess.run(["groupdel", ADMINS], capture_output=True)
+    with unix_users(NAMES) as found:
+        yield found
 
 
 def _events(queue: SharedQueue, job: int, kind: str) -> list[dict[str, object]]:

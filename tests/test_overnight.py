@@ -196,6 +196,7 @@ def test_pause_starts_nothing_until_unpaused(gpuq: Gpuq) -> None:
     job_id = gpuq.submit("--gpus", "1", "true")
     record = wait_for(lambda: (r := gpuq.job(job_id))["reason"] and r, 10, "a reason")
     assert record["state"] == "pending" and "paused" in record["reason"]
+    assert "`gpuq unpause`" in record["reason"], record  # the command that undoes it (`gpuq resume` is a job's now)
     gpuq.run("unpause")
     gpuq.wait_state(job_id, "succeeded")
 

@@ -51,7 +51,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     scheduler.journal.extend(events)
     if scheduler.paused_by is not None:
         waiting.update(
-            {r.id: f"the queue is paused (by {scheduler.paused_by}); `gpuq resume` resumes it" for r in ready}
+            {r.id: f"the queue is paused (by {scheduler.paused_by}); `gpuq unpause` starts it again" for r in ready}
         )
         return [], waiting
     return ready, waiting

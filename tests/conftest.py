@@ -174,6 +174,20 @@ def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
     client.cleanup()
 
 
+def nvml_gpu_count() -> int:
+    """How many NVIDIA GPUs NVML sees here (0 without a driver): the GPU tests skip where it is 0."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: a machine without GPUs
+        return 0
+
+
 def read_reports(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

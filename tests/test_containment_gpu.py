@@ -16,28 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Gpuq, make_env, wait_for
+from tests.conftest import Gpuq, make_env, nvml_gpu_count, wait_for
 from tests.test_containment import alive
 
 pytestmark = pytest.mark.gpu
 
 
-def _gpus() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-
-
 @pytest.fixture
 def queue(tmp_path: Path) -> Iterator[Gpuq]:
-    if not _gpus():
+    if not nvml_gpu_count():
         pytest.skip("no NVIDIA GPU here (NVML found none); runs on a lent GPU host")
     home, work = tmp_path / "state", tmp_path / "work"
     work.mkdir()
@@ -118,7 +105,7 @@ def test_a_detached_grandchild_holding_gpu_memory_ends_with_its_job(queue: Gpuq)
         assert record["reason"] == "1 process outlived the job and was ended", record
         wait_for(lambda: not alive(pid), 15, "the grandchild to end")
 
-        def on_gpus() -> set[int]:
+        def onnvml_gpu_count() -> set[int]:
             pynvml.nvmlInit()
             try:
                 handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -126,7 +113,7 @@ def test_a_detached_grandchild_holding_gpu_memory_ends_with_its_job(queue: Gpuq)
             finally:
                 pynvml.nvmlShutdown()
 
-        wait_for(lambda: pid not in on_gpus(), 15, "its GPU memory to be freed")
+        wait_for(lambda: pid not in onnvml_gpu_count(), 15, "its GPU memory to be freed")
     finally:
         if alive(pid):
             os.kill(pid, 9)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Gpuq, make_env
+from tests.conftest import Gpuq, make_env, nvml_gpu_count
 
 pytestmark = pytest.mark.gpu
 DONE = ("succeeded", "failed", "cancelled", "timeout", "lost")
@@ -49,22 +49,9 @@ LIAR = (
 ELSEWHERE = "export CUDA_VISIBLE_DEVICES=$((GPUQ_GPUS == 0 ? 1 : 0)); exec python hold.py 2 120\n"
 
 
-def _gpus() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-
-
 @pytest.fixture
 def queue(tmp_path: Path) -> Iterator[Gpuq]:
-    if not _gpus():
+    if not nvml_gpu_count():
         pytest.skip("no NVIDIA GPU here (NVML found none); runs on a lent GPU host")
     home, work = tmp_path / "state", tmp_path / "work"
     work.mkdir()
@@ -76,7 +63,7 @@ def queue(tmp_path: Path) -> Iterator[Gpuq]:
 
 
 def test_a_packed_liar_that_drops_its_fence_variables_is_stopped_and_its_neighbours_succeed(queue: Gpuq) -> None:
-    count = _gpus()
+    count = nvml_gpu_count()
     queue.wait_state(queue.submit("--gpus", "0", "true"), "succeeded")  # the daemon is up
     if count > 1:
         queue.run("drain", *(str(i) for i in range(1, count)))  # everyone on GPU 0
@@ -96,7 +83,7 @@ def test_a_packed_liar_that_drops_its_fence_variables_is_stopped_and_its_neighbo
 
 
 def test_a_job_that_sets_its_own_cuda_visible_devices_to_a_gpu_it_was_not_given_is_stopped(queue: Gpuq) -> None:
-    if _gpus() < 2:
+    if nvml_gpu_count() < 2:
         pytest.skip("needs a host with two GPUs or more")
     neighbour = queue.submit("--gpus", "1", "hold.py", "2", "20")
     intruder = queue.submit("--gpus", "1", "sh", "elsewhere.sh")

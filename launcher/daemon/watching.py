@@ -120,11 +120,7 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
     ]  # fmt: skip
     if not watched:
         return
-    busy: dict[int, int] = {}
-    for gpu in snapshot:
-        if gpu.process_utilization is not None:
-            attribute(scheduler, gpu.process_utilization)
-            busy.update(gpu.process_utilization)
+    busy = _busy(scheduler, snapshot)
     reasons: dict[int, str] = {}
     events: list[dict[str, Any]] = []
     clock = time.monotonic()  # idle time is a duration: a jump of the wall clock must not release a busy job
@@ -168,11 +164,7 @@ def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuS
     judged = {gpu.index for gpu in snapshot if gpu.process_utilization is not None}
     if not watched or not judged:
         return
-    busy: dict[int, int] = {}
-    for gpu in snapshot:
-        if gpu.process_utilization is not None:
-            attribute(scheduler, gpu.process_utilization)
-            busy.update(gpu.process_utilization)
+    busy = _busy(scheduler, snapshot)
     clock = time.monotonic()
     reasons: dict[int, str] = {}
     for job_id, job in watched:
@@ -210,3 +202,13 @@ def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
             if ancestor in shims:
                 shims[ancestor].pids.add(pid)
                 break
+
+
+def _busy(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> dict[int, int]:
+    """Every process's utilization on the GPUs NVML reports it for, each process first attributed to its job."""
+    busy: dict[int, int] = {}
+    for gpu in snapshot:
+        if gpu.process_utilization is not None:
+            attribute(scheduler, gpu.process_utilization)
+            busy.update(gpu.process_utilization)
+    return busy

@@ -168,7 +168,9 @@ def test_a_dependency_chain_runs_in_order_and_a_failure_stops_what_needs_it(gpuq
 
 def test_cancel_stops_a_running_job_and_a_whole_pending_array(gpuq: Gpuq, slurm: LocalSlurm) -> None:
     marker = gpuq.cwd / "finished"
-    running = gpuq.submit("--on", "lab", "sh", "-c", f"sleep 30; touch '{marker}'")
+    # `&&`, not `;`: proctrack/linuxproc signals the job's processes one at a time, so `sleep` may die a moment
+    # before `sh` does; the marker means the job ran to its end, which a cancelled job must not.
+    running = gpuq.submit("--on", "lab", "sh", "-c", f"sleep 30 && touch '{marker}'")
     record = gpuq.wait_state(running, "running")
     assert record["node"] == slurm.node
     slurm.hold_partition()  # the array stays pending while we cancel it

@@ -76,6 +76,8 @@ class Gpuq(Tool):
         self.home = work / "gpuq-home"
         self.fake = fake
         self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": fake})
+        if os.environ.get("GPUQ_CONTAINMENT"):  # the one setting passed through: costs with and without a cgroup
+            self.env["GPUQ_CONTAINMENT"] = os.environ["GPUQ_CONTAINMENT"]
         self._up = False
 
     @property

@@ -20,9 +20,9 @@ through /proc: a process that leaves all three escapes, and the docs say so.
 The cpu and memory controllers, where the base can hand them down, enforce ``--cpus`` and ``--ram``.
 cgroup v2 lets a cgroup with processes in it hand down no controller ("no internal processes"): a daemon
 that sits in its base moves itself into ``gpuq-<key>/daemon`` first, and its shims, forked from it, start
-there. A shim enters its job's cgroup only to start the job (``enter``/``leave``), so the job's first
-process is born inside with no moment outside, and the shim, which outlives the daemon, is never one of
-the processes a job's end kills.
+there. A shim starts its job's first process inside the job's cgroup (``launcher.daemon.intocgroup``; where
+that cannot be done, it enters the cgroup to start the job and leaves: ``enter``/``leave``), so the job has
+no moment outside, and the shim, which outlives the daemon, is never one of the processes a job's end kills.
 """
 
 from __future__ import annotations
@@ -218,15 +218,9 @@ def _write(path: str, text: str) -> None:
 # -- a job's life, from its shim ---------------------------------------------------------------------------
 
 
-def enter(box: Box) -> str | None:
-    """Make the job's cgroup with its limits and move this process (the shim) into it, so that what it
-    spawns next is born there: the cgroup to go back to (``leave``), or None for the fallback. OSError if
-    the cgroup cannot be made or entered (the job is then not started)."""
-    if box.cgroup is None:
-        return None
-    back, mount = own_cgroup(), _mount()
-    if back is None or mount is None:
-        raise OSError("this process is in no cgroup v2 cgroup")
+def make(box: Box) -> None:
+    """Make the job's cgroup afresh, with its limits. OSError if it cannot be made."""
+    assert box.cgroup is not None
     if os.path.isdir(box.cgroup):  # an earlier attempt's: none of its processes or limits may join this run
         _kill_all(box.cgroup)
         with contextlib.suppress(OSError):
@@ -240,6 +234,16 @@ def enter(box: Box) -> str | None:
             _write(f"{box.cgroup}/memory.swap.max", "0")
         # At its limit the job ends as one (a worker killed alone would leave its pool hanging).
         _write(f"{box.cgroup}/memory.oom.group", "1")
+
+
+def enter(box: Box) -> str:
+    """Move this process (the shim) into the job's cgroup, made already (``make``), so that what it spawns
+    next is born there: the cgroup to go back to (``leave``). OSError if it cannot be entered. Only where a
+    process cannot be cloned into the cgroup (``intocgroup``): each move waits for the kernel."""
+    assert box.cgroup is not None
+    back, mount = own_cgroup(), _mount()
+    if back is None or mount is None:
+        raise OSError("this process is in no cgroup v2 cgroup")
     _write(f"{box.cgroup}/cgroup.procs", str(os.getpid()))
     return os.path.normpath(mount + back)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.launcher.daemon import intocgroup
 
 # CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
 # its user may not. The job's cwd is entered by this shell instead, already running as the user.
@@ -38,18 +39,24 @@ def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[lis
 
 
 def spawn(
-    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int
+    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int,
+    cgroup: str | None = None,
 ) -> tuple[int, float | None, Callable[[], int]]:
     """Start a job's process in a session of its own (its group is the job), stdin from /dev/null, stdout and
     stderr to ``output``: its pid, its start time (``start_time``), and what waits for it and returns its exit
-    status (negative: the signal that ended it). OSError if it cannot start.
+    status (negative: the signal that ended it). OSError if it cannot start. With ``cgroup``, the process is
+    born in that cgroup (``intocgroup``; its Unsupported if that cannot be done here).
 
     ``os.posix_spawnp`` rather than ``subprocess.Popen``: the same vfork and exec, without Popen's Python-side
     set-up, in the moment between one job's end and the next one's start on that GPU. Popen only for a job that runs
     as another user (a shared queue): posix_spawn cannot drop privileges. Like Popen: the job's own PATH finds its
     program, from its directory, and SIGPIPE and SIGXFSZ, which Python ignores, are default again for it."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    if credentials or not hasattr(os, "posix_spawnp"):
+    reap: Callable[[], int]
+    if cgroup is not None:
+        pid = intocgroup.spawn(cgroup, argv, cwd, env, credentials, output)
+        reap = functools.partial(_reap, pid)
+    elif credentials or not hasattr(os, "posix_spawnp"):
         job = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
             start_new_session=True, **credentials,

@@ -49,7 +49,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.daemon import ahead, containment
+from gpuq_scheduler.launcher.daemon import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.daemon.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
 from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
@@ -242,14 +242,21 @@ def _supervise(
     out_read, out_write = os.pipe()
     with contextlib.suppress(OSError):
         fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
-    # Into the job's cgroup and out again around the spawn: the job is born inside it, its shim is not.
-    what, back = launch.argv[0], None
+    # The job is born inside its cgroup, its shim never is: cloned into it, or else the shim goes in and out.
+    what, back, cgroup = launch.argv[0], None, None if launch.box is None else launch.box.cgroup
     try:
-        if launch.box is not None:
-            what = f"its cgroup {launch.box.cgroup}"
+        if launch.box is not None and cgroup is not None:
+            what = f"its cgroup {cgroup}"
+            containment.make(launch.box)
+            what = launch.argv[0]
+        try:
+            pid, start, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
+        except intocgroup.Unsupported:
+            assert launch.box is not None
+            what = f"its cgroup {cgroup}"
             back = containment.enter(launch.box)
             what = launch.argv[0]
-        pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
+            pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
         ahead.drop()
         os.write(log_fd, f"gpuq: could not start {shown(what)}: {err.strerror or err}\n".encode())

@@ -1,0 +1,112 @@
+"""A job's first process is cloned straight into its cgroup, and the shim that starts it never moves
+(launcher.daemon.intocgroup): moving a process between cgroups waits for the kernel, on every job.
+
+Each test runs the spawn in a fresh Python process, as the shim is (one thread: the way is refused in a
+process with more), in a real cgroup v2 cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuq_scheduler.launcher.daemon.containment import cgroup2_mount
+
+MOUNT = cgroup2_mount()
+WRITABLE = MOUNT is not None and os.geteuid() == 0 and os.access(MOUNT, os.W_OK)
+pytestmark = pytest.mark.skipif(
+    not WRITABLE and not os.environ.get("CI"),  # CI runs as root on a cgroup2 hierarchy: there it must not skip
+    reason="no cgroup v2 hierarchy this user can make cgroups in (run as root where cgroup2 is mounted)",
+)
+
+
+@pytest.fixture
+def cgroup() -> Iterator[Path]:
+    assert MOUNT is not None
+    path = Path(MOUNT) / f"gpuq-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    yield path
+    if path.exists():
+        (path / "cgroup.kill").write_text("1")
+        for _ in range(100):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                os.sched_yield()
+
+
+def _spawn(cgroup: Path, command: list[str], tmp_path: Path, before: str = "") -> dict[str, object]:
+    """Spawn ``command`` into ``cgroup`` from a fresh Python process: what that process saw, as JSON."""
+    script = textwrap.dedent(f"""
+        import json, os, signal, sys
+        from gpuq_scheduler.launcher.daemon import containment, intocgroup
+        {before}
+        out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
+        mine = containment.own_cgroup()
+        try:
+            pid = intocgroup.spawn({str(cgroup)!r}, {command!r}, {str(tmp_path)!r}, dict(os.environ), {{}}, out)
+        except intocgroup.Unsupported as err:
+            print(json.dumps({{"unsupported": str(err)}}))
+            sys.exit()
+        except OSError as err:
+            print(json.dumps({{"errno": err.errno, "mine": mine, "after": containment.own_cgroup()}}))
+            sys.exit()
+        status = open(f"/proc/{{pid}}/status").read()
+        procs = open({str(cgroup / "cgroup.procs")!r}).read().split()
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(json.dumps({{"pid": pid, "code": code, "mine": mine, "after": containment.own_cgroup(),
+                          "procs": procs, "status": status, "me": os.getpid()}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_a_job_is_born_in_its_cgroup_and_its_starter_never_moves(cgroup: Path, tmp_path: Path) -> None:
+    # The job says where it is as its very first act, in a session of its own, from its own directory.
+    # It inherits no descriptor of its starter's, not even one left inheritable (Popen's close_fds, kept).
+    command = [
+        "sh", "-c", "grep ^0:: /proc/self/cgroup; ps -o sid= -p $$; pwd; read -r line; echo read=$?; ls /proc/$$/fd",
+    ]  # fmt: skip
+    leak = "leak = os.open('/dev/null', os.O_RDONLY); os.set_inheritable(leak, True)"
+    result = _spawn(cgroup, command, tmp_path, leak)
+    assert result["code"] == 0
+    assert result["mine"] == result["after"] and result["mine"] != f"/{cgroup.name}"
+    assert str(result["pid"]) in result["procs"] and str(result["me"]) not in result["procs"]  # never its starter
+    lines = (tmp_path / "out").read_text().splitlines()
+    assert lines[0] == f"0::/{cgroup.name}"
+    assert int(lines[1]) == result["pid"]  # setsid: its session is its own
+    assert lines[2:] == [str(tmp_path), "read=1", "0", "1", "2"]  # its directory; stdin at end of file (/dev/null)
+
+
+def test_the_job_gets_default_signals_not_the_starters(cgroup: Path, tmp_path: Path) -> None:
+    # The starter ignores SIGPIPE (Python does), has a handler for SIGTERM (the shim does) and blocks SIGUSR1:
+    # none of it may reach the job, which must die of a broken pipe and of a SIGTERM like any program.
+    before = "signal.signal(signal.SIGTERM, print); signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})"
+    result = _spawn(cgroup, ["sleep", "0.5"], tmp_path, before)
+    fields = dict(line.split(":\t", 1) for line in str(result["status"]).splitlines() if ":\t" in line)
+    blocked, ignored = int(fields["SigBlk"], 16), int(fields["SigIgn"], 16)
+    assert ignored & (1 << (13 - 1)) == 0 and ignored & (1 << (25 - 1)) == 0  # SIGPIPE, SIGXFSZ
+    assert blocked == 1 << (10 - 1)  # the starter's mask is inherited, as with fork and exec: SIGUSR1 only
+    assert int(fields["SigCgt"], 16) == 0  # exec reset every handler
+
+
+def test_a_program_that_is_not_there_is_an_oserror_and_leaves_nothing(cgroup: Path, tmp_path: Path) -> None:
+    result = _spawn(cgroup, ["no-such-program-gpuq"], tmp_path)
+    assert result["errno"] == 2 and result["mine"] == result["after"]
+    assert (cgroup / "cgroup.procs").read_text() == ""  # the child that could not exec is gone, reaped
+
+
+def test_a_process_with_threads_is_refused_and_the_shim_then_moves_instead(cgroup: Path, tmp_path: Path) -> None:
+    before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
+    result = _spawn(cgroup, ["true"], tmp_path, before)
+    assert result == {"unsupported": "this process runs more than one thread"}

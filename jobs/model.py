@@ -20,6 +20,7 @@ from gpuq_scheduler.jobs.rules import check_spec, sweep_values
 
 T = TypeVar("T")
 
+
 class Mode(str, enum.Enum):
     """How a job uses the GPUs it was given. Its values are ``jobs.rules.MODES``, which the quick submit
     path checks ``--mode`` against without loading this module."""
@@ -72,6 +73,8 @@ class JobSpec:
     # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
     cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
     ram: int | None = None  # bytes of host memory (memory.max)
+    # What the job was given for the options jobs.options declares as kept that have no field of their own
+    # here, by their JSON keys (``value`` reads them, typed).
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

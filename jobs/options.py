@@ -42,8 +42,9 @@ class Option(Generic[T]):
     or a loop that waits).
 
     ``field`` names the key of the spec's JSON that keeps its value as given, after ``capture`` (which checks
-    and converts a value, raising BadInput with a one-line message); "" for options ``capture_spec`` turns
-    into other fields itself (``--mem``, ``--time``...) and those that are not the spec's (``--json``).
+    and converts a value, raising BadInput with a one-line message; the daemon's intake holds a request's
+    stored value to it again, so it must take what it returns); "" for options ``capture_spec`` turns into
+    other fields itself (``--mem``, ``--time``...) and those that are not the spec's (``--json``).
     ``stores`` is the type kept there (default: the kind's), which ``JobSpec.from_json`` holds a request to.
     """
 

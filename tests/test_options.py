@@ -12,9 +12,13 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from tests.conftest import Gpuq
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from tests.conftest import Gpuq, wait_for
 from tests.test_cli_submit import DRIVER, QUICK, Run
 
 DECLARED = """
@@ -95,6 +99,12 @@ def test_an_option_added_to_the_declaration_alone_reaches_the_cli_the_api_and_th
     assert "click" not in refusals[0].modules
     api = _python(gpuq, "-c", "from gpuq_scheduler import submit; submit(['true'], colour='green')")
     assert api.returncode == 1 and "BadInput: --colour 'green': choose red or blue" in api.stderr
+    assert len(gpuq.status()) == before
+    # ...and by the daemon's intake, in a request written by hand: set aside, saying why.
+    spec = {**JobSpec(("true",), str(gpuq.cwd)).to_json(), "colour": "green"}
+    outbox.write_submit(StateDir(gpuq.home), 900, spec, time.time())
+    said = wait_for(lambda: (s := gpuq.run("status").stderr) and "set aside" in s and s, 30, "the request set aside")
+    assert "--colour 'green': choose red or blue" in said, said
     assert len(gpuq.status()) == before
 
     # Without the declaration, nothing knows the option.

@@ -3,10 +3,10 @@ here; everything else goes to ``launcher.cli.app``).
 
 ``gpuq submit`` runs in loops (a sweep of 50 seeds), so its start-up is what users wait for, and click,
 dataclasses, the job model and SQLite together cost several times Python's own start. Here a submit is
-parsed over submit's options as ``jobs.options`` declares them (click's are built from the same table), split from
-the job's command by the rule click's commands follow too (``split``), then
-captured, checked and written by the same light functions the click command uses (``jobs.submission``,
-``jobs.store.outbox``), so both write the same request and refuse bad input in the same words.
+parsed over submit's options as ``jobs.options`` declares them (click's are built from the same table),
+split from the job's command by the rule click's commands follow too (``split``), then captured, checked
+and written by the same light functions the click command uses (``jobs.submission``, ``jobs.store.outbox``),
+so both write the same request and refuse bad input in the same words.
 
 Whatever is unusual goes to click, which prints the canonical help or usage error: help, an option it
 does not know, a missing or malformed value. So do the submits that need heavy modules anyway: ``--on``

@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
-from gpuq_scheduler.jobs.rules import check_array
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.options import SUBMIT, check_keywords
+from gpuq_scheduler.jobs.rules import MODES, check_array
 from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
 from gpuq_scheduler.jobs.store.outbox import ensure_daemon as ensure_daemon
 from gpuq_scheduler.jobs.store.outbox import start_daemon as start_daemon
@@ -36,30 +37,14 @@ def _state(home: str | os.PathLike[str] | None) -> StateDir:
 
 
 def submit(
-    command: str | Sequence[str],
-    *,
-    gpus: int = 1,
-    mem: str | int | None = None,
-    name: str = "",
-    priority: int = 0,
-    time_limit: str | float | None = None,
-    mode: str | Mode = Mode.SINGLE,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    home: str | os.PathLike[str] | None = None,
-    after: Sequence[int] = (),
-    after_any: bool = False,
-    retries: int = 0,
-    oom_retry: bool = False,
-    notify: str | None = None,
-    on: str | None = None,
-    cpus: float | None = None,
-    ram: str | int | None = None,
-) -> int:
+    command: str | Sequence[str], *, home: str | os.PathLike[str] | None = None, **options: Any
+) -> int:  # fmt: skip
     """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
 
-    Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry``, ``notify``, ``on`` (a cluster),
-    ``cpus`` and ``ram`` (host limits: docs/containment.md), as the CLI does.
+    Takes ``gpuq submit``'s options by their Python names, as the CLI reads them (listed below), plus
+    ``home`` (the queue). ``mem`` is a size ("20G"), "auto" or bytes; ``time_limit`` a duration ("2h") or
+    seconds; ``env`` a mapping; ``after`` job ids; ``on`` a cluster of the config; ``cpus`` and ``ram`` are
+    host limits (docs/containment.md).
 
     The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one);
     a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
@@ -67,19 +52,32 @@ def submit(
     In a shared queue the daemon gives the id: when it is not running, the job is queued durably all the
     same and ``NoIdYet`` is raised (its ``request`` names the request); do not submit it again.
     """
+    check_keywords("submit", options)
     words = command.split() if isinstance(command, str) else list(command)
-    captured = capture_spec(
-        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
-        name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {}, after=after,
-        after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify, python=sys.executable,
-        cpus=cpus, ram=ram,
-    )  # fmt: skip
-    spec = JobSpec.from_json(captured)
+    on = options.pop("on", None)
+    spec = JobSpec.from_json(_capture(words, options))
     state = _state(home)
     job_id = queue_job(state, spec, on=on)
     if on is None:
         ensure_daemon(state)
     return job_id
+
+
+submit.__doc__ = (submit.__doc__ or "").rstrip() + "\n\n    Options (``jobs.options`` declares them):\n\n" + "\n".join(
+    f"    - ``{option.dest}`` (``{option.flag}``): {option.help or 'one of ' + ', '.join(MODES) + '.'}"
+    for option in SUBMIT
+    if option.api
+)
+
+
+def _capture(words: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """``capture_spec`` for the API: its ``cwd`` may be a path, and its ``python`` is this process's."""
+    cwd = options.pop("cwd", None)
+    options.setdefault("python", sys.executable)
+    return capture_spec(
+        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=options.pop("env", None) or {},
+        **options,
+    )  # fmt: skip
 
 
 def queue_job(
@@ -162,14 +160,8 @@ def array(
     if not plan.indices:
         raise BadInput("an array needs at least one index")
     check_array(plan.indices, plan.throttle)
-    cwd = options.pop("cwd", None)
-    extra_env = options.pop("env", None) or {}
     on = options.pop("on", None)
-    options.setdefault("python", sys.executable)
-    captured = capture_spec(
-        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=extra_env, **options
-    )  # fmt: skip
-    spec = JobSpec.from_json(captured)
+    spec = JobSpec.from_json(_capture(words, options))
     state = _state(home)
     array_id = queue_job(state, spec, plan, on=on)
     if on is None:

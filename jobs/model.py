@@ -9,13 +9,16 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.naming import program_name
+from gpuq_scheduler.jobs.options import Option, kept_options
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.rules import check_spec, sweep_values
+
+T = TypeVar("T")
 
 
 class Mode(str, enum.Enum):
@@ -33,6 +36,8 @@ class JobSpec:
 
     ``command`` is what the user typed; ``python`` is the interpreter captured for ``*.py`` commands.
     ``env`` is the submitter's environment: kept out of ``repr`` because it holds tokens and passwords.
+    The options ``gpuq submit`` declares as kept (``jobs.options``) are read with ``value``: from a field of
+    their name where there is one, else from ``options``, which holds the rest by their JSON keys.
     """
 
     command: tuple[str, ...]
@@ -68,6 +73,9 @@ class JobSpec:
     # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
     cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
     ram: int | None = None  # bytes of host memory (memory.max)
+    # What the job was given for the options jobs.options declares as kept that have no field of their own
+    # here, by their JSON keys (``value`` reads them, typed).
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_spec(
@@ -95,6 +103,14 @@ class JobSpec:
             values=values,
         )
 
+    def value(self, option: Option[T]) -> T:
+        """What the job was given for a kept option (``jobs.options``), or the option's default."""
+        if not option.field:
+            raise ValueError(f"{option.flag} is not kept in the spec as given")
+        if option.field in _OWN_FIELDS:
+            return cast(T, getattr(self, option.field))
+        return cast(T, self.options.get(option.field, option.kept_default))
+
     @property
     def interactive(self) -> bool:
         """A `gpuq run` or `gpuq alloc` job: its program runs in a user's terminal (``jobs.hold``)."""
@@ -110,22 +126,17 @@ class JobSpec:
         return " ".join([program_name(self.command), *(f"{name}={value}" for name, value in self.values)])
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The spec as JSON, in the order of the dict ``capture_spec`` makes: its own fields, then the kept
+        options in their declared order."""
+        data = {
             "command": list(self.command),
             "cwd": self.cwd,
             "env": dict(self.env),
-            "gpus": self.gpus,
             "mem_per_gpu": self.mem_per_gpu,
-            "name": self.name,
-            "priority": self.priority,
             "time_limit": self.time_limit,
             "mode": self.mode.value,
             "python": self.python,
             "after": list(self.after),
-            "after_any": self.after_any,
-            "retries": self.retries,
-            "oom_retry": self.oom_retry,
-            "notify": self.notify,
             "mem_auto": self.mem_auto,
             "like": self.like,
             "kind": self.kind,
@@ -136,6 +147,9 @@ class JobSpec:
             "cpus": self.cpus,
             "ram": self.ram,
         }
+        for option, _ in _KEPT:
+            data[option.field] = self.value(option)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -147,22 +161,16 @@ class JobSpec:
                 raise BadInput("command must be a list of strings")
             if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
                 raise BadInput("env must map strings to strings")
+            kept = {option.field: _kept(option, default, data) for option, default in _KEPT}
             return cls(
                 command=tuple(command),
                 cwd=_typed(data["cwd"], str, "cwd"),
                 env=env,
-                gpus=_typed(data.get("gpus", 1), int, "gpus"),
                 mem_per_gpu=_optional(data.get("mem_per_gpu"), int, "mem_per_gpu"),
-                name=_typed(data.get("name", ""), str, "name"),
-                priority=_typed(data.get("priority", 0), int, "priority"),
                 time_limit=_optional(data.get("time_limit"), float, "time_limit"),
                 mode=Mode(data.get("mode", "single")),
                 python=_optional(data.get("python"), str, "python"),
                 after=tuple(_typed(dep, int, "after") for dep in _typed(data.get("after", []), list, "after")),
-                after_any=_typed(data.get("after_any", False), bool, "after_any"),
-                retries=_typed(data.get("retries", 0), int, "retries"),
-                oom_retry=_typed(data.get("oom_retry", False), bool, "oom_retry"),
-                notify=_optional(data.get("notify"), str, "notify"),
                 mem_auto=_typed(data.get("mem_auto", False), bool, "mem_auto"),
                 like=_optional(data.get("like"), int, "like"),
                 kind=_typed(data.get("kind", ""), str, "kind"),
@@ -172,6 +180,8 @@ class JobSpec:
                 values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
+                **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
+                options={key: value for key, value in kept.items() if key not in _OWN_FIELDS},
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -193,6 +203,16 @@ def _typed(value: Any, kind: type, name: str) -> Any:
 
 def _optional(value: Any, kind: type, name: str) -> Any:
     return None if value is None else _typed(value, kind, name)
+
+
+def _kept(option: Option[Any], default: Any, data: Mapping[str, Any]) -> Any:
+    """A kept option's value in a spec's JSON, of the type it declares (``default`` where it is missing)."""
+    value = data.get(option.field, default)
+    return (_optional if default is None else _typed)(value, option.stores, option.field)
+
+
+_OWN_FIELDS = frozenset(spec_field.name for spec_field in dataclasses.fields(JobSpec)) - {"options"}
+_KEPT = tuple((option, option.kept_default) for option in kept_options())  # with what each keeps when not given
 
 
 def _sweep(data: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:

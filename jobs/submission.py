@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from gpuq_scheduler.jobs import jsontext
+from gpuq_scheduler.jobs import jsontext, options
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.rules import (
     MAX_ARRAY,
@@ -108,33 +108,28 @@ def capture_spec(
     command: Sequence[str],
     *,
     environ: Mapping[str, str],
-    cwd: str | None = None,
-    gpus: int = 1,
-    mem: str | int | None = None,
-    name: str = "",
-    priority: int = 0,
-    time_limit: str | float | None = None,
-    mode: str = "single",
-    env: Mapping[str, str] | Sequence[str] = (),
-    after: Sequence[int] = (),
-    after_any: bool = False,
-    retries: int = 0,
-    oom_retry: bool = False,
-    notify: str | None = None,
     python: str | None = None,
-    like: int | None = None,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
-    cpus: float | str | None = None,
-    ram: str | int | None = None,
+    **given: Any,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
-    environment points at), and parsed limits. Raises BadInput with a one-line message on anything wrong."""
+    environment points at), and parsed limits. ``given`` are submit's options (``jobs.options``) by their
+    ``dest``, of the kinds the CLI or the API gives (``mem``: a size, "auto" or bytes; ``time_limit``: a
+    duration or seconds; ``env``: K=V words or a mapping; ``after``: ids); the rest have their defaults.
+    Raises BadInput with a one-line message on anything wrong."""
+    values = {option.dest: option.default for option in options.SUBMIT if option.spec}
+    for key in given:
+        if key not in values:
+            raise TypeError(f"capture_spec() got an unexpected keyword argument {key!r}")
+    values.update(given)
+    cwd, gpus, mem, like, mode = values["cwd"], values["gpus"], values["mem"], values["like"], values["mode"]
+    after = values["after"] or ()
     workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
     if not os.path.isdir(workdir):
         raise BadInput(f"--cwd {workdir}: no such directory")
     captured = dict(environ)
-    captured.update(env_pairs(env))
+    captured.update(env_pairs(values["env"]))
     mode_name = next((known for known in MODES if known == mode), None)  # a jobs.model.Mode equals its value
     if mode_name is None:
         raise BadInput(f"--mode {mode!r}: choose single, dataparallel or torchrun")
@@ -154,13 +149,17 @@ def capture_spec(
     mem_per_gpu = None if mem_auto else parse_size(mem) if isinstance(mem, str) else mem
     if like is not None and not 0 < like < 1 << 63:
         raise BadInput(f"--like takes a job id, which is a positive number, not {like}")
+    time_limit = values["time_limit"]
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
-    cpu_share = _cpus(cpus)
+    cpu_share = _cpus(values["cpus"])
     try:
+        ram = values["ram"]
         ram_bytes = parse_size(ram) if isinstance(ram, str) else ram
     except BadInput as err:
         raise BadInput(f"--ram: {err}") from None
+    kept = {option.field: option.kept(values[option.dest]) for option in options.kept_options()}
+    retries, priority = values["retries"], values["priority"]
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
@@ -168,32 +167,27 @@ def capture_spec(
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes
     check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
-    check_texts(command=command, cwd=workdir, env=captured, name=name, notify=notify, python=interpreter)
+    check_texts(command=command, cwd=workdir, env=captured, name=values["name"], notify=values["notify"],
+                python=interpreter)  # fmt: skip
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
         "cwd": workdir,
         "env": captured,
-        "gpus": gpus,
         "mem_per_gpu": mem_per_gpu,
-        "name": name,
-        "priority": priority,
         "time_limit": seconds,
         "mode": mode_name,
         "python": interpreter,
         "after": list(after),
-        "after_any": after_any,
-        "retries": retries,
-        "oom_retry": oom_retry,
-        "notify": notify or None,
         "mem_auto": mem_auto,
         "like": like,
         "kind": kind_of(command, workdir),
         "mem_from": "",
         "client": None,
-        "sweep": [[name, list(values)] for name, values in sweep],
+        "sweep": [[name, list(choices)] for name, choices in sweep],
         "values": [],
         "cpus": cpu_share,
         "ram": ram_bytes,
+        **kept,  # the options kept as given, in their declared order
     }
 
 

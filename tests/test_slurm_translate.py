@@ -111,6 +111,7 @@ def test_array_lists_compress_to_runs() -> None:
         ({"oom_retry": True}, "use --retries N instead"),
         ({"notify": "mail me"}, "--mail-type=END"),
         ({"priority": 10}, "only admins can raise a job's priority"),
+        ({"options": {"colour": "red"}}, "--colour: nothing translates it to Slurm yet, so it would be lost on"),
     ],
 )
 def test_what_slurm_cannot_do_is_refused_in_one_line(options: dict[str, object], message: str) -> None:

@@ -33,6 +33,7 @@ from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NoIdYet, NotPermitted
 from gpuq_scheduler.jobs.functions import runner
 from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
 
@@ -72,15 +73,16 @@ class Executor:
     """Submits Python callables as gpuq jobs. The options are ``gpuq submit``'s, named as in the CLI:
     ``gpus``, ``mem`` (a size, ``"auto"`` or None for whole GPUs), ``time`` (a time limit), ``name``,
     ``retries``, ``on`` (a cluster), and any other ``submit`` keyword (``priority``, ``mode``, ``env``,
-    ``after``, ``oom_retry``, ``notify``, ``cpus``, ``ram``...). ``home`` picks the queue, ``folder`` where the
-    pickles go."""
+    ``after``, ``oom_retry``, ``notify``, ``cpus``, ``ram``...: ``jobs.options`` declares them). ``home``
+    picks the queue, ``folder`` where the pickles go."""
 
     def __init__(
         self, gpus: int = 1, mem: str | int | None = None, time: str | float | None = None, name: str | None = None,
         retries: int = 0, on: str | None = None, *, home: str | os.PathLike[str] | None = None,
         folder: str | os.PathLike[str] | None = None, **options: Any,
     ) -> None:  # fmt: skip
-        known = {"priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd", "cpus", "ram"}
+        own = {"gpus", "mem", "time_limit", "name", "retries", "on"}  # this signature's (time_limit: ``time``)
+        known = {option.dest for option in SUBMIT if option.api} - own
         unknown = set(options) - known
         if unknown:
             raise BadInput(f"Executor() got unknown option(s) {', '.join(sorted(unknown))}: use gpuq submit's names")

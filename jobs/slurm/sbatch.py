@@ -19,6 +19,8 @@ What translates, and what is refused because Slurm has nothing like it (one line
     --mem             refused: on a cluster every job gets whole GPUs (Slurm cannot share one by memory)
     --oom-retry       refused: it grows --mem; use --retries
     --notify          refused: no gpuq daemon watches cluster jobs; use sbatch's --mail-type in sbatch_flags
+    any other option  refused, where ``jobs.options`` declares it and JobSpec has no field for it (nothing here
+                      translates it yet)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from gpuq_scheduler.jobs.config import Cluster
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec, Mode
+from gpuq_scheduler.jobs.options import kept_options
 from gpuq_scheduler.jobs.store.spool import ArrayPlan
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
@@ -70,6 +73,12 @@ def check(spec: JobSpec, cluster: Cluster) -> None:
             f"--priority {spec.priority}: {where} only admins can raise a job's priority; leave it out, or lower "
             "other jobs with a negative --priority (sent as sbatch --nice)"
         )
+    defaults = {option.field: option for option in kept_options()}
+    for key, value in spec.options.items():  # options declared in jobs.options alone: none is translated here
+        option = defaults.get(key)
+        if option is None or value != option.kept_default:
+            flag = option.flag if option else "--" + key.replace("_", "-")
+            raise BadInput(f"{flag}: nothing translates it to Slurm yet, so it would be lost {where}; leave it out")
 
 
 def translate(

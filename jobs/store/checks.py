@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.options import kept_options
 from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_bounds, check_text, check_texts, check_update
 from gpuq_scheduler.jobs.submission import kind_of
 from gpuq_scheduler.jobs.units import parse_duration
@@ -43,6 +44,9 @@ def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, th
         raise BadInput("has a submit time no clock gives")
     if indices is not None:
         check_array(indices, throttle)
+    for option in kept_options():  # each option's own check, as the client's capture_spec made it
+        if option.capture is not None:
+            option.kept(spec.value(option))
     _numbers(spec.to_json(), "the job spec")
     # The daemon's fields, whatever the request says: kind is what --mem auto files peaks under.
     return dataclasses.replace(spec, kind=kind_of(spec.command, spec.cwd), mem_from="")

@@ -6,52 +6,43 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, UnknownJob
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.rules import MODES
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
 
 
+def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Submit's click options, built from their one declaration (``jobs.options``), in its order."""
+    types = {"int": NUMBER, "str": None, "mode": click.Choice(MODES), "dir": click.Path(file_okay=False)}
+    for option in reversed(SUBMIT):
+        settings: dict[str, Any] = {"default": option.default, "help": option.help, "metavar": option.metavar}
+        if option.show_default:
+            settings["show_default"] = True
+        if option.kind == "flag":
+            settings["is_flag"] = True
+        elif option.kind == "list":
+            settings["multiple"] = True
+        else:
+            settings["type"] = types[option.kind]
+        command = click.option(option.flag, option.dest, **settings)(command)
+    return command
+
+
 @click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
-@click.option("--gpus", type=NUMBER, default=1, show_default=True, help="GPUs the job needs (0: a CPU job).")
-@click.option(
-    "--mem", help="Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs of the same "
-    "kind. Without it the job gets whole GPUs.",
-)  # fmt: skip
-@click.option("--cpus", metavar="N", help="Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.")
-@click.option("--ram", metavar="SIZE", help="Host memory the job may use (32G); past it the kernel ends the job.")
-@click.option("--like", type=NUMBER, metavar="JOB_ID", help="--mem auto, learned from this job's peak memory.")
-@click.option("--name", default="", help="A name to show in status (default: the command).")
-@click.option("--priority", type=NUMBER, default=0, show_default=True, help="Higher runs first.")
-@click.option("--time", "time_limit", help="Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.")
-@click.option("--mode", type=click.Choice(["single", "dataparallel", "torchrun"]), default="single", show_default=True)
-@click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable for the job.")
-@click.option("--cwd", type=click.Path(file_okay=False), help="Run in this directory (default: the current one).")
-@click.option(
-    "--array", "array_spec", multiple=True, metavar="SPEC", help="Queue members: indices 0-49, 1,3,7, 0-20:5; or "
-    "values NAME=V1,V2,... for {NAME} in the command (again for a product); %N runs N at once.",
-)  # fmt: skip
-@click.option("--after", metavar="IDS", help="Start after these jobs or arrays (1,2,...) succeeded.")
-@click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
-@click.option("--retries", type=NUMBER, default=0, show_default=True, help="Run again after a failure, with backoff.")
-@click.option("--oom-retry", is_flag=True, help="After CUDA out of memory, retry with twice the memory or a whole GPU.")
-@click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
-@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
-@click.option("--on", "on", metavar="CLUSTER", help="Send it to this cluster of your config (Slurm) instead.")
+@submit_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
-def submit(
-    ctx: Context, gpus: int, mem: str | None, cpus: str | None, ram: str | None, like: int | None, name: str,
-    priority: int, time_limit: str | None, mode: str, env: tuple[str, ...], cwd: str | None,
-    array_spec: tuple[str, ...], after: str | None, after_any: bool, retries: int, oom_retry: bool,
-    notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
-) -> None:  # fmt: skip
+def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
     gpuq's own options may come before or after the command; everything after -- is the job's. A job
@@ -70,14 +61,13 @@ def submit(
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
     from gpuq_scheduler.jobs.submission import capture_spec, parse_arrays, parse_ids
 
-    # launcher.cli.submit runs most submits without click, through the same capture_spec: keep the two in step.
-    indices, throttle, sweep = parse_arrays(array_spec)
+    # launcher.cli.submit runs most submits without click, through the same capture_spec.
+    indices, throttle, sweep = parse_arrays(options["array_spec"])
     plan = ArrayPlan(indices, throttle) if indices else None
-    spec = JobSpec.from_json(capture_spec(
-        command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
-        time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
-        retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep, cpus=cpus, ram=ram,
-    ))  # fmt: skip
+    given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
+    after, after_any, like, on = options["after"], options["after_any"], options["like"], options["on"]
+    given["after"] = parse_ids(after) if after else ()
+    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, **given))
     if like is not None and on is None:
         try:
             ctx.queue.get(like)
@@ -90,20 +80,20 @@ def submit(
     if on is None and ctx.queue.inventory() is None:
         check_live_inventory(spec)
     try:  # --wait waits for the daemon's answer too, however long it takes (a shared queue's daemon gives ids)
-        job_id = queue_job(ctx.state, spec, plan, on=on, patience=None if wait_ else ANSWER_PATIENCE)
+        job_id = queue_job(ctx.state, spec, plan, on=on, patience=None if options["wait_"] else ANSWER_PATIENCE)
     except NoIdYet as queued:
         click.echo(f"gpuq: {queued}", err=True)  # not an id that may prove untrue: the job is safe all the same
         return
     if on is None:
         ensure_daemon(ctx.state)
     members = list(plan.member_ids(job_id)) if plan else [job_id]
-    if as_json:
+    if options["as_json"]:
         click.echo(json.dumps({"id": job_id, "jobs": members} if plan else {"id": job_id}))
     elif plan:
         click.echo(f"submitted array {job_id} ({len(members)} jobs, {members[0]}-{members[-1]})")
     else:
         click.echo(f"submitted job {job_id}" + (f" to {on}" if on else ""))
-    if wait_:
+    if options["wait_"]:
         records = _wait(ctx, members)
         sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
 

@@ -3,10 +3,10 @@ here; everything else goes to ``launcher.cli.app``).
 
 ``gpuq submit`` runs in loops (a sweep of 50 seeds), so its start-up is what users wait for, and click,
 dataclasses, the job model and SQLite together cost several times Python's own start. Here a submit is
-parsed over a table of submit's options (kept equal to click's by tests/test_cli_submit.py), split from
-the job's command by the rule click's commands follow too (``split``), then
-captured, checked and written by the same light functions the click command uses (``jobs.submission``,
-``jobs.store.outbox``), so both write the same request and refuse bad input in the same words.
+parsed over submit's options as ``jobs.options`` declares them (click's are built from the same table),
+split from the job's command by the rule click's commands follow too (``split``), then captured, checked
+and written by the same light functions the click command uses (``jobs.submission``, ``jobs.store.outbox``),
+so both write the same request and refuse bad input in the same words.
 
 Whatever is unusual goes to click, which prints the canonical help or usage error: help, an option it
 does not know, a missing or malformed value. So do the submits that need heavy modules anyway: ``--on``
@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.rules import MODES
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -28,33 +29,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-# Submit's options as launcher/cli/queue.py declares them: flag -> (dest, kind, default). "flag" takes no value;
-# "int", "str", "mode" (one of MODES) and "dir" (click.Path(file_okay=False)) take one; "list" takes one
-# each time it is given (multiple=True).
-OPTIONS: dict[str, tuple[str, str, object]] = {
-    "--gpus": ("gpus", "int", 1),
-    "--mem": ("mem", "str", None),
-    "--cpus": ("cpus", "str", None),
-    "--ram": ("ram", "str", None),
-    "--like": ("like", "int", None),
-    "--name": ("name", "str", ""),
-    "--priority": ("priority", "int", 0),
-    "--time": ("time_limit", "str", None),
-    "--mode": ("mode", "mode", "single"),
-    "--env": ("env", "list", ()),
-    "--cwd": ("cwd", "dir", None),
-    "--array": ("array_spec", "list", ()),
-    "--after": ("after", "str", None),
-    "--after-any": ("after_any", "flag", False),
-    "--retries": ("retries", "int", 0),
-    "--oom-retry": ("oom_retry", "flag", False),
-    "--notify": ("notify", "str", None),
-    "--wait": ("wait_", "flag", False),
-    "--json": ("as_json", "flag", False),
-    "--on": ("on", "str", None),
-}
+# Submit's options as jobs.options declares them (click's command is built from the same table):
+# flag -> (dest, kind, default).
+OPTIONS: dict[str, tuple[str, str, object]] = {opt.flag: (opt.dest, opt.kind, opt.default) for opt in SUBMIT}
 # Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
-FOR_CLICK = ("--after", "--after-any", "--wait", "--on", "--like")
+FOR_CLICK = tuple(option.flag for option in SUBMIT if not option.quick)
 
 
 # Whether each of submit's options takes a value: what ``split`` needs to tell gpuq's words from the job's.
@@ -152,12 +131,8 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     # The order of launcher.cli.app's submit and Queue.submit, so that the first problem found is the same one.
     indices, throttle, sweep = parse_arrays(options["array_spec"])
     array = (indices, throttle) if indices else None
-    spec = capture_spec(
-        command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
-        name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
-        env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
-        sweep=sweep, cpus=options["cpus"], ram=options["ram"],
-    )  # fmt: skip
+    given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
+    spec = capture_spec(command, environ=os.environ, sweep=sweep, **given)
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     if spec["cpus"] is not None or spec["ram"] is not None:

@@ -90,6 +90,7 @@ def start(state: StateDir, timeout: float = 15.0, *, shared: bool = False) -> in
         if os.geteuid() != 0:
             raise DaemonError("a shared queue's daemon runs as root (it starts jobs as their users): use sudo")
         state.ensure_shared()
+    _environment(os.environ)  # the daemon's own environment: a bad number there is said here, not in its log
     with contextlib.suppress(FileNotFoundError):
         state.ready.unlink()  # an earlier daemon's, killed before it could remove it
     start_daemon(state, shared=shared)
@@ -204,6 +205,17 @@ def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
     wakeups.wait(max(0.0, deadline - time.monotonic()))
 
 
+def _environment(environ: Mapping[str, str]) -> tuple[float, float, Policy]:
+    """The daemon's numbers from its environment, each checked (DaemonError names a bad one and what it
+    takes): the seconds from SIGTERM to SIGKILL, the retries' base backoff, and placement's knobs."""
+    grace = _seconds(environ, "GPUQ_KILL_GRACE", 10.0, low=0.0)
+    backoff = _seconds(environ, "GPUQ_RETRY_BACKOFF", 10.0, low=0.0)
+    for name in ("GPUQ_IDLE_LIMIT", "GPUQ_IDLE_REPORT"):
+        if environ.get(name):
+            _duration(environ, name)
+    return grace, backoff, _policy(environ)
+
+
 def _policy(environ: Mapping[str, str]) -> Policy:
     """Placement's knobs, from the daemon's environment where it sets them (``GPUQ_AUTO_MARGIN``: the
     fraction --mem auto adds to a learned peak; ``GPUQ_AUTO_PROBE_MEM``: a probe's share instead of a GPU;
@@ -212,29 +224,48 @@ def _policy(environ: Mapping[str, str]) -> Policy:
     from gpuq_scheduler.launcher.policy.placement import Policy
 
     policy = Policy(cpu_slots=os.cpu_count())
-    try:
-        if environ.get("GPUQ_AUTO_MARGIN"):
-            policy = dataclasses.replace(policy, auto_margin=float(environ["GPUQ_AUTO_MARGIN"]))
-        if environ.get("GPUQ_AUTO_SETTLE"):
-            policy = dataclasses.replace(policy, auto_settle=float(environ["GPUQ_AUTO_SETTLE"]))
-    except ValueError as err:
-        raise DaemonError(f"GPUQ_AUTO_MARGIN or GPUQ_AUTO_SETTLE: {err}; give a number such as 0.2") from None
-    if environ.get("GPUQ_AUTO_PROBE_MEM"):
-        policy = dataclasses.replace(policy, auto_probe_mem=parse_size(environ["GPUQ_AUTO_PROBE_MEM"]))
+    if environ.get("GPUQ_AUTO_MARGIN"):
+        margin = _number(environ, "GPUQ_AUTO_MARGIN", policy.auto_margin, 0.0, 10.0, "a fraction such as 0.2")
+        policy = dataclasses.replace(policy, auto_margin=margin)
+    if environ.get("GPUQ_AUTO_SETTLE"):
+        policy = dataclasses.replace(policy, auto_settle=_seconds(environ, "GPUQ_AUTO_SETTLE", 0.0, low=0.0))
+    text = environ.get("GPUQ_AUTO_PROBE_MEM")
+    if text:
+        try:
+            policy = dataclasses.replace(policy, auto_probe_mem=parse_size(text))
+        except BadInput as err:
+            raise DaemonError(f"GPUQ_AUTO_PROBE_MEM={text!r}: {err}") from None
     return policy
 
 
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    """A number of seconds from the daemon's environment, between 0.1 and a day."""
+def _seconds(environ: Mapping[str, str], name: str, default: float, low: float = 0.1) -> float:
+    """A number of seconds from the daemon's environment, from ``low`` to a day."""
+    return _number(environ, name, default, low, 86400.0, "a number of seconds")
+
+
+def _duration(environ: Mapping[str, str], name: str) -> float | None:
+    """A duration from the daemon's environment (2h, 30m), or None for "off"."""
+    from gpuq_scheduler.jobs.units import parse_duration
+
+    text = environ[name]
+    try:
+        return None if text == "off" else parse_duration(text)
+    except BadInput as err:
+        raise DaemonError(f"{name}={text[:40]!r}: {err}, or off") from None
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, low: float, high: float, what: str) -> float:
+    """A number from the daemon's environment (``default`` where it is unset or empty), or DaemonError naming
+    the variable and what it takes: the daemon exits 2 before serving, as on any bad input."""
     text = environ.get(name)
     if not text:
         return default
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 86400:
-        raise DaemonError(f"{name}={text!r}: give a number of seconds between 0.1 and 86400")
+        value = float("nan")
+    if not low <= value <= high:  # NaN (and so anything float() refused) fails too
+        raise DaemonError(f"{name}={text[:40]!r}: give {what} from {low:g} to {high:g}")
     return value
 
 
@@ -277,9 +308,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
     try:
         write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
         wakeups = _Wakeups(state)
-        grace = float(os.environ.get("GPUQ_KILL_GRACE", "10"))
-        backoff = float(os.environ.get("GPUQ_RETRY_BACKOFF", "10"))
-        policy = _policy(os.environ)
+        grace, backoff, policy = _environment(os.environ)
         source = open_source()
         mode = os.environ.get("GPUQ_FENCE", "auto")
         if mode != "auto" and mode not in {f.value for f in mps.Fence}:
@@ -297,16 +326,10 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             scheduler.controls.timeout = _seconds(os.environ, "GPUQ_MPS_TIMEOUT", TIMEOUT)
             scheduler.controls.retry = _seconds(os.environ, "GPUQ_MPS_RETRY", RETRY)
         if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
-            from gpuq_scheduler.jobs.units import parse_duration
-
-            scheduler.idle_limit = None if os.environ["GPUQ_IDLE_LIMIT"] == "off" else parse_duration(
-                os.environ["GPUQ_IDLE_LIMIT"])
+            scheduler.idle_limit = _duration(os.environ, "GPUQ_IDLE_LIMIT")
         scheduler.watch.settings = guarding.settings(config.load().watchdog, os.environ, policy.overhead)
         if os.environ.get("GPUQ_IDLE_REPORT"):  # a personal queue's (off by default); a shared one's config wins
-            from gpuq_scheduler.jobs.units import parse_duration
-
-            report = os.environ["GPUQ_IDLE_REPORT"]
-            scheduler.idle_report = None if report == "off" else parse_duration(report)
+            scheduler.idle_report = _duration(os.environ, "GPUQ_IDLE_REPORT")
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         ready = False
         try:

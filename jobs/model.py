@@ -68,6 +68,8 @@ class JobSpec:
     # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
     cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
     ram: int | None = None  # bytes of host memory (memory.max)
+    # --preemptible: a waiting job that outranks it may take its GPUs, suspending it (docs/suspend.md)
+    preemptible: bool = False
 
     def __post_init__(self) -> None:
         check_spec(
@@ -135,6 +137,7 @@ class JobSpec:
             "values": [list(pair) for pair in self.values],
             "cpus": self.cpus,
             "ram": self.ram,
+            "preemptible": self.preemptible,
         }
 
     @classmethod
@@ -172,6 +175,7 @@ class JobSpec:
                 values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
+                preemptible=_typed(data.get("preemptible", False), bool, "preemptible"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None

@@ -126,6 +126,7 @@ def capture_spec(
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
     cpus: float | str | None = None,
     ram: str | int | None = None,
+    preemptible: bool = False,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
@@ -194,6 +195,7 @@ def capture_spec(
         "values": [],
         "cpus": cpu_share,
         "ram": ram_bytes,
+        "preemptible": bool(preemptible),
     }
 
 

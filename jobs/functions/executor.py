@@ -80,7 +80,9 @@ class Executor:
         retries: int = 0, on: str | None = None, *, home: str | os.PathLike[str] | None = None,
         folder: str | os.PathLike[str] | None = None, **options: Any,
     ) -> None:  # fmt: skip
-        known = {"priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd", "cpus", "ram"}
+        known = {
+            "priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd", "cpus", "ram", "preemptible",
+        }  # fmt: skip
         unknown = set(options) - known
         if unknown:
             raise BadInput(f"Executor() got unknown option(s) {', '.join(sorted(unknown))}: use gpuq submit's names")

@@ -40,6 +40,9 @@ from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pas
 @click.option("--after-any", is_flag=True, help="With --after: start once they ended, however they ended.")
 @click.option("--retries", type=NUMBER, default=0, show_default=True, help="Run again after a failure, with backoff.")
 @click.option("--oom-retry", is_flag=True, help="After CUDA out of memory, retry with twice the memory or a whole GPU.")
+@click.option(
+    "--preemptible", is_flag=True, help="A more urgent job may suspend this one to take its GPUs; it resumes after."
+)
 @click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
@@ -50,7 +53,7 @@ def submit(
     ctx: Context, gpus: int, mem: str | None, cpus: str | None, ram: str | None, like: int | None, name: str,
     priority: int, time_limit: str | None, mode: str, env: tuple[str, ...], cwd: str | None,
     array_spec: tuple[str, ...], after: str | None, after_any: bool, retries: int, oom_retry: bool,
-    notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
+    preemptible: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
@@ -77,6 +80,7 @@ def submit(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
         retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep, cpus=cpus, ram=ram,
+        preemptible=preemptible,
     ))  # fmt: skip
     if like is not None and on is None:
         try:

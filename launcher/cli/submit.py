@@ -48,6 +48,7 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
     "--after-any": ("after_any", "flag", False),
     "--retries": ("retries", "int", 0),
     "--oom-retry": ("oom_retry", "flag", False),
+    "--preemptible": ("preemptible", "flag", False),
     "--notify": ("notify", "str", None),
     "--wait": ("wait_", "flag", False),
     "--json": ("as_json", "flag", False),
@@ -156,7 +157,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
         command, environ=os.environ, cwd=options["cwd"], gpus=options["gpus"], mem=options["mem"],
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
         env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
-        sweep=sweep, cpus=options["cpus"], ram=options["ram"],
+        sweep=sweep, cpus=options["cpus"], ram=options["ram"], preemptible=options["preemptible"],
     )  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])

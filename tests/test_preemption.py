@@ -1,0 +1,170 @@
+"""Automatic preemption (#28, 2) with a real daemon on the fake inventory: an urgent job takes the GPU of a
+preemptible counting job, which stops where it was and, once the urgent job ended, goes on to the end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+
+COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
+
+
+def _queue(tmp_path: Path, **extra: str) -> Gpuq:
+    settings = {"GPUQ_FAKE_HOST_MEMORY": "256GiB", "GPUQ_PREEMPT": "on", "GPUQ_PREEMPT_MIN_RUNTIME": "1s", **extra}
+    queue = fake_cuda_queue(tmp_path, "2x80GiB", **settings)
+    shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
+    return queue
+
+
+def _counts(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _counters(queue: Gpuq, last: int, *more: str) -> list[tuple[int, Path]]:
+    """A counting job holding 60 GiB on each GPU, both seen counting and holding their memory."""
+    jobs = []
+    for n in range(2):
+        counts = queue.cwd / f"counts{n}"
+        jobs.append((queue.submit(*more, "fake_counter.py", "60", str(counts), str(last)), counts))
+    for job, counts in jobs:
+        seen = lambda job=job, counts=counts: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"]  # noqa: E731
+        wait_for(seen, 30, f"job {job} to count")
+    return jobs
+
+
+def _events(queue: Gpuq) -> list[dict[str, Any]]:
+    path = queue.home / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _never_double_booked(events: list[dict[str, Any]]) -> None:
+    """From the journal: at no moment do two jobs hold one GPU (a job holds its GPUs from start or resume
+    until it is suspended or ends)."""
+    gpus: dict[int, list[int]] = {}
+    holder: dict[int, int] = {}
+    for event in events:
+        job, kind = event.get("job"), event.get("event")
+        if kind == "started":
+            gpus[job] = event["gpus"]
+        if kind in ("started", "resuming"):
+            for gpu in gpus[job]:
+                assert holder.get(gpu) in (None, job), f"GPU {gpu} given to job {job} while job {holder[gpu]} held it"
+                holder[gpu] = job
+        elif kind in ("suspended", "succeeded", "failed", "cancelled", "timeout", "lost", "requeued"):
+            for gpu in gpus.get(job, []):
+                if holder.get(gpu) == job:
+                    del holder[gpu]
+
+
+def test_an_urgent_job_takes_a_preemptible_jobs_gpu_which_then_finishes_its_work_intact(tmp_path: Path) -> None:
+    queue = _queue(tmp_path)
+    try:
+        (first, counts1), (second, counts2) = _counters(queue, 600, "--preemptible")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        # It needs 70 of a GPU's 80 GiB: only once a counter's 60 GiB left the GPU does it start, and succeed.
+        assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        preempted = [e for e in _events(queue) if e.get("event") == "preempted"]
+        assert len(preempted) == 1 and preempted[0]["for"] == urgent and preempted[0]["why"] == "priority 10 > 0"
+        victim = preempted[0]["job"]
+        assert victim in (first, second)
+        # The victim was suspended, said why, resumed by itself once the urgent job ended, and finishes intact.
+        for job, counts in ((first, counts1), (second, counts2)):
+            assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
+            assert _counts(counts) == list(range(1, 601))
+        events = _events(queue)
+        kinds = [e["event"] for e in events if e.get("job") == victim]
+        assert kinds.index("suspended") < kinds.index("resumed")
+        started = next(e["t"] for e in events if e.get("job") == urgent and e["event"] == "started")
+        suspended = next(e["t"] for e in events if e.get("job") == victim and e["event"] == "suspended")
+        resumed = next(e["t"] for e in events if e.get("job") == victim and e["event"] == "resuming")
+        ended = next(e["t"] for e in events if e.get("job") == urgent and e["event"] == "succeeded")
+        assert suspended <= started and ended <= resumed  # after its checkpoint, and back only after the end
+        other = second if victim == first else first
+        assert "suspended" not in [e["event"] for e in events if e.get("job") == other]
+        assert queue.job(victim)["suspended_for"] > 0
+        _never_double_booked(events)
+    finally:
+        queue.cleanup()
+
+
+def test_status_says_who_preempted_whom_and_why_and_the_victims_place_is_kept(tmp_path: Path) -> None:
+    """One GPU: a packed preemptible job of 40 GiB, an urgent one of 60 GiB. Once the urgent one runs, a small
+    job that would fit beside it, were the victim's memory free, waits: the victim's place is kept, and the
+    victim comes back before the small job starts."""
+    queue = fake_cuda_queue(
+        tmp_path, "1x80GiB", GPUQ_FAKE_HOST_MEMORY="256GiB", GPUQ_PREEMPT="on", GPUQ_PREEMPT_MIN_RUNTIME="1s"
+    )
+    shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
+    try:
+        counts = queue.cwd / "counts"
+        victim = queue.submit("--preemptible", "--mem", "40G", "fake_counter.py", "40", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(victim)["peak_mem"], 30, "the job to count")
+        urgent = queue.submit("--priority", "10", "--mem", "60G", "fake_cuda.py", "60", "600")
+        queue.wait_state(urgent, "running", timeout=60)
+        shown = queue.job(victim)
+        assert shown["state"] == "suspended"
+        assert shown["reason"] == f"suspended for job {urgent} (priority 10 > 0); 40.5 GiB in host memory"
+        assert f"suspended for job {urgent} (priority 10 > 0)" in queue.run("status").stdout
+        small = queue.submit("--preemptible", "--mem", "10G", "fake_cuda.py", "10", "0.2")
+        wait_for(lambda: queue.job(small)["reason"], 30, "the small job's reason to wait")
+        assert queue.job(small)["state"] == "pending"
+        queue.run("cancel", str(urgent))
+        assert queue.wait_state(small, "succeeded", "failed")["state"] == "succeeded"
+        events = _events(queue)
+        resumed = next(e["t"] for e in events if e.get("job") == victim and e["event"] == "resuming")
+        started = next(e["t"] for e in events if e.get("job") == small and e["event"] == "started")
+        assert resumed <= started
+        assert queue.job(victim)["state"] == "running"
+    finally:
+        queue.cleanup()
+
+
+def test_a_job_that_is_not_preemptible_is_never_touched(tmp_path: Path) -> None:
+    queue = _queue(tmp_path)
+    try:
+        jobs = _counters(queue, 100_000)  # not --preemptible
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        wait_for(lambda: queue.job(urgent)["reason"], 30, "the urgent job's reason to wait")
+        for job, counts in jobs:  # they count on, never suspended, while the urgent job waits
+            before = len(_counts(counts))
+            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
+            assert queue.job(job)["state"] == "running"
+        assert queue.job(urgent)["state"] == "pending"
+        assert not [e for e in _events(queue) if e.get("event") in ("preempted", "suspending")]
+        queue.run("cancel", *(str(job) for job, _ in jobs))
+        assert queue.wait_state(urgent, "succeeded", "failed")["state"] == "succeeded"
+    finally:
+        queue.cleanup()
+
+
+def test_a_job_below_its_minimum_runtime_is_not_preempted(tmp_path: Path) -> None:
+    queue = _queue(tmp_path, GPUQ_PREEMPT_MIN_RUNTIME="1h")
+    try:
+        jobs = _counters(queue, 100_000, "--preemptible")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        for job, counts in jobs:
+            before = len(_counts(counts))
+            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
+            assert queue.job(job)["state"] == "running"
+        assert queue.job(urgent)["state"] == "pending"
+        assert not [e for e in _events(queue) if e.get("event") == "preempted"]
+    finally:
+        queue.cleanup()
+
+
+def test_preemption_is_off_unless_the_queue_turns_it_on(tmp_path: Path) -> None:
+    queue = _queue(tmp_path, GPUQ_PREEMPT="off")
+    try:
+        jobs = _counters(queue, 100_000, "--preemptible")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        for job, counts in jobs:
+            before = len(_counts(counts))
+            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
+            assert queue.job(job)["state"] == "running"
+        assert queue.job(urgent)["state"] == "pending"
+    finally:
+        queue.cleanup()

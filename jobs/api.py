@@ -56,11 +56,13 @@ def submit(
     cpus: float | None = None,
     ram: str | int | None = None,
     preemptible: bool = False,
+    preempt_signal: str | None = None,
 ) -> int:
     """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
 
     Also takes ``after`` (ids), ``after_any``, ``retries``, ``oom_retry``, ``notify``, ``on`` (a cluster),
-    ``cpus`` and ``ram`` (host limits: docs/containment.md), ``preemptible`` (docs/suspend.md), as the CLI does.
+    ``cpus`` and ``ram`` (host limits: docs/containment.md), ``preemptible`` and ``preempt_signal``
+    (docs/suspend.md), as the CLI does.
 
     The job runs with this process's environment (plus ``env``) and ``cwd`` (default: the current one);
     a ``*.py`` command runs with this process's interpreter, which has the packages this sweep imports.
@@ -73,7 +75,7 @@ def submit(
         words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), gpus=gpus, mem=mem,
         name=name, priority=priority, time_limit=time_limit, mode=mode, env=env or {}, after=after,
         after_any=after_any, retries=retries, oom_retry=oom_retry, notify=notify, python=sys.executable,
-        cpus=cpus, ram=ram, preemptible=preemptible,
+        cpus=cpus, ram=ram, preemptible=preemptible, preempt_signal=preempt_signal,
     )  # fmt: skip
     spec = JobSpec.from_json(captured)
     state = _state(home)

@@ -21,6 +21,7 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     preemption = true                # a waiting job may suspend preemptible running jobs (default false)
     preemption_min_runtime = "10m"   # a job runs this long after it (re)started before it may be preempted
     preemption_by = ["priority"]     # also preemptible beyond --preemptible: "priority", "fair_share"
+    preemption_grace = "60s"         # a job that cannot be suspended gets its signal, then this long, then requeue
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
@@ -94,6 +95,7 @@ class Shared:
     preemption: bool = False
     preemption_min_runtime: float = 600.0
     preemption_by: tuple[str, ...] = ()
+    preemption_grace: float = 60.0  # seconds a job requeued instead of suspended has to save its work
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
                       "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
-                      "preemption", "preemption_min_runtime", "preemption_by"},
+                      "preemption", "preemption_min_runtime", "preemption_by", "preemption_grace"},
                  path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
@@ -233,6 +235,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         preemption=_typed(raw.get("preemption", False), bool, path, "shared.preemption"),
         preemption_min_runtime=0.0 if min_runtime is None else min_runtime,
         preemption_by=tuple(dict.fromkeys(by)),
+        preemption_grace=_duration(raw.get("preemption_grace", "60s"), path, "shared.preemption_grace") or 0.0,
         default_cpus=None if cpus is None else float(cpus),
         default_ram=ram_bytes,
         idle_limit=idle_limit,

@@ -70,12 +70,15 @@ class JobSpec:
     ram: int | None = None  # bytes of host memory (memory.max)
     # --preemptible: a waiting job that outranks it may take its GPUs, suspending it (docs/suspend.md)
     preemptible: bool = False
+    # The signal a --preemptible job gets before it is requeued where it cannot be suspended (None: SIGUSR1).
+    preempt_signal: str | None = None
 
     def __post_init__(self) -> None:
         check_spec(
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
             mem_auto=self.mem_auto, sweep=self.sweep, cpus=self.cpus, ram=self.ram,
+            preempt_signal=self.preempt_signal,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:
@@ -138,6 +141,7 @@ class JobSpec:
             "cpus": self.cpus,
             "ram": self.ram,
             "preemptible": self.preemptible,
+            "preempt_signal": self.preempt_signal,
         }
 
     @classmethod
@@ -176,6 +180,7 @@ class JobSpec:
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
                 preemptible=_typed(data.get("preemptible", False), bool, "preemptible"),
+                preempt_signal=_optional(data.get("preempt_signal"), str, "preempt_signal"),
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None

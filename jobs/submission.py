@@ -127,6 +127,7 @@ def capture_spec(
     cpus: float | str | None = None,
     ram: str | int | None = None,
     preemptible: bool = False,
+    preempt_signal: str | None = None,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
     (plus ``env`` overrides), the interpreter for a ``*.py`` command (``python``, else the one the
@@ -158,6 +159,7 @@ def capture_spec(
     seconds = parse_duration(time_limit) if isinstance(time_limit, str) else time_limit
     seconds = None if seconds is None else float(seconds)  # as JobSpec.from_json reads it back
     cpu_share = _cpus(cpus)
+    signal_name = preempt_signal.upper().removeprefix("SIG") if preempt_signal else None
     try:
         ram_bytes = parse_size(ram) if isinstance(ram, str) else ram
     except BadInput as err:
@@ -165,6 +167,7 @@ def capture_spec(
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
+        preempt_signal=signal_name,
     )  # fmt: skip
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes
@@ -196,6 +199,7 @@ def capture_spec(
         "cpus": cpu_share,
         "ram": ram_bytes,
         "preemptible": bool(preemptible),
+        "preempt_signal": signal_name,
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -166,5 +168,131 @@ def test_preemption_is_off_unless_the_queue_turns_it_on(tmp_path: Path) -> None:
             wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
             assert queue.job(job)["state"] == "running"
         assert queue.job(urgent)["state"] == "pending"
+    finally:
+        queue.cleanup()
+
+
+PREEMPTIBLE = Path(__file__).parent / "fixtures" / "fake_preemptible.py"
+
+
+def _requeue_queue(tmp_path: Path, **extra: str) -> Gpuq:
+    """One GPU, and a host too small to hold a 60 GiB job's GPU state: it cannot be suspended."""
+    queue = fake_cuda_queue(tmp_path, "1x80GiB", **{
+        "GPUQ_FAKE_HOST_MEMORY": "32GiB", "GPUQ_PREEMPT": "on", "GPUQ_PREEMPT_MIN_RUNTIME": "1s", **extra,
+    })  # fmt: skip
+    shutil.copy(PREEMPTIBLE, queue.cwd / "fake_preemptible.py")
+    return queue
+
+
+def test_a_job_that_cannot_be_suspended_is_signalled_requeued_and_goes_on_from_its_saved_work(tmp_path: Path) -> None:
+    queue = _requeue_queue(tmp_path)
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("--preemptible", "--retries", "0", "fake_preemptible.py", "60", str(counts), "400")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
+        assert _counts(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
+        assert counts.with_suffix(".starts").read_text().splitlines() == [" ", "1 1"]
+        preempted = [e for e in _events(queue) if e.get("event") == "preempted"]
+        assert len(preempted) == 1 and preempted[0]["job"] == job and preempted[0]["for"] == urgent
+        assert "would not fit in the host's 32.0 GiB" in preempted[0]["requeue"]
+        requeued = [e for e in _events(queue) if e.get("job") == job and e.get("event") == "requeued"]
+        assert len(requeued) == 1 and "not counted against its retries" in requeued[0]["reason"]
+        assert queue.job(job)["attempt"] == 1  # --retries 0, and it ran again all the same
+        _never_double_booked(_events(queue))
+    finally:
+        queue.cleanup()
+
+
+def test_a_job_that_ignores_its_signal_is_stopped_after_the_grace_period_and_requeued(tmp_path: Path) -> None:
+    queue = _requeue_queue(tmp_path, GPUQ_PREEMPT_GRACE="1s")
+    try:
+        counts = queue.cwd / "counts"
+        shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
+        ignores = ["sh", "-c", 'trap "" USR2; exec "$@"', "sh", sys.executable, "fake_counter.py"]  # USR2 ignored
+        job = queue.submit("--preemptible", "--preempt-signal", "USR2", *ignores, "60", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "600")
+        queue.wait_state(urgent, "running", timeout=60)
+        shown = queue.wait_state(job, "pending")
+        assert shown["reason"].startswith("queued again, not counted against its retries: preempted for job")
+        queue.run("cancel", str(urgent), str(job))
+    finally:
+        queue.cleanup()
+
+
+def test_a_job_neither_suspendable_nor_preemptible_is_never_touched(tmp_path: Path) -> None:
+    """Lower priority makes it preemptible by policy, but it cannot be suspended and did not say it can be
+    requeued (--preemptible): it runs on."""
+    queue = _requeue_queue(tmp_path, GPUQ_PREEMPT_BY="priority")
+    shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("fake_counter.py", "60", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        wait_for(lambda: queue.job(urgent)["reason"], 30, "the urgent job's reason to wait")
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")
+        assert queue.job(job)["state"] == "running" and queue.job(urgent)["state"] == "pending"
+        assert not [e for e in _events(queue) if e.get("event") == "preempted"]
+    finally:
+        queue.cleanup()
+
+
+TRAINER = """\
+import json, os, sys, time
+from pathlib import Path
+from gpuq_scheduler import Executor, Resubmit, submit
+
+class Trainer:
+    \"\"\"Counts STEPS steps into a file, holding 60 GiB of its fake GPU; checkpointable as submitit's are.\"\"\"
+
+    def __init__(self, out):
+        self.out, self.done = out, 0
+
+    def __call__(self, steps, start=0):
+        usage = Path(os.environ["GPUQ_FAKE_USAGE"]) / f"{os.getpid()}.json"
+        usage.write_text(json.dumps({os.environ["CUDA_VISIBLE_DEVICES"]: 61 << 30}))
+        self.done = start
+        with open(self.out, "a") as out:
+            while self.done < steps:
+                self.done += 1
+                out.write(f"{self.done}\\n")
+                out.flush()
+                time.sleep(0.02)
+        usage.unlink()
+        return {"started_at": start, "restarts": os.environ.get("GPUQ_RESTART_COUNT")}
+
+    def checkpoint(self, steps, start=0):
+        Path(os.environ["GPUQ_FAKE_USAGE"], f"{os.getpid()}.json").unlink(missing_ok=True)
+        return Resubmit(self, steps, start=self.done)
+
+counts = Path(sys.argv[1])
+job = Executor(gpus=1, preemptible=True).submit(Trainer(str(counts)), 400)
+deadline = time.monotonic() + 60
+while len(counts.read_text().split() if counts.exists() else []) < 20 and time.monotonic() < deadline:
+    time.sleep(0.05)
+urgent = submit(["python3", "fake_cuda.py", "70", "1"], priority=10)
+print(json.dumps({"result": job.result(timeout=120), "urgent": urgent}))
+"""
+
+
+def test_an_executor_functions_checkpoint_gives_the_call_its_requeued_run_makes(tmp_path: Path) -> None:
+    queue = _requeue_queue(tmp_path)
+    try:
+        counts = queue.cwd / "counts"
+        (queue.cwd / "trainer.py").write_text(TRAINER)
+        done = subprocess.run(
+            [sys.executable, "trainer.py", str(counts)], cwd=queue.cwd, env=queue.env, capture_output=True,
+            text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["result"]["restarts"] == "1" and 20 <= out["result"]["started_at"] < 400
+        assert _counts(counts) == list(range(1, 401))  # the requeued run went on from the checkpoint
+        assert queue.job(out["urgent"])["state"] == "succeeded"
     finally:
         queue.cleanup()

@@ -32,6 +32,7 @@ from typing import Any
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NoIdYet, NotPermitted
 from gpuq_scheduler.jobs.functions import runner
+from gpuq_scheduler.jobs.functions.runner import Resubmit as Resubmit
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -82,6 +83,7 @@ class Executor:
     ) -> None:  # fmt: skip
         known = {
             "priority", "mode", "env", "after", "after_any", "oom_retry", "notify", "cwd", "cpus", "ram", "preemptible",
+            "preempt_signal",
         }  # fmt: skip
         unknown = set(options) - known
         if unknown:

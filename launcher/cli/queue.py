@@ -43,6 +43,10 @@ from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pas
 @click.option(
     "--preemptible", is_flag=True, help="A more urgent job may suspend this one to take its GPUs; it resumes after."
 )
+@click.option(
+    "--preempt-signal", metavar="SIG", help="Where it cannot be suspended: the signal sent before it is requeued "
+    "(default USR1).",
+)  # fmt: skip
 @click.option("--notify", metavar="CMD", help="Shell command run when the job (or the whole array) ends.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": N} (and "jobs" for an array).')
@@ -53,7 +57,8 @@ def submit(
     ctx: Context, gpus: int, mem: str | None, cpus: str | None, ram: str | None, like: int | None, name: str,
     priority: int, time_limit: str | None, mode: str, env: tuple[str, ...], cwd: str | None,
     array_spec: tuple[str, ...], after: str | None, after_any: bool, retries: int, oom_retry: bool,
-    preemptible: bool, notify: str | None, wait_: bool, as_json: bool, on: str | None, command: tuple[str, ...],
+    preemptible: bool, preempt_signal: str | None, notify: str | None, wait_: bool, as_json: bool, on: str | None,
+    command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Queue COMMAND [ARGS]... to run when GPUs are free. A *.py command runs with your current python.
 
@@ -80,7 +85,7 @@ def submit(
         command, environ=os.environ, cwd=cwd, gpus=gpus, mem=mem, name=name, priority=priority,
         time_limit=time_limit, mode=mode, env=env, after=parse_ids(after) if after else (), after_any=after_any,
         retries=retries, oom_retry=oom_retry, notify=notify, like=like, sweep=sweep, cpus=cpus, ram=ram,
-        preemptible=preemptible,
+        preemptible=preemptible, preempt_signal=preempt_signal,
     ))  # fmt: skip
     if like is not None and on is None:
         try:

@@ -49,6 +49,7 @@ OPTIONS: dict[str, tuple[str, str, object]] = {
     "--retries": ("retries", "int", 0),
     "--oom-retry": ("oom_retry", "flag", False),
     "--preemptible": ("preemptible", "flag", False),
+    "--preempt-signal": ("preempt_signal", "str", None),
     "--notify": ("notify", "str", None),
     "--wait": ("wait_", "flag", False),
     "--json": ("as_json", "flag", False),
@@ -158,6 +159,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
         name=options["name"], priority=options["priority"], time_limit=options["time_limit"], mode=options["mode"],
         env=options["env"], retries=options["retries"], oom_retry=options["oom_retry"], notify=options["notify"],
         sweep=sweep, cpus=options["cpus"], ram=options["ram"], preemptible=options["preemptible"],
+        preempt_signal=options["preempt_signal"],
     )  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])

@@ -139,6 +139,7 @@ def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dic
 def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     gpus, uuids = job.record.gpus, job.record.gpu_uuids
     env = processes.job_env(record.spec, record.id, gpus, uuids, scheduler.state.root, record)
+    env.update(processes.preemption_env(record.spec, scheduler.state.restarts_file(record.id)))
     launch = scheduler.shim_launch(record, gpus, env)
     staged = Staged(job.record.id, gpus, uuids)
     endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's

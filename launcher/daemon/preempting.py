@@ -24,15 +24,21 @@ waiting job on their GPUs once they are off them, and keeps their places:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import fences, handoff, suspending, watching
+from gpuq_scheduler.launcher.daemon import containment, fences, handoff, suspending, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -56,11 +62,13 @@ class Taking:
 
 def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
     """A shared queue's ``[shared]`` preemption settings; a personal queue's GPUQ_PREEMPT (on/off, default
-    off), GPUQ_PREEMPT_MIN_RUNTIME (default 10m) and GPUQ_PREEMPT_BY (priority,fair_share)."""
+    off), GPUQ_PREEMPT_MIN_RUNTIME (default 10m), GPUQ_PREEMPT_BY (priority,fair_share) and
+    GPUQ_PREEMPT_GRACE (default 60s)."""
     if shared is not None:
         return Settings(
             enabled=shared.preemption, min_runtime=shared.preemption_min_runtime,
             by_priority="priority" in shared.preemption_by, by_fair_share="fair_share" in shared.preemption_by,
+            grace=shared.preemption_grace,
         )  # fmt: skip
     enabled = environ.get("GPUQ_PREEMPT", "off")
     if enabled not in ("on", "off"):
@@ -69,7 +77,8 @@ def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
     by = [word for word in environ.get("GPUQ_PREEMPT_BY", "").split(",") if word]
     if any(word not in BY for word in by):
         raise BadInput(f"GPUQ_PREEMPT_BY={','.join(by)!r}: name priority and/or fair_share, comma-separated")
-    return Settings(enabled == "on", min_runtime, "priority" in by, "fair_share" in by)
+    grace = parse_duration(environ.get("GPUQ_PREEMPT_GRACE", "60s"))
+    return Settings(enabled == "on", min_runtime, "priority" in by, "fair_share" in by, grace=grace)
 
 
 def recover(scheduler: SchedulerState) -> None:
@@ -96,11 +105,18 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
 def launch_ready(
     scheduler: SchedulerState, now: float, launch: Callable[[JobRecord, tuple[int, ...], tuple[str, ...], float], None]
 ) -> None:
-    """Start each waiting job whose victims are all off its GPUs; drop a taking that can no longer be."""
+    """Start each waiting job whose victims are all off its GPUs; drop a taking that can no longer be. End
+    the requeued victims whose grace period is over."""
+    _end_signalled(scheduler)
     for job_id, taking in list(scheduler.taking.items()):
         record = scheduler.pending.get(job_id)
         still = [v for v in taking.victims if v in scheduler.running]
-        failed = [v for v in still if v not in scheduler.acting]  # its suspend was refused or undone
+        # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
+        failed = [v for v in still if v not in scheduler.acting and v not in scheduler.stopped_for]
+        for victim in [v for v in failed if scheduler.running[v].record.spec.preemptible and record is not None]:
+            why = scheduler.preempted.pop(victim, (job_id, ""))[1]
+            _requeue(scheduler, scheduler.running[victim], job_id, why, now)
+            failed.remove(victim)
         if record is None or failed or any(gpu in scheduler.drained for gpu in taking.gpus):
             del scheduler.taking[job_id]
             for victim in still:
@@ -132,12 +148,17 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     holdings_now = holdings(scheduler) + fences.holdings(scheduler)
     for job_id, job in scheduler.running.items():
         if (
-            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before
-            or job_id in scheduler.unsuspendable or not job.record.gpus or suspending.refusal(scheduler, job)
+            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before or not job.record.gpus
+            or job_id in scheduler.stopped_for
         ):  # fmt: skip
             holdings_now.append(_holding(job.record))
             continue
-        candidates.append(_job(scheduler, job, now, over))
+        # One that cannot be suspended is requeued instead, if it said it can take that (--preemptible).
+        requeue = job_id in scheduler.unsuspendable or bool(suspending.refusal(scheduler, job))
+        if requeue and not job.record.spec.preemptible:
+            holdings_now.append(_holding(job.record))
+            continue
+        candidates.append(_job(scheduler, job, now, over, requeue))
     waiting = Job(
         head.id, head.spec.gpus, head.spec.mem_per_gpu, head.user, head.spec.priority,
         _user_priority(scheduler, head.user), head.spec.preemptible, head.user in over,
@@ -152,7 +173,8 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         scheduler.after_commit.append(lambda: handoff.withdraw(scheduler, head.id))
         scheduler.no_handoff.add(head.id)
         return
-    moved = sum(c.held for c in candidates if c.job_id in choice.victims)
+    requeued = {c.job_id for c in candidates if c.requeue}
+    moved = sum(c.held for c in candidates if c.job_id in choice.victims and not c.requeue)
     available, total = suspending.host_memory(isinstance(scheduler.source, FakeGpus))
     if moved + max(suspending.MARGIN, int(total * suspending.MARGIN_SHARE)) > available:
         return  # all of them at once would not fit in host memory with the margin
@@ -160,6 +182,9 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     scheduler.taking[head.id] = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
     for victim in choice.victims:
         why = choice.why[victim]
+        if victim in requeued:
+            _requeue(scheduler, scheduler.running[victim], head.id, why, now)
+            continue
         scheduler.preempted[victim] = (head.id, why)
         scheduler.preemptions[victim] = scheduler.preemptions.get(victim, 0) + 1
         suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemptions[victim])
@@ -207,18 +232,65 @@ def _head(scheduler: SchedulerState) -> JobRecord | None:
     return None
 
 
+def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, now: float) -> None:
+    """The fallback where a job cannot be suspended: its signal now (SIGUSR1, or its --preempt-signal), then,
+    after the grace period, the usual stop (SIGTERM, SIGKILL); however it ends, it is requeued, not counted
+    against its retries, and told GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT when it runs again."""
+    record = job.record
+    cannot = suspending.refusal(scheduler, job) or "its suspend failed"
+    scheduler.stopped_for[record.id] = Outcome.preempted(preemptor, why)
+    scheduler.signalled[record.id] = time.monotonic() + scheduler.preemption.grace
+    scheduler.preemptions[record.id] = scheduler.preemptions.get(record.id, 0) + 1
+    scheduler.table.set_reasons(
+        {record.id: f"requeued for job {preemptor} ({why}); it cannot be suspended: {cannot}"}, state="running"
+    )
+    found = suspending.subject(scheduler, record.id)
+    signum = getattr(signal, "SIG" + (record.spec.preempt_signal or "USR1"))
+    path = scheduler.state.restarts_file(record.id)
+
+    def tell() -> None:  # once recorded: a pass rolled back signals nobody
+        with contextlib.suppress(OSError, ValueError):
+            count = int(read_bytes(path).decode().strip() or 0) if os.path.exists(path) else 0
+            write_atomic(path, f"{count + 1}\n".encode(), durable=False)
+        with contextlib.suppress(OSError):
+            containment.signal_all(containment.Box.from_json(found["box"]), int(found["leader"]), signum)
+
+    scheduler.after_commit.append(tell)
+    def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
+        scheduler.stopped_for.pop(record.id, None)
+        scheduler.signalled.pop(record.id, None)
+
+    scheduler.on_rollback.append(undo)
+    scheduler.journal.append(
+        {"t": now, "job": record.id, "event": "preempted", "for": preemptor, "why": why, "requeue": cannot}
+    )
+    log.info("requeueing job %d for job %d (%s): %s", record.id, preemptor, why, cannot)
+
+
+def _end_signalled(scheduler: SchedulerState) -> None:
+    """Stop the signalled victims whose grace period is over (a job that ended by itself meanwhile is gone)."""
+    now = time.monotonic()
+    for job_id, due in list(scheduler.signalled.items()):
+        job = scheduler.running.get(job_id)
+        if job is None:
+            del scheduler.signalled[job_id]
+        elif now >= due:
+            del scheduler.signalled[job_id]
+            scheduler.stop(job)
+
+
 def _rank(record: JobRecord) -> tuple[int, int]:
     return -record.spec.priority, record.id
 
 
-def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str]) -> Job:
+def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], requeue: bool) -> Job:
     record = job.record
     started = max(record.started_at or now, scheduler.resumed_at.get(record.id, 0.0))
     return Job(
         record.id, record.gpus, record.spec.mem_per_gpu, record.user, record.spec.priority,
         _user_priority(scheduler, record.user), record.spec.preemptible, record.user in over, ran=now - started,
         held=suspending.gpu_state(scheduler, job), preemptions=scheduler.preemptions.get(record.id, 0),
-        ends_by=_ends_by(record),
+        ends_by=_ends_by(record), requeue=requeue,
     )  # fmt: skip
 
 

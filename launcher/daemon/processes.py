@@ -125,6 +125,20 @@ def job_env(
     return env
 
 
+def preemption_env(spec: JobSpec, restarts_file: str) -> dict[str, str]:
+    """What a --preemptible job is told: the signal it gets before it is requeued (GPUQ_PREEMPT_SIGNAL), and,
+    once it was (its restarts file), GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT."""
+    env: dict[str, str] = {}
+    if spec.preemptible:
+        env["GPUQ_PREEMPT_SIGNAL"] = "SIG" + (spec.preempt_signal or "USR1")
+    with contextlib.suppress(OSError, ValueError):
+        with open(restarts_file) as handle:
+            count = int(handle.read().strip() or 0)
+        if count > 0:
+            env.update(GPUQ_PREEMPTED="1", GPUQ_RESTART_COUNT=str(count))
+    return env
+
+
 def notify(command: str, env: Mapping[str, str], cwd: str, log: str, account: Account | None = None) -> None:
     """Start a --notify command through the shell, detached (as the job's user); its output goes to ``log``.
 

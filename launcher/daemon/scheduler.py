@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
@@ -224,7 +225,9 @@ class Scheduler(SchedulerState):
                     outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
-                if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                if stopped is not None and outcome is not None and (
+                    outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED
+                ):  # a preempted job that saved its work and exited 0 is not done: it is requeued
                     outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = exit_data.ended_at
                 if outcome is None:
@@ -372,6 +375,7 @@ class Scheduler(SchedulerState):
             return
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
         env.update(fence)
+        env.update(processes.preemption_env(spec, self.state.restarts_file(record.id)))
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)

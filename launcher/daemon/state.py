@@ -94,6 +94,7 @@ class SchedulerState:
         self.preemptions: dict[int, int] = {}
         self.resumed_at: dict[int, float] = {}
         self.unsuspendable: set[int] = set()
+        self.signalled: dict[int, float] = {}  # victims requeued instead: monotonic time their grace ends
         self.no_handoff: set[int] = set()  # waiting jobs that preempt: never staged behind a running job
         self.plan_order: list[Request] = []  # the last plan's ready jobs in queue order (both kinds of queue)
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
@@ -248,7 +249,7 @@ class SchedulerState:
         self.suspended.pop(job_id, None)
         self.acting.pop(job_id, None)
         self.resume_wanted.pop(job_id, None)
-        for table in (self.taking, self.preempted, self.preemptions, self.resumed_at):
+        for table in (self.taking, self.preempted, self.preemptions, self.resumed_at, self.signalled):
             table.pop(job_id, None)
         self.unsuspendable.discard(job_id)
         self.no_handoff.discard(job_id)

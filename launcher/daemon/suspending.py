@@ -168,7 +168,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     scheduler.acting[record.id] = acting
-    order = {"action": action, **_subject(scheduler, record.id)}
+    order = {"action": action, **subject(scheduler, record.id)}
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -188,7 +188,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
-def _subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
+def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     """The job's first process and containment (from its pid file), and which checkpoint to use."""
     try:
         info = json.loads(read_bytes(scheduler.state.pid_file(job_id)))
@@ -371,9 +371,9 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
 def thaw(scheduler: SchedulerState, job_id: int) -> None:
     """Let a suspended job's processes run (to be cancelled: a frozen process cannot end on SIGTERM); its
     CUDA state stays in host memory, and a CUDA call it makes blocks until SIGKILL ends it."""
-    subject = _subject(scheduler, job_id)
+    found = subject(scheduler, job_id)
     with contextlib.suppress(OSError):
-        freeze(Box.from_json(subject["box"]), int(subject["leader"]), False)
+        freeze(Box.from_json(found["box"]), int(found["leader"]), False)
 
 
 def _listed(record: JobRecord) -> str:

@@ -10,10 +10,11 @@ The rules (docs/suspend.md, "Preemption"):
   Priorities compare the users' priorities between two users, the jobs' own ``--priority`` within one.
 * **When.** Only if nothing frees the GPUs sooner: the time limits of the running jobs would not let the
   waiting job start before the victims' checkpoint could be done (their GPU memory at ``rate`` bytes a
-  second, plus ``slack`` seconds). A running job whose time limit ends first counts as freeing sooner.
+  second, plus ``slack`` seconds; plus the ``grace`` period where one is requeued instead). A running job
+  whose time limit ends first counts as freeing sooner.
 * **Least cost.** Victims are chosen GPU by GPU, greedily: each step takes the GPU whose missing victims
-  cost least, cost being (times already preempted, bytes of GPU state to move, jobs touched), compared in
-  that order; on a GPU, the cheapest victims go first until the waiting job fits.
+  cost least, cost being (times already preempted, jobs requeued rather than suspended, bytes of GPU state
+  to move, jobs touched), compared in that order; on a GPU, the cheapest victims go first until it fits.
 
 The caller passes only the jobs that could be suspended or requeued now as candidates; every other claim on
 a GPU (a job that is not a candidate, a suspended victim's place kept for its resume) is a ``Holding``.
@@ -38,6 +39,7 @@ class Settings:
     by_fair_share: bool = False  # a job whose user is over their fair share is preemptible by other users
     rate: float = 1e9  # bytes a second a checkpoint moves (the H100 measured 1.8-2.5 GB/s: docs/suspend.md)
     slack: float = 1.0  # seconds added to a checkpoint's estimate
+    grace: float = 60.0  # seconds a job that is requeued instead (it cannot be suspended) has to save its work
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Job:
     held: int = 0  # bytes of GPU state it holds (running jobs): what a checkpoint moves
     preemptions: int = 0  # times it was already preempted
     ends_by: float | None = None  # start + time limit (running jobs with one)
+    requeue: bool = False  # it cannot be suspended: taken, it is signalled, ended after the grace and requeued
 
 
 # A claim on one GPU: (job id, its --mem or None for a whole GPU, the victim it is if it may be taken, ends by).
@@ -107,8 +110,8 @@ def _fits(view: GpuView, sizes: Sequence[int], whole: Sequence[bool], request: J
     return room >= request.mem_per_gpu + policy.overhead
 
 
-def _cost(jobs: Sequence[Job]) -> tuple[int, int, int]:
-    return sum(j.preemptions for j in jobs), sum(j.held for j in jobs), len(jobs)
+def _cost(jobs: Sequence[Job]) -> tuple[int, int, int, int]:
+    return sum(j.preemptions for j in jobs), sum(j.requeue for j in jobs), sum(j.held for j in jobs), len(jobs)
 
 
 def choose(
@@ -142,7 +145,7 @@ def choose(
     taken: set[int] = set()
     chosen: list[int] = []
     while len(chosen) < count:
-        best: tuple[tuple[int, int, int], int, list[Job]] | None = None
+        best: tuple[tuple[int, int, int, int], int, list[Job]] | None = None
         for index, view in views.items():
             if index in chosen:
                 continue
@@ -161,7 +164,10 @@ def choose(
     if not taken:
         return None  # it fits without taking anything: placement starts it
     picked = [victims[job_id] for job_id in sorted(taken)]
-    checkpointed = now + sum(job.held for job in picked) / settings.rate + settings.slack
+    moved = sum(job.held for job in picked if not job.requeue)
+    checkpointed = (
+        now + moved / settings.rate + settings.slack + (settings.grace if any(j.requeue for j in picked) else 0)
+    )
     if _frees_sooner(waiting, views, on, now, policy) <= checkpointed:
         return None  # waiting costs no more than the checkpoint would
     why_each = {job.job_id: why[job.job_id] for job in picked}
@@ -176,7 +182,9 @@ def _victims_on(view: GpuView, claims: list[_Claim], request: Job, taken: set[in
     """The cheapest victims on this GPU that make room for ``request`` (those already taken count as gone),
     or None if no choice of them does."""
     kept = [(mem, job) for job_id, mem, job, _ in claims if job_id not in taken]
-    removable = sorted((job for _, job in kept if job is not None), key=lambda j: (j.preemptions, j.held, j.job_id))
+    removable = sorted(
+        (job for _, job in kept if job is not None), key=lambda j: (j.preemptions, j.requeue, j.held, j.job_id)
+    )
     gone: list[Job] = [job for _, _, job, _ in claims if job is not None and job.job_id in taken]
     left = list(kept)
     for step in range(len(removable) + 1):

@@ -296,3 +296,22 @@ def test_an_executor_functions_checkpoint_gives_the_call_its_requeued_run_makes(
         assert queue.job(out["urgent"])["state"] == "succeeded"
     finally:
         queue.cleanup()
+
+
+def test_a_job_whose_suspend_the_driver_refuses_is_requeued_instead(tmp_path: Path) -> None:
+    """An MPS client: the driver's lock answers 801 (the fake's too) once the suspend is tried; the
+    --preemptible job is then signalled and requeued, and goes on from its save."""
+    queue = _requeue_queue(tmp_path, GPUQ_FAKE_HOST_MEMORY="256GiB", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "mps"))
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("--preemptible", "fake_preemptible.py", "60", str(counts), "400")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
+        assert _counts(counts) == list(range(1, 401))
+        kinds = [e["event"] for e in _events(queue) if e.get("job") == job]
+        assert kinds.count("preempted") == 2 and "suspend-undone" in kinds and "requeued" in kinds
+        _never_double_booked(_events(queue))
+    finally:
+        queue.cleanup()

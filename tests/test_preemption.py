@@ -43,6 +43,10 @@ def _events(queue: Gpuq) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def preempted_bytes(events: list[dict[str, Any]], job: int) -> int:
+    return sum(e["bytes"] for e in events if e.get("job") == job and e.get("event") == "suspended")
+
+
 def _never_double_booked(events: list[dict[str, Any]]) -> None:
     """From the journal: at no moment do two jobs hold one GPU (a job holds its GPUs from start or resume
     until it is suspended or ends)."""
@@ -87,7 +91,11 @@ def test_an_urgent_job_takes_a_preemptible_jobs_gpu_which_then_finishes_its_work
         assert suspended <= started and ended <= resumed  # after its checkpoint, and back only after the end
         other = second if victim == first else first
         assert "suspended" not in [e["event"] for e in events if e.get("job") == other]
-        assert queue.job(victim)["suspended_for"] > 0
+        shown = queue.job(victim)
+        assert shown["suspended_for"] > 0 and shown["preemptions"] == 1 and shown["suspends"] == 1
+        assert shown["bytes_moved"] == preempted_bytes(events, victim) > 60 * 2**30
+        assert "preempted once; suspended once, 60.5G moved, " in queue.run("show", str(victim)).stdout
+        assert "PREEMPTED  REQUEUED  SUSPENDS  MOVED  SUSPENDED" in queue.run("report").stdout
         _never_double_booked(events)
     finally:
         queue.cleanup()

@@ -323,3 +323,29 @@ def test_a_job_whose_suspend_the_driver_refuses_is_requeued_instead(tmp_path: Pa
         _never_double_booked(_events(queue))
     finally:
         queue.cleanup()
+
+
+def test_a_daemon_killed_while_a_victim_is_suspended_resumes_it_once_its_preemptor_ends(tmp_path: Path) -> None:
+    queue = _queue(tmp_path)
+    try:
+        [(first, counts1), (second, counts2)] = _counters(queue, 100_000, "--preemptible")
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "600")
+        queue.wait_state(urgent, "running", timeout=60)
+        pairs = ((first, counts1), (second, counts2))
+        victim, counts = next((j, c) for j, c in pairs if queue.job(j)["state"] == "suspended")
+        queue.kill_daemon()
+        queue.run("daemon", "start")
+        # The restarted daemon knows whom it waits for (the pause file), and resumes it once that one ended.
+        other = queue.submit("--gpus", "0", "true")
+        queue.wait_state(other, "succeeded")  # a pass or more of the new daemon went by
+        assert queue.job(victim)["state"] == "suspended"
+        assert queue.job(victim)["reason"].startswith(f"suspended for job {urgent} (priority 10 > 0)")
+        queue.run("cancel", str(urgent))
+        queue.wait_state(victim, "running", timeout=60)
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the victim to count on")
+        seen = _counts(counts)
+        assert seen == list(range(1, len(seen) + 1))  # on from where it stopped
+        _never_double_booked(_events(queue))
+    finally:
+        queue.cleanup()

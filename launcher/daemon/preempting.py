@@ -25,6 +25,7 @@ waiting job on their GPUs once they are off them, and keeps their places:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -44,7 +45,7 @@ from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding
-from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose
+from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose, why_preemptible
 
 log = logging.getLogger("gpuq.preempt")
 
@@ -144,6 +145,10 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     victims_of = {preemptor for preemptor, _ in scheduler.preempted.values()}
     staged_before = {staged.after for job_id, staged in scheduler.staged.items() if job_id != head.id}
     over = _fair_share(scheduler, now, settings.by_fair_share)
+    waiting = Job(
+        head.id, head.spec.gpus, head.spec.mem_per_gpu, head.user, head.spec.priority,
+        _user_priority(scheduler, head.user), head.spec.preemptible, head.user in over,
+    )  # fmt: skip
     candidates: list[Job] = []
     holdings_now = holdings(scheduler) + fences.holdings(scheduler)
     for job_id, job in scheduler.running.items():
@@ -153,16 +158,18 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         ):  # fmt: skip
             holdings_now.append(_holding(job.record))
             continue
+        candidate = _job(scheduler, job, now, over, False)
+        if not why_preemptible(waiting, candidate, settings):  # the common case: no look at the host
+            holdings_now.append(_holding(job.record))
+            continue
         # One that cannot be suspended is requeued instead, if it said it can take that (--preemptible).
         requeue = job_id in scheduler.unsuspendable or bool(suspending.refusal(scheduler, job))
         if requeue and not job.record.spec.preemptible:
             holdings_now.append(_holding(job.record))
             continue
-        candidates.append(_job(scheduler, job, now, over, requeue))
-    waiting = Job(
-        head.id, head.spec.gpus, head.spec.mem_per_gpu, head.user, head.spec.priority,
-        _user_priority(scheduler, head.user), head.spec.preemptible, head.user in over,
-    )  # fmt: skip
+        candidates.append(dataclasses.replace(candidate, requeue=requeue))
+    if not candidates:
+        return
     views = watching.views(scheduler, snapshot)
     choice = choose(waiting, views, holdings_now, candidates, now, settings, scheduler.policy)
     if choice is None:

@@ -11,7 +11,8 @@ waiting job on their GPUs once they are off them, and keeps their places:
   (suspended, or ended), in the same pass, before placement looks: nothing else can take those GPUs first.
   If a victim's suspend fails or is undone, or the waiting job went (started elsewhere, cancelled), the
   taking is dropped, and the victims already suspended resume at once.
-* **A victim's place is kept** (``holdings``): while suspended, its GPU memory stays reserved for it against
+* **Room is kept** (``holdings``): the waiting job's on its victims' GPUs while they are being suspended, and
+  each victim's while suspended: its GPU memory stays reserved for it against
   every later placement, so the only job ever on its memory is its preemptor. It resumes (``suspending``
   starts it) as soon as its preemptor is no longer running: before any later job could take its GPUs.
 * **Hand-offs.** A waiting job staged to follow a running job (``launcher.daemon.handoff``) that may preempt
@@ -96,11 +97,17 @@ def recover(scheduler: SchedulerState) -> None:
 
 
 def holdings(scheduler: SchedulerState) -> list[Holding]:
-    """Placement's view of the places kept for preempted jobs: reserved as if they ran."""
-    return [
+    """Placement's view of the places kept for preempted jobs, and of what a waiting job taking GPUs will hold
+    there: reserved as if they ran (so nothing placed meanwhile fills the room it was chosen for)."""
+    kept = [
         Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
         for job_id, job in scheduler.suspended.items() if job_id in scheduler.preempted
     ]  # fmt: skip
+    for job_id, taking in scheduler.taking.items():
+        record = scheduler.pending.get(job_id)
+        if record is not None:
+            kept.append(Holding(job_id, taking.gpus, record.spec.mem_per_gpu, None))
+    return kept
 
 
 def launch_ready(
@@ -120,7 +127,7 @@ def launch_ready(
             failed.remove(victim)
         if record is None or failed or any(gpu in scheduler.drained for gpu in taking.gpus):
             del scheduler.taking[job_id]
-            for victim in still:
+            for victim in failed:  # still running; one still suspending stays preempted: it resumes at once
                 scheduler.preempted.pop(victim, None)
             scheduler.unsuspendable |= set(failed)
             scheduler.changes += 1

@@ -74,3 +74,8 @@ def test_the_report_and_metrics_count_them_per_user() -> None:
     assert 'gpuq_suspend_bytes_total{user="alice"} 4.294967296e+10' in scraped
     assert 'gpuq_suspended_seconds_total{user="bob"} 90.0' in scraped
     assert 'gpuq_suspends_total{user="carol"}' not in scraped
+
+
+def test_without_the_journal_show_says_the_time_suspended_alone() -> None:
+    assert Moves(seconds=75.0).text() == "1m15s suspended"
+    assert Moves(suspends=2, bytes=2 * GiB).text() == "suspended 2 times, 2.0G moved"

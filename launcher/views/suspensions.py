@@ -47,11 +47,12 @@ class Moves:
         if self.preemptions:
             requeued = f" ({self.requeues} requeued)" if self.requeues else ""
             parts.append(f"preempted {_times(self.preemptions)}{requeued}")
-        if self.suspends or self.seconds:
-            parts.append(
-                f"suspended {_times(self.suspends)}, {format_size(self.bytes)} moved, "
-                f"{format_duration(self.seconds)} suspended"
-            )
+        spent = f"{format_duration(self.seconds)} suspended" if self.seconds else ""
+        if self.suspends:
+            moved = f"suspended {_times(self.suspends)}, {format_size(self.bytes)} moved"
+            parts.append(f"{moved}, {spent}" if spent else moved)
+        elif spent:  # the journal could not be read (a shared queue's is root's): the table's figure alone
+            parts.append(spent)
         return "; ".join(parts)
 
 

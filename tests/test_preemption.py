@@ -349,3 +349,38 @@ def test_a_daemon_killed_while_a_victim_is_suspended_resumes_it_once_its_preempt
         _never_double_booked(_events(queue))
     finally:
         queue.cleanup()
+
+
+def test_a_job_of_several_nccl_processes_is_not_suspended_but_requeued_if_preemptible(tmp_path: Path) -> None:
+    """A job that starts its own ranks (not --mode torchrun): two CUDA processes with NCCL loaded. `gpuq
+    suspend` is refused, saying why; preempted, it is requeued instead of suspended."""
+    queue = _requeue_queue(tmp_path, GPUQ_FAKE_HOST_MEMORY="256GiB")
+    shutil.copy(Path(__file__).parent / "fixtures" / "fake_nccl_pair.py", queue.cwd / "fake_nccl_pair.py")
+    libm = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/libm." in line)
+    shutil.copy(libm, queue.cwd / "libnccl.so.2")  # any shared library will do: gpuq goes by its name
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("--preemptible", "fake_nccl_pair.py", "20", str(queue.cwd / "libnccl.so.2"), str(counts))
+        wait_for(lambda: set(_counts(counts)) == {0, 1} and queue.job(job)["peak_mem"], 30, "both ranks to count")
+        wait_for(lambda: len(queue.job(job)["gpus"]) == 1 and _fake_cuda_processes(queue) == 2, 30, "both ranks seen")
+        queue.run("suspend", str(job))
+        refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
+        assert refused["state"] == "running"
+        assert refused["reason"] == (
+            "not suspended: it runs several CUDA processes that use NCCL, whose state the driver's checkpoint "
+            "does not cover"
+        )
+        urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
+        assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        preempted = [e for e in _events(queue) if e.get("event") == "preempted"]
+        assert [e["job"] for e in preempted] == [job] and "NCCL" in preempted[0]["requeue"]
+        assert not [e for e in _events(queue) if e.get("job") == job and e.get("event") == "suspending"]
+        queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()
+
+
+def _fake_cuda_processes(queue: Gpuq) -> int:
+    """How many processes the fake GPUs list (the usage files the fixtures write)."""
+    usage = Path(queue.env["GPUQ_FAKE_USAGE"])
+    return len(list(usage.glob("*.json")))

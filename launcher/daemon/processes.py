@@ -125,6 +125,16 @@ def job_env(
     return env
 
 
+def maps_library(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a shared library whose file name starts with ``name`` mapped (NCCL's, say:
+    a process of several that talk through it). False where its maps cannot be read."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            return any(os.path.basename(line.split()[-1]).startswith(name.encode()) for line in handle if b"/" in line)
+    except OSError:
+        return False
+
+
 def preemption_env(spec: JobSpec, restarts_file: str) -> dict[str, str]:
     """What a --preemptible job is told: the signal it gets before it is requeued (GPUQ_PREEMPT_SIGNAL), and,
     once it was (its restarts file), GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT."""

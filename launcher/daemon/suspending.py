@@ -108,6 +108,9 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
         return "it holds no GPU"
     if job.record.spec.mode is Mode.TORCHRUN:
         return "it runs a process per GPU under torchrun, whose NCCL state the driver's checkpoint does not cover"
+    cuda = _cuda_processes(scheduler, job)
+    if len(cuda) > 1 and any(processes.maps_library(pid, "libnccl") for pid in cuda):
+        return "it runs several CUDA processes that use NCCL, whose state the driver's checkpoint does not cover"
     gpu_bytes = gpu_state(scheduler, job)
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
     margin = max(MARGIN, int(total * MARGIN_SHARE))
@@ -117,6 +120,14 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
             f"of available memory with {margin / 2**30:.1f} GiB to spare"
         )
     return ""
+
+
+def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
+    """The job's processes that the last look at its GPUs found holding memory there."""
+    return {
+        pid for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
+        for pid in (gpu.processes or {}) if pid in job.pids
+    }  # fmt: skip
 
 
 def gpu_state(scheduler: SchedulerState, job: Running) -> int:

@@ -4,6 +4,8 @@ real daemon's journal is checked in tests/test_preemption.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views.live import Picture
@@ -79,3 +81,16 @@ def test_the_report_and_metrics_count_them_per_user() -> None:
 def test_without_the_journal_show_says_the_time_suspended_alone() -> None:
     assert Moves(seconds=75.0).text() == "1m15s suspended"
     assert Moves(suspends=2, bytes=2 * GiB).text() == "suspended 2 times, 2.0G moved"
+
+
+def test_the_journal_is_read_for_the_kinds_and_job_asked(tmp_path: Path) -> None:
+    from gpuq_scheduler.jobs.store import journal
+    from gpuq_scheduler.launcher.views.suspensions import read
+
+    path = tmp_path / "events.jsonl"
+    journal.append(path, [dict(e) for e in EVENTS])
+    with path.open("ab") as handle:
+        handle.write(b'{"t": 9.0, "job": 1, "event": "suspe')  # a torn last line (a crash mid-write)
+    assert read(path) == from_events(EVENTS)
+    assert read(path, job=1) == {1: Moves(preemptions=1, suspends=1, bytes=40 * GiB)}
+    assert read(path, job=10) == {} and read(tmp_path / "none.jsonl") == {}

@@ -211,7 +211,7 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
     from gpuq_scheduler.launcher.views import suspensions
 
     record = with_host_usage(ctx.state, queue.details(job_id))
-    moved = suspensions.of_job(record, suspensions.read(ctx.state.events), time.time())
+    moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
     if as_json:
         counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
                   "bytes_moved": moved.bytes}  # fmt: skip

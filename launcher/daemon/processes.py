@@ -139,8 +139,9 @@ def preemption_env(spec: JobSpec, restarts_file: str) -> dict[str, str]:
     """What a --preemptible job is told: the signal it gets before it is requeued (GPUQ_PREEMPT_SIGNAL), and,
     once it was (its restarts file), GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT."""
     env: dict[str, str] = {}
-    if spec.preemptible:
-        env["GPUQ_PREEMPT_SIGNAL"] = "SIG" + (spec.preempt_signal or "USR1")
+    if not spec.preemptible:
+        return env  # only a --preemptible job is ever requeued for another: nothing to read
+    env["GPUQ_PREEMPT_SIGNAL"] = "SIG" + (spec.preempt_signal or "USR1")
     with contextlib.suppress(OSError, ValueError):
         with open(restarts_file) as handle:
             count = int(handle.read().strip() or 0)

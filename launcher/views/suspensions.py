@@ -83,11 +83,11 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, Moves]:
     return moves
 
 
-def read(events_path: Path) -> dict[int, Moves]:
-    """``from_events`` over a state directory's journal; nothing where it cannot be read (a shared queue's
-    journal is root's: a user's ``gpuq show`` then shows the time suspended only)."""
+def read(events_path: Path, job: int | None = None) -> dict[int, Moves]:
+    """``from_events`` over a state directory's journal (one job's, if given); nothing where it cannot be read
+    (a shared queue's journal is root's: a user's ``gpuq show`` then shows the time suspended only)."""
     try:
-        return from_events(journal.read(events_path))
+        return from_events(journal.read_kinds(events_path, ("preempted", "suspended"), job))
     except OSError:
         return {}
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gpuq_scheduler.jobs.allocation import Allocation, current
     from gpuq_scheduler.jobs.api import array, cancel, status, submit, wait
     from gpuq_scheduler.jobs.errors import GpuqError
-    from gpuq_scheduler.jobs.functions.executor import Executor, Job, JobFailed, as_completed, wait_all
+    from gpuq_scheduler.jobs.functions.executor import Executor, Job, JobFailed, Resubmit, as_completed, wait_all
     from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
     from gpuq_scheduler.jobs.outcome import JobState, Outcome
 
@@ -43,6 +43,7 @@ _EXPORTS = {
     "Executor": "gpuq_scheduler.jobs.functions.executor",  # Python functions as jobs, as submitit runs them
     "Job": "gpuq_scheduler.jobs.functions.executor",
     "JobFailed": "gpuq_scheduler.jobs.functions.executor",
+    "Resubmit": "gpuq_scheduler.jobs.functions.executor",  # what a function's checkpoint() returns (docs/suspend.md)
     "as_completed": "gpuq_scheduler.jobs.functions.executor",
     "wait_all": "gpuq_scheduler.jobs.functions.executor",
     "current": "gpuq_scheduler.jobs.allocation",  # inside a job: the GPUs, device and memory gpuq gave it
@@ -57,7 +58,7 @@ _EXPORTS = {
 
 __all__ = [
     "Allocation", "Executor", "GpuqError", "Job", "JobFailed", "JobRecord", "JobSpec", "JobState", "Mode", "Outcome",
-    "array", "as_completed", "cancel", "current", "status", "submit", "wait", "wait_all",
+    "Resubmit", "array", "as_completed", "cancel", "current", "status", "submit", "wait", "wait_all",
 ]  # fmt: skip
 
 

@@ -34,6 +34,7 @@ class Cause(str, enum.Enum):
     GPU_LOST = "gpu-lost"  # stopped because a GPU it held stopped answering
     LOST = "lost"  # its end was not seen: its supervisor was killed, the machine restarted
     DIED_SUSPENDED = "died-suspended"  # it ended while suspended to host memory (killed: it could not run)
+    PREEMPTED = "preempted"  # signalled and ended for a more urgent job, where it could not be suspended
 
     @property
     def out_of_memory(self) -> bool:
@@ -43,7 +44,7 @@ class Cause(str, enum.Enum):
     def not_its_fault(self) -> bool:
         """It ran out because another job took its memory: requeued without counting against its retries,
         and --mem auto learns nothing from the run."""
-        return self is Cause.OOM_VICTIM
+        return self in (Cause.OOM_VICTIM, Cause.PREEMPTED)
 
 
 _GPU_OOM = frozenset((Cause.OOM, Cause.OOM_PAST_SHARE, Cause.OOM_WITHIN_SHARE, Cause.OOM_VICTIM))

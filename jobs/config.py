@@ -18,6 +18,10 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
     default_cpus = 8                 # --cpus of a job that gives none (host limits: docs/containment.md)
     default_ram = "64G"              # --ram of a job that gives none
+    preemption = true                # a waiting job may suspend preemptible running jobs (default false)
+    preemption_min_runtime = "10m"   # a job runs this long after it (re)started before it may be preempted
+    preemption_by = ["priority"]     # also preemptible beyond --preemptible: "priority", "fair_share"
+    preemption_grace = "60s"         # a job that cannot be suspended gets its signal, then this long, then requeue
     [shared.priority]                # users with a higher number go first; default 0
     alice = 10                       # (a job's own --priority orders only its user's jobs)
 
@@ -56,6 +60,7 @@ SHARED_HOME = Path(locations.SHARED_HOME)  # a shared queue's state directory un
 SYSTEM_CONFIG = Path(locations.SYSTEM_CONFIG)
 
 BACKENDS = ("slurm",)
+PREEMPTION_BY = ("priority", "fair_share")
 
 
 class ConfigError(BadInput):
@@ -85,6 +90,12 @@ class Shared:
     default_time: float | None = None  # seconds: the time limit of a job submitted without one
     max_time: float | None = 7 * 86400.0  # seconds: the longest time limit a job may have; None: no maximum
     idle_report: float | None = 2 * 3600.0  # seconds a batch job's GPUs may do no work before status says so
+    # Preemption (docs/suspend.md): off unless set; how long a job runs first; what beyond --preemptible
+    # makes a job preemptible ("priority": any lower priority; "fair_share": a user over their share).
+    preemption: bool = False
+    preemption_min_runtime: float = 600.0
+    preemption_by: tuple[str, ...] = ()
+    preemption_grace: float = 60.0  # seconds a job requeued instead of suspended has to save its work
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,8 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
-                      "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram"},
+                      "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
+                      "preemption", "preemption_min_runtime", "preemption_by", "preemption_grace"},
                  path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
@@ -215,7 +227,15 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         raise ConfigError(f"{path}: shared.default_ram: {err}") from None
     if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
         raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
+    by = raw.get("preemption_by", [])
+    if not isinstance(by, list) or not all(isinstance(b, str) and b in PREEMPTION_BY for b in by):
+        raise ConfigError(f'{path}: shared.preemption_by lists "priority" and/or "fair_share", like ["priority"]')
+    min_runtime = _duration(raw.get("preemption_min_runtime", "10m"), path, "shared.preemption_min_runtime")
     return Shared(
+        preemption=_typed(raw.get("preemption", False), bool, path, "shared.preemption"),
+        preemption_min_runtime=0.0 if min_runtime is None else min_runtime,
+        preemption_by=tuple(dict.fromkeys(by)),
+        preemption_grace=_duration(raw.get("preemption_grace", "60s"), path, "shared.preemption_grace") or 0.0,
         default_cpus=None if cpus is None else float(cpus),
         default_ram=ram_bytes,
         idle_limit=idle_limit,

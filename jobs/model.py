@@ -73,6 +73,10 @@ class JobSpec:
     # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
     cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
     ram: int | None = None  # bytes of host memory (memory.max)
+    # --preemptible: a waiting job that outranks it may take its GPUs, suspending it (docs/suspend.md)
+    preemptible: bool = False
+    # The signal a --preemptible job gets before it is requeued where it cannot be suspended (None: SIGUSR1).
+    preempt_signal: str | None = None
     # What the job was given for the options jobs.options declares as kept that have no field of their own
     # here, by their JSON keys (``value`` reads them, typed).
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -82,6 +86,7 @@ class JobSpec:
             command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
             retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
             mem_auto=self.mem_auto, sweep=self.sweep, cpus=self.cpus, ram=self.ram,
+            preempt_signal=self.preempt_signal,
         )  # fmt: skip
 
     def member(self, index: int) -> JobSpec:

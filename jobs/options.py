@@ -89,6 +89,11 @@ def _notify(value: str | None) -> str | None:
     return value or None  # --notify '' is no notification
 
 
+def _signal(value: str | None) -> str | None:
+    """--preempt-signal's name as kept: USR1 for usr1, SIGUSR1 or USR1 (rules.check_spec holds it to the list)."""
+    return value.upper().removeprefix("SIG") if value else None
+
+
 SUBMIT: tuple[Option[Any], ...] = (
     Option("--gpus", "int", 1, "GPUs the job needs (0: a CPU job).", show_default=True, field="gpus"),
     Option("--mem", "str", None, "Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs "
@@ -114,6 +119,10 @@ SUBMIT: tuple[Option[Any], ...] = (
     Option("--retries", "int", 0, "Run again after a failure, with backoff.", show_default=True, field="retries"),
     Option("--oom-retry", "flag", False, "After CUDA out of memory, retry with twice the memory or a whole GPU.",
            field="oom_retry"),
+    Option("--preemptible", "flag", False, "A more urgent job may suspend this one to take its GPUs; it resumes "
+           "after (docs/suspend.md).", field="preemptible"),
+    Option("--preempt-signal", "str", None, "Where it cannot be suspended: the signal sent before it is requeued "
+           "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
     Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
            field="notify", capture=_notify),
     Option("--wait", "flag", False, "Block until the job ends; exit with its exit code.", dest="wait_", spec=False,

@@ -141,6 +141,13 @@ class Outcome:
         )  # fmt: skip
 
     @classmethod
+    def preempted(cls, preemptor: int, why: str) -> Outcome:
+        """It was signalled and ended to give its GPUs to job ``preemptor`` (it could not be suspended, as
+        ``why`` says): requeued, not counted against its retries, whatever it exited with."""
+        return cls(JobState.FAILED, Cause.PREEMPTED, reason=f"preempted for job {preemptor} ({why})",
+                   culprit=preemptor)  # fmt: skip
+
+    @classmethod
     def lost(cls, reason: str) -> Outcome:
         return cls(JobState.LOST, Cause.LOST, reason=reason)
 

@@ -27,6 +27,10 @@ MODES = ("single", "dataparallel", "torchrun")  # the values of jobs.model.Mode,
 _INFINITY = float("inf")  # not math.inf: loading math is ~0.2 ms of every quick `gpuq submit`
 
 
+# What --preempt-signal may name (without SIG): signals a job can catch to save its work before it is requeued.
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "ALRM", "URG", "WINCH")
+
+
 def check_spec(
     *,
     command: Sequence[str],
@@ -41,8 +45,13 @@ def check_spec(
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
     cpus: float | None = None,
     ram: int | None = None,
+    preempt_signal: str | None = None,
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
+    if preempt_signal is not None and preempt_signal not in PREEMPT_SIGNALS:
+        raise BadInput(
+            f"--preempt-signal {preempt_signal!r}: name one a job can catch: {', '.join(PREEMPT_SIGNALS)}"
+        )
     if sweep:
         check_sweep(sweep)
     if not command:

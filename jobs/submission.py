@@ -163,6 +163,7 @@ def capture_spec(
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
+        preempt_signal=kept["preempt_signal"],
     )  # fmt: skip
     if sweep:
         check_sweep(sweep, command)  # each {name} where its value goes

@@ -14,6 +14,7 @@ def _spooled(gpuq: Gpuq) -> list[str]:
 
 BAD_SUBMITS = [
     (["--gpus", "-1", "true"], "--gpus must be 0 or more"),
+    (["--preempt-signal", "KILL", "true"], "--preempt-signal 'KILL': name one a job can catch: USR1, USR2"),
     (["--gpus", "5", "true"], "more GPUs than this machine has (4)"),
     (["--mem", "20", "true"], "write a number and a unit"),
     (["--mem", "20Q", "true"], "unknown size unit"),

@@ -163,6 +163,8 @@ SAME = [
     ["--cwd", "", "true"],
     ["--retries", "2", "--oom-retry", "--notify", "echo done", "true"],
     ["--notify", "", "true"],
+    ["--preemptible", "--priority", "-1", "true"],
+    ["--preemptible", "--preempt-signal", "sigusr2", "true"],
     ["--array", "0-9%2", "--name", "seed{index}", "train.py", "--seed", "{index}"],
     ["--array", "1,3,7", "--json", "seed_{index}.py"],
     ["--gpus", "1", "--gpus", "3", "true"],

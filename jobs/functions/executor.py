@@ -32,6 +32,7 @@ from typing import Any
 from gpuq_scheduler.jobs import api
 from gpuq_scheduler.jobs.errors import BadInput, GpuqError, NoIdYet, NotPermitted
 from gpuq_scheduler.jobs.functions import runner
+from gpuq_scheduler.jobs.functions.runner import Resubmit as Resubmit
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState

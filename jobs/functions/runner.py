@@ -12,6 +12,13 @@ in the log only.
 
 A job killed before it returns (out of memory, time limit, cancel, lost GPU) leaves no result file;
 ``Job.result()`` then says what gpuq recorded. Only the folder's owner ever unpickles what is in it.
+
+The checkpoint hook, as submitit's ``Checkpointable``: a --preemptible job that gpuq requeues (it cannot be
+suspended) gets its preemption signal first ($GPUQ_PREEMPT_SIGNAL, SIGUSR1 by default). If the function is an
+object with a ``checkpoint(*args, **kwargs)`` method, the runner calls it then, with the call's arguments: it
+returns the call to make when the job runs again (``Resubmit(fn, *args, **kwargs)``), or None for the same
+call. That call replaces ``INDEX.call.pkl``, and the runner exits at once (EXIT_PREEMPTED): gpuq requeues the
+job, and the requeued run makes that call instead.
 """
 
 from __future__ import annotations
@@ -20,11 +27,24 @@ import io
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
 RUNNER = "gpuq_scheduler.jobs.functions.runner"
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: its state saved for the requeued run, which gpuq starts (the daemon decides)
+
+
+class Resubmit:
+    """What a ``checkpoint`` method returns: the call the requeued job makes instead of the first one."""
+
+    def __init__(self, fn: Callable[..., object], /, *args: object, **kwargs: object) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+class _Preempted(BaseException):
+    """Raised in the function by the preemption signal's handler, once the resubmission is written: no
+    ``except Exception`` in the function catches it."""
 
 
 def call_path(folder: Path, index: str) -> Path:
@@ -97,9 +117,12 @@ def run(folder: Path, index: str) -> int:
     stream, sys.stderr = sys.stderr, _Copied(sys.stderr, copy)
     try:
         fn, args, kwargs = cloudpickle.loads(call_path(folder, index).read_bytes())
+        _on_preemption(folder, index, fn, args, kwargs)
         try:
             outcome: tuple[object, ...] = ("value", fn(*args, **kwargs))
             code = 0
+        except _Preempted:
+            return EXIT_PREEMPTED
         except Exception as err:  # the function's own failure: it goes back to the caller to raise
             text = traceback.format_exc()
             print(text, file=sys.stderr, end="", flush=True)
@@ -115,6 +138,25 @@ def run(folder: Path, index: str) -> int:
     finally:
         sys.stderr = stream
         copy.close()
+
+
+def _on_preemption(folder: Path, index: str, fn: object, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+    """Where the function can be checkpointed, its preemption signal saves the call to make next and ends it."""
+    checkpoint = getattr(fn, "checkpoint", None)
+    name = os.environ.get("GPUQ_PREEMPT_SIGNAL", "")
+    if not callable(checkpoint) or not name.startswith("SIG"):
+        return
+    import signal
+
+    import cloudpickle
+
+    def handle(signum: int, frame: object) -> None:
+        again = checkpoint(*args, **kwargs)
+        call = (fn, args, kwargs) if again is None else (again.fn, again.args, again.kwargs)
+        _write(call_path(folder, index), cloudpickle.dumps(call))
+        raise _Preempted
+
+    signal.signal(getattr(signal, name), handle)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,11 @@ def check(spec: JobSpec, cluster: Cluster) -> None:
             f"--priority {spec.priority}: {where} only admins can raise a job's priority; leave it out, or lower "
             "other jobs with a negative --priority (sent as sbatch --nice)"
         )
+    if spec.preemptible or spec.preempt_signal:
+        raise BadInput(
+            f"--preemptible suspends a job to this machine's host memory, which gpuq cannot do {where}; leave it out "
+            "(Slurm's own preemption is the cluster's: ask its admins for a preemptible partition or QOS)"
+        )
     defaults = {option.field: option for option in kept_options()}
     for key, value in spec.options.items():  # options declared in jobs.options alone: none is translated here
         option = defaults.get(key)

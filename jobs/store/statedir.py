@@ -253,6 +253,10 @@ class StateDir:
     def next_file(self, job_id: int) -> str:
         return self.at(RUN, f"{job_id}.next")
 
+    def restarts_file(self, job_id: int) -> str:
+        """How often a job was preempted and requeued (``GPUQ_RESTART_COUNT``), until it ends."""
+        return self.at(RUN, f"{job_id}.restarts")
+
     def log(self, job_id: int) -> str:
         return self.at(LOGS, f"{job_id}.log")
 

@@ -62,6 +62,7 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
     from gpuq_scheduler.jobs.units import parse_duration
     from gpuq_scheduler.launcher.policy.placement import Policy
+    from gpuq_scheduler.launcher.views import suspensions
     from gpuq_scheduler.launcher.views.report import build_report, render_text
     from gpuq_scheduler.launcher.views.report_html import render_html
 
@@ -72,8 +73,8 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     totals = inventory.totals if inventory else ()
     result = build_report(
         records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead,
-        array_names=queue.array_names(),
-    )
+        array_names=queue.array_names(), moves=suspensions.read(ctx.state.events),
+    )  # fmt: skip
     click.echo(render_text(result))
     if html_file is not None:
         html_file.write_text(render_html(result), encoding="utf-8")

@@ -189,8 +189,16 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         else:
             click.echo(array_view(job_id, name, members))
         return
+    from gpuq_scheduler.launcher.views import suspensions
+
     record = with_host_usage(ctx.state, queue.details(job_id))
-    click.echo(json.dumps(record.to_json(), indent=1) if as_json else show_view(record))
+    moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
+    if as_json:
+        counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
+                  "bytes_moved": moved.bytes}  # fmt: skip
+        click.echo(json.dumps({**record.to_json(), **counts}, indent=1))
+    else:
+        click.echo(show_view(record, moved=moved.text()))
 
 
 def _members(queue: Queue, job_id: int) -> list[JobRecord]:

@@ -137,7 +137,7 @@ def _run_files(scheduler: SchedulerState, job_id: int) -> tuple[str, str]:
 
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
-    paths = (*_run_files(scheduler, job_id), scheduler.state.pause_file(job_id))
+    paths = (*_run_files(scheduler, job_id), scheduler.state.pause_file(job_id), scheduler.state.restarts_file(job_id))
     scheduler.after_commit.append(lambda: unlink(*paths))
 
 

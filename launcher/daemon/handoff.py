@@ -118,7 +118,8 @@ def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> b
     spec = record.spec
     throttled = record.array_id is not None and (info := scheduler.arrays.get(record.array_id)) and info.throttle
     return (
-        spec.gpus == len(job.record.gpus) and spec.mem_per_gpu is None and not spec.mem_auto
+        record.id not in scheduler.no_handoff  # it preempts instead (launcher.daemon.preempting)
+        and spec.gpus == len(job.record.gpus) and spec.mem_per_gpu is None and not spec.mem_auto
         and spec.mode is not Mode.TORCHRUN and spec.client is None and not throttled
     )  # fmt: skip
 
@@ -138,6 +139,7 @@ def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dic
 def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     gpus, uuids = job.record.gpus, job.record.gpu_uuids
     env = processes.job_env(record.spec, record.id, gpus, uuids, scheduler.state.root, record)
+    env.update(processes.preemption_env(record.spec, scheduler.state.restarts_file(record.id)))
     launch = scheduler.shim_launch(record, gpus, env)
     staged = Staged(job.record.id, gpus, uuids)
     endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's

@@ -132,6 +132,31 @@ def job_env(
     return env
 
 
+def maps_library(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a shared library whose file name starts with ``name`` mapped (NCCL's, say:
+    a process of several that talk through it). False where its maps cannot be read."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            return any(os.path.basename(line.split()[-1]).startswith(name.encode()) for line in handle if b"/" in line)
+    except OSError:
+        return False
+
+
+def preemption_env(spec: JobSpec, restarts_file: str) -> dict[str, str]:
+    """What a --preemptible job is told: the signal it gets before it is requeued (GPUQ_PREEMPT_SIGNAL), and,
+    once it was (its restarts file), GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT."""
+    env: dict[str, str] = {}
+    if not spec.preemptible:
+        return env  # only a --preemptible job is ever requeued for another: nothing to read
+    env["GPUQ_PREEMPT_SIGNAL"] = "SIG" + (spec.preempt_signal or "USR1")
+    with contextlib.suppress(OSError, ValueError):
+        with open(restarts_file) as handle:
+            count = int(handle.read().strip() or 0)
+        if count > 0:
+            env.update(GPUQ_PREEMPTED="1", GPUQ_RESTART_COUNT=str(count))
+    return env
+
+
 def notify(command: str, env: Mapping[str, str], cwd: str, log: str, account: Account | None = None) -> None:
     """Start a --notify command through the shell, detached (as the job's user); its output goes to ``log``.
 

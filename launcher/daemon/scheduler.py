@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
@@ -32,6 +33,7 @@ from gpuq_scheduler.launcher.daemon import (
     isolation,
     learning,
     outcomes,
+    preempting,
     processes,
     readiness,
     suspending,
@@ -59,6 +61,7 @@ class Scheduler(SchedulerState):
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
+        preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
 
@@ -86,7 +89,9 @@ class Scheduler(SchedulerState):
                 watching.stop_on_lost_gpus(self, now, snapshot)
                 withdraw_gone(self, now)
                 self.launch_fenced(now)
+                preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
                 self.place_and_launch(now, snapshot)
+                preempting.decide(self, now, snapshot)
                 watching.sample(self, now, snapshot)
                 self.watch.check(self, now, snapshot)
                 watching.release_idle(self, now, snapshot)
@@ -220,7 +225,9 @@ class Scheduler(SchedulerState):
                     outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
-                if stopped is not None and outcome is not None and outcome.state is not JobState.SUCCEEDED:
+                if stopped is not None and outcome is not None and (
+                    outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED
+                ):  # a preempted job that saved its work and exited 0 is not done: it is requeued
                     outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = exit_data.ended_at
                 if outcome is None:
@@ -278,7 +285,8 @@ class Scheduler(SchedulerState):
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
         fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
-        self._record_reasons({**waiting, **plan.waiting, **behind, **fenced}, now)
+        taking = {job_id: preempting.reason(self, job_id) for job_id in self.taking}
+        self._record_reasons({**waiting, **plan.waiting, **behind, **fenced, **taking}, now)
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
         jobs = list(self.pending.values()) if ready is None else ready
@@ -290,13 +298,14 @@ class Scheduler(SchedulerState):
             requests = [self._request(r) for r in jobs]
             requests.sort(key=_BY_ID)  # Python key per job: with 10,000 pending that was a third of a pass
             requests.sort(key=_BY_PRIORITY, reverse=True)  # (reverse keeps equal priorities in id order)
-            self.queue_order = requests
+            self.queue_order = self.plan_order = requests
         else:
             used, held = self._use(now)
             queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=self.shared.priority)
             cap = self.shared.max_gpus_per_user
             caps = None if cap is None else {r.user: cap for r in jobs}
             requests = [self._request(r) for r in queue]
+        self.plan_order = requests
         holdings = [
             Holding(
                 job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
@@ -304,7 +313,7 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
-        ] + fences.holdings(self)  # fmt: skip
+        ] + fences.holdings(self) + preempting.holdings(self)  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
@@ -366,6 +375,7 @@ class Scheduler(SchedulerState):
             return
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
         env.update(fence)
+        env.update(processes.preemption_env(spec, self.state.restarts_file(record.id)))
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)

@@ -30,6 +30,7 @@ from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Policy, Request
+from gpuq_scheduler.launcher.policy.preemption import Settings
 
 
 @dataclass
@@ -84,6 +85,18 @@ class SchedulerState:
         }
         self.acting: dict[int, Any] = {}
         self.resume_wanted: dict[int, str] = {}
+        # Preemption (daemon/preempting.py): its settings; the waiting jobs taking others' GPUs (-> a Taking);
+        # the preempted jobs (-> their preemptor and why), kept their places until they resume; how often each
+        # job was preempted; when each last resumed; the jobs whose suspend failed (never victims again).
+        self.preemption = Settings()
+        self.taking: dict[int, Any] = {}
+        self.preempted: dict[int, tuple[int, str]] = {}
+        self.preemptions: dict[int, int] = {}
+        self.resumed_at: dict[int, float] = {}
+        self.unsuspendable: set[int] = set()
+        self.signalled: dict[int, float] = {}  # victims requeued instead: monotonic time their grace ends
+        self.no_handoff: set[int] = set()  # waiting jobs that preempt: never staged behind a running job
+        self.plan_order: list[Request] = []  # the last plan's ready jobs in queue order (both kinds of queue)
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
@@ -236,6 +249,10 @@ class SchedulerState:
         self.suspended.pop(job_id, None)
         self.acting.pop(job_id, None)
         self.resume_wanted.pop(job_id, None)
+        for table in (self.taking, self.preempted, self.preemptions, self.resumed_at, self.signalled):
+            table.pop(job_id, None)
+        self.unsuspendable.discard(job_id)
+        self.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
         self.job_peaks.pop(job_id, None)

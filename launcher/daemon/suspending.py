@@ -81,7 +81,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             scheduler.resume_wanted[record.id] = who
             events.append({"t": now, "job": record.id, "event": "resume-requested", "by": who})
             continue
-        why = _refusal(scheduler, job)
+        why = refusal(scheduler, job)
         if why:
             log.warning("refused suspend of job %d: %s", record.id, why)
             scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state="running")
@@ -97,7 +97,7 @@ def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
     return [job for job in pool.values() if job.record.array_id == job_id]
 
 
-def _refusal(scheduler: SchedulerState, job: Running) -> str:
+def refusal(scheduler: SchedulerState, job: Running) -> str:
     """Why this running job cannot be suspended now ("" if it can)."""
     job_id = job.record.id
     if any(job_id in jobs for jobs in scheduler.mps_jobs.values()):
@@ -108,6 +108,9 @@ def _refusal(scheduler: SchedulerState, job: Running) -> str:
         return "it holds no GPU"
     if job.record.spec.mode is Mode.TORCHRUN:
         return "it runs a process per GPU under torchrun, whose NCCL state the driver's checkpoint does not cover"
+    cuda = _cuda_processes(scheduler, job)
+    if len(cuda) > 1 and any(processes.maps_library(pid, "libnccl") for pid in cuda):
+        return "it runs several CUDA processes that use NCCL, whose state the driver's checkpoint does not cover"
     gpu_bytes = gpu_state(scheduler, job)
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
     margin = max(MARGIN, int(total * MARGIN_SHARE))
@@ -117,6 +120,14 @@ def _refusal(scheduler: SchedulerState, job: Running) -> str:
             f"of available memory with {margin / 2**30:.1f} GiB to spare"
         )
     return ""
+
+
+def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
+    """The job's processes that the last look at its GPUs found holding memory there."""
+    return {
+        pid for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
+        for pid in (gpu.processes or {}) if pid in job.pids
+    }  # fmt: skip
 
 
 def gpu_state(scheduler: SchedulerState, job: Running) -> int:
@@ -146,6 +157,19 @@ def host_memory(fake: bool = False) -> tuple[int, int]:
     return found.get("MemAvailable", 0), found.get("MemTotal", 0)
 
 
+def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float) -> None:
+    """Begin suspending a running job that ``refusal`` passed (for preemption: ``launcher.daemon.preempting``)."""
+    _begin(scheduler, job, Step.SUSPENDING, "suspend", who, now)
+
+
+def note_preemption(scheduler: SchedulerState, job_id: int, preemptor: int, why: str, times: int) -> None:
+    """Record in the job's pause file that it is suspended for ``preemptor``: a later daemon resumes it once
+    that one is not running (its place is kept meanwhile)."""
+    paused = _pause(scheduler, job_id)
+    paused.update({"for": preemptor, "why": why, "preemptions": times})
+    _write_pause(scheduler, job_id, paused)
+
+
 def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who: str, now: float) -> None:
     """Record the step; once that is committed, start its child (a daemon that dies before the commit leaves
     nothing done that its successor does not know of). The pause file names the child for a later daemon."""
@@ -155,7 +179,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     scheduler.acting[record.id] = acting
-    order = {"action": action, **_subject(scheduler, record.id)}
+    order = {"action": action, **subject(scheduler, record.id)}
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -175,7 +199,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
-def _subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
+def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     """The job's first process and containment (from its pid file), and which checkpoint to use."""
     try:
         info = json.loads(read_bytes(scheduler.state.pid_file(job_id)))
@@ -186,6 +210,11 @@ def _subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
         "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
         "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
     }  # fmt: skip
+
+
+def pause_record(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
+    """The job's pause file: since when it is suspended, its child, what preempted it (empty if none)."""
+    return _pause(scheduler, job_id)
 
 
 def _pause(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
@@ -207,6 +236,8 @@ def _unpause(scheduler: SchedulerState, job_id: int) -> None:
     if since is not None:
         paused["total"] = float(paused.get("total") or 0.0) + max(0.0, time.monotonic() - float(since))
     paused.pop("child", None)
+    paused.pop("for", None)  # preempted no more (its count of preemptions stays)
+    paused.pop("why", None)
     _write_pause(scheduler, job_id, paused)
 
 
@@ -279,10 +310,18 @@ def _settle(
         scheduler.held.pop(job_id, None)
         scheduler.changes += 1  # its GPUs are free: placement looks again
         events.append({"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps})
+        if job_id in scheduler.preempted:  # it resumes by itself once its preemptor is not running
+            scheduler.resume_wanted[job_id] = "gpuq"
+            preemptor, why = scheduler.preempted[job_id]
+            reason = f"suspended for job {preemptor} ({why}); {in_host_memory(host_bytes)}"
+            scheduler.table.set_reasons({job_id: reason}, state="suspended")
+            job.record = job.record.replace(reason=reason)
         return
     if acting.step is Step.RESUMING and result.get("ok"):
         scheduler.table.mark_resumed(job_id, now)
         _unpause(scheduler, job_id)
+        scheduler.preempted.pop(job_id, None)
+        scheduler.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
         spent = max(0.0, now - (job.record.suspended_at or now))
         job.record = job.record.replace(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
@@ -318,7 +357,11 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
         if job is None:
             del scheduler.resume_wanted[job_id]
             continue
-        if busy & set(job.record.gpus):
+        preemptor = scheduler.preempted.get(job_id, (None, ""))[0]
+        if preemptor is not None:  # its place was kept: only its preemptor is on its memory
+            if preemptor in scheduler.running or preemptor in scheduler.taking:
+                continue
+        elif busy & set(job.record.gpus):
             held = in_host_memory(job.record.host_bytes or 0)
             reason = f"{held}; waiting for GPU(s) {_listed(job.record)} to resume"
             if reason != job.record.reason:
@@ -339,9 +382,9 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
 def thaw(scheduler: SchedulerState, job_id: int) -> None:
     """Let a suspended job's processes run (to be cancelled: a frozen process cannot end on SIGTERM); its
     CUDA state stays in host memory, and a CUDA call it makes blocks until SIGKILL ends it."""
-    subject = _subject(scheduler, job_id)
+    found = subject(scheduler, job_id)
     with contextlib.suppress(OSError):
-        freeze(Box.from_json(subject["box"]), int(subject["leader"]), False)
+        freeze(Box.from_json(found["box"]), int(found["leader"]), False)
 
 
 def _listed(record: JobRecord) -> str:

@@ -11,6 +11,11 @@
                                                (their cgroups: docs/containment.md; absent under the fallback)
     gpuq_job_peak_ram_bytes{user}              histogram: the peak host memory of each ended job whose cgroup
                                                measured it (the memory controller); _sum adds the peaks up
+    gpuq_preemptions_total{user}               counter: times each user's jobs were preempted (docs/suspend.md)
+    gpuq_suspends_total{user}                  counter: suspends of each user's jobs to host memory
+    gpuq_suspend_bytes_total{user}             counter: GPU state those suspends moved to host memory
+    gpuq_suspended_seconds_total{user}         counter: time each user's jobs spent suspended (so far)
+                                               (the four from events.jsonl and the table: absent until a suspend)
     gpuq_gpu_memory_total_bytes{gpu,uuid}      gauge: each GPU's memory
     gpuq_gpu_memory_bytes{gpu,uuid,holder}     gauge: holder = jobs (what gpuq's jobs use now), reserved (reserved
                                                for them, not used), outside (processes outside gpuq), free
@@ -32,6 +37,8 @@ from prometheus_client.registry import Collector
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views.live import Picture
+from gpuq_scheduler.launcher.views.suspensions import Moves
+from gpuq_scheduler.launcher.views.suspensions import by_user as by_user_moves
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
 RAM_BUCKETS = tuple(float(1 << shift) for shift in range(26, 42, 2))  # 64 MiB, 256 MiB, ... 1 TiB: --ram's sizes
@@ -40,8 +47,11 @@ RAM_BUCKETS = tuple(float(1 << shift) for shift in range(26, 42, 2))  # 64 MiB, 
 class QueueCollector(Collector):
     """Reads ``picture()`` (the GPUs and active jobs) and ``records()`` (every job) at each scrape."""
 
-    def __init__(self, picture: Callable[[], Picture], records: Callable[[], list[JobRecord]]) -> None:
-        self.picture, self.records = picture, records
+    def __init__(
+        self, picture: Callable[[], Picture], records: Callable[[], list[JobRecord]],
+        moves: Callable[[], dict[int, Moves]] | None = None,
+    ) -> None:  # fmt: skip
+        self.picture, self.records, self.moves = picture, records, moves
 
     def collect(self) -> Iterator[Metric]:
         picture = self.picture()
@@ -77,6 +87,8 @@ class QueueCollector(Collector):
             joules.add_metric([user], used)
         yield from (hours, joules)
         yield from _host_use(records, picture.running)
+        if self.moves is not None:
+            yield from _suspensions(by_user_moves(records, self.moves(), picture.taken))
         total = GaugeMetricFamily("gpuq_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
         memory = GaugeMetricFamily("gpuq_gpu_memory_bytes", "GPU memory by holder", labels=["gpu", "uuid", "holder"])
         util = GaugeMetricFamily("gpuq_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "uuid"])
@@ -120,12 +132,31 @@ def _host_use(records: list[JobRecord], running: list[JobRecord]) -> Iterator[Me
         yield ram
 
 
+def _suspensions(users: dict[str, Moves]) -> Iterator[Metric]:
+    if not users:
+        return
+    families = (
+        ("gpuq_preemptions", "Times jobs were preempted, by user", "preemptions"),
+        ("gpuq_suspends", "Suspends of jobs to host memory, by user", "suspends"),
+        ("gpuq_suspend_bytes", "GPU state moved to host memory by suspends, by user", "bytes"),
+        ("gpuq_suspended_seconds", "Time jobs spent suspended, by user", "seconds"),
+    )
+    for name, documentation, field in families:
+        family = CounterMetricFamily(name, documentation, labels=["user"])
+        for user, moved in sorted(users.items()):
+            family.add_metric([user], float(getattr(moved, field)))
+        yield family
+
+
 def _le(bound: float) -> str:
     return f"{bound:g}" if bound != int(bound) else f"{bound:.1f}"
 
 
-def exposition(picture: Callable[[], Picture], records: Callable[[], list[JobRecord]]) -> Callable[[], bytes]:
+def exposition(
+    picture: Callable[[], Picture], records: Callable[[], list[JobRecord]],
+    moves: Callable[[], dict[int, Moves]] | None = None,
+) -> Callable[[], bytes]:  # fmt: skip
     """What ``/metrics`` answers, made anew at each call."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(picture, records))
+    registry.register(QueueCollector(picture, records, moves))
     return lambda: generate_latest(registry)

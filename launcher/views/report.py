@@ -17,6 +17,8 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.launcher.views.suspensions import Moves
+from gpuq_scheduler.launcher.views.suspensions import by_user as by_user_moves
 from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 
 HOUR = 3600.0
@@ -83,6 +85,8 @@ class Report:
     # memory of any one job (a sum of peaks that never coincided would describe no moment).
     cpu_by_user: dict[str, float] = field(default_factory=dict)
     peak_ram_by_user: dict[str, int] = field(default_factory=dict)
+    # What suspending and preemption cost each user's jobs in the window (``views.suspensions``).
+    moves_by_user: dict[str, Moves] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -96,6 +100,7 @@ class Report:
 def build_report(
     records: Iterable[JobRecord], gpu_count: int, now: float, since: float | None = None,
     totals: Sequence[int] = (), overhead: int = 0, array_names: Mapping[int, str] | None = None,
+    moves: Mapping[int, Moves] | None = None,
 ) -> Report:  # fmt: skip
     """Summarise the jobs that were queued, ran or ended in the window ``[now - since, now]``.
 
@@ -108,6 +113,8 @@ def build_report(
     ``totals`` (each GPU's memory, by index) and ``overhead`` (what placement adds to a share) give packing's
     payoff: a --mem job held ``(share + overhead) / total`` of each of its GPUs where a whole-GPU job holds all.
     ``array_names`` (array id -> name) names the arrays. The outcomes list what did not succeed first.
+    ``moves`` (``views.suspensions.read``: each job's preemptions, suspends and bytes moved) gives what
+    suspending cost each user's jobs in the window.
     """
     records = list(records)
     names = dict(array_names or {})
@@ -169,6 +176,7 @@ def build_report(
         energy_by_user={user: joules for user, joules in energy_user.items() if joules > 0},
         cpu_by_user=dict(cpu_user),
         peak_ram_by_user=ram_user,
+        moves_by_user=by_user_moves(chosen, moves or {}, now),
     )
 
 
@@ -269,7 +277,19 @@ def render_text(report: Report) -> str:
         lines += ["", _table(("ARRAY", "NAME", "GPU-HOURS"), by_array)]
     if report.saved_by_user or report.fenced_by_user:
         lines += ["", _packing(report)]
+    if report.moves_by_user:
+        lines += ["", _table(*suspension_table(report))]
     return "\n".join(lines)
+
+
+def suspension_table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """What suspending and preemption cost each user's jobs: the header and the rows."""
+    header: tuple[str, ...] = ("USER", "PREEMPTED", "REQUEUED", "SUSPENDS", "MOVED", "SUSPENDED")
+    rows: list[tuple[str, ...]] = [
+        (user, str(m.preemptions), str(m.requeues), str(m.suspends), format_size(m.bytes), format_duration(m.seconds))
+        for user, m in sorted(report.moves_by_user.items())
+    ]
+    return header, rows
 
 
 def user_table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:

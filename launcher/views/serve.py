@@ -211,10 +211,12 @@ class BoundedServer(ThreadingHTTPServer):
 
 def serve(queue: Queue, source: GpuSource, host: str, port: int, ready: Callable[[str], None]) -> None:
     """Serve until interrupted; ``ready`` gets the address once the socket listens."""
-    from gpuq_scheduler.launcher.views import metrics
+    from gpuq_scheduler.launcher.views import metrics, suspensions
 
     dashboard = Dashboard(queue, source)
-    answer_metrics = metrics.exposition(dashboard.picture, dashboard.queue.records)
+    answer_metrics = metrics.exposition(
+        dashboard.picture, dashboard.queue.records, lambda: suspensions.read(queue.state.events)
+    )
     server = BoundedServer((host, port), handler(dashboard, answer_metrics))
     name, bound = str(server.server_address[0]), server.server_address[1]
     ready(f"http://{'[' + name + ']' if ':' in name else name}:{bound}/")

@@ -216,7 +216,8 @@ def _suspension(record: JobRecord, now: float) -> str:
     return f"{held}{since} (its GPUs are free; `gpuq resume {record.id}` brings it back)"
 
 
-def show(record: JobRecord, now: float | None = None) -> str:
+def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
+    """``gpuq show``'s lines; ``moved``: what suspending and preemption cost it (``views.suspensions``)."""
     now = time.time() if now is None else now
     spec = record.spec
     lines = [
@@ -249,6 +250,12 @@ def show(record: JobRecord, now: float | None = None) -> str:
         ("signal", "-" if record.signal is None else str(record.signal)),
         ("reason", record.reason or "-"),
         *([("suspended", _suspension(record, now))] if record.state is JobState.SUSPENDED or record.step else []),
+        *(
+            [("preemptible", f"yes (SIG{spec.preempt_signal or 'USR1'} where it cannot be suspended)")]
+            if spec.preemptible
+            else []
+        ),
+        *([("preempted", moved)] if moved else []),
         ("cause", "-" if record.cause is None else record.cause.value + (
             f" (culprit: job {record.culprit})" if record.culprit is not None else "")),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),

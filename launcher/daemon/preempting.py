@@ -1,0 +1,332 @@
+"""Automatic preemption, the daemon's side: a waiting job takes the GPUs of running preemptible jobs.
+
+Which jobs, and whether at all, is ``launcher.policy.preemption`` (pure); here the daemon gathers what that
+policy looks at, suspends the victims (``launcher.daemon.suspending``, as ``gpuq suspend`` does), starts the
+waiting job on their GPUs once they are off them, and keeps their places:
+
+* **One taking at a time.** ``decide`` looks at the first job in queue order that could not start (not one
+  held back by its user's cap or its array's throttle) once a pass; while its victims are being suspended
+  (``scheduler.taking``) nothing else is preempted.
+* **The preemptor starts on its victims' GPUs** (``launch_ready``) as soon as every victim is off them
+  (suspended, or ended), in the same pass, before placement looks: nothing else can take those GPUs first.
+  If a victim's suspend fails or is undone, or the waiting job went (started elsewhere, cancelled), the
+  taking is dropped, and the victims already suspended resume at once.
+* **Room is kept** (``holdings``): the waiting job's on its victims' GPUs while they are being suspended, and
+  each victim's while suspended: its GPU memory stays reserved for it against
+  every later placement, so the only job ever on its memory is its preemptor. It resumes (``suspending``
+  starts it) as soon as its preemptor is no longer running: before any later job could take its GPUs.
+* **Hand-offs.** A waiting job staged to follow a running job (``launcher.daemon.handoff``) that may preempt
+  is taken back first and never staged again: it starts on its victims' GPUs instead.
+* **A preemptor is never a victim** while its own victims are suspended: they wait for it, not for a third.
+* **Records.** Each victim's pause file (``run/<id>.paused``) names its preemptor and why, so a restarted
+  daemon resumes it in turn; events.jsonl has a ``preempted`` event per victim; its reason says
+  "suspended for job 12 (priority 10 > 0)".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpuq_scheduler.jobs.config import Shared
+from gpuq_scheduler.jobs.errors import BadInput
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
+from gpuq_scheduler.jobs.units import parse_duration
+from gpuq_scheduler.launcher.daemon import containment, fences, handoff, suspending, watching
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy import fairshare
+from gpuq_scheduler.launcher.policy.placement import Holding
+from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose, why_preemptible
+
+log = logging.getLogger("gpuq.preempt")
+
+BY = ("priority", "fair_share")
+
+
+@dataclass
+class Taking:
+    """A waiting job whose victims are being suspended: it starts on ``gpus`` once they are off them."""
+
+    victims: set[int]
+    gpus: tuple[int, ...]
+    uuids: tuple[str, ...]
+
+
+def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
+    """A shared queue's ``[shared]`` preemption settings; a personal queue's GPUQ_PREEMPT (on/off, default
+    off), GPUQ_PREEMPT_MIN_RUNTIME (default 10m), GPUQ_PREEMPT_BY (priority,fair_share) and
+    GPUQ_PREEMPT_GRACE (default 60s)."""
+    if shared is not None:
+        return Settings(
+            enabled=shared.preemption, min_runtime=shared.preemption_min_runtime,
+            by_priority="priority" in shared.preemption_by, by_fair_share="fair_share" in shared.preemption_by,
+            grace=shared.preemption_grace,
+        )  # fmt: skip
+    enabled = environ.get("GPUQ_PREEMPT", "off")
+    if enabled not in ("on", "off"):
+        raise BadInput(f"GPUQ_PREEMPT={enabled!r}: set it to on or off")
+    min_runtime = parse_duration(environ.get("GPUQ_PREEMPT_MIN_RUNTIME", "10m"))
+    by = [word for word in environ.get("GPUQ_PREEMPT_BY", "").split(",") if word]
+    if any(word not in BY for word in by):
+        raise BadInput(f"GPUQ_PREEMPT_BY={','.join(by)!r}: name priority and/or fair_share, comma-separated")
+    grace = parse_duration(environ.get("GPUQ_PREEMPT_GRACE", "60s"))
+    return Settings(enabled == "on", min_runtime, "priority" in by, "fair_share" in by, grace=grace)
+
+
+def recover(scheduler: SchedulerState) -> None:
+    """At start-up: a suspended job an earlier daemon preempted resumes once its preemptor is not running."""
+    for job_id in scheduler.suspended:
+        paused = suspending.pause_record(scheduler, job_id)
+        preemptor = paused.get("for")
+        if isinstance(preemptor, int):
+            scheduler.preempted[job_id] = (preemptor, str(paused.get("why") or ""))
+            scheduler.resume_wanted.setdefault(job_id, "gpuq")
+        times = paused.get("preemptions")
+        if isinstance(times, int):
+            scheduler.preemptions[job_id] = times
+
+
+def holdings(scheduler: SchedulerState) -> list[Holding]:
+    """Placement's view of the places kept for preempted jobs, and of what a waiting job taking GPUs will hold
+    there: reserved as if they ran (so nothing placed meanwhile fills the room it was chosen for)."""
+    kept = [
+        Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
+        for job_id, job in scheduler.suspended.items() if job_id in scheduler.preempted
+    ]  # fmt: skip
+    for job_id, taking in scheduler.taking.items():
+        record = scheduler.pending.get(job_id)
+        if record is not None:
+            kept.append(Holding(job_id, taking.gpus, record.spec.mem_per_gpu, None))
+    return kept
+
+
+def launch_ready(
+    scheduler: SchedulerState, now: float, launch: Callable[[JobRecord, tuple[int, ...], tuple[str, ...], float], None]
+) -> None:
+    """Start each waiting job whose victims are all off its GPUs; drop a taking that can no longer be. End
+    the requeued victims whose grace period is over."""
+    _end_signalled(scheduler)
+    for job_id, taking in list(scheduler.taking.items()):
+        record = scheduler.pending.get(job_id)
+        still = [v for v in taking.victims if v in scheduler.running]
+        # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
+        failed = [v for v in still if v not in scheduler.acting and v not in scheduler.stopped_for]
+        for victim in [v for v in failed if scheduler.running[v].record.spec.preemptible and record is not None]:
+            why = scheduler.preempted.pop(victim, (job_id, ""))[1]
+            _requeue(scheduler, scheduler.running[victim], job_id, why, now)
+            failed.remove(victim)
+        if record is None or failed or any(gpu in scheduler.drained for gpu in taking.gpus):
+            del scheduler.taking[job_id]
+            for victim in failed:  # still running; one still suspending stays preempted: it resumes at once
+                scheduler.preempted.pop(victim, None)
+            scheduler.unsuspendable |= set(failed)
+            scheduler.changes += 1
+            log.info("job %d no longer takes the GPUs of %s", job_id, sorted(taking.victims))
+            continue
+        if still:
+            continue
+        del scheduler.taking[job_id]
+        scheduler.pending.pop(job_id)
+        scheduler.not_before.pop(job_id, None)
+        launch(record, taking.gpus, taking.uuids, now)
+
+
+def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Once a pass: may the first waiting job take running jobs' GPUs? If so, begin suspending them."""
+    settings = scheduler.preemption
+    if not settings.enabled or scheduler.taking or not scheduler.pending or not scheduler.running:
+        return
+    head = _head(scheduler)
+    if head is None:
+        return
+    victims_of = {preemptor for preemptor, _ in scheduler.preempted.values()}
+    staged_before = {staged.after for job_id, staged in scheduler.staged.items() if job_id != head.id}
+    over = _fair_share(scheduler, now, settings.by_fair_share)
+    waiting = Job(
+        head.id, head.spec.gpus, head.spec.mem_per_gpu, head.user, head.spec.priority,
+        _user_priority(scheduler, head.user), head.spec.preemptible, head.user in over,
+    )  # fmt: skip
+    candidates: list[Job] = []
+    holdings_now = holdings(scheduler) + fences.holdings(scheduler)
+    for job_id, job in scheduler.running.items():
+        if (
+            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before or not job.record.gpus
+            or job_id in scheduler.stopped_for
+        ):  # fmt: skip
+            holdings_now.append(_holding(job.record))
+            continue
+        candidate = _job(scheduler, job, now, over, False)
+        if not why_preemptible(waiting, candidate, settings):  # the common case: no look at the host
+            holdings_now.append(_holding(job.record))
+            continue
+        # One that cannot be suspended is requeued instead, if it said it can take that (--preemptible).
+        requeue = job_id in scheduler.unsuspendable or bool(suspending.refusal(scheduler, job))
+        if requeue and not job.record.spec.preemptible:
+            holdings_now.append(_holding(job.record))
+            continue
+        candidates.append(dataclasses.replace(candidate, requeue=requeue))
+    if not candidates:
+        return
+    views = watching.views(scheduler, snapshot)
+    choice = choose(waiting, views, holdings_now, candidates, now, settings, scheduler.policy)
+    if choice is None:
+        return
+    if head.id in scheduler.staged:  # handed to the shim of a job it would follow: taken back first (then
+        # never staged again), it preempts once given back. After the commit: it may have been staged in this
+        # very pass, and its shim must hear of it before the drop.
+        scheduler.after_commit.append(lambda: handoff.withdraw(scheduler, head.id))
+        scheduler.no_handoff.add(head.id)
+        return
+    requeued = {c.job_id for c in candidates if c.requeue}
+    moved = sum(c.held for c in candidates if c.job_id in choice.victims and not c.requeue)
+    available, total = suspending.host_memory(isinstance(scheduler.source, FakeGpus))
+    if moved + max(suspending.MARGIN, int(total * suspending.MARGIN_SHARE)) > available:
+        return  # all of them at once would not fit in host memory with the margin
+    uuids = {gpu.index: gpu.uuid for gpu in snapshot}
+    scheduler.taking[head.id] = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
+    for victim in choice.victims:
+        why = choice.why[victim]
+        if victim in requeued:
+            _requeue(scheduler, scheduler.running[victim], head.id, why, now)
+            continue
+        scheduler.preempted[victim] = (head.id, why)
+        scheduler.preemptions[victim] = scheduler.preemptions.get(victim, 0) + 1
+        suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemptions[victim])
+        suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
+        scheduler.journal.append({"t": now, "job": victim, "event": "preempted", "for": head.id, "why": why})
+        log.info("suspending job %d for job %d (%s)", victim, head.id, why)
+    scheduler.changes += 1
+
+    def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
+        scheduler.taking.pop(head.id, None)
+        for victim in choice.victims:
+            scheduler.preempted.pop(victim, None)
+
+    scheduler.on_rollback.append(undo)
+
+
+def reason(scheduler: SchedulerState, job_id: int) -> str:
+    """A taking's waiting job's reason: whose GPUs it takes."""
+    taking = scheduler.taking[job_id]
+    return f"taking the GPUs of job(s) {', '.join(map(str, sorted(taking.victims)))}, suspending them"
+
+
+def _head(scheduler: SchedulerState) -> JobRecord | None:
+    """The first job in the last plan's order still waiting for GPUs (not for its cap or throttle)."""
+    cap = scheduler.shared.max_gpus_per_user if scheduler.shared else None
+    held: dict[str, int] = {}
+    in_array: dict[int, int] = {}
+    for job in scheduler.running.values():
+        held[job.record.user] = held.get(job.record.user, 0) + len(job.record.gpus)
+        if job.record.array_id is not None:
+            in_array[job.record.array_id] = in_array.get(job.record.array_id, 0) + 1
+    if any(staged.dropping for staged in scheduler.staged.values()):
+        return None  # being taken back from a hand-off: it comes first once given back
+    # Staged jobs are out of placement, and come first in queue order (launcher.daemon.handoff).
+    staged = sorted((scheduler.pending[i] for i in scheduler.staged if i in scheduler.pending), key=_rank)
+    for record in [*staged, *(scheduler.pending.get(request.job_id) for request in scheduler.plan_order)]:
+        if record is None or not record.spec.gpus or record.id in scheduler.fence_waits:
+            continue
+        if cap is not None and held.get(record.user, 0) + record.spec.gpus > cap:
+            continue
+        info = scheduler.arrays.get(record.array_id) if record.array_id is not None else None
+        if info is not None and info.throttle and in_array.get(info.id, 0) >= info.throttle:
+            continue
+        return record
+    return None
+
+
+def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, now: float) -> None:
+    """The fallback where a job cannot be suspended: its signal now (SIGUSR1, or its --preempt-signal), then,
+    after the grace period, the usual stop (SIGTERM, SIGKILL); however it ends, it is requeued, not counted
+    against its retries, and told GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT when it runs again."""
+    record = job.record
+    cannot = suspending.refusal(scheduler, job) or "its suspend failed"
+    scheduler.stopped_for[record.id] = Outcome.preempted(preemptor, why)
+    scheduler.signalled[record.id] = time.monotonic() + scheduler.preemption.grace
+    scheduler.preemptions[record.id] = scheduler.preemptions.get(record.id, 0) + 1
+    scheduler.table.set_reasons(
+        {record.id: f"requeued for job {preemptor} ({why}); it cannot be suspended: {cannot}"}, state="running"
+    )
+    found = suspending.subject(scheduler, record.id)
+    signum = getattr(signal, "SIG" + (record.spec.preempt_signal or "USR1"))
+    path = scheduler.state.restarts_file(record.id)
+
+    def tell() -> None:  # once recorded: a pass rolled back signals nobody
+        with contextlib.suppress(OSError, ValueError):
+            count = int(read_bytes(path).decode().strip() or 0) if os.path.exists(path) else 0
+            write_atomic(path, f"{count + 1}\n".encode(), durable=False)
+        with contextlib.suppress(OSError):
+            containment.signal_all(containment.Box.from_json(found["box"]), int(found["leader"]), signum)
+
+    scheduler.after_commit.append(tell)
+    def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
+        scheduler.stopped_for.pop(record.id, None)
+        scheduler.signalled.pop(record.id, None)
+
+    scheduler.on_rollback.append(undo)
+    scheduler.journal.append(
+        {"t": now, "job": record.id, "event": "preempted", "for": preemptor, "why": why, "requeue": cannot}
+    )
+    log.info("requeueing job %d for job %d (%s): %s", record.id, preemptor, why, cannot)
+
+
+def _end_signalled(scheduler: SchedulerState) -> None:
+    """Stop the signalled victims whose grace period is over (a job that ended by itself meanwhile is gone)."""
+    now = time.monotonic()
+    for job_id, due in list(scheduler.signalled.items()):
+        job = scheduler.running.get(job_id)
+        if job is None:
+            del scheduler.signalled[job_id]
+        elif now >= due:
+            del scheduler.signalled[job_id]
+            scheduler.stop(job)
+
+
+def _rank(record: JobRecord) -> tuple[int, int]:
+    return -record.spec.priority, record.id
+
+
+def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], requeue: bool) -> Job:
+    record = job.record
+    started = max(record.started_at or now, scheduler.resumed_at.get(record.id, 0.0))
+    return Job(
+        record.id, record.gpus, record.spec.mem_per_gpu, record.user, record.spec.priority,
+        _user_priority(scheduler, record.user), record.spec.preemptible, record.user in over, ran=now - started,
+        held=suspending.gpu_state(scheduler, job), preemptions=scheduler.preemptions.get(record.id, 0),
+        ends_by=_ends_by(record), requeue=requeue,
+    )  # fmt: skip
+
+
+def _holding(record: JobRecord) -> Holding:
+    return Holding(record.id, record.gpus, record.spec.mem_per_gpu, _ends_by(record))
+
+
+def _ends_by(record: JobRecord) -> float | None:
+    limit, started = record.spec.time_limit, record.started_at
+    return None if limit is None or started is None else started + limit + record.suspended_for
+
+
+def _user_priority(scheduler: SchedulerState, user: str) -> int:
+    return scheduler.shared.priority.get(user, 0) if scheduler.shared else 0
+
+
+def _fair_share(scheduler: SchedulerState, now: float, wanted: bool) -> set[str]:
+    """The users whose recent GPU use is over an equal share of it among those with jobs here."""
+    if not wanted or scheduler.usage is None:
+        return set()
+    runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in scheduler.running.values()]
+    used = fairshare.recent_use(scheduler.usage, runs, now)
+    users = {r.user for r in scheduler.pending.values()} | {user for user, _, _ in runs}
+    share = sum(used.get(user, 0.0) for user in users) / max(len(users), 1)
+    return {user for user in users if used.get(user, 0.0) > share}

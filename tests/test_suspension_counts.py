@@ -1,0 +1,96 @@
+"""What suspending and preemption cost each job and user (launcher/views/suspensions.py): counted from the
+journal's events and the records, shown by `gpuq show`, `gpuq report` and /metrics. Plain values here; the
+real daemon's journal is checked in tests/test_preemption.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.launcher.views.live import Picture
+from gpuq_scheduler.launcher.views.metrics import exposition
+from gpuq_scheduler.launcher.views.report import build_report, render_text
+from gpuq_scheduler.launcher.views.suspensions import Moves, by_user, from_events, of_job
+
+GiB = 1 << 30
+NOW = 1_700_000_000.0
+
+
+def _record(job_id: int, user: str, state: JobState = JobState.SUCCEEDED, **more: object) -> JobRecord:
+    spec = JobSpec(command=("x",), cwd="/")
+    return JobRecord(
+        id=job_id, spec=spec, uid=1000, user=user, state=state, submitted_at=NOW - 3600, started_at=NOW - 3000,
+        ended_at=None if state is not JobState.SUCCEEDED else NOW - 60, gpus=(0,), **more,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+EVENTS = [
+    {"t": 1.0, "job": 1, "event": "preempted", "for": 3, "why": "priority 10 > 0"},
+    {"t": 2.0, "job": 1, "event": "suspended", "bytes": 40 * GiB},
+    {"t": 3.0, "job": 1, "event": "resumed"},
+    {"t": 4.0, "job": 2, "event": "suspended", "bytes": 10 * GiB},  # a `gpuq suspend` by hand
+    # A suspend the driver refused, then the requeue: one preemption, requeued.
+    {"t": 5.0, "job": 4, "event": "preempted", "for": 3, "why": "job 4 is --preemptible"},
+    {"t": 6.0, "job": 4, "event": "preempted", "for": 3, "why": "job 4 is --preemptible", "requeue": "MPS"},
+    {"t": 7.0, "job": "junk", "event": "suspended"},
+    {"t": 8.0, "job": 5, "event": "started", "gpus": [0]},
+]
+
+
+def test_preemptions_suspends_and_bytes_are_counted_per_job_from_the_journal() -> None:
+    moves = from_events(EVENTS)
+    assert moves[1] == Moves(preemptions=1, suspends=1, bytes=40 * GiB)
+    assert moves[2] == Moves(suspends=1, bytes=10 * GiB)
+    assert moves[4] == Moves(preemptions=1, requeues=1)
+    assert 5 not in moves
+
+
+def test_time_suspended_comes_from_the_record_so_far_while_suspended() -> None:
+    moves = from_events(EVENTS)
+    done = _record(1, "alice", suspended_for=120.0)
+    assert of_job(done, moves, NOW).seconds == 120.0
+    now_suspended = _record(2, "bob", JobState.SUSPENDED, suspended_for=30.0, suspended_at=NOW - 60)
+    assert of_job(now_suspended, moves, NOW) == Moves(suspends=1, bytes=10 * GiB, seconds=90.0)
+    assert of_job(done, moves, NOW).text() == "preempted once; suspended once, 40.0G moved, 2m00s suspended"
+
+
+def test_the_report_and_metrics_count_them_per_user() -> None:
+    records = [
+        _record(1, "alice", suspended_for=120.0),
+        _record(2, "bob", JobState.SUSPENDED, suspended_for=30.0, suspended_at=NOW - 60),
+        _record(4, "alice"),
+        _record(6, "carol"),  # never suspended: not listed
+    ]
+    moves = from_events(EVENTS)
+    users = by_user(records, moves, NOW)
+    assert users == {
+        "alice": Moves(preemptions=2, requeues=1, suspends=1, bytes=40 * GiB, seconds=120.0),
+        "bob": Moves(suspends=1, bytes=10 * GiB, seconds=90.0),
+    }
+    text = render_text(build_report(records, 1, NOW, since=7200, moves=moves))
+    assert "USER   PREEMPTED  REQUEUED  SUSPENDS  MOVED  SUSPENDED" in text
+    picture = Picture(NOW, [], [], [], {}, False)
+    scraped = exposition(lambda: picture, lambda: records, lambda: moves)().decode()
+    assert 'gpuq_preemptions_total{user="alice"} 2.0' in scraped
+    assert 'gpuq_suspend_bytes_total{user="alice"} 4.294967296e+10' in scraped
+    assert 'gpuq_suspended_seconds_total{user="bob"} 90.0' in scraped
+    assert 'gpuq_suspends_total{user="carol"}' not in scraped
+
+
+def test_without_the_journal_show_says_the_time_suspended_alone() -> None:
+    assert Moves(seconds=75.0).text() == "1m15s suspended"
+    assert Moves(suspends=2, bytes=2 * GiB).text() == "suspended 2 times, 2.0G moved"
+
+
+def test_the_journal_is_read_for_the_kinds_and_job_asked(tmp_path: Path) -> None:
+    from gpuq_scheduler.jobs.store import journal
+    from gpuq_scheduler.launcher.views.suspensions import read
+
+    path = tmp_path / "events.jsonl"
+    journal.append(path, [dict(e) for e in EVENTS])
+    with path.open("ab") as handle:
+        handle.write(b'{"t": 9.0, "job": 1, "event": "suspe')  # a torn last line (a crash mid-write)
+    assert read(path) == from_events(EVENTS)
+    assert read(path, job=1) == {1: Moves(preemptions=1, suspends=1, bytes=40 * GiB)}
+    assert read(path, job=10) == {} and read(tmp_path / "none.jsonl") == {}

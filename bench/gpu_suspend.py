@@ -1,6 +1,6 @@
 """Suspend and resume on a lent GPU host (#28), run by the lead:
 
-    .venv/bin/python bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40]
+    .venv/bin/python bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40] [--repeat 3]
 
 For each size, a PyTorch job holding N GiB (a known pattern) is suspended and resumed through gpuq (a
 private queue on the real GPUs): the time from `gpuq suspend` to the job recorded suspended and from
@@ -8,7 +8,8 @@ private queue on the real GPUs): the time from `gpuq suspend` to the job recorde
 unlock, from events.jsonl) and GB/s; whether the GPU was empty of the job while suspended (NVML), whether
 its count made no progress then, and whether its tensor was intact after. Then the bare driver calls on a
 plain process holding the same size, timed the same way, for the comparison (gpuq's time within 5 % of
-the driver's is the issue's bar).
+the driver's is the issue's bar). With --repeat, gpuq and the bare calls take turns going first, and the
+medians say, beside gpuq's whole times, how long its helper's own driver calls took.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,9 +146,11 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def bare_driver(size: float, work: Path) -> dict[str, Any]:
+def bare_driver(size: float, work: Path, first: bool = False) -> dict[str, Any]:
     """The same job, not through gpuq: this process drives the driver's calls on it, timed."""
     count_file, stop = work / f"bare-counts-{size:g}", work / f"bare-stop-{size:g}"
+    if first:
+        (work / "job.py").write_text(JOB)
     child = subprocess.Popen([sys.executable, str(work / "job.py"), str(size), str(count_file), str(stop)])
     until("the bare job to count", lambda: len(counts(count_file)) > 5)
     cuda = DriverCheckpoint()
@@ -175,23 +179,59 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
+    parser.add_argument("--repeat", type=int, default=1, help="rounds per size, gpuq and the bare calls in turn")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         capture_output=True, text=True,
     ).stdout.strip(), "date": time.strftime("%Y-%m-%d"), "sizes": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
-        work = Path(tmp)
         for size in args.sizes:
-            row = {"gpuq": through_gpuq(size, work), "driver": bare_driver(size, work)}
-            g, d = row["gpuq"], row["driver"]
-            row["gpuq_over_driver"] = {
-                "suspend": round(g["suspend_s"] / d["suspend_s"], 3), "resume": round(g["resume_s"] / d["resume_s"], 3),
-            }  # fmt: skip
+            rounds = []
+            for index in range(args.repeat):
+                work = Path(tmp) / f"{size:g}-{index}"
+                work.mkdir()
+                # Which goes first alternates: the second run of a pair may find the host's memory warmer.
+                if index % 2:
+                    driver, through = bare_driver(size, work, first=True), through_gpuq(size, work)
+                else:
+                    through, driver = through_gpuq(size, work), bare_driver(size, work)
+                rounds.append({"gpuq": through, "driver": driver, "gpuq_first": index % 2 == 0})
+                print(json.dumps(rounds[-1]), flush=True)
+            row = {"size_gib": size, "rounds": rounds, "median": _medians(rounds)}
             results["sizes"].append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({"size_gib": size, "median": row["median"]}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over the rounds: gpuq's whole suspend and resume (from the command to the state recorded),
+    its helper's driver calls alone (lock + checkpoint; restore + unlock), the bare calls, and the ratios."""
+
+    def median(values: list[float]) -> float:
+        return round(statistics.median(values), 3)
+
+    def helper(steps: dict[str, Any] | None, names: tuple[str, ...]) -> float:
+        return sum(float((steps or {}).get(name, 0.0)) for name in names)
+
+    found = {
+        "gpuq_suspend_s": median([r["gpuq"]["suspend_s"] for r in rounds]),
+        "gpuq_resume_s": median([r["gpuq"]["resume_s"] for r in rounds]),
+        "gpuq_driver_calls_suspend_s": median(
+            [helper(r["gpuq"]["helper_steps"]["suspend"], ("lock", "checkpoint")) for r in rounds]
+        ),
+        "gpuq_driver_calls_resume_s": median(
+            [helper(r["gpuq"]["helper_steps"]["resume"], ("restore", "unlock")) for r in rounds]
+        ),
+        "bare_suspend_s": median([r["driver"]["suspend_s"] for r in rounds]),
+        "bare_resume_s": median([r["driver"]["resume_s"] for r in rounds]),
+    }
+    found["ratio_suspend"] = round(found["gpuq_suspend_s"] / found["bare_suspend_s"], 3)
+    found["ratio_resume"] = round(found["gpuq_resume_s"] / found["bare_resume_s"], 3)
+    found["ratio_driver_calls_suspend"] = round(found["gpuq_driver_calls_suspend_s"] / found["bare_suspend_s"], 3)
+    found["ratio_driver_calls_resume"] = round(found["gpuq_driver_calls_resume_s"] / found["bare_resume_s"], 3)
+    return found
 
 
 if __name__ == "__main__":

@@ -31,11 +31,14 @@ if [ -n "${SUSPEND:-}" ]; then
         2>&1 | grep '"median"' | tail -6
 fi
 if [ -n "${BASE_TAR:-}" ]; then
-    tar xf "$BASE_TAR" -C /tmp && python3 -m venv --system-site-packages /tmp/vb \
-        && /tmp/vb/bin/pip install -q --no-deps --no-build-isolation -e /tmp/base 2>&1 | tail -2
+    # The older revision is installed in place of this one for its runs (a venv would not see the image's
+    # packages, installed for the user), then this checkout again.
+    tar xf "$BASE_TAR" -C /tmp
     for round in 1 2; do
-        (cd /tmp/base && GPUQ_BENCH_COMMAND=/tmp/vb/bin/gpuq step timeout 100 /tmp/vb/bin/python bench/harness.py \
+        python3 -m pip install -q --no-deps --no-build-isolation -e /tmp/base 2>&1 | tail -2
+        (cd /tmp/base && GPUQ_BENCH_COMMAND=$(command -v gpuq) step timeout 100 python3 bench/harness.py \
             --tools gpuq --workloads A --repeat 3 --out "$res/harness-base-$round" 2>&1 | grep "A gpuq")
+        python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
         GPUQ_BENCH_COMMAND=$(command -v gpuq) step timeout 100 python3 bench/harness.py --tools gpuq --workloads A \
             --repeat 3 --out "$res/harness-head-$round" 2>&1 | grep "A gpuq"
     done

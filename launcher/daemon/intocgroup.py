@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import gc
 import os
 import signal
@@ -41,9 +42,11 @@ class Unsupported(Exception):
     """clone3 into a cgroup cannot be used here (an old kernel, a seccomp filter, more than one thread)."""
 
 
+_EVERY_SIGNAL = tuple(int(signum) for signum in signal.valid_signals())  # numbers: sets of enums cost 100 us
 _unsupported: str | None = None  # why, once learned: each later spawn migrates without trying again
 
 
+@functools.cache
 def _syscall() -> Any:
     # PyDLL, not CDLL: the GIL stays held across the call, so the child comes back holding it, as after fork.
     libc = ctypes.PyDLL(None, use_errno=True)
@@ -70,8 +73,8 @@ def spawn(
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
     # defaults in the child, and no signal is let in there before: no Python handler may run in the child.
-    handled = [s for s in signal.valid_signals() if callable(signal.getsignal(s))] + [signal.SIGPIPE, signal.SIGXFSZ]
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    handled = [s for s in _EVERY_SIGNAL if callable(signal.getsignal(s))] + [signal.SIGPIPE, signal.SIGXFSZ]
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _EVERY_SIGNAL)
     collecting = gc.isenabled()
     gc.disable()  # no finalizer may run in the child
     try:
@@ -116,7 +119,7 @@ def _find(name: str, cwd: str, env: Mapping[str, str]) -> str:
 
 
 def _child(
-    report: int, handled: list[signal.Signals], mask: set[int | signal.Signals], program: str, argv: list[str],
+    report: int, handled: list[int], mask: set[int | signal.Signals], program: str, argv: list[str],
     cwd: str, env: dict[str, str], credentials: Mapping[str, Any], output: int,
 ) -> None:
     code = errno.EIO

@@ -117,7 +117,7 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     until("the job to count", lambda: len(counts(count_file)) > 5 and show(home, job)["peak_mem"])
     pid = json.loads((home / "run" / f"{job}.pid").read_text())["pid"]
     held = gpu_processes().get(pid, 0)
-    at = time.monotonic()
+    at, wall_at = time.monotonic(), time.time()
     gpuq(home, "suspend", str(job))
     until("suspended", lambda: show(home, job)["state"] == "suspended")
     suspend_s = time.monotonic() - at
@@ -125,7 +125,7 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     on_gpu = gpu_processes()
     time.sleep(2)  # the count must not move while suspended: looked at after a while
     still = counts(count_file) == stopped
-    at = time.monotonic()
+    at, resume_wall_at = time.monotonic(), time.time()
     gpuq(home, "resume", str(job))
     until("resumed", lambda: show(home, job)["state"] == "running")
     resume_s = time.monotonic() - at
@@ -136,9 +136,15 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     ended = show(home, job)
     gpuq(home, "daemon", "stop")
     steps = {"suspend": event(home, job, "suspended").get("steps"), "resume": event(home, job, "resumed").get("steps")}
+    # From the command to the daemon's record of it (events.jsonl's times), without this script's polling.
+    recorded = {
+        "suspend_s": round(event(home, job, "suspended").get("t", 0.0) - wall_at, 3),
+        "resume_s": round(event(home, job, "resumed").get("t", 0.0) - resume_wall_at, 3),
+        "suspend_began_after_s": round(event(home, job, "suspending").get("t", 0.0) - wall_at, 3),
+    }
     return {
         "size_gib": size, "held_bytes": held, "host_bytes": event(home, job, "suspended").get("bytes"),
-        "suspend_s": round(suspend_s, 3), "resume_s": round(resume_s, 3), "helper_steps": steps,
+        "suspend_s": round(suspend_s, 3), "resume_s": round(resume_s, 3), "helper_steps": steps, "recorded": recorded,
         "suspend_gb_s": round(held / GB / suspend_s, 2), "resume_gb_s": round(held / GB / resume_s, 2),
         "gpu_empty_of_job_while_suspended": pid not in on_gpu, "gpu_processes_while_suspended": on_gpu,
         "no_progress_while_suspended": still, "counted_on_from_where_it_stopped": went_on,
@@ -224,11 +230,15 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "gpuq_driver_calls_resume_s": median(
             [helper(r["gpuq"]["helper_steps"]["resume"], ("restore", "unlock")) for r in rounds]
         ),
+        "gpuq_recorded_suspend_s": median([r["gpuq"]["recorded"]["suspend_s"] for r in rounds]),
+        "gpuq_recorded_resume_s": median([r["gpuq"]["recorded"]["resume_s"] for r in rounds]),
         "bare_suspend_s": median([r["driver"]["suspend_s"] for r in rounds]),
         "bare_resume_s": median([r["driver"]["resume_s"] for r in rounds]),
     }
     found["ratio_suspend"] = round(found["gpuq_suspend_s"] / found["bare_suspend_s"], 3)
     found["ratio_resume"] = round(found["gpuq_resume_s"] / found["bare_resume_s"], 3)
+    found["ratio_recorded_suspend"] = round(found["gpuq_recorded_suspend_s"] / found["bare_suspend_s"], 3)
+    found["ratio_recorded_resume"] = round(found["gpuq_recorded_resume_s"] / found["bare_resume_s"], 3)
     found["ratio_driver_calls_suspend"] = round(found["gpuq_driver_calls_suspend_s"] / found["bare_suspend_s"], 3)
     found["ratio_driver_calls_resume"] = round(found["gpuq_driver_calls_resume_s"] / found["bare_resume_s"], 3)
     return found

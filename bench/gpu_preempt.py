@@ -329,17 +329,26 @@ def lines(path: Path) -> list[str]:
 
 
 def cycles(queue: Queue, job: int) -> list[dict[str, Any]]:
-    """Each suspend and resume of the job from the journal: seconds from begun to done, and the helper's steps."""
-    events = [e for e in queue.events() if e.get("job") == job]
+    """Each suspend and resume of the job from the journal: seconds from begun (preempted, or ``gpuq suspend``;
+    a resume begun) to done, and the helper's steps. A suspend undone is not counted."""
     found: list[dict[str, Any]] = []
-    for kind, begun, done in (("suspend", "suspending", "suspended"), ("resume", "resuming", "resumed")):
-        starts = [e for e in events if e.get("event") == begun]
-        for start in starts:
-            end = next((e for e in events if e.get("event") == done and e["t"] >= start["t"]), None)
-            if end is not None:
-                seconds = round(end["t"] - start["t"], 3)
-                found.append({"what": kind, "t": start["t"], "s": seconds, "steps": end.get("steps")})
-    return sorted(found, key=lambda c: float(c["t"]))
+    begun: dict[str, float] = {}
+    done = {"suspended": "suspend", "resumed": "resume"}
+    for event in (e for e in queue.events() if e.get("job") == job):
+        kind = event.get("event")
+        if kind in ("preempted", "suspending") and not event.get("requeue"):
+            begun["suspend"] = float(event["t"])
+        elif kind == "resuming":
+            begun["resume"] = float(event["t"])
+        elif kind == "suspend-undone":
+            begun.pop("suspend", None)
+        elif kind in done and done[kind] in begun:
+            what = done[kind]
+            start = begun.pop(what)
+            found.append(
+                {"what": what, "t": start, "s": round(float(event["t"]) - start, 3), "steps": event.get("steps")}
+            )
+    return found
 
 
 def training_is_bit_identical(work: Path, steps: int, ballast: float, pace: float) -> dict[str, Any]:
@@ -357,7 +366,7 @@ def training_is_bit_identical(work: Path, steps: int, ballast: float, pace: floa
         since, seen = time.monotonic(), len(lines(interrupted))
 
         def stepped_on(since: float = since, seen: int = seen) -> bool:  # past the minimum runtime of 1 s, and on
-            return time.monotonic() - since > 1.5 and len(lines(interrupted)) > seen + 10
+            return (time.monotonic() - since > 1.5 and len(lines(interrupted)) > seen + 10) or gone(queue, trainer)
 
         until(f"the trainer to step on ({n})", stepped_on)
         if queue.show(trainer)["state"] != "running":

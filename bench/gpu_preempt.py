@@ -1,6 +1,14 @@
-"""Automatic preemption on a lent GPU host (#28, scenarios b and d), run by the lead:
+"""Automatic preemption on a lent GPU host (#28, scenarios a, b, d and e), run by the lead:
 
-    .venv/bin/python bench/gpu_preempt.py --out bench/results/gpu_preempt.json [--only b|d] [--size 16]
+    .venv/bin/python bench/gpu_preempt.py --out bench/results/gpu_preempt.json [--only a|b|d|e] [--size 16]
+
+(a) A deterministic training run (a small conv net on data generated on the GPU from a seed, AdamW,
+    torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8, plus 4 GiB of other GPU state;
+    STEPS steps, 0.1 s apart, each loss written as float.hex()), --preemptible on GPU 0 (the others drained).
+    Three urgent jobs (--priority 10, a whole GPU, 3 s of matmuls) are submitted one after another, each once
+    the previous ended and the trainer resumed and stepped on: it is suspended three times. Then the same run
+    alone. Figures: its suspends, each suspend and resume (begun to done, and the helper's steps), the urgent
+    jobs' waits. The check: the two loss files identical, bit for bit (and its ballast intact).
 
 (b) Every GPU held by a --preemptible PyTorch job of SIZE GiB (a known pattern, counting every 50 ms on the
     GPU); then an urgent job (--priority 10, a whole GPU, 4 GiB of matmuls for a few seconds) is submitted.
@@ -15,14 +23,23 @@
     and, once the urgent job ended, runs again with GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT=1, goes on from
     its saved step and finishes. Figures: signal to exit, the urgent job's wait, whether the steps are whole.
 
+(e) kill -9 of the daemon in the middle of a suspend: a --preemptible job of SIZE GiB on GPU 0 (the others
+    drained) and an urgent job that preempts it. Once the suspend's helper started (named in the job's pause
+    file), the daemon is killed; 2 s later it starts again. Figures: kill to the victim's suspend settled in
+    the journal, and to the victim stable (no step under way). Checks: the victim never suspended, or
+    suspended and resumed; never lost or started twice, its tensor intact and its count whole; the urgent
+    job succeeded; GPU 0 never held by both at once (per the journal); no process of the queue left.
+
 Each runs a private queue on the real GPUs with GPUQ_PREEMPT=on and a 1 s minimum runtime.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +112,47 @@ with steps_file.open("a") as out:
         out.write(f"{step}\\n")
         out.flush()
         time.sleep(0.02)
+"""
+
+# The victim of (a): a deterministic training run (a small conv net, AdamW, data generated on the GPU from a
+# seed), with BALLAST GiB of other GPU state checked at the end. Each step's loss goes to LOSSES as
+# float.hex(); PACE seconds of sleep between steps (no effect on the numbers) keep it running long enough to
+# be preempted three times. Exits 1 if its ballast was changed.
+DETERMINISTIC = """
+import os, sys, time
+os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+import torch
+from torch import nn
+steps, losses, ballast_gib, pace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = False
+torch.manual_seed(0)
+ballast = torch.full((int(ballast_gib * 2**30) // 4,), 3.0, device="cuda")
+data = torch.Generator(device="cuda").manual_seed(1)
+inputs = torch.randn(8192, 3, 32, 32, generator=data, device="cuda")
+labels = torch.randint(0, 10, (8192,), generator=data, device="cuda")
+model = nn.Sequential(
+    nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+    nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(2),
+).cuda()
+head = nn.Linear(128, 10).cuda()
+params = [*model.parameters(), *head.parameters()]
+optimizer = torch.optim.AdamW(params, lr=1e-3)
+batch = 256
+with open(losses, "w") as out:
+    for step in range(steps):
+        at = (step * batch) % inputs.shape[0]
+        logits = head(model(inputs[at : at + batch]).mean(dim=2))  # mean, not adaptive pooling: deterministic
+        loss = nn.functional.cross_entropy(logits, labels[at : at + batch])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        out.write(float(loss.item()).hex() + "\\n")
+        out.flush()
+        time.sleep(pace)
+intact = bool(ballast.eq(3.0).all().item())
+print("INTACT" if intact else "CORRUPT", flush=True)
+sys.exit(0 if intact else 1)
 """
 
 
@@ -242,11 +300,225 @@ def mps_job_is_requeued(work: Path, gib: float, steps: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def only_gpu_zero(queue: Queue) -> None:
+    """Start the queue's daemon and drain every GPU but 0: the victim and the urgent jobs meet there."""
+    count = gpu_count()
+    queue("status")
+    if count > 1:
+        queue("drain", *(str(i) for i in range(1, count)))
+
+
+def until_ended(queue: Queue, job: int, what: str, *live: str, timeout: float = 600.0) -> dict[str, Any]:
+    """The job once its state is none of ``live`` (by default: it ended)."""
+    live = live or ("pending", "running", "suspended")
+    return dict(until(what, lambda: (s := queue.show(job))["state"] not in live and s, timeout))
+
+
+def resumed(queue: Queue, job: int) -> bool:
+    """Running, and no suspend or resume under way."""
+    shown = queue.show(job)
+    return bool(shown["state"] == "running" and shown["step"] is None)
+
+
+def gone(queue: Queue, job: int) -> bool:
+    return queue.show(job)["state"] not in ("pending", "running", "suspended")
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def cycles(queue: Queue, job: int) -> list[dict[str, Any]]:
+    """Each suspend and resume of the job from the journal: seconds from begun (preempted, or ``gpuq suspend``;
+    a resume begun) to done, and the helper's steps. A suspend undone is not counted."""
+    found: list[dict[str, Any]] = []
+    begun: dict[str, float] = {}
+    done = {"suspended": "suspend", "resumed": "resume"}
+    for event in (e for e in queue.events() if e.get("job") == job):
+        kind = event.get("event")
+        if kind in ("preempted", "suspending") and not event.get("requeue"):
+            begun["suspend"] = float(event["t"])
+        elif kind == "resuming":
+            begun["resume"] = float(event["t"])
+        elif kind == "suspend-undone":
+            begun.pop("suspend", None)
+        elif kind in done and done[kind] in begun:
+            what = done[kind]
+            start = begun.pop(what)
+            found.append(
+                {"what": what, "t": start, "s": round(float(event["t"]) - start, 3), "steps": event.get("steps")}
+            )
+    return found
+
+
+def training_is_bit_identical(work: Path, steps: int, ballast: float, pace: float) -> dict[str, Any]:
+    """(a): a deterministic training run suspended three times for urgent jobs, against the same run alone."""
+    queue = Queue(work / "queue-a")
+    (work / "deterministic.py").write_text(DETERMINISTIC)
+    (work / "urgent.py").write_text(URGENT)
+    only_gpu_zero(queue)
+    script = [sys.executable, str(work / "deterministic.py"), str(steps)]
+    interrupted = work / "losses-interrupted"
+    trainer = queue.submit("--preemptible", "--gpus", "1", *script, str(interrupted), str(ballast), str(pace))
+    until("the trainer to step", lambda: len(lines(interrupted)) > 20 and queue.show(trainer)["peak_mem"])
+    urgent: list[dict[str, Any]] = []
+    for n in range(3):
+        since, seen = time.monotonic(), len(lines(interrupted))
+
+        def stepped_on(since: float = since, seen: int = seen) -> bool:  # past the minimum runtime of 1 s, and on
+            return (time.monotonic() - since > 1.5 and len(lines(interrupted)) > seen + 10) or gone(queue, trainer)
+
+        until(f"the trainer to step on ({n})", stepped_on)
+        if queue.show(trainer)["state"] != "running":
+            break
+        job = queue.submit("--priority", "10", "--gpus", "1", sys.executable, str(work / "urgent.py"), "4", "3")
+        done = until_ended(queue, job, f"urgent job {job} to end")
+        urgent.append(
+            {"job": job, "outcome": done["state"], "wait_s": round(done["started_at"] - done["submitted_at"], 3)}
+        )
+        until(f"the trainer to resume ({n})", lambda: resumed(queue, trainer) or gone(queue, trainer))
+    first = until_ended(queue, trainer, "the trainer to end")
+    alone = work / "losses-alone"
+    again = queue.submit("--preemptible", "--gpus", "1", *script, str(alone), str(ballast), str(pace))
+    second = until_ended(queue, again, "the second run to end")
+    moves = cycles(queue, trainer)
+    queue("daemon", "stop")
+    a, b = lines(interrupted), lines(alone)
+    differs = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return {
+        "steps": steps, "ballast_gib": ballast, "pace_s": pace, "urgent": urgent,
+        "suspends": sum(1 for m in moves if m["what"] == "suspend"), "moves": moves,
+        "suspend_s": [m["s"] for m in moves if m["what"] == "suspend"],
+        "resume_s": [m["s"] for m in moves if m["what"] == "resume"],
+        "interrupted_outcome": first["state"], "alone_outcome": second["state"],
+        "suspended_for_s": round(float(first.get("suspended_for") or 0.0), 3),
+        "losses": [len(a), len(b)], "first_loss": a[0] if a else None, "last_loss": a[-1] if a else None,
+        "first_differing_step": differs,
+        "bit_identical": len(a) == steps and interrupted.read_bytes() == alone.read_bytes(),
+    }  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def leftovers(home: Path) -> list[str]:
+    """Processes of ours (a shim, a job, a suspender, an MPS daemon) still running with this queue's state dir."""
+    marker = f"GPUQ_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{entry.name} {command[:120]}")
+        except OSError:
+            continue
+    return found
+
+
+def occupied(queue: Queue, job: int, ended_at: float) -> list[tuple[float, float]]:
+    """When the job held its GPU, per the journal: from its start or a resume begun, to a suspend done or its end."""
+    spans: list[tuple[float, float]] = []
+    held_from: float | None = None
+    for event in (e for e in queue.events() if e.get("job") == job):
+        if event.get("event") in ("started", "resuming") and held_from is None:
+            held_from = float(event["t"])
+        elif event.get("event") == "suspended" and held_from is not None:
+            spans.append((held_from, float(event["t"])))
+            held_from = None
+    if held_from is not None:
+        spans.append((held_from, ended_at))
+    return spans
+
+
+def daemon_killed_mid_suspend(work: Path, size: float) -> dict[str, Any]:
+    """(e): kill -9 of the daemon while its helper checkpoints a preempted job; the next daemon sorts it out."""
+    queue = Queue(work / "queue-e")
+    (work / "holder.py").write_text(HOLDER)
+    (work / "urgent.py").write_text(URGENT)
+    only_gpu_zero(queue)
+    counts, stop = work / "counts-e", work / "stop-e"
+    victim = queue.submit("--preemptible", "--gpus", "1", sys.executable, str(work / "holder.py"), str(size),
+                          str(counts), str(stop))  # fmt: skip
+    until("the victim to count", lambda: len(numbers(counts)) > 5 and queue.show(victim)["peak_mem"])
+    daemon = int(json.loads(queue("daemon", "status", "--json"))["pid"])
+    time.sleep(1.5)  # past the queue's minimum runtime of 1 s
+    urgent = queue.submit("--priority", "10", "--gpus", "1", sys.executable, str(work / "urgent.py"), "4", "5")
+    pause = queue.home / "run" / f"{victim}.paused"
+
+    def helper() -> list[int]:  # the suspend's helper, once started (see suspending._begin)
+        try:
+            child = json.loads(pause.read_text()).get("child")
+        except (OSError, ValueError):
+            return []
+        return [int(child[0])] if isinstance(child, list) and child else []
+
+    (child,) = until("the suspend to begin", helper, timeout=120)
+    os.kill(daemon, signal.SIGKILL)
+    killed = time.time()
+    helper_alive_at_kill = alive(child)
+    until("the daemon to die", lambda: not alive(daemon), timeout=30)
+    time.sleep(2)
+    queue("daemon", "start")
+    restarted = time.time()
+    stable = until("the victim to be stable", lambda: (s := queue.show(victim))["step"] is None
+                   and s["state"] in ("running", "suspended") and s)  # fmt: skip
+    stable_at = time.time()
+    try:
+        finished = until_ended(queue, urgent, "the urgent job to end", timeout=180)
+        urgent_waited_for_victim_end = False
+    except TimeoutError:  # never preempted again: let the victim end so the urgent job can run
+        urgent_waited_for_victim_end = True
+        stop.touch()
+        finished = until_ended(queue, urgent, "the urgent job to end")
+    if not urgent_waited_for_victim_end:
+        until("the victim to run again", lambda: resumed(queue, victim) or gone(queue, victim))
+        seen = len(numbers(counts))
+        until("the victim to count on", lambda: len(numbers(counts)) > seen + 5)
+        stop.touch()
+    done = until_ended(queue, victim, "the victim to end")
+    events = [e for e in queue.events() if e.get("job") == victim]
+    spans = occupied(queue, victim, float(done["ended_at"] or time.time()))
+    urgent_span = (float(finished["started_at"] or 0.0), float(finished["ended_at"] or 0.0))
+    queue("daemon", "stop")
+    with contextlib.suppress(TimeoutError):
+        until("no process of the queue left", lambda: not leftovers(queue.home), timeout=30)
+    left = leftovers(queue.home)
+    settles = ("suspend-undone", "suspended", "resumed")
+    settled = next((e for e in events if e["t"] >= killed and e["event"] in settles), {})
+    kinds = [e["event"] for e in events]
+    suspends, resumes = kinds.count("suspended"), kinds.count("resumed")
+    return {
+        "victim_gib": size, "helper_alive_at_kill": helper_alive_at_kill,
+        "kill_to_stable_s": round(stable_at - killed, 3), "restart_to_stable_s": round(stable_at - restarted, 3),
+        "stable_state": stable["state"], "victim_events": kinds, "settled_event": settled.get("event"),
+        "kill_to_settled_s": round(settled["t"] - killed, 3) if settled else None,
+        "victim_path": "never suspended" if suspends == 0 else
+                       "suspended then resumed" if suspends == resumes else "suspended, not resumed",
+        "victim_outcome": done["state"], "victim_attempt": done["attempt"],
+        "victim_started_once": kinds.count("started") == 1,
+        "victim_intact": done["state"] == "succeeded",  # HOLDER exits 0 only when its tensor is intact
+        "counts_whole": numbers(counts) == list(range(1, len(numbers(counts)) + 1)),
+        "urgent_outcome": finished["state"],
+        "urgent_wait_s": round(urgent_span[0] - float(finished["submitted_at"]), 3),
+        "urgent_waited_for_victim_end": urgent_waited_for_victim_end,
+        "gpu_never_double_booked": all(end <= urgent_span[0] or start >= urgent_span[1] for start, end in spans),
+        "victim_spans": spans, "urgent_span": urgent_span, "processes_left": left,
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=("b", "d"))
-    parser.add_argument("--size", type=float, default=16.0, help="GiB each victim of (b) holds")
+    parser.add_argument("--only", choices=("a", "b", "d", "e"))
+    parser.add_argument("--size", type=float, default=16.0, help="GiB each victim of (b) and (e) holds")
+    parser.add_argument("--steps", type=int, default=400, help="training steps of (a)")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -254,12 +526,18 @@ def main() -> None:
     ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpuq-preempt-") as tmp:
         work = Path(tmp)
+        if args.only in (None, "a"):
+            results["a_training_bit_identical"] = training_is_bit_identical(work, args.steps, 4.0, 0.1)
+            print(json.dumps(results["a_training_bit_identical"]), flush=True)
         if args.only in (None, "b"):
             results["b_urgent_takes_a_gpu"] = urgent_takes_a_gpu(work, args.size)
             print(json.dumps(results["b_urgent_takes_a_gpu"]), flush=True)
         if args.only in (None, "d"):
             results["d_mps_job_requeued"] = mps_job_is_requeued(work, 8.0, 600)
             print(json.dumps(results["d_mps_job_requeued"]), flush=True)
+        if args.only in (None, "e"):
+            results["e_daemon_killed_mid_suspend"] = daemon_killed_mid_suspend(work, args.size)
+            print(json.dumps(results["e_daemon_killed_mid_suspend"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -56,6 +56,8 @@ def test_submit_wait_exits_with_the_jobs_exit_code_and_records_the_failure(gpuq:
     assert result.returncode == 3
     (record,) = gpuq.status()
     assert record["state"] == "failed" and record["exit_code"] == 3
+    # It ends as `gpuq wait` does, with how the job ended and why, last on stderr.
+    assert result.stderr.splitlines()[-1] == f"gpuq: 1 failed: job {record['id']} failed: exit code 3"
 
 
 def test_environment_and_env_overrides_are_captured_at_submit_time(gpuq: Gpuq) -> None:

@@ -95,6 +95,7 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
         click.echo(f"submitted job {job_id}" + (f" to {on}" if on else ""))
     if options["wait_"]:
         records = _wait(ctx, members)
+        click.echo(closing_line(records), err=True)  # as `gpuq wait` ends: how it ended, and why if it failed
         sys.exit(_exit_code(records[0]) if not plan else int(any(r.state is not JobState.SUCCEEDED for r in records)))
 
 

@@ -106,6 +106,16 @@ def test_a_program_that_is_not_there_is_an_oserror_and_leaves_nothing(cgroup: Pa
     assert (cgroup / "cgroup.procs").read_text() == ""  # the child that could not exec is gone, reaped
 
 
+def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, tmp_path: Path) -> None:
+    # As execvp says it: on PATH, but without the execute bit (a shim that said "not found" misled the user).
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tool").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "tool").chmod(0o644)
+    before = f"os.environ['PATH'] = {str(tmp_path / 'bin')!r} + ':' + os.environ['PATH']"
+    result = _spawn(cgroup, ["tool"], tmp_path, before)
+    assert result["errno"] == 13 and (cgroup / "cgroup.procs").read_text() == ""
+
+
 def test_a_process_with_threads_is_refused_and_the_shim_then_moves_instead(cgroup: Path, tmp_path: Path) -> None:
     before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
     result = _spawn(cgroup, ["true"], tmp_path, before)

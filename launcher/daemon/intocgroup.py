@@ -111,11 +111,15 @@ def _find(name: str, cwd: str, env: Mapping[str, str]) -> str:
     slash is itself); OSError if none is there. Looked up before the clone, so that the child execs once."""
     if "/" in name:
         return name
+    denied = False
     for folder in env.get("PATH", os.defpath).split(os.pathsep):
         path = os.path.join(cwd, folder or ".", name)
-        if os.access(path, os.X_OK) and not os.path.isdir(path):
-            return path
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            denied = True  # as execvp: a later one may still run; if none does, this is the error
+    code = errno.EACCES if denied else errno.ENOENT
+    raise OSError(code, os.strerror(code), name)
 
 
 def _child(

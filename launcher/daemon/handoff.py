@@ -216,7 +216,6 @@ def settle(
             scheduler.after_commit.append(functools.partial(endings.unlink, scheduler.state.exit_file(job_id)))
         scheduler.after_commit.append(functools.partial(_forget_record, scheduler, job_id))
         record = scheduler.pending.get(job_id)
-        scheduler.changes += 1
         if record is None:  # nothing ends a staged job but this: say so if something did
             log.error("job %d, staged behind job %d, was no longer pending when that one ended", job_id, staged.after)
             continue

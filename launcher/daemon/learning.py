@@ -71,7 +71,6 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
                 note = f"a probe; since it settled, {found.note}"
                 job.record = job.record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=note))
                 scheduler.table.update_spec(job_id, job.record.spec)
-                scheduler.changes += 1
 
 
 def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
@@ -92,7 +91,6 @@ def _teach(scheduler: SchedulerState, keys: list[str], seen: memory.Peak) -> Non
     if not changed:
         return
     scheduler.learned.update(changed)
-    scheduler.changes += 1  # waiting auto jobs may fit now: placement looks again
     durable = {key: (peak.bytes, peak.job_id, peak.raised) for key, peak in changed.items() if not peak.running}
     if durable:
         scheduler.table.set_learned(durable)

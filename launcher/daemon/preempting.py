@@ -130,7 +130,6 @@ def launch_ready(
             for victim in failed:  # still running; one still suspending stays preempted: it resumes at once
                 scheduler.preempted.pop(victim, None)
             scheduler.unsuspendable |= set(failed)
-            scheduler.changes += 1
             log.info("job %d no longer takes the GPUs of %s", job_id, sorted(taking.victims))
             continue
         if still:
@@ -205,7 +204,6 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
         scheduler.journal.append({"t": now, "job": victim, "event": "preempted", "for": head.id, "why": why})
         log.info("suspending job %d for job %d (%s)", victim, head.id, why)
-    scheduler.changes += 1
 
     def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
         scheduler.taking.pop(head.id, None)

@@ -1,4 +1,4 @@
-# One module past 400 lines on purpose: the tick and its steps read as one table of contents (to split: #29, 2).
+# One module past 400 lines on purpose: the tick and its steps read as one table of contents.
 """The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
 
     reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample
@@ -249,11 +249,11 @@ class Scheduler(SchedulerState):
             self._record_reasons({}, now)
             return
         # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
-        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events.
+        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events. What it reads marks
+        # ``changes`` itself (``launcher.daemon.tracked``); a running job's record is replaced, never changed.
         key = (
-            tuple((g.index, g.used, g.lost) for g in snapshot), len(self.pending), len(self.running),
-            self.changes, frozenset(self.drained), self.paused_by,
-            min(self.not_before.values(), default=0.0) <= now,
+            tuple((g.index, g.used, g.lost) for g in snapshot), self.changes.count, self.paused_by,
+            tuple(job.record for job in self.running.values()), min(self.not_before.values(), default=0.0) <= now,
         )  # fmt: skip
         if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
             if self._unsaved_reasons is not None and now >= self._reasons_due:

@@ -25,6 +25,7 @@ from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import containment, processes, shim, shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
@@ -54,6 +55,22 @@ class Staged:
 
 
 class SchedulerState:
+    # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``): placement
+    # skips a pass only when nothing here, the GPUs, the pause or the running jobs' records moved.
+    pending = DictField[int, JobRecord]()
+    running = DictField[int, Running]()
+    suspended = DictField[int, Running]()
+    staged = DictField[int, Staged]()
+    not_before = DictField[int, float]()
+    arrays = DictField[int, ArrayInfo]()
+    drained = SetField[int]()
+    learned = DictField[str, memory.Peak]()
+    probes = DictField[str, int]()
+    taking = DictField[int, Any]()
+    no_handoff = SetField[int]()
+    stopped_for = DictField[int, Outcome]()
+    fence_waits = DictField[int, tuple[tuple[int, ...], tuple[str, ...]]]()
+
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
         retry_backoff: float = 10.0, shared: Shared | None = None, mps: Mps | None = None,
@@ -61,6 +78,7 @@ class SchedulerState:
     ) -> None:  # fmt: skip
         """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
         are kept private, and the per-user limits, priorities and fair share of the config apply."""
+        self.changes = Changes()
         self.state = state
         self.shared = shared
         self.admins = shared.admins if shared else None
@@ -76,36 +94,34 @@ class SchedulerState:
         if shared is not None:
             now, half_life = time.time(), shared.fair_share_half_life
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
-        self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
-        self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        self.pending = {r.id: r for r in self.table.pending()}
+        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         # Jobs suspended to host memory (``daemon.suspending``): alive, their GPUs free for others; the
         # suspends and resumes under way; the resumes asked for, waiting for their GPUs (-> who asked).
-        self.suspended: dict[int, Running] = {
-            r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)
-        }
+        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
         self.acting: dict[int, Any] = {}
         self.resume_wanted: dict[int, str] = {}
         # Preemption (daemon/preempting.py): its settings; the waiting jobs taking others' GPUs (-> a Taking);
         # the preempted jobs (-> their preemptor and why), kept their places until they resume; how often each
         # job was preempted; when each last resumed; the jobs whose suspend failed (never victims again).
         self.preemption = Settings()
-        self.taking: dict[int, Any] = {}
+        self.taking = {}
         self.preempted: dict[int, tuple[int, str]] = {}
         self.preemptions: dict[int, int] = {}
         self.resumed_at: dict[int, float] = {}
         self.unsuspendable: set[int] = set()
         self.signalled: dict[int, float] = {}  # victims requeued instead: monotonic time their grace ends
-        self.no_handoff: set[int] = set()  # waiting jobs that preempt: never staged behind a running job
+        self.no_handoff = set()  # waiting jobs that preempt: never staged behind a running job
         self.plan_order: list[Request] = []  # the last plan's ready jobs in queue order (both kinds of queue)
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
-        self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
-        self.not_before: dict[int, float] = self.table.not_before()
+        self.arrays = self.table.arrays(active_only=True)
+        self.not_before = self.table.not_before()
         settings = self.table.settings()
-        self.drained: set[int] = set(settings.get("drained", []))
+        self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
-        self.staged: dict[int, Staged] = {}  # pending job id -> the running job it follows (daemon/handoff.py)
+        self.staged = {}  # pending job id -> the running job it follows (daemon/handoff.py)
         self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
@@ -115,7 +131,6 @@ class SchedulerState:
         self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
         self._reasons_due = 0.0
         self._unsaved_reasons: dict[int, str] | None = None
-        self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
         self._last_plan_key: object = None
         self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
@@ -141,7 +156,7 @@ class SchedulerState:
         self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
         # lost (daemon/watching.py); the watchdog's stops go here too.
-        self.stopped_for: dict[int, Outcome] = {}
+        self.stopped_for = {}
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
         self.containment = containment.open_for(state.root, os.environ)
@@ -149,20 +164,21 @@ class SchedulerState:
         self.shims = shims.Shims()
         # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
         # the most each running job has held on one GPU so far.
-        self.learned: dict[str, memory.Peak] = {
+        self.learned = {
             kind: memory.Peak(size, job_id, raised=raised)
             for kind, (size, job_id, raised) in self.table.learned().items()
         }
-        self.probes: dict[str, int] = {}
+        self.probes = {}
         self.job_peaks: dict[int, int] = {}
         self.held: dict[int, dict[int, int]] = {}  # running job -> GPU index -> bytes, at the last sample
         # The fence (daemon/fences.py): for packed jobs, mps, cooperative or none. With MPS, its control
         # daemons (daemon/controls.py), the packed jobs each serves, the jobs placed that wait for theirs
         # (job -> its GPUs and their uuids), and those that take the cooperative fence since theirs failed.
         self.fence = Fence(fence or ("mps" if mps is not None else "cooperative"))
-        self.controls = Controls(mps) if mps is not None and self.fence is Fence.MPS else None
+        with_mps = mps is not None and self.fence is Fence.MPS
+        self.controls = Controls(mps, on_settled=self.changes.mark) if mps is not None and with_mps else None
         self.mps_jobs: dict[Key, set[int]] = {}
-        self.fence_waits: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.fence_waits = {}
         self.fence_fallback: set[int] = set()
 
     def close(self) -> None:

@@ -308,7 +308,6 @@ def _settle(
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.held.pop(job_id, None)
-        scheduler.changes += 1  # its GPUs are free: placement looks again
         events.append({"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps})
         if job_id in scheduler.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.resume_wanted[job_id] = "gpuq"
@@ -374,7 +373,6 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
         job.record = job.record.replace(step=Step.RESUMING)
         scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
-        scheduler.changes += 1
         _begin(scheduler, job, Step.RESUMING, "resume", who, now)
         events.append({"t": now, "job": job_id, "event": "resuming", "by": who})
 

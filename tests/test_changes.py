@@ -132,3 +132,16 @@ def test_every_change_to_a_tracked_collection_is_marked_and_no_change_is_not() -
     assert marks(gpus.pop) == 1
     assert marks(gpus.clear) == 0  # already empty
     assert not jobs and not gpus
+
+
+def test_a_collection_put_in_place_whole_is_tracked_too(scheduler: Scheduler) -> None:
+    """A reload assigns plain dicts and sets: they are wrapped, and changing them later still counts."""
+    seen = scheduler.changes.count
+    scheduler.pending = dict(scheduler.pending)
+    scheduler.drained = set()
+    assert isinstance(scheduler.pending, TrackedDict) and isinstance(scheduler.drained, TrackedSet)
+    assert scheduler.changes.count > seen
+    seen = scheduler.changes.count
+    scheduler.pending.pop(WAITING)
+    scheduler.drained |= {0}
+    assert scheduler.changes.count == seen + 2

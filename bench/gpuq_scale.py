@@ -95,8 +95,7 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
         def after_event() -> None:
             # What a job's ending or a request does before the next pass: the daemon may skip a pass in
             # which nothing it looks at changed, and this pass must not be skipped.
-            if hasattr(scheduler, "changes"):
-                scheduler.changes += 1
+            scheduler.changes.mark()
             scheduler.place_and_launch(time.time(), scheduler.snapshot())
 
         steady, _ = _median_ms(after_event, repeat)

@@ -21,9 +21,9 @@ def gone(record: JobRecord) -> bool:
 
 def withdraw_gone(scheduler: SchedulerState, now: float, *, every: float = CHECK_EVERY) -> None:
     """Withdraw the waiting interactive jobs whose client is gone: one /proc read per such job, once a second."""
-    if now < scheduler.next_client_check:
+    if now < scheduler.monitor.next_client_check:
         return
-    scheduler.next_client_check = now + every
+    scheduler.monitor.next_client_check = now + every
     # A job staged behind a running one is its shim's to start: if its client is gone by then, the placeholder
     # ends as a hang-up would end a program (jobs.hold), never as a success.
     withdraw(scheduler, [r for r in scheduler.pending.values() if r.id not in scheduler.staged and gone(r)], now)

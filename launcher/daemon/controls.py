@@ -59,10 +59,14 @@ class Controls:
     """Every control daemon this gpuq daemon knows, by key."""
 
     def __init__(
-        self, mps: Mps, clock: Callable[[], float] = time.monotonic, timeout: float = TIMEOUT, retry: float = RETRY
-    ) -> None:
-        """``timeout``: seconds a control command may run; ``retry``: before a failed one is tried again."""
+        self, mps: Mps, clock: Callable[[], float] = time.monotonic, timeout: float = TIMEOUT, retry: float = RETRY,
+        on_settled: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
+        """``timeout``: seconds a control command may run; ``retry``: before a failed one is tried again;
+        ``on_settled``: called whenever a control daemon came up or failed to start (the jobs placed on it
+        may go: the scheduler's placement looks again)."""
         self.mps = mps
+        self.on_settled = on_settled
         self.clock = clock
         self.timeout = timeout
         self.retry = retry
@@ -151,6 +155,8 @@ class Controls:
             else:
                 what = f"did not return within {self.timeout:g}s" if code is None else f"exited {code}"
                 self._failed_quit(control, f"quit {what}{output}")
+        if settled:
+            self.on_settled()
         return settled
 
     def close(self, serving: Iterable[Key], timeout: float = 10.0) -> None:

@@ -48,7 +48,6 @@ def finish(
         return
     biggest = max((g.total for g in scheduler.last_snapshot), default=None)
     again = lifecycle.retry(record, outcome, backoff=scheduler.retry_backoff, biggest_gpu=biggest) if ran else None
-    scheduler.changes += 1
     if again is not None:
         scheduler.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
         scheduler.table.update_spec(record.id, again.spec)
@@ -105,7 +104,6 @@ def finish_pending(
 
 def _ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
     """What follows a recorded ending: forget the job, notify, and look at its array (once per tick)."""
-    scheduler.changes += 1
     scheduler.forget(record.id)
     _clean_run_files(scheduler, record.id)
     if record.array_id is not None:
@@ -147,7 +145,6 @@ def _queue_again(
 ) -> None:  # fmt: skip
     """Put a job that was running (or launching) back in the queue: in the table (``JobTable.requeue`` says
     what each argument keeps), in the daemon's view, and its ``run_files`` gone once that is committed."""
-    scheduler.changes += 1
     scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
     scheduler.running.pop(job_id, None)
     scheduler.suspended.pop(job_id, None)

@@ -104,8 +104,6 @@ def step(scheduler: SchedulerState) -> list[tuple[JobRecord, tuple[int, ...], tu
     if scheduler.controls is None:
         return []
     settled = set(scheduler.controls.poll())
-    if settled:
-        scheduler.changes += 1
     ready = []
     for job_id, (gpus, uuids) in list(scheduler.fence_waits.items()):
         record = scheduler.pending.get(job_id)

@@ -118,7 +118,7 @@ def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> b
     spec = record.spec
     throttled = record.array_id is not None and (info := scheduler.arrays.get(record.array_id)) and info.throttle
     return (
-        record.id not in scheduler.no_handoff  # it preempts instead (launcher.daemon.preempting)
+        record.id not in scheduler.preemption.no_handoff  # it preempts instead (launcher.daemon.preempting)
         and spec.gpus == len(job.record.gpus) and spec.mem_per_gpu is None and not spec.mem_auto
         and spec.mode is not Mode.TORCHRUN and spec.client is None and not throttled
     )  # fmt: skip
@@ -216,7 +216,6 @@ def settle(
             scheduler.after_commit.append(functools.partial(endings.unlink, scheduler.state.exit_file(job_id)))
         scheduler.after_commit.append(functools.partial(_forget_record, scheduler, job_id))
         record = scheduler.pending.get(job_id)
-        scheduler.changes += 1
         if record is None:  # nothing ends a staged job but this: say so if something did
             log.error("job %d, staged behind job %d, was no longer pending when that one ended", job_id, staged.after)
             continue

@@ -25,19 +25,19 @@ def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
     biggest = max((g.total for g in scheduler.last_snapshot if not g.lost), default=None)
     kinds = keys(record)
     spec = record.spec
-    if spec.like is not None and f"job:{spec.like}" not in scheduler.learned:
+    if spec.like is not None and f"job:{spec.like}" not in scheduler.mem_auto.learned:
         model = scheduler.table.get(spec.like)  # --like: that job's recorded peak, looked up once
         if model is not None and model.peak_mem:
-            scheduler.learned[f"job:{spec.like}"] = memory.Peak(model.peak_mem, model.id)
+            scheduler.mem_auto.learned[f"job:{spec.like}"] = memory.Peak(model.peak_mem, model.id)
     found = memory.estimate(
-        record.id, kinds, scheduler.learned, scheduler.probes, margin=scheduler.policy.auto_margin,
+        record.id, kinds, scheduler.mem_auto.learned, scheduler.mem_auto.probes, margin=scheduler.policy.auto_margin,
         overhead=scheduler.policy.overhead, probe_mem=scheduler.policy.auto_probe_mem, biggest_gpu=biggest,
     )  # fmt: skip
     if isinstance(found, memory.Wait):
         return found.reason
     if found.probe:  # the others of its kind wait for this one's peak (filed now: they come later this pass)
         for key in kinds:
-            scheduler.probes.setdefault(key, record.id)
+            scheduler.mem_auto.probes.setdefault(key, record.id)
     if spec.mem_per_gpu == found.mem and spec.mem_from == found.note:
         return record
     return record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=found.note))
@@ -54,30 +54,29 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
     probe for ``settle`` seconds, not for a whole run. (The probe itself started with no fence; a probe
     that grows later is the one job of its kind that can still crowd its neighbours.)"""
     for job_id, held in peaks.items():
-        scheduler.job_peaks[job_id] = max(scheduler.job_peaks.get(job_id, 0), held)
-    for job_id in set(scheduler.probes.values()):
+        scheduler.mem_auto.job_peaks[job_id] = max(scheduler.mem_auto.job_peaks.get(job_id, 0), held)
+    for job_id in set(scheduler.mem_auto.probes.values()):
         job = scheduler.running.get(job_id)
-        peak = scheduler.job_peaks.get(job_id, 0)
+        peak = scheduler.mem_auto.job_peaks.get(job_id, 0)
         if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
             continue
         _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
         spec = job.record.spec
         if spec.mem_per_gpu is None and spec.mem_auto:
             found = memory.estimate(
-                job_id, keys(job.record), scheduler.learned, {}, margin=scheduler.policy.auto_margin,
+                job_id, keys(job.record), scheduler.mem_auto.learned, {}, margin=scheduler.policy.auto_margin,
                 overhead=scheduler.policy.overhead,
             )  # fmt: skip
             if isinstance(found, memory.Estimate) and found.mem is not None:
                 note = f"a probe; since it settled, {found.note}"
                 job.record = job.record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=note))
                 scheduler.table.update_spec(job_id, job.record.spec)
-                scheduler.changes += 1
 
 
 def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
     """Learn from a job that ended: its peak, or, stopped out of memory at a share, twice that share. A
     victim of another job's memory teaches nothing: its run says nothing of its own need."""
-    peak = scheduler.job_peaks.get(record.id, 0) or (record.peak_mem or 0)
+    peak = scheduler.mem_auto.job_peaks.get(record.id, 0) or (record.peak_mem or 0)
     share = record.spec.mem_per_gpu
     if outcome.cause.not_its_fault:
         return
@@ -88,11 +87,10 @@ def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> Non
 
 
 def _teach(scheduler: SchedulerState, keys: list[str], seen: memory.Peak) -> None:
-    changed = memory.learn(scheduler.learned, keys, seen)
+    changed = memory.learn(scheduler.mem_auto.learned, keys, seen)
     if not changed:
         return
-    scheduler.learned.update(changed)
-    scheduler.changes += 1  # waiting auto jobs may fit now: placement looks again
+    scheduler.mem_auto.learned.update(changed)
     durable = {key: (peak.bytes, peak.job_id, peak.raised) for key, peak in changed.items() if not peak.running}
     if durable:
         scheduler.table.set_learned(durable)

@@ -326,11 +326,11 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             scheduler.controls.timeout = _seconds(os.environ, "GPUQ_MPS_TIMEOUT", TIMEOUT)
             scheduler.controls.retry = _seconds(os.environ, "GPUQ_MPS_RETRY", RETRY)
         if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
-            scheduler.idle_limit = _duration(os.environ, "GPUQ_IDLE_LIMIT")
+            scheduler.monitor.idle_limit = _duration(os.environ, "GPUQ_IDLE_LIMIT")
         scheduler.watch.settings = guarding.settings(config.load().watchdog, os.environ, policy.overhead)
-        scheduler.preemption = preempting.settings(shared, os.environ)
+        scheduler.preemption.settings = preempting.settings(shared, os.environ)
         if os.environ.get("GPUQ_IDLE_REPORT"):  # a personal queue's (off by default); a shared one's config wins
-            scheduler.idle_report = _duration(os.environ, "GPUQ_IDLE_REPORT")
+            scheduler.monitor.idle_report = _duration(os.environ, "GPUQ_IDLE_REPORT")
         log.info("daemon %d serving %s%s", os.getpid(), state.root, " (shared)" if shared else "")
         ready = False
         try:

@@ -6,7 +6,7 @@ waiting job on their GPUs once they are off them, and keeps their places:
 
 * **One taking at a time.** ``decide`` looks at the first job in queue order that could not start (not one
   held back by its user's cap or its array's throttle) once a pass; while its victims are being suspended
-  (``scheduler.taking``) nothing else is preempted.
+  (``scheduler.preemption.taking``) nothing else is preempted.
 * **The preemptor starts on its victims' GPUs** (``launch_ready``) as soon as every victim is off them
   (suspended, or ended), in the same pass, before placement looks: nothing else can take those GPUs first.
   If a victim's suspend fails or is undone, or the waiting job went (started elsewhere, cancelled), the
@@ -89,11 +89,11 @@ def recover(scheduler: SchedulerState) -> None:
         paused = suspending.pause_record(scheduler, job_id)
         preemptor = paused.get("for")
         if isinstance(preemptor, int):
-            scheduler.preempted[job_id] = (preemptor, str(paused.get("why") or ""))
-            scheduler.resume_wanted.setdefault(job_id, "gpuq")
+            scheduler.preemption.preempted[job_id] = (preemptor, str(paused.get("why") or ""))
+            scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
         times = paused.get("preemptions")
         if isinstance(times, int):
-            scheduler.preemptions[job_id] = times
+            scheduler.preemption.preemptions[job_id] = times
 
 
 def holdings(scheduler: SchedulerState) -> list[Holding]:
@@ -101,9 +101,9 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     there: reserved as if they ran (so nothing placed meanwhile fills the room it was chosen for)."""
     kept = [
         Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
-        for job_id, job in scheduler.suspended.items() if job_id in scheduler.preempted
+        for job_id, job in scheduler.suspended.items() if job_id in scheduler.preemption.preempted
     ]  # fmt: skip
-    for job_id, taking in scheduler.taking.items():
+    for job_id, taking in scheduler.preemption.taking.items():
         record = scheduler.pending.get(job_id)
         if record is not None:
             kept.append(Holding(job_id, taking.gpus, record.spec.mem_per_gpu, None))
@@ -116,26 +116,25 @@ def launch_ready(
     """Start each waiting job whose victims are all off its GPUs; drop a taking that can no longer be. End
     the requeued victims whose grace period is over."""
     _end_signalled(scheduler)
-    for job_id, taking in list(scheduler.taking.items()):
+    for job_id, taking in list(scheduler.preemption.taking.items()):
         record = scheduler.pending.get(job_id)
         still = [v for v in taking.victims if v in scheduler.running]
         # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
-        failed = [v for v in still if v not in scheduler.acting and v not in scheduler.stopped_for]
+        failed = [v for v in still if v not in scheduler.suspensions.acting and v not in scheduler.stopped_for]
         for victim in [v for v in failed if scheduler.running[v].record.spec.preemptible and record is not None]:
-            why = scheduler.preempted.pop(victim, (job_id, ""))[1]
+            why = scheduler.preemption.preempted.pop(victim, (job_id, ""))[1]
             _requeue(scheduler, scheduler.running[victim], job_id, why, now)
             failed.remove(victim)
         if record is None or failed or any(gpu in scheduler.drained for gpu in taking.gpus):
-            del scheduler.taking[job_id]
+            del scheduler.preemption.taking[job_id]
             for victim in failed:  # still running; one still suspending stays preempted: it resumes at once
-                scheduler.preempted.pop(victim, None)
-            scheduler.unsuspendable |= set(failed)
-            scheduler.changes += 1
+                scheduler.preemption.preempted.pop(victim, None)
+            scheduler.preemption.unsuspendable |= set(failed)
             log.info("job %d no longer takes the GPUs of %s", job_id, sorted(taking.victims))
             continue
         if still:
             continue
-        del scheduler.taking[job_id]
+        del scheduler.preemption.taking[job_id]
         scheduler.pending.pop(job_id)
         scheduler.not_before.pop(job_id, None)
         launch(record, taking.gpus, taking.uuids, now)
@@ -143,13 +142,13 @@ def launch_ready(
 
 def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
     """Once a pass: may the first waiting job take running jobs' GPUs? If so, begin suspending them."""
-    settings = scheduler.preemption
-    if not settings.enabled or scheduler.taking or not scheduler.pending or not scheduler.running:
+    settings = scheduler.preemption.settings
+    if not settings.enabled or scheduler.preemption.taking or not scheduler.pending or not scheduler.running:
         return
     head = _head(scheduler)
     if head is None:
         return
-    victims_of = {preemptor for preemptor, _ in scheduler.preempted.values()}
+    victims_of = {preemptor for preemptor, _ in scheduler.preemption.preempted.values()}
     staged_before = {staged.after for job_id, staged in scheduler.staged.items() if job_id != head.id}
     over = _fair_share(scheduler, now, settings.by_fair_share)
     waiting = Job(
@@ -160,8 +159,8 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     holdings_now = holdings(scheduler) + fences.holdings(scheduler)
     for job_id, job in scheduler.running.items():
         if (
-            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before or not job.record.gpus
-            or job_id in scheduler.stopped_for
+            job_id in scheduler.suspensions.acting or job_id in victims_of or job_id in staged_before
+            or not job.record.gpus or job_id in scheduler.stopped_for
         ):  # fmt: skip
             holdings_now.append(_holding(job.record))
             continue
@@ -170,7 +169,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             holdings_now.append(_holding(job.record))
             continue
         # One that cannot be suspended is requeued instead, if it said it can take that (--preemptible).
-        requeue = job_id in scheduler.unsuspendable or bool(suspending.refusal(scheduler, job))
+        requeue = job_id in scheduler.preemption.unsuspendable or bool(suspending.refusal(scheduler, job))
         if requeue and not job.record.spec.preemptible:
             holdings_now.append(_holding(job.record))
             continue
@@ -185,7 +184,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         # never staged again), it preempts once given back. After the commit: it may have been staged in this
         # very pass, and its shim must hear of it before the drop.
         scheduler.after_commit.append(lambda: handoff.withdraw(scheduler, head.id))
-        scheduler.no_handoff.add(head.id)
+        scheduler.preemption.no_handoff.add(head.id)
         return
     requeued = {c.job_id for c in candidates if c.requeue}
     moved = sum(c.held for c in candidates if c.job_id in choice.victims and not c.requeue)
@@ -193,31 +192,31 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     if moved + max(suspending.MARGIN, int(total * suspending.MARGIN_SHARE)) > available:
         return  # all of them at once would not fit in host memory with the margin
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
-    scheduler.taking[head.id] = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
+    taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
+    scheduler.preemption.taking[head.id] = taking
     for victim in choice.victims:
         why = choice.why[victim]
         if victim in requeued:
             _requeue(scheduler, scheduler.running[victim], head.id, why, now)
             continue
-        scheduler.preempted[victim] = (head.id, why)
-        scheduler.preemptions[victim] = scheduler.preemptions.get(victim, 0) + 1
-        suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemptions[victim])
+        scheduler.preemption.preempted[victim] = (head.id, why)
+        scheduler.preemption.preemptions[victim] = scheduler.preemption.preemptions.get(victim, 0) + 1
+        suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemption.preemptions[victim])
         suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
         scheduler.journal.append({"t": now, "job": victim, "event": "preempted", "for": head.id, "why": why})
         log.info("suspending job %d for job %d (%s)", victim, head.id, why)
-    scheduler.changes += 1
 
     def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
-        scheduler.taking.pop(head.id, None)
+        scheduler.preemption.taking.pop(head.id, None)
         for victim in choice.victims:
-            scheduler.preempted.pop(victim, None)
+            scheduler.preemption.preempted.pop(victim, None)
 
     scheduler.on_rollback.append(undo)
 
 
 def reason(scheduler: SchedulerState, job_id: int) -> str:
     """A taking's waiting job's reason: whose GPUs it takes."""
-    taking = scheduler.taking[job_id]
+    taking = scheduler.preemption.taking[job_id]
     return f"taking the GPUs of job(s) {', '.join(map(str, sorted(taking.victims)))}, suspending them"
 
 
@@ -253,8 +252,8 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, 
     record = job.record
     cannot = suspending.refusal(scheduler, job) or "its suspend failed"
     scheduler.stopped_for[record.id] = Outcome.preempted(preemptor, why)
-    scheduler.signalled[record.id] = time.monotonic() + scheduler.preemption.grace
-    scheduler.preemptions[record.id] = scheduler.preemptions.get(record.id, 0) + 1
+    scheduler.preemption.signalled[record.id] = time.monotonic() + scheduler.preemption.settings.grace
+    scheduler.preemption.preemptions[record.id] = scheduler.preemption.preemptions.get(record.id, 0) + 1
     scheduler.table.set_reasons(
         {record.id: f"requeued for job {preemptor} ({why}); it cannot be suspended: {cannot}"}, state="running"
     )
@@ -272,7 +271,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, 
     scheduler.after_commit.append(tell)
     def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
         scheduler.stopped_for.pop(record.id, None)
-        scheduler.signalled.pop(record.id, None)
+        scheduler.preemption.signalled.pop(record.id, None)
 
     scheduler.on_rollback.append(undo)
     scheduler.journal.append(
@@ -284,12 +283,12 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, 
 def _end_signalled(scheduler: SchedulerState) -> None:
     """Stop the signalled victims whose grace period is over (a job that ended by itself meanwhile is gone)."""
     now = time.monotonic()
-    for job_id, due in list(scheduler.signalled.items()):
+    for job_id, due in list(scheduler.preemption.signalled.items()):
         job = scheduler.running.get(job_id)
         if job is None:
-            del scheduler.signalled[job_id]
+            del scheduler.preemption.signalled[job_id]
         elif now >= due:
-            del scheduler.signalled[job_id]
+            del scheduler.preemption.signalled[job_id]
             scheduler.stop(job)
 
 
@@ -299,11 +298,11 @@ def _rank(record: JobRecord) -> tuple[int, int]:
 
 def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], requeue: bool) -> Job:
     record = job.record
-    started = max(record.started_at or now, scheduler.resumed_at.get(record.id, 0.0))
+    started = max(record.started_at or now, scheduler.preemption.resumed_at.get(record.id, 0.0))
     return Job(
         record.id, record.gpus, record.spec.mem_per_gpu, record.user, record.spec.priority,
         _user_priority(scheduler, record.user), record.spec.preemptible, record.user in over, ran=now - started,
-        held=suspending.gpu_state(scheduler, job), preemptions=scheduler.preemptions.get(record.id, 0),
+        held=suspending.gpu_state(scheduler, job), preemptions=scheduler.preemption.preemptions.get(record.id, 0),
         ends_by=_ends_by(record), requeue=requeue,
     )  # fmt: skip
 

@@ -81,7 +81,6 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     on_running = RUNNING_ACTIONS.get(request.action)
     if queue_wide is None and on_job is None and on_running is None:
         raise ValueError(f"control action {request.action!r} has no handler in launcher.daemon.requests")
-    scheduler.changes += 1
     if queue_wide is not None:
         _queue_control(scheduler, request, who, now, events, queue_wide)
         return

@@ -1,4 +1,4 @@
-# One module past 400 lines on purpose: the tick and its steps read as one table of contents (to split: #29, 2).
+# One module past 400 lines on purpose: the tick and its steps read as one table of contents.
 """The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
 
     reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample
@@ -127,7 +127,7 @@ class Scheduler(SchedulerState):
         self.pending = {r.id: r for r in self.table.pending()}
         self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
         self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
-        for job_id in set(self.suspended) & set(self.acting):  # resuming: it holds its GPUs
+        for job_id in set(self.suspended) & set(self.suspensions.acting):  # resuming: it holds its GPUs
             self.running[job_id] = self.suspended.pop(job_id)
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
@@ -148,12 +148,12 @@ class Scheduler(SchedulerState):
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
-        if self.acting or self.resume_wanted:
+        if self.suspensions.acting or self.suspensions.resume_wanted:
             return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
         if self.pending:
             return 0.5
         if self.running:
-            return max(0.05, min(self._next_liveness, self.next_sample, self.next_idle_check) - now)
+            return max(0.05, min(self._next_liveness, self.monitor.next_sample, self.monitor.next_idle_check) - now)
         return 5.0
 
     # -- steps ----------------------------------------------------------------------------------------
@@ -249,11 +249,11 @@ class Scheduler(SchedulerState):
             self._record_reasons({}, now)
             return
         # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
-        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events.
+        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events. What it reads marks
+        # ``changes`` itself (``launcher.daemon.tracked``); a running job's record is replaced, never changed.
         key = (
-            tuple((g.index, g.used, g.lost) for g in snapshot), len(self.pending), len(self.running),
-            self.changes, frozenset(self.drained), self.paused_by,
-            min(self.not_before.values(), default=0.0) <= now,
+            tuple((g.index, g.used, g.lost) for g in snapshot), self.changes.count, self.paused_by,
+            tuple(job.record for job in self.running.values()), min(self.not_before.values(), default=0.0) <= now,
         )  # fmt: skip
         if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
             if self._unsaved_reasons is not None and now >= self._reasons_due:
@@ -285,7 +285,7 @@ class Scheduler(SchedulerState):
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
         fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
-        taking = {job_id: preempting.reason(self, job_id) for job_id in self.taking}
+        taking = {job_id: preempting.reason(self, job_id) for job_id in self.preemption.taking}
         self._record_reasons({**waiting, **plan.waiting, **behind, **fenced, **taking}, now)
 
     def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:

@@ -3,6 +3,9 @@ last saw; and the few acts every step shares (forget an ended job, stop a runnin
 
 The steps (``intake``, ``requests``, ``endings``, ``watching``) take this state, and ``scheduler`` runs
 them in order over it; so the steps never import the scheduler, and the scheduler imports the steps.
+
+What placement reads marks the state's ``changes`` whenever it changes (``launcher.daemon.tracked``), so no
+step has to say so; what one step keeps to itself is grouped by that step (``launcher.daemon.owned``).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import containment, processes, shim, shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.daemon.owned import MemAuto, Monitor, Preemption, Suspensions
+from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Policy, Request
-from gpuq_scheduler.launcher.policy.preemption import Settings
 
 
 @dataclass
@@ -54,6 +58,19 @@ class Staged:
 
 
 class SchedulerState:
+    # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``), with the
+    # learned memory, the probes, the takings and no_handoff (``launcher.daemon.owned``): placement skips a pass
+    # only when none of them, the GPUs, the pause or the running jobs' records moved.
+    pending = DictField[int, JobRecord]()
+    running = DictField[int, Running]()
+    suspended = DictField[int, Running]()
+    staged = DictField[int, Staged]()
+    not_before = DictField[int, float]()
+    arrays = DictField[int, ArrayInfo]()
+    drained = SetField[int]()
+    stopped_for = DictField[int, Outcome]()
+    fence_waits = DictField[int, tuple[tuple[int, ...], tuple[str, ...]]]()
+
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
         retry_backoff: float = 10.0, shared: Shared | None = None, mps: Mps | None = None,
@@ -61,6 +78,7 @@ class SchedulerState:
     ) -> None:  # fmt: skip
         """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
         are kept private, and the per-user limits, priorities and fair share of the config apply."""
+        self.changes = Changes()
         self.state = state
         self.shared = shared
         self.admins = shared.admins if shared else None
@@ -76,36 +94,31 @@ class SchedulerState:
         if shared is not None:
             now, half_life = time.time(), shared.fair_share_half_life
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
-        self.pending: dict[int, JobRecord] = {r.id: r for r in self.table.pending()}
-        self.running: dict[int, Running] = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        # Jobs suspended to host memory (``daemon.suspending``): alive, their GPUs free for others; the
-        # suspends and resumes under way; the resumes asked for, waiting for their GPUs (-> who asked).
-        self.suspended: dict[int, Running] = {
-            r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)
+        self.pending = {r.id: r for r in self.table.pending()}
+        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
+        # Jobs suspended to host memory (``daemon.suspending``): alive, their GPUs free for others.
+        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
+        # What each step keeps to itself (``launcher.daemon.owned``).
+        self.suspensions = Suspensions()
+        self.preemption = Preemption(self.changes)
+        self.monitor = Monitor(
+            idle_limit=shared.idle_limit if shared else None, idle_report=shared.idle_report if shared else None
+        )
+        learned = {
+            kind: memory.Peak(size, job_id, raised=raised)
+            for kind, (size, job_id, raised) in self.table.learned().items()
         }
-        self.acting: dict[int, Any] = {}
-        self.resume_wanted: dict[int, str] = {}
-        # Preemption (daemon/preempting.py): its settings; the waiting jobs taking others' GPUs (-> a Taking);
-        # the preempted jobs (-> their preemptor and why), kept their places until they resume; how often each
-        # job was preempted; when each last resumed; the jobs whose suspend failed (never victims again).
-        self.preemption = Settings()
-        self.taking: dict[int, Any] = {}
-        self.preempted: dict[int, tuple[int, str]] = {}
-        self.preemptions: dict[int, int] = {}
-        self.resumed_at: dict[int, float] = {}
-        self.unsuspendable: set[int] = set()
-        self.signalled: dict[int, float] = {}  # victims requeued instead: monotonic time their grace ends
-        self.no_handoff: set[int] = set()  # waiting jobs that preempt: never staged behind a running job
+        self.mem_auto = MemAuto(self.changes, learned)
         self.plan_order: list[Request] = []  # the last plan's ready jobs in queue order (both kinds of queue)
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
-        self.arrays: dict[int, ArrayInfo] = self.table.arrays(active_only=True)
-        self.not_before: dict[int, float] = self.table.not_before()
+        self.arrays = self.table.arrays(active_only=True)
+        self.not_before = self.table.not_before()
         settings = self.table.settings()
-        self.drained: set[int] = set(settings.get("drained", []))
+        self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
-        self.staged: dict[int, Staged] = {}  # pending job id -> the running job it follows (daemon/handoff.py)
+        self.staged = {}  # pending job id -> the running job it follows (daemon/handoff.py)
         self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
@@ -115,7 +128,6 @@ class SchedulerState:
         self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
         self._reasons_due = 0.0
         self._unsaved_reasons: dict[int, str] | None = None
-        self.changes = 0  # bumped by every ending and every request, so placement knows when to look again
         self._last_plan_key: object = None
         self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
@@ -128,41 +140,23 @@ class SchedulerState:
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0
-        self.next_sample = 0.0
-        # Interactive jobs (gpuq run, gpuq alloc): released after this many seconds without GPU work (None: never);
-        # when each last did some. A shared queue's config sets it, a personal one GPUQ_IDLE_LIMIT.
-        self.idle_limit: float | None = shared.idle_limit if shared else None
-        self.active_at: dict[int, float] = {}
-        self.next_idle_check = 0.0
-        self.next_client_check = 0.0  # when to look again for waiting interactive jobs whose client is gone
-        # Batch jobs whose GPUs did no work this long are said so in their reason (None: never); GPUQ_IDLE_REPORT.
-        self.idle_report: float | None = shared.idle_report if shared else None
-        self.next_batch_check = 0.0
-        self.lost_since: dict[int, float] = {}  # GPU index -> when it was first seen lost
         # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
         # lost (daemon/watching.py); the watchdog's stops go here too.
-        self.stopped_for: dict[int, Outcome] = {}
+        self.stopped_for = {}
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
         self.containment = containment.open_for(state.root, os.environ)
         self.containment.sweep(set(self.running) | set(self.suspended))
         self.shims = shims.Shims()
-        # --mem auto (daemon/learning.py): what each kind of job has shown, the probe of each kind now, and
-        # the most each running job has held on one GPU so far.
-        self.learned: dict[str, memory.Peak] = {
-            kind: memory.Peak(size, job_id, raised=raised)
-            for kind, (size, job_id, raised) in self.table.learned().items()
-        }
-        self.probes: dict[str, int] = {}
-        self.job_peaks: dict[int, int] = {}
-        self.held: dict[int, dict[int, int]] = {}  # running job -> GPU index -> bytes, at the last sample
         # The fence (daemon/fences.py): for packed jobs, mps, cooperative or none. With MPS, its control
         # daemons (daemon/controls.py), the packed jobs each serves, the jobs placed that wait for theirs
         # (job -> its GPUs and their uuids), and those that take the cooperative fence since theirs failed.
         self.fence = Fence(fence or ("mps" if mps is not None else "cooperative"))
-        self.controls = Controls(mps) if mps is not None and self.fence is Fence.MPS else None
+        self.controls = (
+            Controls(mps, on_settled=self.changes.mark) if mps is not None and self.fence is Fence.MPS else None
+        )
         self.mps_jobs: dict[Key, set[int]] = {}
-        self.fence_waits: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.fence_waits = {}
         self.fence_fallback: set[int] = set()
 
     def close(self) -> None:
@@ -247,17 +241,19 @@ class SchedulerState:
         self.pending.pop(job_id, None)
         self.running.pop(job_id, None)
         self.suspended.pop(job_id, None)
-        self.acting.pop(job_id, None)
-        self.resume_wanted.pop(job_id, None)
-        for table in (self.taking, self.preempted, self.preemptions, self.resumed_at, self.signalled):
+        self.suspensions.acting.pop(job_id, None)
+        self.suspensions.resume_wanted.pop(job_id, None)
+        preemption = self.preemption
+        for table in (preemption.taking, preemption.preempted, preemption.preemptions, preemption.resumed_at,
+                      preemption.signalled):  # fmt: skip
             table.pop(job_id, None)
-        self.unsuspendable.discard(job_id)
-        self.no_handoff.discard(job_id)
+        preemption.unsuspendable.discard(job_id)
+        preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
-        self.job_peaks.pop(job_id, None)
-        self.held.pop(job_id, None)
-        self.active_at.pop(job_id, None)
-        for kind in [kind for kind, prober in self.probes.items() if prober == job_id]:
-            del self.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
+        self.mem_auto.job_peaks.pop(job_id, None)
+        self.monitor.held.pop(job_id, None)
+        self.monitor.active_at.pop(job_id, None)
+        for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
+            del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

@@ -75,10 +75,10 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
             continue
-        if record.id in scheduler.acting or record.id in scheduler.resume_wanted:
+        if record.id in scheduler.suspensions.acting or record.id in scheduler.suspensions.resume_wanted:
             continue  # already under way
         if request.action == "resume":
-            scheduler.resume_wanted[record.id] = who
+            scheduler.suspensions.resume_wanted[record.id] = who
             events.append({"t": now, "job": record.id, "event": "resume-requested", "by": who})
             continue
         why = refusal(scheduler, job)
@@ -133,7 +133,7 @@ def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
 def gpu_state(scheduler: SchedulerState, job: Running) -> int:
     """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
     lists for its processes."""
-    held = scheduler.held.get(job.record.id)
+    held = scheduler.monitor.held.get(job.record.id)
     if held:
         return sum(held.values())
     return sum(
@@ -178,7 +178,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
         return
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
-    scheduler.acting[record.id] = acting
+    scheduler.suspensions.acting[record.id] = acting
     order = {"action": action, **subject(scheduler, record.id)}
 
     def start() -> None:
@@ -246,14 +246,15 @@ def recover(scheduler: SchedulerState) -> None:
     now = time.time()
     for job in list(scheduler.running.values()):
         if job.record.step is Step.SUSPENDING:
-            scheduler.acting[job.record.id] = Acting(
+            scheduler.suspensions.acting[job.record.id] = Acting(
                 Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True
             )
     for job_id, job in list(scheduler.suspended.items()):
         if job.record.step is Step.RESUMING:
             scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # it holds its GPUs again
-            scheduler.acting[job_id] = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
-    for acting in scheduler.acting.values():
+            resuming = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
+            scheduler.suspensions.acting[job_id] = resuming
+    for acting in scheduler.suspensions.acting.values():
         acting.began = now
 
 
@@ -266,7 +267,7 @@ def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
 
 def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """Once a pass: collect the children that finished, start the resumes whose GPUs are free."""
-    for job_id, acting in list(scheduler.acting.items()):
+    for job_id, acting in list(scheduler.suspensions.acting.items()):
         if acting.child is None and not acting.again:
             continue  # its child starts once this pass is committed
         if acting.child is None:  # recovered: run again once the earlier daemon's child is gone
@@ -274,9 +275,9 @@ def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]])
                 continue
             job = scheduler.running.get(job_id)
             if job is None:
-                del scheduler.acting[job_id]
+                del scheduler.suspensions.acting[job_id]
                 continue
-            del scheduler.acting[job_id]
+            del scheduler.suspensions.acting[job_id]
             _begin(scheduler, job, acting.step, "resume", acting.by, now)
             continue
         if acting.child.poll() is None:
@@ -284,7 +285,7 @@ def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]])
         out = acting.child.stdout.read() if acting.child.stdout is not None else ""
         if acting.child.stdout is not None:
             acting.child.stdout.close()
-        del scheduler.acting[job_id]
+        del scheduler.suspensions.acting[job_id]
         try:
             result = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -307,12 +308,11 @@ def _settle(
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
-        scheduler.held.pop(job_id, None)
-        scheduler.changes += 1  # its GPUs are free: placement looks again
+        scheduler.monitor.held.pop(job_id, None)
         events.append({"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps})
-        if job_id in scheduler.preempted:  # it resumes by itself once its preemptor is not running
-            scheduler.resume_wanted[job_id] = "gpuq"
-            preemptor, why = scheduler.preempted[job_id]
+        if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
+            scheduler.suspensions.resume_wanted[job_id] = "gpuq"
+            preemptor, why = scheduler.preemption.preempted[job_id]
             reason = f"suspended for job {preemptor} ({why}); {in_host_memory(host_bytes)}"
             scheduler.table.set_reasons({job_id: reason}, state="suspended")
             job.record = job.record.replace(reason=reason)
@@ -320,8 +320,8 @@ def _settle(
     if acting.step is Step.RESUMING and result.get("ok"):
         scheduler.table.mark_resumed(job_id, now)
         _unpause(scheduler, job_id)
-        scheduler.preempted.pop(job_id, None)
-        scheduler.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
+        scheduler.preemption.preempted.pop(job_id, None)
+        scheduler.preemption.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
         spent = max(0.0, now - (job.record.suspended_at or now))
         job.record = job.record.replace(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
@@ -334,7 +334,8 @@ def _settle(
         # resume is tried again next pass.
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
         events.append({"t": now, "job": job_id, "event": "resume-failed", "why": str(result.get("why"))})
-        scheduler.acting[job_id] = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
+        again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
+        scheduler.suspensions.acting[job_id] = again
         return
     if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
         scheduler.table.undo_step(job_id)
@@ -348,18 +349,18 @@ def _settle(
 
 def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them)."""
-    if not scheduler.resume_wanted:
+    if not scheduler.suspensions.resume_wanted:
         return
     busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
     busy |= {gpu for staged in scheduler.staged.values() for gpu in staged.gpus}
-    for job_id, who in list(scheduler.resume_wanted.items()):
+    for job_id, who in list(scheduler.suspensions.resume_wanted.items()):
         job = scheduler.suspended.get(job_id)
         if job is None:
-            del scheduler.resume_wanted[job_id]
+            del scheduler.suspensions.resume_wanted[job_id]
             continue
-        preemptor = scheduler.preempted.get(job_id, (None, ""))[0]
+        preemptor = scheduler.preemption.preempted.get(job_id, (None, ""))[0]
         if preemptor is not None:  # its place was kept: only its preemptor is on its memory
-            if preemptor in scheduler.running or preemptor in scheduler.taking:
+            if preemptor in scheduler.running or preemptor in scheduler.preemption.taking:
                 continue
         elif busy & set(job.record.gpus):
             held = in_host_memory(job.record.host_bytes or 0)
@@ -368,13 +369,12 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
                 scheduler.table.set_reasons({job_id: reason}, state="suspended")
                 job.record = job.record.replace(reason=reason)
             continue
-        del scheduler.resume_wanted[job_id]
+        del scheduler.suspensions.resume_wanted[job_id]
         if not scheduler.table.mark_step(job_id, Step.RESUMING):
             continue
         job.record = job.record.replace(step=Step.RESUMING)
         scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
-        scheduler.changes += 1
         _begin(scheduler, job, Step.RESUMING, "resume", who, now)
         events.append({"t": now, "job": job_id, "event": "resuming", "by": who})
 

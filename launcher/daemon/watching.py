@@ -28,10 +28,10 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
     and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU."""
     for gpu in snapshot:
         if gpu.lost:
-            scheduler.lost_since.setdefault(gpu.index, now)
+            scheduler.monitor.lost_since.setdefault(gpu.index, now)
         else:
-            scheduler.lost_since.pop(gpu.index, None)
-    dead = {g.index: g for g in snapshot if g.lost and now - scheduler.lost_since[g.index] >= LOST_AFTER}
+            scheduler.monitor.lost_since.pop(gpu.index, None)
+    dead = {g.index: g for g in snapshot if g.lost and now - scheduler.monitor.lost_since[g.index] >= LOST_AFTER}
     for job_id in [j for j in scheduler.stopped_for if j not in scheduler.running]:
         del scheduler.stopped_for[job_id]
     events: list[dict[str, Any]] = []
@@ -68,11 +68,11 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
 
 def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
     """Record each running job's peak GPU memory (the most it held on any one of its GPUs)."""
-    if not scheduler.running or now < scheduler.next_sample:
+    if not scheduler.running or now < scheduler.monitor.next_sample:
         return
-    scheduler.next_sample = now + SAMPLE_EVERY
+    scheduler.monitor.next_sample = now + SAMPLE_EVERY
     peaks: dict[int, int] = {}
-    scheduler.held = {}
+    scheduler.monitor.held = {}
     for gpu in snapshot:
         if not gpu.processes:
             continue
@@ -81,7 +81,7 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
             if held:
                 peaks[job_id] = max(peaks.get(job_id, 0), held)
-                scheduler.held.setdefault(job_id, {})[gpu.index] = held
+                scheduler.monitor.held.setdefault(job_id, {})[gpu.index] = held
     if peaks:
         scheduler.table.set_peak_mem(peaks)
     learning.settle(scheduler, now, peaks)
@@ -93,12 +93,12 @@ def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
     share = record.spec.mem_per_gpu if record.spec.gpus else None
     asked = "auto" if record.spec.mem_auto else format_size(share) if share is not None else ""
     others = [
-        blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, scheduler.held.get(other.record.id, {}))
+        blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, scheduler.monitor.held.get(other.record.id, {}))
         for other in scheduler.running.values() if other.record.id != record.id
     ]  # fmt: skip
     free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
     return blame.out_of_memory(
-        blame.Sampled(record.id, share, scheduler.held.get(record.id, {})), record.gpus, others,
+        blame.Sampled(record.id, share, scheduler.monitor.held.get(record.id, {})), record.gpus, others,
         overhead=scheduler.policy.overhead, fenced=scheduler.fence is not fences.NONE, asked=asked, free=free,
     )  # fmt: skip
 
@@ -108,11 +108,11 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
     limit has passed), and with an idle limit release those idle that long. In the limit's last tenth (10
     minutes at most, three checks at least) the reason says when, which its `gpuq run` shows on the terminal.
     Under an MPS fence NVML files a client's work under the MPS server: an MPS-fenced job is never idle."""
-    limit = scheduler.idle_limit
-    if now < scheduler.next_idle_check:
+    limit = scheduler.monitor.idle_limit
+    if now < scheduler.monitor.next_idle_check:
         return
     every = SAMPLE_EVERY if limit is None else min(SAMPLE_EVERY, limit / 10)
-    scheduler.next_idle_check = now + every
+    scheduler.monitor.next_idle_check = now + every
     watched = [
         (job_id, job) for job_id, job in scheduler.running.items()
         if job.record.spec.interactive and job.record.gpus and not job.launch.cancel_by
@@ -127,8 +127,8 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
     for job_id, job in watched:
         record = job.record
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
-            scheduler.active_at[job_id] = clock
-        idle = clock - scheduler.active_at.setdefault(job_id, clock)  # from when this daemon first watched it
+            scheduler.monitor.active_at[job_id] = clock
+        idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)  # from when this daemon first watched it
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)
@@ -155,10 +155,10 @@ def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuS
     NCCL call, a job waiting on input that never comes): it holds GPUs others wait for. Reported, never
     stopped: a batch job may have long phases on the CPU. Idle time is monotonic, counted from when this
     daemon first watched the job; only GPUs whose per-process utilisation is known are judged."""
-    after = scheduler.idle_report
-    if after is None or now < scheduler.next_batch_check:
+    after = scheduler.monitor.idle_report
+    if after is None or now < scheduler.monitor.next_batch_check:
         return
-    scheduler.next_batch_check = now + min(SAMPLE_EVERY, after / 10)
+    scheduler.monitor.next_batch_check = now + min(SAMPLE_EVERY, after / 10)
     watched = [(job_id, job) for job_id, job in scheduler.running.items()
                if not job.record.spec.interactive and job.record.gpus]  # fmt: skip
     judged = {gpu.index for gpu in snapshot if gpu.process_utilization is not None}
@@ -172,8 +172,8 @@ def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(IDLE_BATCH)):
             continue  # cannot tell, or its reason says something else that matters more
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
-            scheduler.active_at[job_id] = clock
-        idle = clock - scheduler.active_at.setdefault(job_id, clock)
+            scheduler.monitor.active_at[job_id] = clock
+        idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)
         reason = f"{IDLE_BATCH} {format_duration(idle)}" if idle >= after else ""
         if reason != record.reason:
             reasons[job_id] = reason

@@ -1,0 +1,70 @@
+"""What the steps keep between ticks, one group per step that owns it. ``SchedulerState`` holds one of each;
+only that step changes it (and ``SchedulerState.forget``, which drops an ended job from all of them).
+
+Where placement reads a collection here, it is a tracked one (``launcher.daemon.tracked``), bound to the
+state's ``Changes``, so that changing it is what makes placement look again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
+from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.launcher.policy.preemption import Settings
+
+
+@dataclass
+class Monitor:
+    """``daemon.watching`` and ``daemon.clients``: GPU samples, idle jobs, lost GPUs, and when each looks next."""
+
+    # Interactive jobs (gpuq run, gpuq alloc) are released after this many seconds without GPU work (None:
+    # never), and batch jobs whose GPUs did no work this long say so in their reason (None: never): a shared
+    # queue's config sets them, a personal one GPUQ_IDLE_LIMIT and GPUQ_IDLE_REPORT.
+    idle_limit: float | None = None
+    idle_report: float | None = None
+    active_at: dict[int, float] = field(default_factory=dict)  # job -> when it last did some GPU work
+    held: dict[int, dict[int, int]] = field(default_factory=dict)  # running job -> GPU index -> bytes, last sample
+    lost_since: dict[int, float] = field(default_factory=dict)  # GPU index -> when it was first seen lost
+    next_sample: float = 0.0
+    next_idle_check: float = 0.0
+    next_batch_check: float = 0.0
+    next_client_check: float = 0.0  # when to look again for waiting interactive jobs whose client is gone
+
+
+class MemAuto:
+    """``daemon.learning`` (--mem auto): what each kind of job has shown and the probe of each kind now (both
+    read by placement), and the most each running job has held on one GPU so far."""
+
+    def __init__(self, changes: Changes, learned: dict[str, memory.Peak]) -> None:
+        self.learned: TrackedDict[str, memory.Peak] = TrackedDict(changes, learned)
+        self.probes: TrackedDict[str, int] = TrackedDict(changes)
+        self.job_peaks: dict[int, int] = {}
+
+
+@dataclass
+class Suspensions:
+    """``daemon.suspending``: the suspends and resumes under way (job -> its helper), and the resumes asked
+    for, waiting for their GPUs (job -> who asked)."""
+
+    acting: dict[int, Any] = field(default_factory=dict)
+    resume_wanted: dict[int, str] = field(default_factory=dict)
+
+
+class Preemption:
+    """``daemon.preempting``: its settings; the waiting jobs taking others' GPUs (-> a Taking; placement
+    reserves their GPUs); the preempted jobs (-> their preemptor and why), kept their places until they
+    resume; how often each job was preempted; when each last resumed; the jobs whose suspend failed (never
+    victims again); the victims requeued instead (-> monotonic time their grace ends); and the waiting jobs
+    that preempt, never staged behind a running job."""
+
+    def __init__(self, changes: Changes) -> None:
+        self.settings = Settings()
+        self.taking: TrackedDict[int, Any] = TrackedDict(changes)
+        self.preempted: dict[int, tuple[int, str]] = {}
+        self.preemptions: dict[int, int] = {}
+        self.resumed_at: dict[int, float] = {}
+        self.unsuspendable: set[int] = set()
+        self.signalled: dict[int, float] = {}
+        self.no_handoff: TrackedSet[int] = TrackedSet(changes)

@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: one device run for every preemption scenario, sharing its helpers.
 """Automatic preemption on a lent GPU host (#28, scenarios a, b, d and e), run by the lead:
 
     .venv/bin/python bench/gpu_preempt.py --out bench/results/gpu_preempt.json [--only a|b|d|e] [--size 16]

@@ -38,6 +38,15 @@ def _counters(queue: Gpuq, last: int, *more: str) -> list[tuple[int, Path]]:
     return jobs
 
 
+def _untouched(queue: Gpuq, jobs: list[tuple[int, Path]], urgent: int) -> None:
+    """The jobs count on, each still running (never suspended), while the urgent job waits."""
+    for job, counts in jobs:
+        before = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
+        assert queue.job(job)["state"] == "running"
+    assert queue.job(urgent)["state"] == "pending"
+
+
 def _events(queue: Gpuq) -> list[dict[str, Any]]:
     path = queue.home / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -139,11 +148,7 @@ def test_a_job_that_is_not_preemptible_is_never_touched(tmp_path: Path) -> None:
         jobs = _counters(queue, 100_000)  # not --preemptible
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
         wait_for(lambda: queue.job(urgent)["reason"], 30, "the urgent job's reason to wait")
-        for job, counts in jobs:  # they count on, never suspended, while the urgent job waits
-            before = len(_counts(counts))
-            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
-            assert queue.job(job)["state"] == "running"
-        assert queue.job(urgent)["state"] == "pending"
+        _untouched(queue, jobs, urgent)
         assert not [e for e in _events(queue) if e.get("event") in ("preempted", "suspending")]
         queue.run("cancel", *(str(job) for job, _ in jobs))
         assert queue.wait_state(urgent, "succeeded", "failed")["state"] == "succeeded"
@@ -156,11 +161,7 @@ def test_a_job_below_its_minimum_runtime_is_not_preempted(tmp_path: Path) -> Non
     try:
         jobs = _counters(queue, 100_000, "--preemptible")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
-        for job, counts in jobs:
-            before = len(_counts(counts))
-            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
-            assert queue.job(job)["state"] == "running"
-        assert queue.job(urgent)["state"] == "pending"
+        _untouched(queue, jobs, urgent)
         assert not [e for e in _events(queue) if e.get("event") == "preempted"]
     finally:
         queue.cleanup()
@@ -171,11 +172,7 @@ def test_preemption_is_off_unless_the_queue_turns_it_on(tmp_path: Path) -> None:
     try:
         jobs = _counters(queue, 100_000, "--preemptible")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
-        for job, counts in jobs:
-            before = len(_counts(counts))
-            wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
-            assert queue.job(job)["state"] == "running"
-        assert queue.job(urgent)["state"] == "pending"
+        _untouched(queue, jobs, urgent)
     finally:
         queue.cleanup()
 

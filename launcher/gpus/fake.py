@@ -61,7 +61,8 @@ class FakeGpus:
         for report in self._usage.glob("*.json"):
             try:
                 pid = int(report.stem)
-                os.kill(pid, 0)  # a process that died without saying so holds nothing, as with a real driver
+                if not _holds_memory(pid):  # a process that died without saying so holds nothing, as on a real GPU
+                    continue
                 said = json.loads(report.read_text())
                 share = said.pop("busy", None)  # the process's share of its GPUs' time, percent
                 for index, size in said.items():
@@ -139,3 +140,13 @@ def _bytes(value: Any, where: str) -> int:
         except BadInput as err:
             raise BadInput(f"GPUQ_FAKE_GPUS={where}: {err}") from None
     raise BadInput(f"GPUQ_FAKE_GPUS={where}: {value!r} is not a size")
+
+
+def _holds_memory(pid: int) -> bool:
+    """Whether ``pid`` is a live process: a zombie (ended, not yet reaped: an orphan whose new parent is slow
+    to reap it) holds no GPU memory, as the driver frees it at exit, though ``kill(pid, 0)`` still finds it."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -49,6 +49,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.gpu_suspend import counts as numbers  # noqa: E402  (the suspend bench's helpers, one copy)
+from bench.gpu_suspend import until  # noqa: E402
 
 # The victim of (b): as bench/gpu_suspend.py's job (fills SIZE GiB with a pattern, counts on the GPU in
 # COUNTS, checks its whole tensor once STOP exists and exits 0 if intact).
@@ -183,21 +188,6 @@ class Queue:
     def first(self, job: int, kind: str, after: float = 0.0) -> dict[str, Any]:
         found = (e for e in self.events() if e.get("job") == job and e.get("event") == kind and e["t"] >= after)
         return next(found, {})
-
-
-def until(what: str, check: Any, timeout: float = 600.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
-
-
-def numbers(path: Path) -> list[int]:
-    return [int(v) for v in path.read_text().split()] if path.exists() else []
 
 
 def gpu_count() -> int:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gpuq_scheduler.launcher.daemon import containment, intocgroup, marked
+from gpuq_scheduler.launcher.supervisor import containment, intocgroup, marked
 
 
 def measure(what: str, runs: int, one: object) -> None:

@@ -46,7 +46,8 @@ def serve_traced(home: Path) -> int:
     """Run the daemon in this process with timers around the scheduler's steps and the table's writes."""
     from gpuq_scheduler.jobs.store.table import JobTable
     from gpuq_scheduler.launcher.daemon import lifetime as daemon
-    from gpuq_scheduler.launcher.daemon import scheduler, shim
+    from gpuq_scheduler.launcher.daemon import scheduler
+    from gpuq_scheduler.launcher.supervisor import shim
 
     trace = (home / "trace.jsonl").open("a", buffering=1)
 

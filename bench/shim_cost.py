@@ -30,7 +30,7 @@ PROBE = r"""
 import os, pickle, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from gpuq_scheduler.launcher.daemon import shim
+from gpuq_scheduler.launcher.supervisor import shim
 jobs = int(sys.argv[2])
 root = Path(tempfile.mkdtemp()); (root / "run").mkdir(); (root / "logs").mkdir()
 wake = root / "wake"; os.mkfifo(wake); keep = os.open(wake, os.O_RDWR | os.O_NONBLOCK)

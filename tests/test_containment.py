@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuq_scheduler.launcher.daemon.containment import cgroup2_mount
+from gpuq_scheduler.launcher.supervisor.containment import cgroup2_mount
 from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
 
 MOUNT = cgroup2_mount()

@@ -21,7 +21,7 @@ import pytest
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import outbox
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import Gpuq, make_env
 

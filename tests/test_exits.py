@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile, Stop
+from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile, Stop
 from tests.conftest import REPORT, Gpuq
 
 ENDED = ExitFile(

@@ -20,7 +20,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import REPORT, Gpuq, make_env, read_reports, wait_for
 

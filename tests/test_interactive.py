@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.supervisor import processes
 from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 
 

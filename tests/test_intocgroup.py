@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuq_scheduler.launcher.daemon.containment import cgroup2_mount
+from gpuq_scheduler.launcher.supervisor.containment import cgroup2_mount
 
 MOUNT = cgroup2_mount()
 WRITABLE = MOUNT is not None and os.geteuid() == 0 and os.access(MOUNT, os.W_OK)
@@ -48,7 +48,7 @@ def _spawn(cgroup: Path, command: list[str], tmp_path: Path, before: str = "") -
     """Spawn ``command`` into ``cgroup`` from a fresh Python process: what that process saw, as JSON."""
     script = textwrap.dedent(f"""
         import json, os, signal, sys
-        from gpuq_scheduler.launcher.daemon import containment, intocgroup
+        from gpuq_scheduler.launcher.supervisor import containment, intocgroup
         {before}
         out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
         mine = containment.own_cgroup()

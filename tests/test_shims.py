@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuq_scheduler.launcher.daemon import processes
+from gpuq_scheduler.launcher.supervisor import processes
 from tests.conftest import Gpuq, wait_for
 
 PARENT = "echo shim=$PPID job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"

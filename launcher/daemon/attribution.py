@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from gpuq_scheduler.launcher.daemon.containment import queue_key as queue_key
-from gpuq_scheduler.launcher.daemon.marked import MARKER
+from gpuq_scheduler.launcher.supervisor.containment import queue_key as queue_key
+from gpuq_scheduler.launcher.supervisor.marked import MARKER
 
 
 def job_of(pid: int, key: str, uid_of: Callable[[int], int | None] | None = None) -> int | None:

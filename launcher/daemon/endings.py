@@ -19,9 +19,10 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.launcher.daemon import containment, fences, joblog, learning, processes
+from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
+from gpuq_scheduler.launcher.supervisor import containment, joblog, processes
 
 log = logging.getLogger("gpuq.endings")
 

@@ -34,11 +34,12 @@ from typing import Any
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.launcher.daemon import endings, outcomes, processes, watching
-from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile
+from gpuq_scheduler.launcher.daemon import endings, outcomes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
+from gpuq_scheduler.launcher.supervisor import processes
+from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile
 
 log = logging.getLogger("gpuq.handoff")
 

@@ -148,7 +148,7 @@ class _Wakeups:
     """The FIFO clients and shims poke, plus our own signals, as one thing to sleep on."""
 
     def __init__(self, state: StateDir) -> None:
-        from gpuq_scheduler.launcher.daemon.shim import HANDED_OFF  # the daemon's own: off the CLI's import path
+        from gpuq_scheduler.launcher.supervisor.shim import HANDED_OFF  # the daemon's own: off the CLI's import path
 
         self._handed = HANDED_OFF
         self.stopping = False

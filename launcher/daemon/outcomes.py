@@ -15,7 +15,7 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile, Stop
+from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile, Stop
 
 _TAIL_BYTES = 64 << 10
 _OOM = re.compile(rb"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")

@@ -40,13 +40,14 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import containment, fences, handoff, suspending, watching
+from gpuq_scheduler.launcher.daemon import fences, handoff, suspending, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding
 from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose, why_preemptible
+from gpuq_scheduler.launcher.supervisor import containment
 
 log = logging.getLogger("gpuq.preempt")
 

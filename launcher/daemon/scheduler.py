@@ -34,18 +34,18 @@ from gpuq_scheduler.launcher.daemon import (
     learning,
     outcomes,
     preempting,
-    processes,
     readiness,
     suspending,
     watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
-from gpuq_scheduler.launcher.daemon.exits import BadExitFile, ExitFile
 from gpuq_scheduler.launcher.daemon.guarding import Watch
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
+from gpuq_scheduler.launcher.supervisor import processes
+from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile
 
 log = logging.getLogger("gpuq.scheduler")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gpuq_scheduler.launcher.daemon.shim import Launch, Shim
+from gpuq_scheduler.launcher.supervisor.shim import Launch, Shim
 
 
 class Shims:

@@ -26,7 +26,7 @@ from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
-from gpuq_scheduler.launcher.daemon import containment, processes, shim, shims
+from gpuq_scheduler.launcher.daemon import shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
 from gpuq_scheduler.launcher.daemon.owned import MemAuto, Monitor, Preemption, Suspensions
 from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
@@ -35,6 +35,7 @@ from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Policy, Request
+from gpuq_scheduler.launcher.supervisor import containment, processes, shim
 
 
 @dataclass

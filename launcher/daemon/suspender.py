@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.launcher.daemon import containment
-from gpuq_scheduler.launcher.daemon.containment import Box
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -28,6 +26,8 @@ from gpuq_scheduler.launcher.gpus.checkpoint import (
     DriverCheckpoint,
     FakeCheckpoint,
 )  # fmt: skip
+from gpuq_scheduler.launcher.supervisor import containment
+from gpuq_scheduler.launcher.supervisor.containment import Box
 
 FREEZE_WITHIN = 10.0  # seconds a cgroup may take to report itself frozen
 

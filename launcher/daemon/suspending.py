@@ -36,11 +36,11 @@ from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_size
-from gpuq_scheduler.launcher.daemon import processes
-from gpuq_scheduler.launcher.daemon.containment import Box
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import freeze
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.supervisor import processes
+from gpuq_scheduler.launcher.supervisor.containment import Box
 
 log = logging.getLogger("gpuq.suspend")
 

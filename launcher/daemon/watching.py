@@ -10,12 +10,13 @@ from typing import Any
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.daemon import containment, fences, learning, processes
+from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import blame
 from gpuq_scheduler.launcher.policy.placement import GpuView
+from gpuq_scheduler.launcher.supervisor import containment, processes
 
 log = logging.getLogger("gpuq.scheduler")
 

@@ -122,7 +122,7 @@ def render(problems: list[Problem], state: StateDir) -> str:
 def _stray_processes(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
     """A job that is not running has no process left in its cgroup: containment ends them all with it. The
     job's state is read after its cgroup was, so a job starting meanwhile is not taken for one that ended."""
-    from gpuq_scheduler.launcher.daemon.containment import occupied, read_record
+    from gpuq_scheduler.launcher.supervisor.containment import occupied, read_record
 
     recorded = read_record(str(state.inventory))
     if recorded is None or not recorded.group:
@@ -139,7 +139,7 @@ def _stray_processes(state: StateDir, db: sqlite3.Connection) -> Iterator[Proble
 
 def containment(state: StateDir) -> str:
     """Which containment this queue's jobs are under, as its daemon last recorded it (docs/containment.md)."""
-    from gpuq_scheduler.launcher.daemon.containment import read_record
+    from gpuq_scheduler.launcher.supervisor.containment import read_record
 
     found = read_record(str(state.inventory))
     return f"containment: {found.describe() if found else 'not known until a daemon has run here'}"
@@ -252,7 +252,7 @@ def _number(value: Any) -> float | None:
 
 def _running(state: StateDir, db: sqlite3.Connection, rows: list[_Row]) -> Iterator[Problem]:
     """Each running job must be supervised (its shim alive) or have left its outcome in an exit file."""
-    from gpuq_scheduler.launcher.daemon import processes
+    from gpuq_scheduler.launcher.supervisor import processes
 
     boot = processes.boot_id()
     for row in rows:

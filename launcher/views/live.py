@@ -22,10 +22,10 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.daemon import containment, processes
 from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
+from gpuq_scheduler.launcher.supervisor import containment, processes
 from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows
 
 JOBS, RESERVED, OUTSIDE, FREE = "█", "▒", "░", " "

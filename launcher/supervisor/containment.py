@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuq_scheduler.launcher.daemon import marked
+from gpuq_scheduler.launcher.supervisor import marked
 
 MARKER = marked.MARKER
 FORCE = "GPUQ_CONTAINMENT"  # "fallback": do without cgroups even where they could be had (tests, odd setups)

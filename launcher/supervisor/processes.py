@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
-from gpuq_scheduler.launcher.daemon import intocgroup
+from gpuq_scheduler.launcher.supervisor import intocgroup
 
 # CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
 # its user may not. The job's cwd is entered by this shell instead, already running as the user.

@@ -49,10 +49,10 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.daemon import ahead, containment, intocgroup
-from gpuq_scheduler.launcher.daemon.exits import ExitFile, Stop
-from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
-from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
+from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
+from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
+from gpuq_scheduler.launcher.supervisor.joblog import CHUNK, JobLog, log_limit
+from gpuq_scheduler.launcher.supervisor.processes import as_user, is_alive, open_log, spawn, start_time
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 

@@ -14,7 +14,7 @@ import os
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
-from gpuq_scheduler.launcher.daemon.processes import open_log
+from gpuq_scheduler.launcher.supervisor.processes import open_log
 
 _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending

@@ -46,8 +46,7 @@ def serve_traced(home: Path) -> int:
     """Run the daemon in this process with timers around the scheduler's steps and the table's writes."""
     from gpuq_scheduler.jobs.store.table import JobTable
     from gpuq_scheduler.launcher.daemon import lifetime as daemon
-    from gpuq_scheduler.launcher.daemon import scheduler
-    from gpuq_scheduler.launcher.supervisor import shim
+    from gpuq_scheduler.launcher.daemon import scheduler, shims
 
     trace = (home / "trace.jsonl").open("a", buffering=1)
 
@@ -71,7 +70,7 @@ def serve_traced(home: Path) -> int:
             wrap(scheduler.Scheduler, step, step)
     for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons"):
         wrap(JobTable, write, f"table.{write}")
-    shim_init, shim_start = shim.Shim.__init__, shim.Shim.start
+    shim_init, shim_start = shims.Shim.__init__, shims.Shim.start
 
     def init(self: Any) -> None:
         started = time.time()
@@ -82,8 +81,8 @@ def serve_traced(home: Path) -> int:
         shim_start(self, launch)
         trace.write(json.dumps({"f": "go", "job": launch.job_id, "t0": time.time()}) + "\n")
 
-    shim.Shim.__init__ = init  # type: ignore[method-assign]
-    shim.Shim.start = start  # type: ignore[method-assign]
+    shims.Shim.__init__ = init  # type: ignore[method-assign]
+    shims.Shim.start = start  # type: ignore[method-assign]
     return daemon.main(["--home", str(home)])
 
 

@@ -2,7 +2,7 @@
 
     python bench/shim_cost.py [--jobs 80] [--rounds 3] [--against REV]
 
-Runs the shim's own per-job code (``launcher.daemon.shim``: supervise a job, with the next job staged
+Runs the shim's own per-job code (``launcher.supervisor.shim``: supervise a job, with the next job staged
 during it as the daemon would, then write its exit file) in a fresh interpreter, over a chain of short
 jobs (``sh -c 'sleep 0.02'``), and reports the median CPU time (``time.process_time``) per job: what the
 shim costs the machine at each hand-off, most of it between one job's end and the next one's start, when
@@ -30,7 +30,10 @@ PROBE = r"""
 import os, pickle, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from gpuq_scheduler.launcher.supervisor import shim
+try:
+    from gpuq_scheduler.launcher.supervisor import shim
+except ImportError:  # --against a revision from before the supervisor had a room of its own
+    from gpuq_scheduler.launcher.daemon import shim
 jobs = int(sys.argv[2])
 root = Path(tempfile.mkdtemp()); (root / "run").mkdir(); (root / "logs").mkdir()
 wake = root / "wake"; os.mkfifo(wake); keep = os.open(wake, os.O_RDWR | os.O_NONBLOCK)
@@ -43,7 +46,7 @@ wake_read, _ = os.pipe(); os.set_blocking(wake_read, False)
 costs = []
 for i in range(1, jobs + 1):
     data = pickle.dumps(launch(i + 1))  # staged while job i runs, as the daemon sends it
-    os.write(pipe_write, shim._NEXT + len(data).to_bytes(8, "big") + data)
+    os.write(pipe_write, b"N" + len(data).to_bytes(8, "big") + data)  # the message's form in every revision
     job = launch(i)
     started = time.process_time()
     argv, cwd, credentials = shim.as_user(job.argv, job.cwd, job.account)

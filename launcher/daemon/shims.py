@@ -1,11 +1,78 @@
-"""The daemon's shims (``launcher.daemon.shim``): idle ones, kept so that a launch costs a message rather than
-a fork, and the one supervising each running job this daemon started."""
+"""The daemon's shims: idle ones, kept so that a launch costs a message rather than a fork, and the one
+supervising each running job this daemon started. This is the daemon's side of each: it forks the shim and
+writes down its pipe; what the shim does, and what the messages are, is ``launcher.supervisor.shim``."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 
-from gpuq_scheduler.launcher.supervisor.shim import Launch, Shim
+from gpuq_scheduler.launcher.supervisor.processes import is_alive, start_time
+from gpuq_scheduler.launcher.supervisor.shim import CANCEL, DROP, JOB, NEXT, Launch, message, serve
+
+
+class Shim:
+    """The daemon's handle on one shim, a forked supervisor (``launcher.supervisor.shim``): its pid and the
+    write end of its pipe. Idle until ``start`` sends it a job."""
+
+    def __init__(self) -> None:
+        read_end, self._pipe = os.pipe()
+        # A SIGTERM must not meet the daemon's handler in the child (it would wake the daemon for nothing):
+        # blocked across the fork, the child unblocks it once its own dispositions are in place.
+        self.pid = -1
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: never returns into the daemon's code
+                code = 70
+                try:
+                    os.close(self._pipe)
+                    code = serve(read_end)
+                finally:
+                    os._exit(code)
+        finally:
+            if self.pid != 0:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.close(read_end)
+        self.started = start_time(self.pid) or 0.0
+
+    def start(self, launch: Launch) -> None:
+        """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
+        by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
+        self._write(message(JOB, launch))
+
+    def stage(self, launch: Launch) -> None:
+        """Send the job to start once the one this shim runs ends (its exit file will say whether it did)."""
+        self._write(message(NEXT, launch))
+
+    def cancel(self, job_id: int) -> bool:
+        """Stop job ``job_id`` if this shim runs it (SIGTERM to its group, SIGKILL after the grace period), or
+        drop it if it is staged here. Down the pipe, after the job itself, not as a signal: a signal could
+        reach the shim before it has read its job, or, late, reach the next job it is given. False if the shim
+        is gone."""
+        return self._write(message(CANCEL, job_id))
+
+    def drop(self, job_id: int) -> bool:
+        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on."""
+        return self._write(message(DROP, job_id))
+
+    def _write(self, message: bytes) -> bool:
+        view = memoryview(message)
+        try:
+            while view:
+                view = view[os.write(self._pipe, view) :]
+        except OSError:
+            return False
+        return True
+
+    def alive(self) -> bool:
+        return is_alive(self.pid, self.started)
+
+    def abandon(self) -> None:
+        """Close the pipe: the shim exits once it has no job."""
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)
 
 
 class Shims:

@@ -1,4 +1,3 @@
-# One module past 400 lines on purpose: one process's whole life, its pipe protocol beside the loop it drives.
 """A job's supervisor, the *shim*: a fork of the daemon that starts one job and sees it to its end.
 
 Every job runs under a shim in its own session that starts the job (in the job's own process group),
@@ -52,7 +51,7 @@ from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK, JobLog, log_limit
-from gpuq_scheduler.launcher.supervisor.processes import as_user, is_alive, open_log, spawn, start_time
+from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, spawn
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
@@ -61,7 +60,7 @@ _HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a 
 # What the daemon writes down a shim's pipe: a job to start now, or the job to start once this one ends (each
 # then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
 # names its job, so a late one cannot stop the job handed the GPUs after it; naming a staged job, it drops it.
-_JOB, _NEXT, _CANCEL, _DROP = b"J", b"N", b"C", b"D"
+JOB, NEXT, CANCEL, DROP = b"J", b"N", b"C", b"D"
 HANDED_OFF = b"h"  # the poke after a hand-off: the daemon may wait for the burst to settle before it records it
 
 
@@ -85,73 +84,20 @@ class Launch:
     pause_file: str = ""  # where the daemon says how long the job was suspended (its time limit does not run)
 
 
-class Shim:
-    """A forked supervisor: idle until ``start`` sends it a job."""
-
-    def __init__(self) -> None:
-        read_end, self._pipe = os.pipe()
-        # A SIGTERM must not meet the daemon's handler in the child (it would wake the daemon for nothing):
-        # blocked across the fork, the child unblocks it once its own dispositions are in place.
-        self.pid = -1
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
-            self.pid = os.fork()
-            if self.pid == 0:  # the child: never returns into the daemon's code
-                code = 70
-                try:
-                    os.close(self._pipe)
-                    code = _serve(read_end)
-                finally:
-                    os._exit(code)
-        finally:
-            if self.pid != 0:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        os.close(read_end)
-        self.started = start_time(self.pid) or 0.0
-
-    def start(self, launch: Launch) -> None:
-        """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
-        by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
-        self._send(_JOB, launch)
-
-    def stage(self, launch: Launch) -> None:
-        """Send the job to start once the one this shim runs ends (its exit file will say whether it did)."""
-        self._send(_NEXT, launch)
-
-    def cancel(self, job_id: int) -> bool:
-        """Stop job ``job_id`` if this shim runs it (SIGTERM to its group, SIGKILL after the grace period), or
-        drop it if it is staged here. Down the pipe, after the job itself, not as a signal: a signal could
-        reach the shim before it has read its job, or, late, reach the next job it is given. False if the shim
-        is gone."""
-        return self._write(_CANCEL + job_id.to_bytes(_HEADER, "big"))
-
-    def drop(self, job_id: int) -> bool:
-        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on."""
-        return self._write(_DROP + job_id.to_bytes(_HEADER, "big"))
-
-    def _send(self, kind: bytes, launch: Launch) -> None:
-        data = pickle.dumps(launch)
-        self._write(kind + len(data).to_bytes(_HEADER, "big") + data)
-
-    def _write(self, message: bytes) -> bool:
-        view = memoryview(message)
-        try:
-            while view:
-                view = view[os.write(self._pipe, view) :]
-        except OSError:
-            return False
-        return True
-
-    def alive(self) -> bool:
-        return is_alive(self.pid, self.started)
-
-    def abandon(self) -> None:
-        """Close the pipe: the shim exits once it has no job."""
-        with contextlib.suppress(OSError):
-            os.close(self._pipe)
+def message(kind: bytes, value: Launch | int) -> bytes:
+    """One message down a shim's pipe, as the shim reads it: ``JOB`` or ``NEXT`` and a Launch, ``CANCEL`` or
+    ``DROP`` and a job id. The daemon's handle on a shim (``launcher.daemon.shims``) writes only these."""
+    if kind in (CANCEL, DROP) and isinstance(value, int):
+        return kind + value.to_bytes(_HEADER, "big")
+    if kind in (JOB, NEXT) and isinstance(value, Launch):
+        data = pickle.dumps(value)
+        return kind + len(data).to_bytes(_HEADER, "big") + data
+    raise ValueError(f"no shim message {kind!r} of a {type(value).__name__}")
 
 
-def _serve(pipe: int) -> int:
+def serve(pipe: int) -> int:
+    """A shim's whole life, in the child of the daemon's fork (``launcher.daemon.shims.Shim``), which exits
+    with what this returns: job after job as the daemon sends them down ``pipe``, until it closes it."""
     os.setsid()
     for signum in _RESET_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
@@ -199,7 +145,7 @@ def _receive(pipe: int) -> Launch | None:
     naming no successor, tells the daemon it did not start): there is nothing to do."""
     while True:
         kind, value = _message(pipe)
-        if kind == _JOB:
+        if kind == JOB:
             assert isinstance(value, Launch)
             return value
         if not kind:
@@ -213,7 +159,7 @@ def _message(pipe: int) -> tuple[bytes, Launch | int | None]:
     header = _read_exactly(pipe, _HEADER) if kind else None
     if header is None:
         return b"", None
-    if kind in (_CANCEL, _DROP):
+    if kind in (CANCEL, DROP):
         return kind, int.from_bytes(header, "big")
     data = _read_exactly(pipe, int.from_bytes(header, "big"))
     return (b"", None) if data is None else (kind, pickle.loads(data))  # trusted: the daemon, our parent, wrote it
@@ -343,15 +289,15 @@ def _requests(
             watched.remove(pipe)  # the daemon died: see this job through, start nothing staged, then exit
             _give_back(following)
             following = None
-        elif kind == _NEXT:
+        elif kind == NEXT:
             assert isinstance(value, Launch)
             following = value
             ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
-        elif kind in (_CANCEL, _DROP) and following is not None and value == following.job_id:
+        elif kind in (CANCEL, DROP) and following is not None and value == following.job_id:
             _give_back(following)
             following = None
         else:
-            asked = kind == _CANCEL and value == launch.job_id
+            asked = kind == CANCEL and value == launch.job_id
     if wake_read in ready:
         asked = signal.SIGTERM in os.read(wake_read, 64) or asked
     return asked, following

@@ -36,7 +36,7 @@ def daemon_start(ctx: Context, shared: bool) -> None:
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory (/var/lib/gpuq).")
 def daemon_setup(admins: str | None, home: Path | None) -> None:
     """Set up a shared queue for this machine's users (as root): config, state directory, systemd unit."""
-    from gpuq_scheduler.launcher.daemon import shared
+    from gpuq_scheduler.launcher.setup import shared
 
     done = shared.setup(admins, home.absolute() if home else None)
     click.echo(f"{'wrote' if done.wrote_config else 'kept'} {done.config}; queue in {done.home}")
@@ -49,7 +49,7 @@ def daemon_setup(admins: str | None, home: Path | None) -> None:
 @daemon.command("unit")
 def daemon_unit() -> None:
     """Print the systemd unit of a shared queue's daemon."""
-    from gpuq_scheduler.launcher.daemon import shared
+    from gpuq_scheduler.launcher.setup import shared
 
     click.echo(shared.unit(), nl=False)
 

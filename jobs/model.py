@@ -70,7 +70,7 @@ class JobSpec:
     # replaced by its value; ``values`` are a member's own, kept to be shown.
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
     values: tuple[tuple[str, str], ...] = ()
-    # Host limits, enforced by the job's cgroup where its controllers are there (launcher.daemon.containment).
+    # Host limits, enforced by the job's cgroup where its controllers are there (launcher.supervisor.containment).
     cpus: float | None = None  # CPUs' worth of time per second (cpu.max)
     ram: int | None = None  # bytes of host memory (memory.max)
     # --preemptible: a waiting job that outranks it may take its GPUs, suspending it (docs/suspend.md)

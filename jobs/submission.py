@@ -203,7 +203,7 @@ def _cpus(value: float | str | None) -> float | None:
 
 def host_limits(inventory: str | Path) -> tuple[tuple[str, ...], str] | None:
     """The host limits this queue's jobs can have (of "cpu", "memory") and, for the others, why not, as the
-    daemon recorded them in ``gpus.json`` (``launcher.daemon.containment``); None if no daemon has yet."""
+    daemon recorded them in ``gpus.json`` (``launcher.supervisor.containment``); None if no daemon has yet."""
     import json  # only for a submit with --cpus or --ram
 
     try:

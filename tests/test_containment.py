@@ -1,5 +1,5 @@
 """Every process a job starts ends with it, whatever it does to its session, group or environment
-(launcher.daemon.containment, docs/containment.md).
+(launcher.supervisor.containment, docs/containment.md).
 
 Real daemons, real jobs that `setsid`, double-fork and `nohup` children which write their pids to files;
 the test then looks those pids up in /proc. On a cgroup v2 hierarchy gpuq can write to (CI: root, on the

@@ -88,7 +88,7 @@ def test_a_cancelled_staged_job_never_runs_and_the_queue_goes_on(one_gpu: Gpuq) 
     gpuq.wait_state(first, "succeeded")
     gpuq.wait_state(later, "succeeded")
     assert staged not in stamps(gpuq)
-    # What its shim made for it ahead of its start (launcher.daemon.ahead) went with it.
+    # What its shim made for it ahead of its start (launcher.supervisor.ahead) went with it.
     assert not (gpuq.home / "logs" / f"{staged}.log").exists()
     assert not list((gpuq.home / "run").glob(".*.tmp"))
 

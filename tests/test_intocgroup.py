@@ -1,5 +1,5 @@
 """A job's first process is cloned straight into its cgroup, and the shim that starts it never moves
-(launcher.daemon.intocgroup): moving a process between cgroups waits for the kernel, on every job.
+(launcher.supervisor.intocgroup): moving a process between cgroups waits for the kernel, on every job.
 
 Each test runs the spawn in a fresh Python process, as the shim is (one thread: the way is refused in a
 process with more), in a real cgroup v2 cgroup.

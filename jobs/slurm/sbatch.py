@@ -255,7 +255,7 @@ def script(spec: JobSpec, cluster: Cluster, *, job_id: int, state: StateDir, arr
 
 
 # Slurm's exit file, read by jobs.slurm (clusters.read_exit, then commands.follow): the local shims' fields that
-# apply (launcher/daemon/exits.py), plus where and when it ran.
+# apply (launcher/supervisor/exits.py), plus where and when it ran.
 _EXIT_FUNCTIONS = r"""gpuq_exit() {  # EXIT_CODE SIGNAL [REASON [SPAWN_ERROR]]
     local tmp="$gpuq_run/.$GPUQ_JOB_ID.exit.$$.tmp" spawn=null
     local fmt='{"job": %s, "started": true, "exit_code": %s, "signal": %s, "reason": "%s", "spawn_error": %s,'

@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS intake (
 # ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
 # the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
 
-# What a job's cgroup accounted of its last run on the host (launcher.daemon.containment): CPU seconds, and
+# What a job's cgroup accounted of its last run on the host (launcher.supervisor.containment): CPU seconds, and
 # the most host memory it held where the memory controller is there. Added, like ``learned``, without a new
 # version: the daemon creates it in an older table on opening, and a reader without it reads nothing.
 HOST_USAGE = """

@@ -2,7 +2,7 @@
 (``CUDA_VISIBLE_DEVICES``, ``GPUQ_JOB_ID``): a job can change those, not its cgroup.
 
 A job is the cgroup v2 ``.../gpuq-<key>/job-<id>`` where gpuq can make one, else (the fallback) the
-marker ``GPUQ_JOB_MARKER=<key>/<id>`` every process of the job inherits (``launcher.daemon.containment``
+marker ``GPUQ_JOB_MARKER=<key>/<id>`` every process of the job inherits (``launcher.supervisor.containment``
 makes both, and names them: ``queue_key``, ``MARKER``). ``<key>`` names the queue (its state directory), so a
 process of another queue on the same machine is never taken for one of ours.
 

@@ -104,7 +104,7 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
 
 def contained(outcome: Outcome, exit_data: ExitFile) -> Outcome:
     """The outcome with what the job's containment saw (the exit file's ``contained``, written by
-    ``launcher.daemon.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
+    ``launcher.supervisor.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
     failure, and the processes that outlived the job's first one and were ended with it."""
     facts = exit_data.contained
     kills, limit = facts.get("oom_kills"), facts.get("ram_limit")

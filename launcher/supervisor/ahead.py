@@ -1,4 +1,4 @@
-"""Files a successor hand-off writes, made when the successor is staged with a shim (``launcher.daemon.shim``)
+"""Files a successor hand-off writes, made when the successor is staged with a shim (``launcher.supervisor.shim``)
 rather than between one job's end and the next one's start on its GPUs: creating a file costs far more than
 writing into one that exists, and that moment is what the hand-off is for.
 

@@ -20,7 +20,7 @@ through /proc: a process that leaves all three escapes, and the docs say so.
 The cpu and memory controllers, where the base can hand them down, enforce ``--cpus`` and ``--ram``.
 cgroup v2 lets a cgroup with processes in it hand down no controller ("no internal processes"): a daemon
 that sits in its base moves itself into ``gpuq-<key>/daemon`` first, and its shims, forked from it, start
-there. A shim starts its job's first process inside the job's cgroup (``launcher.daemon.intocgroup``; where
+there. A shim starts its job's first process inside the job's cgroup (``launcher.supervisor.intocgroup``; where
 that cannot be done, it enters the cgroup to start the job and leaves: ``enter``/``leave``), so the job has
 no moment outside, and the shim, which outlives the daemon, is never one of the processes a job's end kills.
 """

@@ -1,5 +1,5 @@
 """What a shim says in a job's exit file (``run/<id>.exit``) about how the job's process ended: one definition
-for the shim that writes it (``daemon.shim``) and the daemon that reads it (``daemon.outcomes``). A field
+for the shim that writes it (``supervisor.shim``) and the daemon that reads it (``daemon.outcomes``). A field
 missing, unknown or of the wrong type is an error, never a default: the file is written whole, by the shim
 of this same installation."""
 
@@ -34,7 +34,7 @@ class ExitFile:
     exit_code: int | None = None  # None when a signal ended it (or it never started)
     signal: int | None = None
     reason: Stop = Stop.NONE
-    # What the job's containment saw (``launcher.daemon.containment.end``): oom_kills, ram_limit, outlived,
+    # What the job's containment saw (``launcher.supervisor.containment.end``): oom_kills, ram_limit, outlived,
     # cpu_seconds, peak_ram, each there only when known.
     contained: dict[str, object] = dataclasses.field(default_factory=dict)
     next: int | None = None  # the job staged behind this one, which its shim started as this one ended

@@ -1,4 +1,4 @@
-"""The fallback's view of a job, where no cgroup can be had (launcher.daemon.containment): the session and
+"""The fallback's view of a job, where no cgroup can be had (launcher.supervisor.containment): the session and
 process group of its first process, and every process whose environment carries the job's marker
 (``GPUQ_JOB_MARKER=<queue key>/<job id>``), found through /proc. A process that leaves all three escapes it.
 """

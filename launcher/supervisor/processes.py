@@ -3,7 +3,7 @@
 The command line and environment a job gets (``job_argv``, ``job_env``), the credentials it runs with
 in a shared queue (``as_user``), how its process starts (``spawn``), --notify commands, and the process
 facts the daemon checks (a pid's start time, a shim's liveness, a process tree). The shim that supervises a
-job is ``launcher.daemon.shim``.
+job is ``launcher.supervisor.shim``.
 """
 
 from __future__ import annotations

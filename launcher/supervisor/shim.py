@@ -20,7 +20,7 @@ A shim running a job may also be given the job to start once it ends (a *success
 daemon. The shim names the successor in the first job's exit file, written before the successor starts,
 and the daemon records it as running when it reads that file. The daemon can take a staged job back (a
 drop, or a cancel naming it) until then; a shim whose daemon is gone (its pipe at end of file) starts
-nothing staged. The files a hand-off writes are made when the successor is staged (``launcher.daemon.ahead``).
+nothing staged. The files a hand-off writes are made when the successor is staged (``launcher.supervisor.ahead``).
 
 The daemon sends a shim its job only once the job is recorded as running, so a job never runs unrecorded.
 If the daemon dies before that, the job is still pending; if it dies while sending, the shim reads a partial
@@ -28,7 +28,7 @@ message and exits without starting anything, and the next daemon finds a running
 and that never started (no pid file), and queues it again. A job is never launched twice.
 
 The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.log``, up to a limit
-(``launcher.daemon.joblog``).
+(``launcher.supervisor.joblog``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ The child must never return into the shim's code: every path out of ``_child`` i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -62,6 +63,64 @@ def spawn(
     """Start ``argv`` as ``processes.spawn`` would (its own session, stdin /dev/null, stdout and stderr to
     ``output``, ``credentials`` as Popen's user/group/extra_groups, the program found on ``env``'s PATH), born in
     ``cgroup``: its pid. OSError if it cannot start; Unsupported if this way cannot be used here."""
+    return prepare(cgroup, argv, cwd, env, credentials, output).go()
+
+
+class Gone(Exception):
+    """The process made ahead ended before it was told to exec (a signal): nothing of the job ran."""
+
+
+class Born:
+    """A job's first process, cloned into its cgroup ahead of its start, waiting for ``go`` to exec the job.
+
+    The clone is what costs (a copy of the shim); the exec after it is cheap. A successor staged behind a
+    running job is born this way while that job runs (``launcher.daemon.ahead``), so its start is one byte
+    down a pipe. Until then it holds the job's output pipe and nothing else of the shim's, has the default
+    signal dispositions and runs with the shim's credentials (``go`` drops them): no user can signal it or read
+    the copy of the shim it is."""
+
+    def __init__(self, pid: int, go: int, report: int) -> None:
+        self.pid = pid
+        self._go = go  # a byte: exec; end of file: exit
+        self._report = report  # end of file: the exec happened; digits: the errno it failed with
+
+    def go(self) -> int:
+        """Exec the job: its pid. OSError if the exec failed (the process is reaped); Gone if it had ended."""
+        try:
+            os.write(self._go, b"!")
+        except BrokenPipeError:
+            self.abandon()
+            raise Gone(f"process {self.pid}, made ahead, had ended") from None
+        os.close(self._go)
+        self._go = -1
+        report = b""
+        try:
+            while chunk := os.read(self._report, 64):
+                report += chunk
+        finally:
+            os.close(self._report)
+            self._report = -1
+        if report:
+            os.waitpid(self.pid, 0)
+            code = int(report) if report.isdigit() else errno.EIO
+            raise OSError(code, os.strerror(code))
+        return self.pid
+
+    def abandon(self) -> None:
+        """Let it go without running anything: it exits at the end of file, and is reaped."""
+        for fd in (self._go, self._report):
+            if fd >= 0:
+                os.close(fd)
+        self._go = self._report = -1
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def prepare(
+    cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
+) -> Born:
+    """Clone the process that will run ``argv`` (see ``spawn``) into ``cgroup`` now, to exec on ``Born.go``.
+    OSError if the program is not there or the clone fails; Unsupported if this way cannot be used here."""
     global _unsupported
     if _unsupported is not None:
         raise Unsupported(_unsupported)
@@ -69,6 +128,7 @@ def spawn(
         raise Unsupported("this process runs more than one thread")
     program, arguments, environment = _find(argv[0], cwd, env), list(argv), dict(env)  # built before the clone
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    go_read, go_write = os.pipe()
     report_read, report_write = os.pipe()  # close-on-exec: end of file says the exec happened
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
@@ -80,30 +140,22 @@ def spawn(
     try:
         pid = _syscall()(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
         if pid == 0:
-            _child(report_write, handled, blocked, program, arguments, cwd, environment, credentials, output)
+            _child(go_read, report_write, handled, blocked, program, arguments, cwd, environment, credentials, output)
         failure = ctypes.get_errno()
     finally:
         if collecting:
             gc.enable()
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        os.close(where)
-        os.close(report_write)
-    try:
-        if pid < 0:
-            if failure in (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM):
-                _unsupported = f"clone3 into a cgroup: {os.strerror(failure)}"
-                raise Unsupported(_unsupported)
-            raise OSError(failure, os.strerror(failure))
-        report = b""
-        while chunk := os.read(report_read, 64):
-            report += chunk
-    finally:
+        for fd in (where, go_read, report_write):
+            os.close(fd)
+    if pid < 0:
+        os.close(go_write)
         os.close(report_read)
-    if report:
-        os.waitpid(pid, 0)
-        code = int(report) if report.isdigit() else errno.EIO
-        raise OSError(code, os.strerror(code))
-    return int(pid)
+        if failure in (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM):
+            _unsupported = f"clone3 into a cgroup: {os.strerror(failure)}"
+            raise Unsupported(_unsupported)
+        raise OSError(failure, os.strerror(failure))
+    return Born(int(pid), go_write, report_read)
 
 
 def _find(name: str, cwd: str, env: Mapping[str, str]) -> str:
@@ -123,7 +175,7 @@ def _find(name: str, cwd: str, env: Mapping[str, str]) -> str:
 
 
 def _child(
-    report: int, handled: list[int], mask: set[int | signal.Signals], program: str, argv: list[str],
+    go: int, report: int, handled: list[int], mask: set[int | signal.Signals], program: str, argv: list[str],
     cwd: str, env: dict[str, str], credentials: Mapping[str, Any], output: int,
 ) -> None:
     code = errno.EIO
@@ -132,6 +184,9 @@ def _child(
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal now ends this child, as it would the job
         os.setsid()
+        _close_all_but(go, report, output)  # as Popen does: a job, root's or a user's, inherits nothing of its shim's
+        if os.read(go, 1) != b"!":
+            os._exit(0)  # let go (``Born.abandon``), or its shim died: nothing runs
         if credentials:  # as Popen does it: groups, then group, then user, before anything the user controls
             os.setgroups(list(credentials["extra_groups"]))
             os.setregid(credentials["group"], credentials["group"])
@@ -140,8 +195,7 @@ def _child(
         os.dup2(null, 0)
         os.dup2(output, 1)
         os.dup2(output, 2)
-        os.closerange(3, report)  # as Popen does: a job, root's or a user's, inherits nothing of its shim's
-        os.closerange(report + 1, 65536)
+        _close_all_but(report)
         os.chdir(cwd)
         os.execve(program, argv, env)
     except OSError as err:
@@ -152,3 +206,11 @@ def _child(
         os.write(report, str(code).encode())
     finally:
         os._exit(127)
+
+
+def _close_all_but(*kept: int) -> None:
+    low = 3
+    for fd in sorted(kept):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)

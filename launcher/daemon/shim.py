@@ -42,7 +42,7 @@ import pickle
 import select
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.daemon import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.daemon.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.daemon.joblog import CHUNK, JobLog, log_limit
-from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, spawn, start_time
+from gpuq_scheduler.launcher.daemon.processes import as_user, is_alive, open_log, reaper, spawn, start_time
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
@@ -239,38 +239,15 @@ def _supervise(
     log_fd = ahead.log(launch.log)
     if log_fd is None:
         log_fd = open_log(launch.log, launch.account, launch.log_group)
-    out_read, out_write = os.pipe()
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
-    # The job is born inside its cgroup, its shim never is: cloned into it, or else the shim goes in and out.
-    what, back, cgroup = launch.argv[0], None, None if launch.box is None else launch.box.cgroup
     try:
-        if launch.box is not None and cgroup is not None:
-            what = f"its cgroup {cgroup}"
-            containment.make(launch.box)
-            what = launch.argv[0]
-        try:
-            pid, start, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
-        except intocgroup.Unsupported:
-            assert launch.box is not None
-            what = f"its cgroup {cgroup}"
-            back = containment.enter(launch.box)
-            what = launch.argv[0]
-            pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
-    except OSError as err:
+        pid, start, reap, out_read = _start(launch, argv, cwd, env, credentials, handed)
+    except _NotStarted as failed:
         ahead.drop()
-        os.write(log_fd, f"gpuq: could not start {shown(what)}: {err.strerror or err}\n".encode())
-        os.close(out_read)
+        os.write(log_fd, f"gpuq: could not start {shown(failed.what)}: {failed.why}\n".encode())
         os.close(log_fd)
-        with contextlib.suppress(OSError):
-            containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
-        back = None
         if launch.box is not None and launch.box.cgroup is not None:
             containment.end(launch.box, -1)  # nothing started in it; the cgroup goes
-        return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{what}: {err.strerror or err}"), None
-    finally:
-        containment.leave(back)
-        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+        return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{failed.what}: {failed.why}"), None
     output = JobLog(log_fd, log_limit())
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
@@ -331,6 +308,63 @@ def _supervise(
     ), following
 
 
+class _NotStarted(Exception):
+    def __init__(self, what: str, err: OSError) -> None:
+        super().__init__(what)
+        self.what, self.why = what, err.strerror or str(err)
+
+
+def _start(
+    launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], handed: bool
+) -> tuple[int, float | None, Callable[[], int], int]:
+    """Start the job's first process: its pid, start time, what reaps it, and the read end of its stdout and
+    stderr. A successor handed off here was born ahead, in its cgroup (``ahead.clone``), and only execs now;
+    any other job is born in its cgroup now, or where that cannot be done the shim goes in and out. Its shim is
+    never in the job's cgroup once this returns. _NotStarted says what could not be made or run."""
+    waiting = ahead.waiting(launch.job_id) if handed else None
+    if waiting is not None:
+        try:
+            return waiting.born.go(), waiting.start, reaper(waiting.born.pid), waiting.output
+        except intocgroup.Gone:  # it ended before its turn (a signal): started afresh below
+            os.close(waiting.output)
+        except OSError as err:
+            os.close(waiting.output)
+            raise _NotStarted(launch.argv[0], err) from None
+    out_read, out_write = output_pipe()
+    what, back, cgroup = launch.argv[0], None, None if launch.box is None else launch.box.cgroup
+    try:
+        if launch.box is not None and cgroup is not None:
+            what = f"its cgroup {cgroup}"
+            containment.make(launch.box)
+            what = launch.argv[0]
+        try:
+            pid, start, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
+        except intocgroup.Unsupported:
+            assert launch.box is not None
+            what = f"its cgroup {cgroup}"
+            back = containment.enter(launch.box)
+            what = launch.argv[0]
+            pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
+    except OSError as err:
+        os.close(out_read)
+        with contextlib.suppress(OSError):
+            containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
+        back = None
+        raise _NotStarted(what, err) from None
+    finally:
+        containment.leave(back)
+        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+    return pid, start, reap, out_read
+
+
+def output_pipe() -> tuple[int, int]:
+    """The pipe a job writes its stdout and stderr into, for the shim to copy into its log."""
+    out_read, out_write = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
+    return out_read, out_write
+
+
 def _requests(
     ready: list[int], watched: list[int], pipe: int, wake_read: int, launch: Launch, following: Launch | None
 ) -> tuple[bool, Launch | None]:
@@ -347,6 +381,9 @@ def _requests(
             assert isinstance(value, Launch)
             following = value
             ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            if value.box is not None and value.box.cgroup is not None:
+                argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
+                ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, output_pipe())
         elif kind in (_CANCEL, _DROP) and following is not None and value == following.job_id:
             _give_back(following)
             following = None

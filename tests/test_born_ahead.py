@@ -21,7 +21,7 @@ WRITES_ITS_PID = 'echo $$ > "$1"'
 
 
 def born(queue: Gpuq, job_id: int) -> int:
-    """The one process waiting in staged job ``job_id``'s cgroup: a copy of its shim, not yet the job."""
+    """The one process waiting in staged job ``job_id``'s cgroup: its waiter, not yet the job."""
     procs = Path(group(queue), f"job-{job_id}", "cgroup.procs")
 
     def waiting() -> list[int]:
@@ -32,7 +32,7 @@ def born(queue: Gpuq, job_id: int) -> int:
 
     wait_for(lambda: len(waiting()) == 1, 10, f"job {job_id}'s process born ahead")
     (pid,) = waiting()
-    assert Path(f"/proc/{pid}/comm").read_text().strip() == "gpuq-shim"
+    assert b"gpuq: waiting for its turn" in Path(f"/proc/{pid}/cmdline").read_bytes()
     return pid
 
 

@@ -44,16 +44,30 @@ def cgroup() -> Iterator[Path]:
                 os.sched_yield()
 
 
-def _spawn(cgroup: Path, command: list[str], tmp_path: Path, before: str = "") -> dict[str, object]:
-    """Spawn ``command`` into ``cgroup`` from a fresh Python process: what that process saw, as JSON."""
+# Each way a job's first process is started in its cgroup: at once, or born ahead and told to go later.
+WAYS = ("spawn", "prepare")
+
+
+def _spawn(
+    cgroup: Path, command: list[str], tmp_path: Path, before: str = "", way: str = "spawn", meanwhile: str = "",
+    credentials: str = "{}", cwd: str = "",
+) -> dict[str, object]:
+    """Start ``command`` in ``cgroup`` from a fresh Python process, ``way``: what that process saw, as JSON.
+    Born ahead, the process waits a moment (and ``meanwhile`` runs) before it is told to go."""
+    where = cwd or str(tmp_path)
+    start = f"intocgroup.{way}({str(cgroup)!r}, {command!r}, {where!r}, dict(os.environ), {credentials}, out)"
+    if way == "prepare":
+        start = f"born = {start}; time.sleep(0.3); {meanwhile or 'pass'}; pid = born.go()"
+    else:
+        start = f"pid = {start}"
     script = textwrap.dedent(f"""
-        import json, os, signal, sys
+        import json, os, signal, sys, time
         from gpuq_scheduler.launcher.supervisor import containment, intocgroup
         {before}
         out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
         mine = containment.own_cgroup()
         try:
-            pid = intocgroup.spawn({str(cgroup)!r}, {command!r}, {str(tmp_path)!r}, dict(os.environ), {{}}, out)
+            {start}
         except intocgroup.Unsupported as err:
             print(json.dumps({{"unsupported": str(err)}}))
             sys.exit()
@@ -71,14 +85,15 @@ def _spawn(cgroup: Path, command: list[str], tmp_path: Path, before: str = "") -
     return result
 
 
-def test_a_job_is_born_in_its_cgroup_and_its_starter_never_moves(cgroup: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_a_job_is_born_in_its_cgroup_and_its_starter_never_moves(cgroup: Path, tmp_path: Path, way: str) -> None:
     # The job says where it is as its very first act, in a session of its own, from its own directory.
     # It inherits no descriptor of its starter's, not even one left inheritable (Popen's close_fds, kept).
     command = [
         "sh", "-c", "grep ^0:: /proc/self/cgroup; ps -o sid= -p $$; pwd; read -r line; echo read=$?; ls /proc/$$/fd",
     ]  # fmt: skip
     leak = "leak = os.open('/dev/null', os.O_RDONLY); os.set_inheritable(leak, True)"
-    result = _spawn(cgroup, command, tmp_path, leak)
+    result = _spawn(cgroup, command, tmp_path, leak, way)
     assert result["code"] == 0
     assert result["mine"] == result["after"] and result["mine"] != f"/{cgroup.name}"
     assert str(result["pid"]) in result["procs"] and str(result["me"]) not in result["procs"]  # never its starter
@@ -88,11 +103,12 @@ def test_a_job_is_born_in_its_cgroup_and_its_starter_never_moves(cgroup: Path, t
     assert lines[2:] == [str(tmp_path), "read=1", "0", "1", "2"]  # its directory; stdin at end of file (/dev/null)
 
 
-def test_the_job_gets_default_signals_not_the_starters(cgroup: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_the_job_gets_default_signals_not_the_starters(cgroup: Path, tmp_path: Path, way: str) -> None:
     # The starter ignores SIGPIPE (Python does), has a handler for SIGTERM (the shim does) and blocks SIGUSR1:
     # none of it may reach the job, which must die of a broken pipe and of a SIGTERM like any program.
     before = "signal.signal(signal.SIGTERM, print); signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})"
-    result = _spawn(cgroup, ["sleep", "0.5"], tmp_path, before)
+    result = _spawn(cgroup, ["sleep", "0.5"], tmp_path, before, way)
     fields = dict(line.split(":\t", 1) for line in str(result["status"]).splitlines() if ":\t" in line)
     blocked, ignored = int(fields["SigBlk"], 16), int(fields["SigIgn"], 16)
     assert ignored & (1 << (13 - 1)) == 0 and ignored & (1 << (25 - 1)) == 0  # SIGPIPE, SIGXFSZ
@@ -100,23 +116,65 @@ def test_the_job_gets_default_signals_not_the_starters(cgroup: Path, tmp_path: P
     assert int(fields["SigCgt"], 16) == 0  # exec reset every handler
 
 
-def test_a_program_that_is_not_there_is_an_oserror_and_leaves_nothing(cgroup: Path, tmp_path: Path) -> None:
-    result = _spawn(cgroup, ["no-such-program-gpuq"], tmp_path)
+@pytest.mark.parametrize("way", WAYS)
+def test_a_program_that_is_not_there_is_an_oserror_and_leaves_nothing(cgroup: Path, tmp_path: Path, way: str) -> None:
+    result = _spawn(cgroup, ["no-such-program-gpuq"], tmp_path, way=way)
     assert result["errno"] == 2 and result["mine"] == result["after"]
     assert (cgroup / "cgroup.procs").read_text() == ""  # the child that could not exec is gone, reaped
 
 
-def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, tmp_path: Path, way: str) -> None:
     # As execvp says it: on PATH, but without the execute bit (a shim that said "not found" misled the user).
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "tool").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "tool").chmod(0o644)
     before = f"os.environ['PATH'] = {str(tmp_path / 'bin')!r} + ':' + os.environ['PATH']"
-    result = _spawn(cgroup, ["tool"], tmp_path, before)
+    result = _spawn(cgroup, ["tool"], tmp_path, before, way)
     assert result["errno"] == 13 and (cgroup / "cgroup.procs").read_text() == ""
 
 
-def test_a_process_with_threads_is_refused_and_the_shim_then_moves_instead(cgroup: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_a_process_with_threads_is_refused_and_the_shim_moves_instead(cgroup: Path, tmp_path: Path, way: str) -> None:
     before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
-    result = _spawn(cgroup, ["true"], tmp_path, before)
+    result = _spawn(cgroup, ["true"], tmp_path, before, way)
     assert result == {"unsupported": "this process runs more than one thread"}
+
+
+def test_born_ahead_it_waits_as_the_shims_user_and_takes_the_jobs_credentials_at_its_turn(
+    cgroup: Path, tmp_path: Path
+) -> None:
+    # Waiting, it is the shim's (root's): no user can signal it; the job runs as the user it was given (from
+    # "/": a shared queue's jobs enter their own directory as their user, launcher.supervisor.processes.as_user).
+    status = tmp_path / "waiting"
+    meanwhile = f"open({str(status)!r}, 'w').write(open(f'/proc/{{born.pid}}/status').read())"
+    nobody = "{'user': 65534, 'group': 65534, 'extra_groups': []}"
+    result = _spawn(cgroup, ["sh", "-c", "id -u; id -g"], tmp_path, "", "prepare", meanwhile, nobody, cwd="/")
+    assert result["code"] == 0
+    uid = next(line for line in status.read_text().splitlines() if line.startswith("Uid:"))
+    assert uid.split()[1:] == [str(os.getuid())] * 4
+    assert (tmp_path / "out").read_text().split() == ["65534", "65534"]
+
+
+def test_born_ahead_a_program_gone_by_its_turn_is_an_oserror_at_go(cgroup: Path, tmp_path: Path) -> None:
+    (tmp_path / "tool").write_text("#!/bin/sh\necho ran\n")
+    (tmp_path / "tool").chmod(0o755)
+    gone = f"os.unlink({str(tmp_path / 'tool')!r})"
+    result = _spawn(cgroup, [str(tmp_path / "tool")], tmp_path, way="prepare", meanwhile=gone)
+    assert result["errno"] == 2 and (cgroup / "cgroup.procs").read_text() == ""
+
+
+def test_born_ahead_and_let_go_it_ends_and_runs_nothing(cgroup: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import os, time
+        from gpuq_scheduler.launcher.supervisor import intocgroup
+        out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
+        born = intocgroup.prepare({str(cgroup)!r}, ["touch", "ran"], {str(tmp_path)!r}, dict(os.environ), {{}}, out)
+        time.sleep(0.3)
+        assert open({str(cgroup / "cgroup.procs")!r}).read().split() == [str(born.pid)]
+        born.abandon()
+        print(born.pid)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip().isdigit()
+    assert (cgroup / "cgroup.procs").read_text() == "" and not (tmp_path / "ran").exists()

@@ -3,21 +3,38 @@ rather than between one job's end and the next one's start on its GPUs: creating
 writing into one that exists, and that moment is what the hand-off is for.
 
 A shim runs one job at a time, so these are the shim process's own: the running job's exit file and the
-staged job's pid file, as the temp files ``write_atomic`` fills and renames in, and the staged job's log,
-opened. What is not made ahead is made when written.
+staged job's pid file, as the temp files ``write_atomic`` fills and renames in, the staged job's log, opened,
+and, where the job has a cgroup, its cgroup and its first process, born in it and waiting to exec
+(``intocgroup.Born``): the clone, a copy of the shim, is the dearest part of a start. What is not made ahead
+is made when written or started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
-from gpuq_scheduler.launcher.supervisor.processes import open_log
+from gpuq_scheduler.launcher.supervisor import containment, intocgroup
+from gpuq_scheduler.launcher.supervisor.processes import born_ahead, open_log
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A staged job's first process, born in its cgroup, waiting to exec."""
+
+    born: intocgroup.Born
+    start: float | None  # its start time (``processes.start_time``): the job's process is this one
+    output: int  # the read end of its stdout and stderr
+    box: containment.Box
+
 
 _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
+_waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -45,6 +62,30 @@ def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_g
         _logs[log] = open_log(log, account, log_group)
 
 
+def clone(
+    job_id: int, box: containment.Box, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any],
+    output: tuple[int, int],
+) -> None:
+    """Make the staged job's cgroup and clone its first process into it, writing to the pipe ``output`` (read
+    end, write end; both taken over). Where that fails the job is started when its turn comes, which says why."""
+    out_read, out_write = output
+    assert box.cgroup is not None
+    try:
+        containment.make(box)
+        born, start = born_ahead(argv, cwd, env, credentials, out_write, box.cgroup)
+    except (OSError, intocgroup.Unsupported):
+        os.close(out_read)
+        return
+    finally:
+        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+    _waiting[job_id] = Waiting(born, start, out_read, box)
+
+
+def waiting(job_id: int) -> Waiting | None:
+    """Job ``job_id``'s first process if it was born ahead (the caller owns it now)."""
+    return _waiting.pop(job_id, None)
+
+
 def log(path: str) -> int | None:
     """The log at ``path`` if it was opened ahead (the caller owns it now)."""
     return _logs.pop(path, None)
@@ -60,7 +101,8 @@ def write(path: str, data: bytes) -> None:
 
 
 def drop() -> None:
-    """Let go of what was made for a successor that will not start here: temp files go, and its log if empty."""
+    """Let go of what was made for a successor that will not start here: temp files go, its log if empty, and
+    its first process and cgroup."""
     for fd, tmp in _temps.values():
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -70,5 +112,10 @@ def drop() -> None:
             if os.fstat(fd).st_size == 0:
                 os.unlink(path)
         os.close(fd)
+    for job in _waiting.values():
+        job.born.abandon()
+        os.close(job.output)
+        containment.end(job.box, -1)  # its cgroup goes: the job may start elsewhere, in a cgroup made afresh
     _temps.clear()
     _logs.clear()
+    _waiting.clear()

@@ -6,23 +6,35 @@ do: 7-15 ms between one job's end and the next one's start. A process cloned int
 migrated and never waits (docs/containment.md#costs).
 
 Python has no clone3, so the shim calls the system call through ctypes: a fork in all but name (a copy of
-the shim, where posix_spawn's vfork shares it: about 2.5 ms against 0.3 on the 2-core VM), after which
-the child runs a few ``os`` calls and execs the program, looked up before. That is safe only in a process
-with one thread (the shim: a fork of the daemon that starts none), so ``spawn`` refuses otherwise, and the
-shim then migrates instead.
-The child must never return into the shim's code: every path out of ``_child`` is an exec or ``os._exit``.
+the shim, where posix_spawn's vfork shares it), after which the child runs a few ``os`` calls and execs.
+That is safe only in a process with one thread (the shim: a fork of the daemon that starts none), so both
+ways below refuse otherwise, and the shim then migrates instead. The child must never return into the shim's
+code: every path out of it is an exec or ``os._exit``.
+
+- ``spawn``: the child execs the job at once. The copy, and its teardown at the exec, cost a few ms more
+  than a vfork (more, the larger the shim).
+- ``prepare``: for a job staged behind a running one. The child execs at once into a small waiter
+  (``launcher.supervisor.waiter``: a fresh interpreter, ``-I -S``, an empty environment, the job's details in a
+  memfd), which execs the job when told (``Born.go``). The copy and its teardown happen while the job ahead
+  still runs; at the job's turn only the waiter's own exec is left, as cheap as posix_spawn's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import gc
+import marshal
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from gpuq_scheduler.launcher.supervisor import waiter
+from gpuq_scheduler.launcher.supervisor.waiter import Job, become, close_all_but
 
 _SYS_CLONE3 = 435  # the same number on every architecture: clone3 came after the tables were unified
 _CLONE_INTO_CGROUP = 0x200000000
@@ -62,14 +74,105 @@ def spawn(
     """Start ``argv`` as ``processes.spawn`` would (its own session, stdin /dev/null, stdout and stderr to
     ``output``, ``credentials`` as Popen's user/group/extra_groups, the program found on ``env``'s PATH), born in
     ``cgroup``: its pid. OSError if it cannot start; Unsupported if this way cannot be used here."""
+    job = (_find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials))  # built before the clone
+    report_read, report_write = os.pipe()  # close-on-exec: end of file says the exec happened
+    try:
+        pid = _clone(cgroup, functools.partial(_exec_job, report_write, output, job))
+    finally:
+        os.close(report_write)
+    try:
+        report = _read_all(report_read)
+    finally:
+        os.close(report_read)
+    if report:
+        os.waitpid(pid, 0)
+        raise _failure(report)
+    return pid
+
+
+class Gone(Exception):
+    """The process made ahead ended, or its waiter could not start, before its turn: nothing of the job ran."""
+
+
+class Born:
+    """A job's first process, cloned into its cgroup ahead of its turn: a waiter that execs the job on ``go``.
+
+    It runs as the shim's user (the job's credentials are taken at ``go``) with an empty environment and
+    nothing of the shim's memory, holding only its pipes, the job's output and the job's details."""
+
+    def __init__(self, pid: int, go: int, report: int) -> None:
+        self.pid = pid
+        self._go = go  # a byte: exec the job; end of file: exit
+        self._report = report  # end of file: the job's exec happened; digits: the errno it failed with
+
+    def go(self) -> int:
+        """Exec the job: its pid. OSError if the exec failed (the process is reaped); Gone if it cannot be."""
+        try:
+            os.write(self._go, b"!")
+        except BrokenPipeError:
+            self.abandon()
+            raise Gone(f"process {self.pid}, made ahead, had ended") from None
+        try:
+            report = _read_all(self._report)
+        finally:
+            self._close()
+        if report:
+            os.waitpid(self.pid, 0)
+            if report.startswith(b"W"):
+                raise Gone(f"its waiter could not start: {os.strerror(int(report[1:] or 5))}")
+            raise _failure(report)
+        return self.pid
+
+    def abandon(self) -> None:
+        """Let it go without running anything: it exits at the end of file, and is reaped."""
+        self._close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+    def _close(self) -> None:
+        for fd in (self._go, self._report):
+            if fd >= 0:
+                os.close(fd)
+        self._go = self._report = -1
+
+
+def prepare(
+    cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
+) -> Born:
+    """Clone the process that will run ``argv`` (see ``spawn``) into ``cgroup`` now, to exec on ``Born.go``.
+    OSError if the program is not there or the clone fails; Unsupported if this way cannot be used here."""
+    job = (_find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials))
+    details = os.memfd_create("gpuq-job", os.MFD_CLOEXEC)
+    go_read, go_write = os.pipe()
+    report_read, report_write = os.pipe()
+    try:
+        _write_all(details, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
+        pid = _clone(cgroup, functools.partial(_exec_waiter, (go_read, report_write, details, output)))
+    except BaseException:
+        os.close(go_write)
+        os.close(report_read)
+        raise
+    finally:
+        for fd in (go_read, report_write, details):
+            os.close(fd)
+    return Born(pid, go_write, report_read)
+
+
+def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:
+    if not credentials:
+        return None
+    return int(credentials["user"]), int(credentials["group"]), [int(g) for g in credentials["extra_groups"]]
+
+
+def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], None]) -> int:
+    """clone3 into ``cgroup``: the child's pid. The child runs ``child(handled, mask)``, which must exec or
+    exit; OSError if the clone fails, Unsupported if it cannot be done here."""
     global _unsupported
     if _unsupported is not None:
         raise Unsupported(_unsupported)
     if len(os.listdir("/proc/self/task")) > 1:  # C threads too (a library's pool), which threading does not count
         raise Unsupported("this process runs more than one thread")
-    program, arguments, environment = _find(argv[0], cwd, env), list(argv), dict(env)  # built before the clone
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    report_read, report_write = os.pipe()  # close-on-exec: end of file says the exec happened
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
     # defaults in the child, and no signal is let in there before: no Python handler may run in the child.
@@ -80,29 +183,21 @@ def spawn(
     try:
         pid = _syscall()(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
         if pid == 0:
-            _child(report_write, handled, blocked, program, arguments, cwd, environment, credentials, output)
+            try:
+                child(handled, blocked)
+            finally:
+                os._exit(127)
         failure = ctypes.get_errno()
     finally:
         if collecting:
             gc.enable()
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(where)
-        os.close(report_write)
-    try:
-        if pid < 0:
-            if failure in (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM):
-                _unsupported = f"clone3 into a cgroup: {os.strerror(failure)}"
-                raise Unsupported(_unsupported)
-            raise OSError(failure, os.strerror(failure))
-        report = b""
-        while chunk := os.read(report_read, 64):
-            report += chunk
-    finally:
-        os.close(report_read)
-    if report:
-        os.waitpid(pid, 0)
-        code = int(report) if report.isdigit() else errno.EIO
-        raise OSError(code, os.strerror(code))
+    if pid < 0:
+        if failure in (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM):
+            _unsupported = f"clone3 into a cgroup: {os.strerror(failure)}"
+            raise Unsupported(_unsupported)
+        raise OSError(failure, os.strerror(failure))
     return int(pid)
 
 
@@ -122,33 +217,64 @@ def _find(name: str, cwd: str, env: Mapping[str, str]) -> str:
     raise OSError(code, os.strerror(code), name)
 
 
-def _child(
-    report: int, handled: list[int], mask: set[int | signal.Signals], program: str, argv: list[str],
-    cwd: str, env: dict[str, str], credentials: Mapping[str, Any], output: int,
-) -> None:
+def _exec_job(report: int, output: int, job: Job, handled: list[int], mask: set[int | signal.Signals]) -> None:
+    """In the clone: exec the job now."""
     code = errno.EIO
     try:
-        for signum in handled:
-            signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal now ends this child, as it would the job
-        os.setsid()
-        if credentials:  # as Popen does it: groups, then group, then user, before anything the user controls
-            os.setgroups(list(credentials["extra_groups"]))
-            os.setregid(credentials["group"], credentials["group"])
-            os.setreuid(credentials["user"], credentials["user"])
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.closerange(3, report)  # as Popen does: a job, root's or a user's, inherits nothing of its shim's
-        os.closerange(report + 1, 65536)
-        os.chdir(cwd)
-        os.execve(program, argv, env)
+        _reset(handled, mask)
+        become(job, output, report)
     except OSError as err:
         code = err.errno or errno.EIO
     except BaseException:  # nothing may escape into the shim's code in this copy of it
         pass
+    _report(report, str(code).encode())
+
+
+def _exec_waiter(fds: tuple[int, int, int, int], handled: list[int], mask: set[int | signal.Signals]) -> None:
+    """In the clone: become the waiter (``launcher.supervisor.waiter``, run as a script), holding only the four
+    descriptors ``fds`` (go, report, the job's details, its output)."""
+    code = errno.EIO
     try:
-        os.write(report, str(code).encode())
+        _reset(handled, mask)
+        close_all_but(*fds)
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        words = [sys.executable, "-I", "-S", waiter.__file__, *map(str, fds), "gpuq: waiting for its turn"]
+        os.execve(sys.executable, words, {})  # no variable of the job's reaches this interpreter
+    except OSError as err:
+        code = err.errno or errno.EIO
+    except BaseException:
+        pass
+    _report(fds[1], b"W%d" % code)
+
+
+def _reset(handled: list[int], mask: set[int | signal.Signals]) -> None:
+    for signum in handled:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal now ends this child, as it would the job
+    os.setsid()
+
+
+def _report(report: int, what: bytes) -> None:
+    try:
+        os.write(report, what)
     finally:
         os._exit(127)
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 64):
+        data += chunk
+    return data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _failure(report: bytes) -> OSError:
+    code = int(report) if report.isdigit() else errno.EIO
+    return OSError(code, os.strerror(code))

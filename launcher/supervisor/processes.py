@@ -78,6 +78,21 @@ def spawn(
     return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reap
 
 
+def born_ahead(
+    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int, cgroup: str
+) -> tuple[intocgroup.Born, float | None]:
+    """The process that will run the job as ``spawn`` would start it in ``cgroup``, cloned there now and
+    waiting to exec (``intocgroup.Born.go``), and its start time: the job's first process is this one."""
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    born = intocgroup.prepare(cgroup, argv, cwd, env, credentials, output)
+    return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+
+
+def reaper(pid: int) -> Callable[[], int]:
+    """What waits for child ``pid`` and returns its exit status (negative: the signal that ended it)."""
+    return functools.partial(_reap, pid)
+
+
 def _reap(pid: int) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 

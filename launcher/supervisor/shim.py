@@ -34,7 +34,6 @@ The job's stdout and stderr go to a pipe that the shim copies into ``logs/<id>.l
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pickle
@@ -48,10 +47,10 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
+from gpuq_scheduler.launcher.supervisor import ahead, containment, starting
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
-from gpuq_scheduler.launcher.supervisor.joblog import CHUNK, JobLog, log_limit
-from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, spawn
+from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
+from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
@@ -185,38 +184,17 @@ def _supervise(
     log_fd = ahead.log(launch.log)
     if log_fd is None:
         log_fd = open_log(launch.log, launch.account, launch.log_group)
-    out_read, out_write = os.pipe()
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(out_read, fcntl.F_SETPIPE_SZ, CHUNK)  # fewer wake-ups for a chatty job
-    # The job is born inside its cgroup, its shim never is: cloned into it, or else the shim goes in and out.
-    what, back, cgroup = launch.argv[0], None, None if launch.box is None else launch.box.cgroup
     try:
-        if launch.box is not None and cgroup is not None:
-            what = f"its cgroup {cgroup}"
-            containment.make(launch.box)
-            what = launch.argv[0]
-        try:
-            pid, start, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
-        except intocgroup.Unsupported:
-            assert launch.box is not None
-            what = f"its cgroup {cgroup}"
-            back = containment.enter(launch.box)
-            what = launch.argv[0]
-            pid, start, reap = spawn(argv, cwd, env, credentials, out_write)
-    except OSError as err:
+        pid, start, reap, out_read = starting.start(
+            launch.job_id, launch.box, launch.argv[0], argv, cwd, env, credentials, handed
+        )
+    except starting.NotStarted as failed:
         ahead.drop()
-        os.write(log_fd, f"gpuq: could not start {shown(what)}: {err.strerror or err}\n".encode())
-        os.close(out_read)
+        os.write(log_fd, f"gpuq: could not start {shown(failed.what)}: {failed.why}\n".encode())
         os.close(log_fd)
-        with contextlib.suppress(OSError):
-            containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
-        back = None
         if launch.box is not None and launch.box.cgroup is not None:
             containment.end(launch.box, -1)  # nothing started in it; the cgroup goes
-        return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{what}: {err.strerror or err}"), None
-    finally:
-        containment.leave(back)
-        os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
+        return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{failed.what}: {failed.why}"), None
     output = JobLog(log_fd, log_limit())
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
@@ -293,6 +271,9 @@ def _requests(
             assert isinstance(value, Launch)
             following = value
             ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            if value.box is not None and value.box.cgroup is not None:
+                argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
+                ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, starting.output_pipe())
         elif kind in (CANCEL, DROP) and following is not None and value == following.job_id:
             _give_back(following)
             following = None

@@ -6,6 +6,12 @@ does only what is left, so a daemon restarted in the middle of one runs it again
 other to undo it. Suspend: lock every CUDA process of the job, checkpoint each, then freeze the job (its
 cgroup, or SIGSTOP to each process in the fallback). Resume: thaw the job, restore every CUDA process,
 unlock each. A suspend that fails part way is undone (the job runs on, on its GPUs) and says why.
+
+The daemon starts it with ``start``: a fork of itself that runs ``act`` (the daemon is single-threaded, as
+its forked shims need it to be), not a fresh interpreter, whose start and imports cost a few hundred ms
+before the first driver call (bench/suspend_overhead.py); a daemon that has threads after all (a library
+that started one) execs this module instead. Either way the child writes its result down a pipe, then
+wakes the daemon's pass through its FIFO, so the result is recorded at once rather than at the next poll.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +28,7 @@ from typing import Any
 
 from gpuq_scheduler.launcher.daemon import containment
 from gpuq_scheduler.launcher.daemon.containment import Box
+from gpuq_scheduler.launcher.daemon.processes import start_time
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -116,17 +124,125 @@ def resume(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
     return {"ok": True, "pids": sorted(found), "steps": steps}
 
 
-def main(argv: list[str]) -> int:
-    order = json.loads(argv[0])
+def act(order: dict[str, Any]) -> dict[str, Any]:
+    """Do what ``order`` says (``action``: suspend or resume; ``leader``, ``box``, ``fake``, ``usage``: which
+    job and which checkpoint): the result the daemon reads, with the wall times the helper began and ended."""
+    began = time.time()
     box = Box.from_json(order.get("box"))
     leader = int(order["leader"])
     try:
         cuda = checkpointer(bool(order.get("fake")), order.get("usage"))
     except (OSError, CheckpointError) as err:
-        print(json.dumps({"ok": False, "why": f"no CUDA checkpoint here: {err}"}), flush=True)
-        return 0
-    act = suspend if order["action"] == "suspend" else resume
-    print(json.dumps(act(cuda, box, leader)), flush=True)
+        result = {"ok": False, "why": f"no CUDA checkpoint here: {err}"}
+    else:
+        result = (suspend if order["action"] == "suspend" else resume)(cuda, box, leader)
+    return {**result, "began": began, "ended": time.time()}
+
+
+class Helper:
+    """The child acting on one job, seen from the daemon: its pid and start time (for the pause file, which
+    a later daemon reads to wait for it) and its result, once it has written it and closed its pipe."""
+
+    def __init__(self, pid: int, started: float, pipe: int, spawned: float, keep: object = None) -> None:
+        self.pid, self.started, self.spawned = pid, started, spawned
+        self._pipe, self._out, self._keep = pipe, bytearray(), keep  # keep: an exec'd child's Popen
+        os.set_blocking(pipe, False)
+
+    def result(self) -> dict[str, Any] | None:
+        """None while it runs; then what it said (``ok`` False if it ended saying nothing: killed, say)."""
+        if self._pipe < 0:
+            raise ValueError("the helper's result was read already")
+        try:
+            while chunk := os.read(self._pipe, 65536):
+                self._out += chunk
+        except BlockingIOError:
+            return None  # its write end is still open: it runs
+        os.close(self._pipe)
+        self._pipe = -1
+        self._keep = None
+        try:
+            found = json.loads(bytes(self._out).strip().splitlines()[-1])
+            if isinstance(found, dict):
+                return found
+        except (ValueError, IndexError):
+            pass
+        return {"ok": False, "why": "its helper ended saying nothing"}
+
+
+_RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+
+def start(order: dict[str, Any], wake: str) -> Helper:
+    """Start the child for ``order`` in a session of its own (it finishes even if the daemon dies), which
+    wakes the daemon through the FIFO ``wake`` once its result is written. OSError if it cannot start."""
+    spawned = time.time()
+    read_end, write_end = os.pipe()
+    try:
+        if len(os.listdir("/proc/self/task")) > 1:  # a fork of a threaded process may inherit a held lock
+            child = subprocess.Popen(
+                [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
+                stdin=subprocess.DEVNULL, stdout=write_end, start_new_session=True, close_fds=True,
+            )  # fmt: skip
+            pid, keep = child.pid, child
+        else:
+            pid, keep = _fork(order, write_end, wake), None
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return Helper(pid, start_time(pid) or 0.0, read_end, spawned, keep)
+
+
+def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
+    # A SIGTERM must not meet the daemon's handler in the child (it would set the daemon's stop flag in the
+    # copy and write to the daemon's wake-up pipe): blocked across the fork until the child's are default.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the daemon's code
+            code = 70
+            try:
+                os.setsid()
+                for signum in _RESET:
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                # The daemon's lock, database, FIFO and shims' pipes: a helper that outlives a daemon killed
+                # with kill -9 must not hold its lock, nor anything else of it.
+                os.closerange(3, pipe)
+                os.closerange(pipe + 1, 65536)
+                with contextlib.suppress(OSError):
+                    Path("/proc/self/comm").write_text("gpuq-suspender")
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                _answer(pipe, act(order), wake)
+                code = 0
+            finally:
+                os._exit(code)
+        return pid
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
+    """Write the result, close the pipe (the daemon reads it whole at its end), then wake the daemon."""
+    view = memoryview((json.dumps(result) + "\n").encode())
+    while view:
+        view = view[os.write(pipe, view) :]
+    # Closed by putting /dev/null in its place: an exec'd child's stdout stays a valid descriptor to the end.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, pipe)
+    os.close(devnull)
+    if wake:
+        with contextlib.suppress(OSError):  # no daemon listening: the next one reads the job's state anyway
+            fd = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
+            with contextlib.suppress(OSError):
+                os.write(fd, b"!")
+            os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    order = json.loads(argv[0])
+    _answer(sys.stdout.fileno(), act(order), order.get("wake"))
     return 0
 
 

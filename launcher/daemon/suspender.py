@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -61,17 +62,30 @@ def freeze(box: Box | None, leader: int, frozen: bool) -> None:
     if box is not None and box.cgroup is not None:
         with open(f"{box.cgroup}/cgroup.freeze", "w") as handle:
             handle.write("1" if frozen else "0")
-        deadline = time.monotonic() + FREEZE_WITHIN
-        want = f"frozen {int(frozen)}"
-        while want not in Path(f"{box.cgroup}/cgroup.events").read_text().splitlines():
-            if time.monotonic() > deadline:
-                raise OSError(f"{box.cgroup} did not report '{want}' within {FREEZE_WITHIN:g}s")
-            time.sleep(0.01)
+        _until_frozen(box.cgroup, frozen)
         return
     pids = containment.members(box, leader) if box is not None else set()
     for pid in {leader} | pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
+def _until_frozen(cgroup: str, frozen: bool) -> None:
+    """Wait until the cgroup reports the freezer's state: the kernel notifies a change of cgroup.events to
+    poll() (POLLPRI), so this returns as it happens rather than at the next turn of a sleep."""
+    deadline = time.monotonic() + FREEZE_WITHIN
+    want = f"frozen {int(frozen)}".encode()
+    fd = os.open(f"{cgroup}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        watch = select.poll()
+        watch.register(fd, select.POLLPRI | select.POLLERR)
+        while want not in os.pread(fd, 4096, 0).splitlines():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(f"{cgroup} did not report '{want.decode()}' within {FREEZE_WITHIN:g}s")
+            watch.poll(min(left, 0.05) * 1000)  # a notification missed costs 50 ms at most
+    finally:
+        os.close(fd)
 
 
 def suspend(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
@@ -133,10 +147,11 @@ def act(order: dict[str, Any]) -> dict[str, Any]:
     try:
         cuda = checkpointer(bool(order.get("fake")), order.get("usage"))
     except (OSError, CheckpointError) as err:
-        result = {"ok": False, "why": f"no CUDA checkpoint here: {err}"}
-    else:
-        result = (suspend if order["action"] == "suspend" else resume)(cuda, box, leader)
-    return {**result, "began": began, "ended": time.time()}
+        return {"ok": False, "why": f"no CUDA checkpoint here: {err}", "began": began, "ended": time.time()}
+    opened = time.time() - began  # the driver's library loaded and cuInit: before the first call
+    result = (suspend if order["action"] == "suspend" else resume)(cuda, box, leader)
+    steps = {"open": opened, **result.get("steps", {})}
+    return {**result, "steps": steps, "began": began, "ended": time.time()}
 
 
 class Helper:

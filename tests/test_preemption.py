@@ -105,6 +105,11 @@ def test_an_urgent_job_takes_a_preemptible_jobs_gpu_which_then_finishes_its_work
         assert shown["bytes_moved"] == preempted_bytes(events, victim) > 60 * 2**30
         assert "preempted once; suspended once, 60.5G moved, " in queue.run("show", str(victim)).stdout
         assert "PREEMPTED  REQUEUED  SUSPENDS  MOVED  SUSPENDED" in queue.run("report").stdout
+        queue.run("report", "--html", str(tmp_path / "report.html"))  # the page has the same table, and per job
+        page = (tmp_path / "report.html").read_text()
+        user = shown["user"]
+        assert f"<tr><td>{user}</td><td>1</td><td>0</td><td>1</td><td>60.5G</td>" in page
+        assert f"<tr><td>{victim}</td><td>fake_counter.py</td><td>{user}</td><td>1</td><td>0</td><td>1</td>" in page
         _never_double_booked(events)
     finally:
         queue.cleanup()

@@ -33,6 +33,8 @@ if str(ROOT) not in sys.path:
 
 from gpuq_scheduler.launcher.gpus.checkpoint import DriverCheckpoint  # noqa: E402
 
+GPUQ_ROOT = [ROOT]  # the gpuq source tree the queue runs (--root: another checkout, to compare)
+
 GB = 1e9
 GiB = 1 << 30
 
@@ -63,7 +65,7 @@ sys.exit(0 if intact else 1)
 
 def gpuq(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(ROOT))
+    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(GPUQ_ROOT[0]))
     return subprocess.run(
         [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=env, capture_output=True, text=True,
         check=True, timeout=600,
@@ -148,6 +150,8 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
                               str(count_file), str(stop)).stdout)["id"])  # fmt: skip
     until("the job to count", lambda: len(counts(count_file)) > 5 and show(home, job)["peak_mem"])
     pid = json.loads((home / "run" / f"{job}.pid").read_text())["pid"]
+    # One thread: the helper is forked from the daemon; more (NVML's, say): a fresh interpreter instead.
+    threads = len(os.listdir(f"/proc/{int((home / 'daemon.pid').read_text())}/task"))
     held = gpu_processes().get(pid, 0)
     wall_at = time.time()
     gpuq(home, "suspend", str(job))
@@ -176,6 +180,7 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     return {
         "size_gib": size, "held_bytes": held, "host_bytes": event(home, job, "suspended").get("bytes"),
         "suspend_s": suspend_s, "resume_s": resume_s, "helper_steps": steps, "helper_times": helper,
+        "daemon_threads": threads,
         "phases": {"suspend": down, "resume": up},
         "suspend_gb_s": round(held / GB / suspend_s, 2), "resume_gb_s": round(held / GB / resume_s, 2),
         "gpu_empty_of_job_while_suspended": pid not in on_gpu, "gpu_processes_while_suspended": on_gpu,
@@ -218,11 +223,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
     parser.add_argument("--repeat", type=int, default=1, help="rounds per size, gpuq and the bare calls in turn")
+    parser.add_argument("--root", type=Path, default=ROOT, help="run this gpuq source tree (default: this one)")
     args = parser.parse_args()
+    GPUQ_ROOT[0] = args.root.resolve()
     results: dict[str, Any] = {"machine": subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         capture_output=True, text=True,
-    ).stdout.strip(), "date": time.strftime("%Y-%m-%d"), "sizes": []}  # fmt: skip
+    ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M %Z"), "root": str(GPUQ_ROOT[0]), "sizes": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
         for size in args.sizes:
             rounds = []

@@ -7,11 +7,14 @@ other to undo it. Suspend: lock every CUDA process of the job, checkpoint each, 
 cgroup, or SIGSTOP to each process in the fallback). Resume: thaw the job, restore every CUDA process,
 unlock each. A suspend that fails part way is undone (the job runs on, on its GPUs) and says why.
 
-The daemon starts it with ``start``: a fork of itself that runs ``act`` (the daemon is single-threaded, as
-its forked shims need it to be), not a fresh interpreter, whose start and imports cost a few hundred ms
-before the first driver call (bench/suspend_overhead.py); a daemon that has threads after all (a library
-that started one) execs this module instead. Either way the child writes its result down a pipe, then
-wakes the daemon's pass through its FIFO, so the result is recorded at once rather than at the next poll.
+The daemon starts it with ``start``: a fork that runs ``act``, not a fresh interpreter, whose start and
+imports cost 100-150 ms before the first driver call (an H200 host; bench/gpu_suspend.py). The fork is of the
+daemon itself where it is single-threaded (the fake inventory), else of a ``Forker``: a small server of one
+thread, a fresh interpreter started once, that forks a helper per order. NVML starts a thread in the daemon
+on a real host (two threads seen), and a fork of a threaded process may inherit a lock another thread held
+(in malloc, the dynamic loader, the driver's library), which the helper's first ``dlopen`` of libcuda could
+then wait on for ever. Either way the helper writes its result down a pipe the daemon made, then wakes the
+daemon's pass through its FIFO, so the result is recorded at once rather than at the next poll.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,6 +167,14 @@ class Helper:
         self._pipe, self._out, self._keep = pipe, bytearray(), keep  # keep: an exec'd child's Popen
         os.set_blocking(pipe, False)
 
+    def times(self, result: dict[str, Any]) -> dict[str, float]:
+        """When the daemon started the helper, and when it began and ended (wall times, from its result):
+        where the time between a command and its record goes (bench/suspend_overhead.py)."""
+        found = {"spawned": self.spawned} | {
+            key: float(result[key]) for key in ("began", "ended") if isinstance(result.get(key), (int, float))
+        }  # fmt: skip
+        return {key: round(value, 4) for key, value in found.items()}
+
     def result(self) -> dict[str, Any] | None:
         """None while it runs; then what it said (``ok`` False if it ended saying nothing: killed, say)."""
         if self._pipe < 0:
@@ -187,20 +199,24 @@ class Helper:
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
 
-def start(order: dict[str, Any], wake: str) -> Helper:
+def start(order: dict[str, Any], wake: str, forker: Forker | None = None) -> Helper:
     """Start the child for ``order`` in a session of its own (it finishes even if the daemon dies), which
-    wakes the daemon through the FIFO ``wake`` once its result is written. OSError if it cannot start."""
+    wakes the daemon through the FIFO ``wake`` once its result is written: forked here if this process has
+    one thread, else by ``forker``, else (none, or it failed) a fresh interpreter. OSError if none starts."""
     spawned = time.time()
     read_end, write_end = os.pipe()
+    keep: object = None
     try:
-        if len(os.listdir("/proc/self/task")) > 1:  # a fork of a threaded process may inherit a held lock
-            child = subprocess.Popen(
-                [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
-                stdin=subprocess.DEVNULL, stdout=write_end, start_new_session=True, close_fds=True,
-            )  # fmt: skip
-            pid, keep = child.pid, child
+        if len(os.listdir("/proc/self/task")) == 1:
+            pid = _fork(order, write_end, wake)
         else:
-            pid, keep = _fork(order, write_end, wake), None
+            pid = forker.fork(order, wake, write_end) if forker is not None else 0
+            if pid <= 0:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
+                    stdin=subprocess.DEVNULL, stdout=write_end, start_new_session=True, close_fds=True,
+                )  # fmt: skip
+                pid, keep = child.pid, child
     except BaseException:
         os.close(read_end)
         raise
@@ -209,7 +225,79 @@ def start(order: dict[str, Any], wake: str) -> Helper:
     return Helper(pid, start_time(pid) or 0.0, read_end, spawned, keep)
 
 
+class Forker:
+    """A server of one thread that forks the helpers for a daemon that has threads: ``python -m`` this module
+    ``--serve FD``, given one end of a socket pair. Each order comes with the write end of its result pipe
+    (SCM_RIGHTS); the server forks the helper, closes its copy, and answers with the helper's pid. It exits
+    when the daemon's end closes (the daemon stopped or died); the helpers, in sessions of their own, go on."""
+
+    ANSWER_WITHIN = 5.0  # seconds: a server that does not answer is given up for a fresh interpreter
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__, "--serve", str(theirs.fileno())], stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(self.ANSWER_WITHIN)
+        self._socket: socket.socket | None = ours
+
+    def fork(self, order: dict[str, Any], wake: str, pipe: int) -> int:
+        """The pid of a helper forked for ``order`` with ``pipe`` as its result's way out, or 0 if the server
+        is gone or does not answer (it is then given up: the caller execs one instead)."""
+        if self._socket is None:
+            return 0
+        try:
+            socket.send_fds(self._socket, [json.dumps({"order": order, "wake": wake}).encode()], [pipe])
+            answer = self._socket.recv(64)
+            return int(answer)
+        except (OSError, ValueError):
+            self.close()
+            return 0
+
+    @property
+    def alive(self) -> bool:
+        return self._socket is not None and self.process.poll() is None
+
+    def close(self) -> None:
+        """Let the server go (it exits at its end of the pair's close); helpers it forked go on."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=0)
+
+
+def _serve(fd: int) -> int:
+    """The Forker's loop: one order at a time, each forked at once (the helpers run beside each other)."""
+    server = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its helpers are reaped by the kernel (none is waited for)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("gpuq-forker")
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(server, 1 << 16, 1)
+        except OSError:
+            return 0
+        if not message or len(fds) != 1:
+            return 0  # the daemon's end closed
+        data = json.loads(message)
+        try:
+            pid = _fork(data["order"], fds[0], data["wake"])
+        except OSError:
+            pid = 0
+        os.close(fds[0])
+        server.send(str(pid).encode())
+
+
 def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
+    """Fork the helper: in a session of its own, every descriptor but ``pipe`` closed, signals default."""
     # A SIGTERM must not meet the daemon's handler in the child (it would set the daemon's stop flag in the
     # copy and write to the daemon's wake-up pipe): blocked across the fork until the child's are default.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -256,6 +344,8 @@ def _answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--serve"]:
+        return _serve(int(argv[1]))
     order = json.loads(argv[0])
     _answer(sys.stdout.fileno(), act(order), order.get("wake"))
     return 0

@@ -185,7 +185,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
             paused["since"] = time.monotonic()  # its time limit stops running now
         _write_pause(scheduler, record.id, paused)
         try:
-            acting.child = suspender.start(order, str(scheduler.state.wake))
+            acting.child = suspender.start(order, str(scheduler.state.wake), forker(scheduler))
         except OSError as err:  # out of processes: undone (a suspend) or tried again (a resume), as after a failure
             log.warning("cannot start the %s of job %d: %s", action, record.id, err)
             acting.again, acting.retry_at = True, time.time() + RETRY
@@ -197,6 +197,16 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     # A pass that fails drops ``start``: then the step is undone (a suspend) or finished (a resume) as after
     # a restart, whether or not it was recorded.
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
+
+
+def forker(scheduler: SchedulerState) -> suspender.Forker | None:
+    """The server that forks this daemon's helpers (``suspender.Forker``), started at the daemon's start and
+    again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
+    found: suspender.Forker | None = scheduler.suspensions.forker
+    if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
+        with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
+            found = scheduler.suspensions.forker = suspender.Forker()
+    return found if found is not None and found.alive else None
 
 
 def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
@@ -256,6 +266,7 @@ def recover(scheduler: SchedulerState) -> None:
             scheduler.suspensions.acting[job_id] = resuming
     for acting in scheduler.suspensions.acting.values():
         acting.began = now
+    forker(scheduler)  # ready before the first suspend (NVML's thread runs by now, where it starts one)
 
 
 def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
@@ -296,7 +307,7 @@ def _settle(
     if job is None:
         return  # it ended meanwhile (its exit file was read): nothing to record
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
-    helper = _helper_times(acting, result)
+    helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
         host_bytes = acting.bytes
         scheduler.table.mark_suspended(job_id, host_bytes, now)
@@ -342,14 +353,6 @@ def _settle(
         if acting.action == "suspend":
             scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state="running")
         events.append({"t": now, "job": job_id, "event": "suspend-undone", "why": why})
-
-
-def _helper_times(acting: Acting, result: dict[str, Any]) -> dict[str, float]:
-    """When the daemon started the helper, and when the helper began and ended (wall times): where the time
-    between a command and its record goes (bench/suspend_overhead.py)."""
-    times = {"spawned": acting.child.spawned} if acting.child is not None else {}
-    times |= {key: float(result[key]) for key in ("began", "ended") if isinstance(result.get(key), (int, float))}
-    return {key: round(value, 4) for key, value in times.items()}
 
 
 def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:

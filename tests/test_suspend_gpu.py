@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     wait_for(lambda: not (_forkers() & forkers), 10, "the Forker to go with its daemon")
 
 
-def _events(queue: Gpuq) -> list[dict[str, object]]:
+def _events(queue: Gpuq) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (queue.home / "events.jsonl").read_text().splitlines() if line.strip()]
 
 

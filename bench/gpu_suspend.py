@@ -3,13 +3,15 @@
     .venv/bin/python bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40] [--repeat 3]
 
 For each size, a PyTorch job holding N GiB (a known pattern) is suspended and resumed through gpuq (a
-private queue on the real GPUs): the time from `gpuq suspend` to the job recorded suspended and from
-`gpuq resume` to it running again, the helper's own step times (lock, checkpoint, freeze; thaw, restore,
-unlock, from events.jsonl) and GB/s; whether the GPU was empty of the job while suspended (NVML), whether
-its count made no progress then, and whether its tensor was intact after. Then the bare driver calls on a
-plain process holding the same size, timed the same way, for the comparison (gpuq's time within 5 % of
-the driver's is the issue's bar). With --repeat, gpuq and the bare calls take turns going first, and the
-medians say, beside gpuq's whole times, how long its helper's own driver calls took.
+private queue on the real GPUs): the time from the moment before `gpuq suspend` starts to the job recorded
+suspended (its ``suspended`` event's time in events.jsonl, read from the file, not by polling `gpuq show`)
+and from `gpuq resume` to it recorded running again, split into the command itself, the daemon's part (from
+the pass that took the request to the one that recorded the result) and the helper's driver calls (lock +
+checkpoint; restore + unlock, from events.jsonl), and GB/s; whether the GPU was empty of the job while
+suspended (NVML), whether its count made no progress then, and whether its tensor was intact after. Then
+the bare driver calls on a plain process holding the same size, timed the same way, for the comparison
+(gpuq's time within 5 % of the driver's is the issue's bar). With --repeat, gpuq and the bare calls take
+turns going first; the medians give each part of gpuq's time beside the bare calls, and their ratios.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpuq_scheduler.launcher.gpus.checkpoint import DriverCheckpoint  # noqa: E402
+
+GPUQ_ROOT = [ROOT]  # the gpuq source tree the queue runs (--root: another checkout, to compare)
 
 GB = 1e9
 GiB = 1 << 30
@@ -61,7 +65,7 @@ sys.exit(0 if intact else 1)
 
 def gpuq(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(ROOT))
+    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(GPUQ_ROOT[0]))
     return subprocess.run(
         [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=env, capture_output=True, text=True,
         check=True, timeout=600,
@@ -108,6 +112,36 @@ def event(home: Path, job: int, kind: str) -> dict[str, Any]:
     return {}
 
 
+def event_after(home: Path, job: int, kind: str, since: float, timeout: float = 600.0) -> dict[str, Any]:
+    """The job's first event of this kind at or after wall time ``since``, once events.jsonl has it."""
+
+    def found() -> dict[str, Any] | None:
+        path = home / "events.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            data = json.loads(line)
+            if data.get("job") == job and data.get("event") == kind and data.get("t", 0.0) >= since:
+                return dict(data)
+        return None
+
+    return dict(until(f"job {job}'s {kind} event", found, timeout))
+
+
+def phases(command_at: float, command_s: float, seen: dict[str, Any], done: dict[str, Any]) -> dict[str, Any]:
+    """Where the time from a command to its record went: the command, the daemon's part (the pass that
+    took the request to the one that recorded the result), the helper's life within it, its driver calls."""
+    steps = done.get("steps") or {}
+    helper = done.get("helper") or {}
+    return {
+        "total_s": round(done["t"] - command_at, 3), "command_s": round(command_s, 3),
+        "seen_after_s": round(seen["t"] - command_at, 3), "daemon_s": round(done["t"] - seen["t"], 3),
+        "helper_s": round(helper["ended"] - helper["spawned"], 3) if {"ended", "spawned"} <= set(helper) else None,
+        "driver_calls_s": round(sum(float(v) for k, v in steps.items() if k in DRIVER_CALLS), 3),
+    }  # fmt: skip
+
+
+DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
+
+
 def through_gpuq(size: float, work: Path) -> dict[str, Any]:
     home, script = work / f"queue-{size:g}", work / "job.py"
     script.write_text(JOB)
@@ -116,35 +150,38 @@ def through_gpuq(size: float, work: Path) -> dict[str, Any]:
                               str(count_file), str(stop)).stdout)["id"])  # fmt: skip
     until("the job to count", lambda: len(counts(count_file)) > 5 and show(home, job)["peak_mem"])
     pid = json.loads((home / "run" / f"{job}.pid").read_text())["pid"]
+    # One thread: the helper is forked from the daemon; more (NVML's, say): a fresh interpreter instead.
+    threads = len(os.listdir(f"/proc/{int((home / 'daemon.pid').read_text())}/task"))
     held = gpu_processes().get(pid, 0)
-    at, wall_at = time.monotonic(), time.time()
+    wall_at = time.time()
     gpuq(home, "suspend", str(job))
-    until("suspended", lambda: show(home, job)["state"] == "suspended")
-    suspend_s = time.monotonic() - at
+    command_s = time.time() - wall_at
+    down = phases(wall_at, command_s, event_after(home, job, "suspending", wall_at - 1),
+                  event_after(home, job, "suspended", wall_at))  # fmt: skip
     stopped = counts(count_file)
     on_gpu = gpu_processes()
     time.sleep(2)  # the count must not move while suspended: looked at after a while
     still = counts(count_file) == stopped
-    at, resume_wall_at = time.monotonic(), time.time()
+    resume_wall_at = time.time()
     gpuq(home, "resume", str(job))
-    until("resumed", lambda: show(home, job)["state"] == "running")
-    resume_s = time.monotonic() - at
+    command_s = time.time() - resume_wall_at
+    up = phases(resume_wall_at, command_s, event_after(home, job, "resume-requested", resume_wall_at - 1),
+                event_after(home, job, "resumed", resume_wall_at))  # fmt: skip
+    suspend_s, resume_s = down["total_s"], up["total_s"]
     until("the job to count on", lambda: len(counts(count_file)) > len(stopped) + 5)
     went_on = counts(count_file)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
     stop.touch()
     until("the job to end", lambda: show(home, job)["state"] not in ("running", "suspended"))
     ended = show(home, job)
     gpuq(home, "daemon", "stop")
-    steps = {"suspend": event(home, job, "suspended").get("steps"), "resume": event(home, job, "resumed").get("steps")}
-    # From the command to the daemon's record of it (events.jsonl's times), without this script's polling.
-    recorded = {
-        "suspend_s": round(event(home, job, "suspended").get("t", 0.0) - wall_at, 3),
-        "resume_s": round(event(home, job, "resumed").get("t", 0.0) - resume_wall_at, 3),
-        "suspend_began_after_s": round(event(home, job, "suspending").get("t", 0.0) - wall_at, 3),
-    }
+    down_event, up_event = event(home, job, "suspended"), event(home, job, "resumed")
+    steps = {"suspend": down_event.get("steps"), "resume": up_event.get("steps")}
+    helper = {"suspend": down_event.get("helper"), "resume": up_event.get("helper")}
     return {
         "size_gib": size, "held_bytes": held, "host_bytes": event(home, job, "suspended").get("bytes"),
-        "suspend_s": round(suspend_s, 3), "resume_s": round(resume_s, 3), "helper_steps": steps, "recorded": recorded,
+        "suspend_s": suspend_s, "resume_s": resume_s, "helper_steps": steps, "helper_times": helper,
+        "daemon_threads": threads,
+        "phases": {"suspend": down, "resume": up},
         "suspend_gb_s": round(held / GB / suspend_s, 2), "resume_gb_s": round(held / GB / resume_s, 2),
         "gpu_empty_of_job_while_suspended": pid not in on_gpu, "gpu_processes_while_suspended": on_gpu,
         "no_progress_while_suspended": still, "counted_on_from_where_it_stopped": went_on,
@@ -186,11 +223,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
     parser.add_argument("--repeat", type=int, default=1, help="rounds per size, gpuq and the bare calls in turn")
+    parser.add_argument("--root", type=Path, default=ROOT, help="run this gpuq source tree (default: this one)")
     args = parser.parse_args()
+    GPUQ_ROOT[0] = args.root.resolve()
     results: dict[str, Any] = {"machine": subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         capture_output=True, text=True,
-    ).stdout.strip(), "date": time.strftime("%Y-%m-%d"), "sizes": []}  # fmt: skip
+    ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M %Z"), "root": str(GPUQ_ROOT[0]), "sizes": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
         for size in args.sizes:
             rounds = []
@@ -212,35 +251,23 @@ def main() -> None:
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
-    """Medians over the rounds: gpuq's whole suspend and resume (from the command to the state recorded),
-    its helper's driver calls alone (lock + checkpoint; restore + unlock), the bare calls, and the ratios."""
+    """Medians over the rounds, suspend and resume each: gpuq's whole time (from the moment before the command
+    to the state recorded in events.jsonl), the command's own part, the daemon's part (the pass that took the
+    request to the one that recorded it), its helper's driver calls alone (lock + checkpoint; restore +
+    unlock), the bare calls, and each of gpuq's against the bare calls."""
 
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
-    def helper(steps: dict[str, Any] | None, names: tuple[str, ...]) -> float:
-        return sum(float((steps or {}).get(name, 0.0)) for name in names)
-
-    found = {
-        "gpuq_suspend_s": median([r["gpuq"]["suspend_s"] for r in rounds]),
-        "gpuq_resume_s": median([r["gpuq"]["resume_s"] for r in rounds]),
-        "gpuq_driver_calls_suspend_s": median(
-            [helper(r["gpuq"]["helper_steps"]["suspend"], ("lock", "checkpoint")) for r in rounds]
-        ),
-        "gpuq_driver_calls_resume_s": median(
-            [helper(r["gpuq"]["helper_steps"]["resume"], ("restore", "unlock")) for r in rounds]
-        ),
-        "gpuq_recorded_suspend_s": median([r["gpuq"]["recorded"]["suspend_s"] for r in rounds]),
-        "gpuq_recorded_resume_s": median([r["gpuq"]["recorded"]["resume_s"] for r in rounds]),
-        "bare_suspend_s": median([r["driver"]["suspend_s"] for r in rounds]),
-        "bare_resume_s": median([r["driver"]["resume_s"] for r in rounds]),
-    }
-    found["ratio_suspend"] = round(found["gpuq_suspend_s"] / found["bare_suspend_s"], 3)
-    found["ratio_resume"] = round(found["gpuq_resume_s"] / found["bare_resume_s"], 3)
-    found["ratio_recorded_suspend"] = round(found["gpuq_recorded_suspend_s"] / found["bare_suspend_s"], 3)
-    found["ratio_recorded_resume"] = round(found["gpuq_recorded_resume_s"] / found["bare_resume_s"], 3)
-    found["ratio_driver_calls_suspend"] = round(found["gpuq_driver_calls_suspend_s"] / found["bare_suspend_s"], 3)
-    found["ratio_driver_calls_resume"] = round(found["gpuq_driver_calls_resume_s"] / found["bare_resume_s"], 3)
+    found: dict[str, float] = {}
+    for action in ("suspend", "resume"):
+        bare = median([r["driver"][f"{action}_s"] for r in rounds])
+        found[f"bare_{action}_s"] = bare
+        for part in ("total", "command", "daemon", "driver_calls"):
+            value = median([r["gpuq"]["phases"][action][f"{part}_s"] for r in rounds])
+            found[f"gpuq_{part}_{action}_s"] = value
+            if part != "command":
+                found[f"ratio_{part}_{action}"] = round(value / bare, 3)
     return found
 
 

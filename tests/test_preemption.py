@@ -105,6 +105,11 @@ def test_an_urgent_job_takes_a_preemptible_jobs_gpu_which_then_finishes_its_work
         assert shown["bytes_moved"] == preempted_bytes(events, victim) > 60 * 2**30
         assert "preempted once; suspended once, 60.5G moved, " in queue.run("show", str(victim)).stdout
         assert "PREEMPTED  REQUEUED  SUSPENDS  MOVED  SUSPENDED" in queue.run("report").stdout
+        queue.run("report", "--html", str(tmp_path / "report.html"))  # the page has the same table, and per job
+        page = (tmp_path / "report.html").read_text()
+        user = shown["user"]
+        assert f"<tr><td>{user}</td><td>1</td><td>0</td><td>1</td><td>60.5G</td>" in page
+        assert f"<tr><td>{victim}</td><td>fake_counter.py</td><td>{user}</td><td>1</td><td>0</td><td>1</td>" in page
         _never_double_booked(events)
     finally:
         queue.cleanup()
@@ -221,8 +226,9 @@ def test_a_job_that_ignores_its_signal_is_stopped_after_the_grace_period_and_req
         wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "600")
         queue.wait_state(urgent, "running", timeout=60)
-        shown = queue.wait_state(job, "pending")
-        assert shown["reason"].startswith("queued again, not counted against its retries: preempted for job")
+        queue.wait_state(job, "pending")  # (and at once staged to follow the urgent job: its place is kept)
+        requeued = wait_for(lambda: [e for e in _events(queue) if e.get("job") == job and e["event"] == "requeued"], 30)
+        assert requeued[0]["reason"].startswith("queued again, not counted against its retries: preempted for job")
         queue.run("cancel", str(urgent), str(job))
     finally:
         queue.cleanup()

@@ -185,3 +185,13 @@ def test_a_personal_queue_reads_gpuq_preempt_and_refuses_a_bad_value() -> None:
     assert daemon_settings(None, on) == Settings(enabled=True, min_runtime=90.0, by_fair_share=True)
     with pytest.raises(BadInput, match="GPUQ_PREEMPT="):
         daemon_settings(None, {"GPUQ_PREEMPT": "yes"})
+
+
+def test_a_preempted_job_is_queued_again_at_once_a_victim_of_anothers_memory_after_the_backoff() -> None:
+    """A requeued preemption victim keeps its place in queue order at once (tests/test_preemption.py shows it
+    starting before a job submitted after it); one whose memory another job took waits for the culprit."""
+    from gpuq_scheduler.jobs.causes import Cause
+    from gpuq_scheduler.launcher.policy.lifecycle import requeue_delay
+
+    assert requeue_delay(Cause.PREEMPTED, 10.0) == 0.0
+    assert requeue_delay(Cause.OOM_VICTIM, 10.0) == 10.0

@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +55,25 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     assert gpu_processes().get(pid, 0) >= 4 << 30
     stop.touch()
     assert real.wait_state(job, "succeeded", "failed", timeout=120)["state"] == "succeeded"  # INTACT
+    # NVML gave the daemon a thread, so its helpers came from its Forker, which goes with the daemon.
+    resumed = [e for e in _events(real) if e.get("job") == job and e.get("event") == "resumed"]
+    assert resumed[0]["helper"]["began"] - resumed[0]["helper"]["spawned"] < 0.05  # a fork, not a fresh interpreter
+    forkers = _forkers()
+    assert forkers
+    real.run("daemon", "stop")
+    wait_for(lambda: not (_forkers() & forkers), 10, "the Forker to go with its daemon")
+
+
+def _events(queue: Gpuq) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (queue.home / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _forkers() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "gpuq-forker":
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found

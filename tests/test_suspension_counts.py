@@ -11,6 +11,7 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views.live import Picture
 from gpuq_scheduler.launcher.views.metrics import exposition
 from gpuq_scheduler.launcher.views.report import build_report, render_text
+from gpuq_scheduler.launcher.views.report_html import render_html
 from gpuq_scheduler.launcher.views.suspensions import Moves, by_user, from_events, of_job
 
 GiB = 1 << 30
@@ -76,6 +77,35 @@ def test_the_report_and_metrics_count_them_per_user() -> None:
     assert 'gpuq_suspend_bytes_total{user="alice"} 4.294967296e+10' in scraped
     assert 'gpuq_suspended_seconds_total{user="bob"} 90.0' in scraped
     assert 'gpuq_suspends_total{user="carol"}' not in scraped
+
+
+def test_the_html_report_has_the_table_per_user_and_per_job() -> None:
+    records = [
+        _record(1, "alice", suspended_for=120.0),
+        _record(2, "<b>bob</b>", JobState.SUSPENDED, suspended_for=30.0, suspended_at=NOW - 60),
+        _record(4, "alice"),
+        _record(6, "carol"),  # never suspended: in neither table
+    ]
+    report = build_report(records, 1, NOW, since=7200, moves=from_events(EVENTS))
+    page = render_html(report)
+    by_user = page[page.index('<table id="suspensions-by-user">') :].split("</table>")[0]
+    header = "<th>USER</th><th>PREEMPTED</th><th>REQUEUED</th><th>SUSPENDS</th><th>MOVED</th><th>SUSPENDED</th>"
+    assert header in by_user
+    assert "<tr><td>alice</td><td>2</td><td>1</td><td>1</td><td>40.0G</td><td>2m00s</td></tr>" in by_user
+    assert (
+        "<tr><td>&lt;b&gt;bob&lt;/b&gt;</td><td>0</td><td>0</td><td>1</td><td>10.0G</td><td>1m30s</td></tr>" in by_user
+    )
+    assert "carol" not in by_user
+    by_job = page[page.index('<table id="suspensions-by-job">') :].split("</table>")[0]
+    assert by_job.count("<tr><td>") == 3
+    assert (
+        "<tr><td>1</td><td>x</td><td>alice</td><td>1</td><td>0</td><td>1</td><td>40.0G</td><td>2m00s</td></tr>"
+        in by_job
+    )
+    assert "<tr><td>4</td><td>x</td><td>alice</td><td>1</td><td>1</td><td>0</td><td>0B</td><td>0.0s</td></tr>" in by_job
+    assert "<td>6</td>" not in by_job
+    quiet = render_html(build_report([_record(6, "carol")], 1, NOW, since=7200, moves={}))
+    assert '<p id="suspensions-by-user" class="empty">none</p>' in quiet
 
 
 def test_without_the_journal_show_says_the_time_suspended_alone() -> None:

@@ -80,11 +80,12 @@ def stopped_line(job_id: int, outcome: Outcome, ended: float) -> str | None:
 def _requeue_victim(
     scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
 ) -> None:
-    """Another job took its memory: it runs again as the same attempt (its retries are its own to spend),
-    after the usual first backoff, keeping the cause and culprit of the run it lost for `gpuq show`."""
+    """Another job took its memory, or preempted it: it runs again as the same attempt (its retries are its own
+    to spend), after ``lifecycle.requeue_delay``, keeping the cause and culprit of the run it lost for `gpuq show`."""
     reason = f"queued again, not counted against its retries: {outcome.recorded_reason()}"
+    delay = lifecycle.requeue_delay(outcome.cause, scheduler.retry_backoff)
     _queue_again(
-        scheduler, record.id, reason, _run_files(scheduler, record.id), not_before=ended + scheduler.retry_backoff,
+        scheduler, record.id, reason, _run_files(scheduler, record.id), not_before=ended + delay if delay else None,
         outcome=outcome,
     )  # fmt: skip
     events.append({"t": ended, "job": record.id, "event": "requeued", "reason": reason, "culprit": outcome.culprit})

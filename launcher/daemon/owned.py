@@ -45,11 +45,12 @@ class MemAuto:
 
 @dataclass
 class Suspensions:
-    """``daemon.suspending``: the suspends and resumes under way (job -> its helper), and the resumes asked
-    for, waiting for their GPUs (job -> who asked)."""
+    """``daemon.suspending``: the suspends and resumes under way (job -> its helper), the resumes asked for,
+    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``suspender.Forker``)."""
 
     acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)
+    forker: Any = None
 
 
 class Preemption:

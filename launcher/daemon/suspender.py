@@ -6,6 +6,15 @@ does only what is left, so a daemon restarted in the middle of one runs it again
 other to undo it. Suspend: lock every CUDA process of the job, checkpoint each, then freeze the job (its
 cgroup, or SIGSTOP to each process in the fallback). Resume: thaw the job, restore every CUDA process,
 unlock each. A suspend that fails part way is undone (the job runs on, on its GPUs) and says why.
+
+The daemon starts it with ``start``: a fork that runs ``act``, not a fresh interpreter, whose start and
+imports cost 100-150 ms before the first driver call (an H200 host; bench/gpu_suspend.py). The fork is of the
+daemon itself where it is single-threaded (the fake inventory), else of a ``Forker``: a small server of one
+thread, a fresh interpreter started once, that forks a helper per order. NVML starts a thread in the daemon
+on a real host (two threads seen), and a fork of a threaded process may inherit a lock another thread held
+(in malloc, the dynamic loader, the driver's library), which the helper's first ``dlopen`` of libcuda could
+then wait on for ever. Either way the helper writes its result down a pipe the daemon made, then wakes the
+daemon's pass through its FIFO, so the result is recorded at once rather than at the next poll.
 """
 
 from __future__ import annotations
@@ -13,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +40,7 @@ from gpuq_scheduler.launcher.gpus.checkpoint import (
 )  # fmt: skip
 from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.containment import Box
+from gpuq_scheduler.launcher.supervisor.processes import start_time
 
 FREEZE_WITHIN = 10.0  # seconds a cgroup may take to report itself frozen
 
@@ -53,17 +66,30 @@ def freeze(box: Box | None, leader: int, frozen: bool) -> None:
     if box is not None and box.cgroup is not None:
         with open(f"{box.cgroup}/cgroup.freeze", "w") as handle:
             handle.write("1" if frozen else "0")
-        deadline = time.monotonic() + FREEZE_WITHIN
-        want = f"frozen {int(frozen)}"
-        while want not in Path(f"{box.cgroup}/cgroup.events").read_text().splitlines():
-            if time.monotonic() > deadline:
-                raise OSError(f"{box.cgroup} did not report '{want}' within {FREEZE_WITHIN:g}s")
-            time.sleep(0.01)
+        _until_frozen(box.cgroup, frozen)
         return
     pids = containment.members(box, leader) if box is not None else set()
     for pid in {leader} | pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
+def _until_frozen(cgroup: str, frozen: bool) -> None:
+    """Wait until the cgroup reports the freezer's state: the kernel notifies a change of cgroup.events to
+    poll() (POLLPRI), so this returns as it happens rather than at the next turn of a sleep."""
+    deadline = time.monotonic() + FREEZE_WITHIN
+    want = f"frozen {int(frozen)}".encode()
+    fd = os.open(f"{cgroup}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        watch = select.poll()
+        watch.register(fd, select.POLLPRI | select.POLLERR)
+        while want not in os.pread(fd, 4096, 0).splitlines():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(f"{cgroup} did not report '{want.decode()}' within {FREEZE_WITHIN:g}s")
+            watch.poll(min(left, 0.05) * 1000)  # a notification missed costs 50 ms at most
+    finally:
+        os.close(fd)
 
 
 def suspend(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
@@ -116,17 +142,212 @@ def resume(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
     return {"ok": True, "pids": sorted(found), "steps": steps}
 
 
-def main(argv: list[str]) -> int:
-    order = json.loads(argv[0])
+def act(order: dict[str, Any]) -> dict[str, Any]:
+    """Do what ``order`` says (``action``: suspend or resume; ``leader``, ``box``, ``fake``, ``usage``: which
+    job and which checkpoint): the result the daemon reads, with the wall times the helper began and ended."""
+    began = time.time()
     box = Box.from_json(order.get("box"))
     leader = int(order["leader"])
     try:
         cuda = checkpointer(bool(order.get("fake")), order.get("usage"))
     except (OSError, CheckpointError) as err:
-        print(json.dumps({"ok": False, "why": f"no CUDA checkpoint here: {err}"}), flush=True)
-        return 0
-    act = suspend if order["action"] == "suspend" else resume
-    print(json.dumps(act(cuda, box, leader)), flush=True)
+        return {"ok": False, "why": f"no CUDA checkpoint here: {err}", "began": began, "ended": time.time()}
+    opened = time.time() - began  # the driver's library loaded and cuInit: before the first call
+    result = (suspend if order["action"] == "suspend" else resume)(cuda, box, leader)
+    steps = {"open": opened, **result.get("steps", {})}
+    return {**result, "steps": steps, "began": began, "ended": time.time()}
+
+
+class Helper:
+    """The child acting on one job, seen from the daemon: its pid and start time (for the pause file, which
+    a later daemon reads to wait for it) and its result, once it has written it and closed its pipe."""
+
+    def __init__(self, pid: int, started: float, pipe: int, spawned: float, keep: object = None) -> None:
+        self.pid, self.started, self.spawned = pid, started, spawned
+        self._pipe, self._out, self._keep = pipe, bytearray(), keep  # keep: an exec'd child's Popen
+        os.set_blocking(pipe, False)
+
+    def times(self, result: dict[str, Any]) -> dict[str, float]:
+        """When the daemon started the helper, and when it began and ended (wall times, from its result):
+        where the time between a command and its record goes (bench/suspend_overhead.py)."""
+        found = {"spawned": self.spawned} | {
+            key: float(result[key]) for key in ("began", "ended") if isinstance(result.get(key), (int, float))
+        }  # fmt: skip
+        return {key: round(value, 4) for key, value in found.items()}
+
+    def result(self) -> dict[str, Any] | None:
+        """None while it runs; then what it said (``ok`` False if it ended saying nothing: killed, say)."""
+        if self._pipe < 0:
+            raise ValueError("the helper's result was read already")
+        try:
+            while chunk := os.read(self._pipe, 65536):
+                self._out += chunk
+        except BlockingIOError:
+            return None  # its write end is still open: it runs
+        os.close(self._pipe)
+        self._pipe = -1
+        self._keep = None
+        try:
+            found = json.loads(bytes(self._out).strip().splitlines()[-1])
+            if isinstance(found, dict):
+                return found
+        except (ValueError, IndexError):
+            pass
+        return {"ok": False, "why": "its helper ended saying nothing"}
+
+
+_RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+
+def start(order: dict[str, Any], wake: str, forker: Forker | None = None) -> Helper:
+    """Start the child for ``order`` in a session of its own (it finishes even if the daemon dies), which
+    wakes the daemon through the FIFO ``wake`` once its result is written: forked here if this process has
+    one thread, else by ``forker``, else (none, or it failed) a fresh interpreter. OSError if none starts."""
+    spawned = time.time()
+    read_end, write_end = os.pipe()
+    keep: object = None
+    try:
+        if len(os.listdir("/proc/self/task")) == 1:
+            pid = _fork(order, write_end, wake)
+        else:
+            pid = forker.fork(order, wake, write_end) if forker is not None else 0
+            if pid <= 0:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
+                    stdin=subprocess.DEVNULL, stdout=write_end, start_new_session=True, close_fds=True,
+                )  # fmt: skip
+                pid, keep = child.pid, child
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return Helper(pid, start_time(pid) or 0.0, read_end, spawned, keep)
+
+
+class Forker:
+    """A server of one thread that forks the helpers for a daemon that has threads: ``python -m`` this module
+    ``--serve FD``, given one end of a socket pair. Each order comes with the write end of its result pipe
+    (SCM_RIGHTS); the server forks the helper, closes its copy, and answers with the helper's pid. It exits
+    when the daemon's end closes (the daemon stopped or died); the helpers, in sessions of their own, go on."""
+
+    ANSWER_WITHIN = 5.0  # seconds: a server that does not answer is given up for a fresh interpreter
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__, "--serve", str(theirs.fileno())], stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(self.ANSWER_WITHIN)
+        self._socket: socket.socket | None = ours
+
+    def fork(self, order: dict[str, Any], wake: str, pipe: int) -> int:
+        """The pid of a helper forked for ``order`` with ``pipe`` as its result's way out, or 0 if the server
+        is gone or does not answer (it is then given up: the caller execs one instead)."""
+        if self._socket is None:
+            return 0
+        try:
+            socket.send_fds(self._socket, [json.dumps({"order": order, "wake": wake}).encode()], [pipe])
+            answer = self._socket.recv(64)
+            return int(answer)
+        except (OSError, ValueError):
+            self.close()
+            return 0
+
+    @property
+    def alive(self) -> bool:
+        return self._socket is not None and self.process.poll() is None
+
+    def close(self) -> None:
+        """Let the server go (it exits at its end of the pair's close); helpers it forked go on."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=0)
+
+
+def _serve(fd: int) -> int:
+    """The Forker's loop: one order at a time, each forked at once (the helpers run beside each other)."""
+    server = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its helpers are reaped by the kernel (none is waited for)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("gpuq-forker")
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(server, 1 << 16, 1)
+        except OSError:
+            return 0
+        if not message or len(fds) != 1:
+            return 0  # the daemon's end closed
+        data = json.loads(message)
+        try:
+            pid = _fork(data["order"], fds[0], data["wake"])
+        except OSError:
+            pid = 0
+        os.close(fds[0])
+        server.send(str(pid).encode())
+
+
+def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
+    """Fork the helper: in a session of its own, every descriptor but ``pipe`` closed, signals default."""
+    # A SIGTERM must not meet the daemon's handler in the child (it would set the daemon's stop flag in the
+    # copy and write to the daemon's wake-up pipe): blocked across the fork until the child's are default.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the daemon's code
+            code = 70
+            try:
+                os.setsid()
+                for signum in _RESET:
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                # The daemon's lock, database, FIFO and shims' pipes: a helper that outlives a daemon killed
+                # with kill -9 must not hold its lock, nor anything else of it.
+                os.closerange(3, pipe)
+                os.closerange(pipe + 1, 65536)
+                with contextlib.suppress(OSError):
+                    Path("/proc/self/comm").write_text("gpuq-suspender")
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                _answer(pipe, act(order), wake)
+                code = 0
+            finally:
+                os._exit(code)
+        return pid
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
+    """Write the result, close the pipe (the daemon reads it whole at its end), then wake the daemon."""
+    view = memoryview((json.dumps(result) + "\n").encode())
+    while view:
+        view = view[os.write(pipe, view) :]
+    # Closed by putting /dev/null in its place: an exec'd child's stdout stays a valid descriptor to the end.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, pipe)
+    os.close(devnull)
+    if wake:
+        with contextlib.suppress(OSError):  # no daemon listening: the next one reads the job's state anyway
+            fd = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
+            with contextlib.suppress(OSError):
+                os.write(fd, b"!")
+            os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--serve"]:
+        return _serve(int(argv[1]))
+    order = json.loads(argv[0])
+    _answer(sys.stdout.fileno(), act(order), order.get("wake"))
     return 0
 
 

@@ -1,12 +1,12 @@
 """Suspending a running job to host memory and resuming it (``gpuq suspend/resume``), beside the pass.
 
 A suspend or resume is recorded as begun in the job table (``Step``) before its first act, then done by a
-child process (``launcher.daemon.suspender``) that the daemon polls once a pass: a checkpoint of tens of
-gigabytes takes tens of seconds, and the queue goes on meanwhile. While it suspends, a job still holds its
-GPUs; once suspended, it is out of ``scheduler.running`` (placement, the watchdog and hand-offs see no job
-on its GPUs) and in ``scheduler.suspended``, whose exit files are still read. A resume waits until its own
-GPUs are free again (the driver's restore onto another GPU is not established: docs/suspend.md), takes
-them back into ``running`` at once, and restores.
+child process (``launcher.daemon.suspender``, forked) that wakes the daemon's pass once its result is
+written: a checkpoint of tens of gigabytes takes tens of seconds, and the queue goes on meanwhile. While it
+suspends, a job still holds its GPUs; once suspended, it is out of ``scheduler.running`` (placement, the
+watchdog and hand-offs see no job on its GPUs) and in ``scheduler.suspended``, whose exit files are still
+read. A resume waits until its own GPUs are free again (the driver's restore onto another GPU is not
+established: docs/suspend.md), takes them back into ``running`` at once, and restores.
 
 Crash safety: both of the child's actions are idempotent, and the step is on disk. A daemon that finds a
 suspend begun undoes it (runs a resume: the job never left its GPUs, which nobody took); one that finds a
@@ -23,8 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +34,9 @@ from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon import suspender
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
-from gpuq_scheduler.launcher.daemon.suspender import freeze
+from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.containment import Box
@@ -55,7 +54,7 @@ class Acting:
 
     step: Step
     by: str
-    child: subprocess.Popen[str] | None = None
+    child: Helper | None = None
     left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
     action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
     began: float = 0.0  # wall time
@@ -186,17 +185,29 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
         if step is Step.SUSPENDING and paused.get("since") is None:
             paused["since"] = time.monotonic()  # its time limit stops running now
         _write_pause(scheduler, record.id, paused)
-        acting.child = subprocess.Popen(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon.suspender", json.dumps(order)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
-        )  # fmt: skip
-        paused["child"] = [acting.child.pid, processes.start_time(acting.child.pid) or 0.0]
+        try:
+            acting.child = suspender.start(order, str(scheduler.state.wake), forker(scheduler))
+        except OSError as err:  # out of processes: undone (a suspend) or tried again (a resume), as after a failure
+            log.warning("cannot start the %s of job %d: %s", action, record.id, err)
+            acting.again, acting.retry_at = True, time.time() + RETRY
+            return
+        paused["child"] = [acting.child.pid, acting.child.started]
         _write_pause(scheduler, record.id, paused)
 
     scheduler.after_commit.append(start)
     # A pass that fails drops ``start``: then the step is undone (a suspend) or finished (a resume) as after
     # a restart, whether or not it was recorded.
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
+
+
+def forker(scheduler: SchedulerState) -> suspender.Forker | None:
+    """The server that forks this daemon's helpers (``suspender.Forker``), started at the daemon's start and
+    again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
+    found: suspender.Forker | None = scheduler.suspensions.forker
+    if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
+        with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
+            found = scheduler.suspensions.forker = suspender.Forker()
+    return found if found is not None and found.alive else None
 
 
 def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
@@ -256,6 +267,7 @@ def recover(scheduler: SchedulerState) -> None:
             scheduler.suspensions.acting[job_id] = resuming
     for acting in scheduler.suspensions.acting.values():
         acting.began = now
+    forker(scheduler)  # ready before the first suspend (NVML's thread runs by now, where it starts one)
 
 
 def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
@@ -280,16 +292,10 @@ def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]])
             del scheduler.suspensions.acting[job_id]
             _begin(scheduler, job, acting.step, "resume", acting.by, now)
             continue
-        if acting.child.poll() is None:
+        result = acting.child.result()
+        if result is None:
             continue
-        out = acting.child.stdout.read() if acting.child.stdout is not None else ""
-        if acting.child.stdout is not None:
-            acting.child.stdout.close()
         del scheduler.suspensions.acting[job_id]
-        try:
-            result = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            result = {"ok": False, "why": f"its helper exited {acting.child.returncode} saying nothing"}
         _settle(scheduler, job_id, acting, result, now, events)
     _start_resumes(scheduler, now, events)
 
@@ -302,6 +308,7 @@ def _settle(
     if job is None:
         return  # it ended meanwhile (its exit file was read): nothing to record
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
+    helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
         host_bytes = acting.bytes
         scheduler.table.mark_suspended(job_id, host_bytes, now)
@@ -309,7 +316,9 @@ def _settle(
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
-        events.append({"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps})
+        events.append(
+            {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
+        )
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]
@@ -327,7 +336,7 @@ def _settle(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
             suspended_for=job.record.suspended_for + spent, reason="",
         )  # fmt: skip
-        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps})
+        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps, "helper": helper})
         return
     if not result.get("ok") and (acting.action == "resume" or result.get("undone") is False):
         # A resume (or a suspend's undo) that failed: it stays on its GPUs, its step recorded, and the

@@ -88,6 +88,17 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
     return Retry(spec, delay, f"retry {record.attempt} of {allowed} after: {why}")
 
 
+def requeue_delay(cause: Cause, backoff: float) -> float:
+    """Seconds before a job ended through no fault of its own (``Cause.not_its_fault``) may start again.
+
+    A victim of another job's memory waits the first backoff: the culprit may still be on that GPU. A job
+    preempted where it could not be suspended waits none: its preemptor holds its GPUs, and it keeps its
+    place in queue order (priority, then submission), ahead of the jobs submitted after it, as a suspended
+    victim resumes before them. A backoff would let those overtake it while it waited out the delay.
+    """
+    return 0.0 if cause is Cause.PREEMPTED else backoff
+
+
 def fail_fast(members: Sequence[JobRecord]) -> str | None:
     """Why an array should be held: its first members to end all failed quickly and none succeeded."""
     ended = sorted((m for m in members if m.state.finished and m.ended_at is not None), key=lambda m: m.ended_at or 0)

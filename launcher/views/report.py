@@ -17,7 +17,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.views.suspensions import Moves
+from gpuq_scheduler.launcher.views.suspensions import Moves, of_job
 from gpuq_scheduler.launcher.views.suspensions import by_user as by_user_moves
 from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 
@@ -87,6 +87,7 @@ class Report:
     peak_ram_by_user: dict[str, int] = field(default_factory=dict)
     # What suspending and preemption cost each user's jobs in the window (``views.suspensions``).
     moves_by_user: dict[str, Moves] = field(default_factory=dict)
+    moves_by_job: dict[int, Moves] = field(default_factory=dict)  # the jobs it cost anything, by id
 
     @property
     def gpu_hours(self) -> float:
@@ -177,6 +178,7 @@ def build_report(
         cpu_by_user=dict(cpu_user),
         peak_ram_by_user=ram_user,
         moves_by_user=by_user_moves(chosen, moves or {}, now),
+        moves_by_job={r.id: m for r in chosen if (m := of_job(r, moves or {}, now))},
     )
 
 

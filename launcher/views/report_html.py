@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from gpuq_scheduler.jobs.outcome import JobState
-from gpuq_scheduler.jobs.units import format_duration
+from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.views.report import (
     HOUR,
     PACKING_COLUMNS,
@@ -19,6 +19,7 @@ from gpuq_scheduler.launcher.views.report import (
     ordered_counts,
     outcome_table,
     packing_rows,
+    suspension_table,
     user_table,
     when,
 )
@@ -81,8 +82,24 @@ def render_html(report: Report) -> str:
         "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
         " and jobs stopped at their memory fence.</p>",
         html_table("packing", PACKING_COLUMNS, packing_rows(report)),
+        "<h2>Suspensions and preemptions</h2><p class=\"note\">What suspending and preemption cost: times"
+        " preempted (requeued among them), suspends, GPU state moved to host memory, time suspended.</p>",
+        html_table("suspensions-by-user", *suspension_table(report)),
+        html_table("suspensions-by-job", *job_suspension_table(report)),
         "</body></html>",
     ])  # fmt: skip
+
+
+def job_suspension_table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """``suspension_table`` per job (those it cost anything), by id: the header and the rows."""
+    header: tuple[str, ...] = ("JOB", "NAME", "USER", "PREEMPTED", "REQUEUED", "SUSPENDS", "MOVED", "SUSPENDED")
+    names = {row.id: (row.name, row.user) for row in report.rows}
+    rows: list[tuple[str, ...]] = [
+        (str(job), *names.get(job, ("-", "-")), str(m.preemptions), str(m.requeues), str(m.suspends),
+         format_size(m.bytes), format_duration(m.seconds))
+        for job, m in sorted(report.moves_by_job.items())
+    ]  # fmt: skip
+    return header, rows
 
 
 def sub_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:

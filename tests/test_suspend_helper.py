@@ -1,0 +1,106 @@
+"""The suspend helper's plumbing (launcher/daemon/suspender.py's ``start``): a fork of a single-threaded
+daemon; from a threaded one, a fork of its Forker (a server of one thread), or without one a fresh
+interpreter; each answers down its pipe, then wakes the daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuq_scheduler.launcher.daemon import suspender
+from tests.conftest import wait_for
+
+
+@pytest.mark.parametrize(("threaded", "served"), [(False, False), (True, False), (True, True)])
+def test_the_helper_answers_down_its_pipe_and_then_wakes_the_daemon(
+    tmp_path: Path, threaded: bool, served: bool
+) -> None:
+    fifo = tmp_path / "wake.fifo"
+    os.mkfifo(fifo)
+    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    leader = subprocess.Popen(["sleep", "30"])
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    forker = suspender.Forker() if served else None
+    try:
+        if threaded:
+            other.start()
+        assert (len(os.listdir("/proc/self/task")) > 1) is threaded
+        # A resume of a process that holds no CUDA state: it is let go (SIGCONT), nothing else to do.
+        order = {"action": "resume", "leader": leader.pid, "box": None, "fake": True, "usage": None}
+        helper = suspender.start(order, str(fifo), forker)
+        assert helper.started > 0
+        result = wait_for(helper.result, 60, "the helper's answer")
+        assert result["ok"] and result["pids"] == [] and set(result["steps"]) >= {"open", "thaw", "restore", "unlock"}
+        assert helper.spawned <= result["began"] <= result["ended"]
+        assert wait_for(lambda: _read(wake), 10, "the wake-up") == b"!"
+        _reap(helper.pid)
+        assert leader.poll() is None
+        if forker is not None:  # the server's child, not ours; the server serves on until let go
+            assert forker.alive and helper.pid != forker.process.pid
+            assert suspender.start(order, str(fifo), forker).pid > 0
+            forker.close()
+            assert forker.process.wait(10) == 0 and not forker.alive
+    finally:
+        stop.set()
+        if threaded:
+            other.join()
+        leader.kill()
+        leader.wait()
+        os.close(wake)
+
+
+def test_a_forker_that_died_is_given_up_for_a_fresh_interpreter(tmp_path: Path) -> None:
+    fifo = tmp_path / "wake.fifo"
+    os.mkfifo(fifo)
+    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    leader = subprocess.Popen(["sleep", "30"])
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()  # a threaded caller, as a daemon with NVML's thread
+    forker = suspender.Forker()
+    try:
+        forker.process.kill()
+        forker.process.wait()
+        order = {"action": "resume", "leader": leader.pid, "box": None, "fake": True, "usage": None}
+        helper = suspender.start(order, str(fifo), forker)
+        assert wait_for(helper.result, 60, "the helper's answer")["ok"] and not forker.alive
+        _reap(helper.pid)
+    finally:
+        stop.set()
+        other.join()
+        leader.kill()
+        leader.wait()
+        os.close(wake)
+
+
+def test_a_helper_that_dies_without_answering_is_read_as_a_failure(tmp_path: Path) -> None:
+    fifo = tmp_path / "wake.fifo"
+    os.mkfifo(fifo)
+    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        order = {"action": "resume", "leader": "not a pid", "box": None, "fake": True, "usage": None}
+        helper = suspender.start(order, str(fifo))  # its act raises before it writes anything
+        result = wait_for(helper.result, 60, "the helper's end")
+        assert result == {"ok": False, "why": "its helper ended saying nothing"}
+        _reap(helper.pid)
+    finally:
+        os.close(wake)
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 64)
+    except BlockingIOError:
+        return b""
+
+
+def _reap(pid: int) -> None:
+    """Collect the helper (as the daemon's pass does); an exec'd one's Popen may have collected it already."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

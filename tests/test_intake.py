@@ -7,6 +7,7 @@ second Unix user against a shared queue.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -103,11 +104,12 @@ def _row(gpuq: Gpuq, job: int) -> str:
     """The job's stored spec, once the daemon has ingested it (started again until it has)."""
 
     def stored() -> str | None:
-        db = sqlite3.connect(gpuq.home / "jobs.db")
+        # Read-only: a daemon stopped before it made its table (or its file) must not find one made here.
         try:
-            found = db.execute("SELECT spec FROM jobs WHERE id = ?", (job,)).fetchone()
-        finally:
-            db.close()
+            with contextlib.closing(sqlite3.connect(f"file:{gpuq.home / 'jobs.db'}?mode=ro", uri=True)) as db:
+                found = db.execute("SELECT spec FROM jobs WHERE id = ?", (job,)).fetchone()
+        except sqlite3.OperationalError:  # no such table, or no file: not read yet
+            found = None
         if found is None:
             gpuq.run("daemon", "start")  # it stopped before reading the request: the next one reads it
             gpuq.run("daemon", "stop")

@@ -8,6 +8,7 @@ import contextlib
 import os
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,24 +17,51 @@ from gpuq_scheduler.launcher.daemon import suspender
 from tests.conftest import wait_for
 
 
-@pytest.mark.parametrize(("threaded", "served"), [(False, False), (True, False), (True, True)])
-def test_the_helper_answers_down_its_pipe_and_then_wakes_the_daemon(
-    tmp_path: Path, threaded: bool, served: bool
-) -> None:
-    fifo = tmp_path / "wake.fifo"
-    os.mkfifo(fifo)
-    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    leader = subprocess.Popen(["sleep", "30"])
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """The daemon's wake-up FIFO, and its end the daemon reads (open, so that a helper's poke lands)."""
+    path = tmp_path / "wake.fifo"
+    os.mkfifo(path)
+    wake = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    yield path, wake
+    os.close(wake)
+
+
+@pytest.fixture
+def leader() -> Iterator[subprocess.Popen[bytes]]:
+    """A job's first process, holding no CUDA state: a resume only lets it go on."""
+    process = subprocess.Popen(["sleep", "30"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@contextlib.contextmanager
+def another_thread(on: bool = True) -> Iterator[None]:
+    """This process with a second thread while inside, as a daemon with NVML's."""
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
-    forker = suspender.Forker() if served else None
+    if on:
+        other.start()
     try:
-        if threaded:
-            other.start()
+        yield
+    finally:
+        stop.set()
+        if on:
+            other.join()
+
+
+@pytest.mark.parametrize(("threaded", "served"), [(False, False), (True, False), (True, True)])
+def test_the_helper_answers_down_its_pipe_and_then_wakes_the_daemon(
+    fifo: tuple[Path, int], leader: subprocess.Popen[bytes], threaded: bool, served: bool
+) -> None:
+    path, wake = fifo
+    forker = suspender.Forker() if served else None
+    with another_thread(threaded):
         assert (len(os.listdir("/proc/self/task")) > 1) is threaded
         # A resume of a process that holds no CUDA state: it is let go (SIGCONT), nothing else to do.
         order = {"action": "resume", "leader": leader.pid, "box": None, "fake": True, "usage": None}
-        helper = suspender.start(order, str(fifo), forker)
+        helper = suspender.start(order, str(path), forker)
         assert helper.started > 0
         result = wait_for(helper.result, 60, "the helper's answer")
         assert result["ok"] and result["pids"] == [] and set(result["steps"]) >= {"open", "thaw", "restore", "unlock"}
@@ -43,54 +71,30 @@ def test_the_helper_answers_down_its_pipe_and_then_wakes_the_daemon(
         assert leader.poll() is None
         if forker is not None:  # the server's child, not ours; the server serves on until let go
             assert forker.alive and helper.pid != forker.process.pid
-            assert suspender.start(order, str(fifo), forker).pid > 0
+            assert suspender.start(order, str(path), forker).pid > 0
             forker.close()
             assert forker.process.wait(10) == 0 and not forker.alive
-    finally:
-        stop.set()
-        if threaded:
-            other.join()
-        leader.kill()
-        leader.wait()
-        os.close(wake)
 
 
-def test_a_forker_that_died_is_given_up_for_a_fresh_interpreter(tmp_path: Path) -> None:
-    fifo = tmp_path / "wake.fifo"
-    os.mkfifo(fifo)
-    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    leader = subprocess.Popen(["sleep", "30"])
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait)
-    other.start()  # a threaded caller, as a daemon with NVML's thread
-    forker = suspender.Forker()
-    try:
+def test_a_forker_that_died_is_given_up_for_a_fresh_interpreter(
+    fifo: tuple[Path, int], leader: subprocess.Popen[bytes]
+) -> None:
+    with another_thread():  # a threaded caller, as a daemon with NVML's thread
+        forker = suspender.Forker()
         forker.process.kill()
         forker.process.wait()
         order = {"action": "resume", "leader": leader.pid, "box": None, "fake": True, "usage": None}
-        helper = suspender.start(order, str(fifo), forker)
+        helper = suspender.start(order, str(fifo[0]), forker)
         assert wait_for(helper.result, 60, "the helper's answer")["ok"] and not forker.alive
         _reap(helper.pid)
-    finally:
-        stop.set()
-        other.join()
-        leader.kill()
-        leader.wait()
-        os.close(wake)
 
 
-def test_a_helper_that_dies_without_answering_is_read_as_a_failure(tmp_path: Path) -> None:
-    fifo = tmp_path / "wake.fifo"
-    os.mkfifo(fifo)
-    wake = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        order = {"action": "resume", "leader": "not a pid", "box": None, "fake": True, "usage": None}
-        helper = suspender.start(order, str(fifo))  # its act raises before it writes anything
-        result = wait_for(helper.result, 60, "the helper's end")
-        assert result == {"ok": False, "why": "its helper ended saying nothing"}
-        _reap(helper.pid)
-    finally:
-        os.close(wake)
+def test_a_helper_that_dies_without_answering_is_read_as_a_failure(fifo: tuple[Path, int]) -> None:
+    order = {"action": "resume", "leader": "not a pid", "box": None, "fake": True, "usage": None}
+    helper = suspender.start(order, str(fifo[0]))  # its act raises before it writes anything
+    result = wait_for(helper.result, 60, "the helper's end")
+    assert result == {"ok": False, "why": "its helper ended saying nothing"}
+    _reap(helper.pid)
 
 
 def _read(fd: int) -> bytes:

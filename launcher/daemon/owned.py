@@ -8,11 +8,14 @@ state's ``Changes``, so that changing it is what makes placement look again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
+
+if TYPE_CHECKING:  # the suspender is the daemon's to import (suspending); only its name is needed here
+    from gpuq_scheduler.launcher.daemon.suspender import Forker
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Suspensions:
 
     acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)
-    forker: Any = None
+    forker: Forker | None = None
 
 
 class Preemption:

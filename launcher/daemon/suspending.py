@@ -203,7 +203,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
 def forker(scheduler: SchedulerState) -> suspender.Forker | None:
     """The server that forks this daemon's helpers (``suspender.Forker``), started at the daemon's start and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
-    found: suspender.Forker | None = scheduler.suspensions.forker
+    found = scheduler.suspensions.forker
     if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
         with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
             found = scheduler.suspensions.forker = suspender.Forker()

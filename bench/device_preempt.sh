@@ -3,7 +3,7 @@
 # chosen by a variable, so that one call fits the time a call may take:
 #   TESTS        pytest arguments for the GPU tests (default: -m gpu tests; "" skips them)
 #   SCENARIOS    bench/gpu_preempt.py's scenarios, one run each (default "b d"; "" skips them)
-#   SUSPEND      bench/gpu_suspend.py's sizes in GiB, with REPEAT rounds (default: none)
+#   SUSPEND      bench/gpu_suspend.py's sizes in GiB, PAIRS cycles through gpuq and as many bare (default: none)
 #   BASE_TAR     a `git archive --prefix=base/` of an older revision: workload A of bench/harness.py on gpuq
 #                at that revision and at this checkout, in turn (default: none)
 # and always what starting a job in its cgroup costs, cloned against moved (bench/containment_cost.py).
@@ -27,7 +27,7 @@ for scenario in ${SCENARIOS-b d}; do
 done
 if [ -n "${SUSPEND:-}" ]; then
     # shellcheck disable=SC2086
-    step timeout 300 python3 bench/gpu_suspend.py --sizes $SUSPEND --repeat "${REPEAT:-2}" --out "$res/gpu_suspend.json" \
+    step timeout 500 python3 bench/gpu_suspend.py --sizes $SUSPEND --pairs "${PAIRS:-2}" --out "$res/gpu_suspend.json" \
         2>&1 | grep '"median"' | tail -6
 fi
 if [ -n "${BASE_TAR:-}" ]; then

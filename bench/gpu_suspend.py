@@ -1,17 +1,19 @@
 """Suspend and resume on a lent GPU host (#28), run by the lead:
 
-    .venv/bin/python bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40] [--repeat 3]
+    python3 bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40] [--pairs 2]
 
-For each size, a PyTorch job holding N GiB (a known pattern) is suspended and resumed through gpuq (a
-private queue on the real GPUs): the time from the moment before `gpuq suspend` starts to the job recorded
-suspended (its ``suspended`` event's time in events.jsonl, read from the file, not by polling `gpuq show`)
-and from `gpuq resume` to it recorded running again, split into the command itself, the daemon's part (from
-the pass that took the request to the one that recorded the result) and the helper's driver calls (lock +
-checkpoint; restore + unlock, from events.jsonl), and GB/s; whether the GPU was empty of the job while
-suspended (NVML), whether its count made no progress then, and whether its tensor was intact after. Then
-the bare driver calls on a plain process holding the same size, timed the same way, for the comparison
-(gpuq's time within 5 % of the driver's is the issue's bar). With --repeat, gpuq and the bare calls take
-turns going first; the medians give each part of gpuq's time beside the bare calls, and their ratios.
+For each size, one PyTorch job holding N GiB (a known pattern) runs in a private gpuq queue on the real GPUs,
+and is suspended and resumed in cycles: through gpuq (`gpuq suspend`, `gpuq resume`) and bare (the driver's
+calls from this process on the same job's pid), in the order gpuq, bare, bare, gpuq, ... (``--pairs`` of
+each). The same process with the same memory on both sides: the driver's time for a checkpoint moves 10-20 %
+from one run to the next (bench/checkpoint_probe.py), more than the bar being measured. Through gpuq: the
+time from the moment before the command to the job recorded suspended (its ``suspended`` event's time in
+events.jsonl, read from the file, not by polling `gpuq show`), and from `gpuq resume` to it recorded running
+again, split into the command itself, the daemon's part (from the pass that took the request to the one
+that recorded the result) and the helper's driver calls. Bare: lock + checkpoint, restore + unlock. Each
+cycle checks that the GPU was empty of the job while suspended (NVML), that its count made no progress then
+and went on from where it stopped; the job checks its whole tensor at its end. The medians give gpuq's time
+beside the bare calls (the issue's bar: within 5 %), and gpuq's own part (its time less its driver calls).
 """
 
 from __future__ import annotations
@@ -142,87 +144,103 @@ def phases(command_at: float, command_s: float, seen: dict[str, Any], done: dict
 DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
 
 
-def through_gpuq(size: float, work: Path) -> dict[str, Any]:
-    home, script = work / f"queue-{size:g}", work / "job.py"
-    script.write_text(JOB)
-    count_file, stop = work / f"counts-{size:g}", work / f"stop-{size:g}"
-    job = int(json.loads(gpuq(home, "submit", "--json", "--gpus", "1", sys.executable, str(script), str(size),
-                              str(count_file), str(stop)).stdout)["id"])  # fmt: skip
-    until("the job to count", lambda: len(counts(count_file)) > 5 and show(home, job)["peak_mem"])
-    pid = json.loads((home / "run" / f"{job}.pid").read_text())["pid"]
-    # One thread: the helper is forked from the daemon; more (NVML's, say): a fresh interpreter instead.
-    threads = len(os.listdir(f"/proc/{int((home / 'daemon.pid').read_text())}/task"))
-    held = gpu_processes().get(pid, 0)
-    wall_at = time.time()
-    gpuq(home, "suspend", str(job))
-    command_s = time.time() - wall_at
-    down = phases(wall_at, command_s, event_after(home, job, "suspending", wall_at - 1),
-                  event_after(home, job, "suspended", wall_at))  # fmt: skip
-    stopped = counts(count_file)
-    on_gpu = gpu_processes()
-    time.sleep(2)  # the count must not move while suspended: looked at after a while
-    still = counts(count_file) == stopped
-    resume_wall_at = time.time()
-    gpuq(home, "resume", str(job))
-    command_s = time.time() - resume_wall_at
-    up = phases(resume_wall_at, command_s, event_after(home, job, "resume-requested", resume_wall_at - 1),
-                event_after(home, job, "resumed", resume_wall_at))  # fmt: skip
-    suspend_s, resume_s = down["total_s"], up["total_s"]
-    until("the job to count on", lambda: len(counts(count_file)) > len(stopped) + 5)
-    went_on = counts(count_file)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
-    stop.touch()
-    until("the job to end", lambda: show(home, job)["state"] not in ("running", "suspended"))
-    ended = show(home, job)
-    gpuq(home, "daemon", "stop")
-    down_event, up_event = event(home, job, "suspended"), event(home, job, "resumed")
-    steps = {"suspend": down_event.get("steps"), "resume": up_event.get("steps")}
-    helper = {"suspend": down_event.get("helper"), "resume": up_event.get("helper")}
-    return {
-        "size_gib": size, "held_bytes": held, "host_bytes": event(home, job, "suspended").get("bytes"),
-        "suspend_s": suspend_s, "resume_s": resume_s, "helper_steps": steps, "helper_times": helper,
-        "daemon_threads": threads,
-        "phases": {"suspend": down, "resume": up},
-        "suspend_gb_s": round(held / GB / suspend_s, 2), "resume_gb_s": round(held / GB / resume_s, 2),
-        "gpu_empty_of_job_while_suspended": pid not in on_gpu, "gpu_processes_while_suspended": on_gpu,
-        "no_progress_while_suspended": still, "counted_on_from_where_it_stopped": went_on,
-        "intact_after": ended["state"] == "succeeded", "outcome": ended["state"],
-    }  # fmt: skip
+class Job:
+    """A PyTorch job holding N GiB, run by a private gpuq queue on the real GPUs."""
+
+    def __init__(self, size: float, work: Path) -> None:
+        self.size, self.home = size, work / f"queue-{size:g}"
+        script = work / "job.py"
+        script.write_text(JOB)
+        self.counts, self.stop = work / f"counts-{size:g}", work / f"stop-{size:g}"
+        self.id = int(json.loads(gpuq(self.home, "submit", "--json", "--gpus", "1", sys.executable, str(script),
+                                      str(size), str(self.counts), str(self.stop)).stdout)["id"])  # fmt: skip
+        until("the job to count", lambda: len(counts(self.counts)) > 5 and show(self.home, self.id)["peak_mem"])
+        self.pid = int(json.loads((self.home / "run" / f"{self.id}.pid").read_text())["pid"])
+        # One thread: the helper is forked from the daemon; more (NVML's, say): from its Forker.
+        self.threads = len(os.listdir(f"/proc/{int((self.home / 'daemon.pid').read_text())}/task"))
+        self.held = gpu_processes().get(self.pid, 0)
+
+    def through_gpuq(self) -> dict[str, Any]:
+        """One suspend and resume by `gpuq suspend` and `gpuq resume`, timed to their events' records."""
+        wall_at = time.time()
+        gpuq(self.home, "suspend", str(self.id))
+        command_s = time.time() - wall_at
+        suspended = event_after(self.home, self.id, "suspended", wall_at)
+        down = phases(wall_at, command_s, event_after(self.home, self.id, "suspending", wall_at - 1), suspended)
+        checks = self._while_suspended()
+        resume_wall_at = time.time()
+        gpuq(self.home, "resume", str(self.id))
+        command_s = time.time() - resume_wall_at
+        done = event_after(self.home, self.id, "resumed", resume_wall_at)
+        up = phases(resume_wall_at, command_s, event_after(self.home, self.id, "resume-requested", resume_wall_at - 1),
+                    done)  # fmt: skip
+        return {
+            "suspend_s": down["total_s"], "resume_s": up["total_s"], "host_bytes": suspended.get("bytes"),
+            "phases": {"suspend": down, "resume": up},
+            "helper_steps": {"suspend": suspended.get("steps"), "resume": done.get("steps")},
+            "helper_times": {"suspend": suspended.get("helper"), "resume": done.get("helper")},
+            **checks, **self._counting_on(checks),
+        }  # fmt: skip
+
+    def bare(self, cuda: DriverCheckpoint) -> dict[str, Any]:
+        """The same job's lock + checkpoint and restore + unlock, called from this process, timed."""
+        times = {}
+        for name, call in (("lock", cuda.lock), ("checkpoint", cuda.checkpoint)):
+            at = time.monotonic()
+            call(self.pid)
+            times[name] = round(time.monotonic() - at, 3)
+        checks = self._while_suspended()
+        for name, call in (("restore", cuda.restore), ("unlock", cuda.unlock)):
+            at = time.monotonic()
+            call(self.pid)
+            times[name] = round(time.monotonic() - at, 3)
+        down, up = times["lock"] + times["checkpoint"], times["restore"] + times["unlock"]
+        return {"times_s": times, "suspend_s": round(down, 3), "resume_s": round(up, 3), **checks,
+                **self._counting_on(checks)}  # fmt: skip
+
+    def _while_suspended(self) -> dict[str, Any]:
+        stopped = counts(self.counts)
+        on_gpu = gpu_processes()
+        time.sleep(2)  # the count must not move while suspended: looked at after a while
+        return {"gpu_empty_of_job": self.pid not in on_gpu, "no_progress": counts(self.counts) == stopped,
+                "stopped_at": len(stopped)}  # fmt: skip
+
+    def _counting_on(self, checks: dict[str, Any]) -> dict[str, Any]:
+        at = checks["stopped_at"]
+        until("the job to count on", lambda: len(counts(self.counts)) > at + 5)
+        return {"counted_on": counts(self.counts)[: at + 5] == list(range(1, at + 6))}
+
+    def end(self) -> dict[str, Any]:
+        self.stop.touch()
+        until("the job to end", lambda: show(self.home, self.id)["state"] not in ("running", "suspended"))
+        ended = show(self.home, self.id)
+        gpuq(self.home, "daemon", "stop")
+        return {"intact_after": ended["state"] == "succeeded", "outcome": ended["state"]}
 
 
-def bare_driver(size: float, work: Path, first: bool = False) -> dict[str, Any]:
-    """The same job, not through gpuq: this process drives the driver's calls on it, timed."""
-    count_file, stop = work / f"bare-counts-{size:g}", work / f"bare-stop-{size:g}"
-    if first:
-        (work / "job.py").write_text(JOB)
-    child = subprocess.Popen([sys.executable, str(work / "job.py"), str(size), str(count_file), str(stop)])
-    until("the bare job to count", lambda: len(counts(count_file)) > 5)
-    cuda = DriverCheckpoint()
-    held = gpu_processes().get(child.pid, 0)
-    times = {}
-    for name, call in (("lock", cuda.lock), ("checkpoint", cuda.checkpoint)):
-        at = time.monotonic()
-        call(child.pid)
-        times[name] = round(time.monotonic() - at, 3)
-    empty = child.pid not in gpu_processes()
-    for name, call in (("restore", cuda.restore), ("unlock", cuda.unlock)):
-        at = time.monotonic()
-        call(child.pid)
-        times[name] = round(time.monotonic() - at, 3)
-    stop.touch()
-    code = child.wait(600)
-    down, up = times["lock"] + times["checkpoint"], times["restore"] + times["unlock"]
-    return {
-        "size_gib": size, "held_bytes": held, "times_s": times, "suspend_s": round(down, 3),
-        "resume_s": round(up, 3), "suspend_gb_s": round(held / GB / down, 2), "resume_gb_s": round(held / GB / up, 2),
-        "gpu_empty_while_checkpointed": empty, "intact_after": code == 0,
-    }  # fmt: skip
+def one_size(size: float, pairs: int, work: Path, cuda: DriverCheckpoint) -> dict[str, Any]:
+    """``pairs`` cycles through gpuq and as many bare, on one job, in the order gpuq, bare, bare, gpuq, ...
+    (so that neither side keeps the first cycle, or a drift of the host, to itself)."""
+    job = Job(size, work)
+    cycles: list[dict[str, Any]] = []
+    for index in range(2 * pairs):
+        through = index % 4 in (0, 3)
+        cycles.append({"kind": "gpuq", **job.through_gpuq()} if through else {"kind": "bare", **job.bare(cuda)})
+        print(json.dumps({"size_gib": size, **cycles[-1]}), flush=True)
+    ended = job.end()
+    gb = job.held / GB
+    for cycle in cycles:
+        cycle["suspend_gb_s"] = round(gb / cycle["suspend_s"], 2)
+        cycle["resume_gb_s"] = round(gb / cycle["resume_s"], 2)
+    return {"size_gib": size, "held_bytes": job.held, "daemon_threads": job.threads, "cycles": cycles, **ended,
+            "median": _medians(cycles, gb)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
-    parser.add_argument("--repeat", type=int, default=1, help="rounds per size, gpuq and the bare calls in turn")
+    parser.add_argument("--pairs", type=int, default=2, help="cycles through gpuq, and as many bare, per size")
     parser.add_argument("--root", type=Path, default=ROOT, help="run this gpuq source tree (default: this one)")
     args = parser.parse_args()
     GPUQ_ROOT[0] = args.root.resolve()
@@ -230,44 +248,43 @@ def main() -> None:
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         capture_output=True, text=True,
     ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M %Z"), "root": str(GPUQ_ROOT[0]), "sizes": []}  # fmt: skip
+    cuda = DriverCheckpoint()  # opened once: the bare calls' process holds the driver, as gpuq's spare helper does
     with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
         for size in args.sizes:
-            rounds = []
-            for index in range(args.repeat):
-                work = Path(tmp) / f"{size:g}-{index}"
-                work.mkdir()
-                # Which goes first alternates: the second run of a pair may find the host's memory warmer.
-                if index % 2:
-                    driver, through = bare_driver(size, work, first=True), through_gpuq(size, work)
-                else:
-                    through, driver = through_gpuq(size, work), bare_driver(size, work)
-                rounds.append({"gpuq": through, "driver": driver, "gpuq_first": index % 2 == 0})
-                print(json.dumps(rounds[-1]), flush=True)
-            row = {"size_gib": size, "rounds": rounds, "median": _medians(rounds)}
+            work = Path(tmp) / f"{size:g}"
+            work.mkdir()
+            row = one_size(size, args.pairs, work, cuda)
             results["sizes"].append(row)
             print(json.dumps({"size_gib": size, "median": row["median"]}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
-def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
-    """Medians over the rounds, suspend and resume each: gpuq's whole time (from the moment before the command
+def _medians(cycles: list[dict[str, Any]], gb: float) -> dict[str, float]:
+    """Medians over the cycles, suspend and resume each: gpuq's whole time (from the moment before the command
     to the state recorded in events.jsonl), the command's own part, the daemon's part (the pass that took the
     request to the one that recorded it), its helper's driver calls alone (lock + checkpoint; restore +
-    unlock), the bare calls, and each of gpuq's against the bare calls."""
+    unlock), the bare calls, each of gpuq's against the bare calls, gpuq's own part (its whole less its
+    driver calls) against the bare calls, and GB/s."""
 
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
+    through = [c for c in cycles if c["kind"] == "gpuq"]
     found: dict[str, float] = {}
     for action in ("suspend", "resume"):
-        bare = median([r["driver"][f"{action}_s"] for r in rounds])
+        bare = median([c[f"{action}_s"] for c in cycles if c["kind"] == "bare"])
         found[f"bare_{action}_s"] = bare
+        found[f"bare_{action}_gb_s"] = round(gb / bare, 2)
         for part in ("total", "command", "daemon", "driver_calls"):
-            value = median([r["gpuq"]["phases"][action][f"{part}_s"] for r in rounds])
+            value = median([c["phases"][action][f"{part}_s"] for c in through])
             found[f"gpuq_{part}_{action}_s"] = value
             if part != "command":
                 found[f"ratio_{part}_{action}"] = round(value / bare, 3)
+        found[f"gpuq_{action}_gb_s"] = round(gb / found[f"gpuq_total_{action}_s"], 2)
+        own = median([c["phases"][action]["total_s"] - c["phases"][action]["driver_calls_s"] for c in through])
+        found[f"gpuq_own_{action}_s"] = own
+        found[f"own_over_bare_{action}"] = round(own / bare, 3)
     return found
 
 

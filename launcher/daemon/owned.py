@@ -14,8 +14,8 @@ from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, Tracked
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
 
-if TYPE_CHECKING:  # the suspender is the daemon's to import (suspending); only its name is needed here
-    from gpuq_scheduler.launcher.daemon.suspender import Forker
+if TYPE_CHECKING:  # the forker is the daemon's to import (suspending); only its name is needed here
+    from gpuq_scheduler.launcher.daemon.forker import Forker
 
 
 @dataclass
@@ -49,7 +49,7 @@ class MemAuto:
 @dataclass
 class Suspensions:
     """``daemon.suspending``: the suspends and resumes under way (job -> its helper), the resumes asked for,
-    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``suspender.Forker``)."""
+    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``forker.Forker``)."""
 
     acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)

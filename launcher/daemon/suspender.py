@@ -7,10 +7,11 @@ other to undo it. Suspend: lock every CUDA process of the job, checkpoint each, 
 cgroup, or SIGSTOP to each process in the fallback). Resume: thaw the job, restore every CUDA process,
 unlock each. A suspend that fails part way is undone (the job runs on, on its GPUs) and says why.
 
-The daemon starts it with ``start``: a fork that runs ``act``, not a fresh interpreter, whose start and
+The daemon starts it with ``start_helper``: a fork that runs ``act``, not a fresh interpreter, whose start and
 imports cost 100-150 ms before the first driver call (an H200 host; bench/gpu_suspend.py). The fork is of the
-daemon itself where it is single-threaded (the fake inventory), else of a ``Forker``: a small server of one
-thread, a fresh interpreter started once, that forks a helper per order. NVML starts a thread in the daemon
+daemon itself where it is single-threaded (the fake inventory), else of a ``Forker`` (``launcher.daemon.forker``):
+a small server of one thread, a fresh interpreter started once, whose helpers open the driver before their
+order comes. NVML starts a thread in the daemon
 on a real host (two threads seen), and a fork of a threaded process may inherit a lock another thread held
 (in malloc, the dynamic loader, the driver's library), which the helper's first ``dlopen`` of libcuda could
 then wait on for ever. Either way the helper writes its result down a pipe the daemon made, then wakes the
@@ -24,12 +25,13 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
@@ -142,20 +144,38 @@ def resume(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
     return {"ok": True, "pids": sorted(found), "steps": steps}
 
 
-def act(order: dict[str, Any]) -> dict[str, Any]:
+def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
     """Do what ``order`` says (``action``: suspend or resume; ``leader``, ``box``, ``fake``, ``usage``: which
-    job and which checkpoint): the result the daemon reads, with the wall times the helper began and ended."""
+    job and which checkpoint): the result the daemon reads, with the wall times the helper began and ended.
+    ``opened``: the checkpoint this helper opened before its order came (a spare's, ``forker.Spare``)."""
     began = time.time()
     box = Box.from_json(order.get("box"))
     leader = int(order["leader"])
-    try:
-        cuda = checkpointer(bool(order.get("fake")), order.get("usage"))
-    except (OSError, CheckpointError) as err:
-        return {"ok": False, "why": f"no CUDA checkpoint here: {err}", "began": began, "ended": time.time()}
-    opened = time.time() - began  # the driver's library loaded and cuInit: before the first call
-    result = (suspend if order["action"] == "suspend" else resume)(cuda, box, leader)
-    steps = {"open": opened, **result.get("steps", {})}
+    if opened is None or opened.kind != (bool(order.get("fake")), order.get("usage")):
+        opened = Opened.open(bool(order.get("fake")), order.get("usage"))
+        took = time.time() - began  # the driver's library loaded and cuInit: before the first call
+    else:
+        took = 0.0  # opened ahead, while the helper waited for its order
+    if isinstance(opened.cuda, str):
+        return {"ok": False, "why": f"no CUDA checkpoint here: {opened.cuda}", "began": began, "ended": time.time()}
+    result = (suspend if order["action"] == "suspend" else resume)(opened.cuda, box, leader)
+    steps = {"open": took, **result.get("steps", {})}
     return {**result, "steps": steps, "began": began, "ended": time.time()}
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A checkpoint opened for orders of one kind (``fake``, ``usage``), or why it could not be."""
+
+    kind: tuple[bool, str | None]
+    cuda: Checkpointer | str
+
+    @classmethod
+    def open(cls, fake: bool, usage: str | None) -> Opened:
+        try:
+            return cls((fake, usage), checkpointer(fake, usage))
+        except (OSError, CheckpointError) as err:
+            return cls((fake, usage), str(err))
 
 
 class Helper:
@@ -199,18 +219,26 @@ class Helper:
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
 
-def start(order: dict[str, Any], wake: str, forker: Forker | None = None) -> Helper:
+class Forks(Protocol):
+    """What forks helpers for a daemon with threads (``forker.Forker``): a helper's pid (0 if none) and
+    start time, read by its parent, which a helper quick to end may not leave for anyone else to read."""
+
+    def fork(self, order: dict[str, Any], wake: str, pipe: int) -> tuple[int, float]: ...
+
+
+def start_helper(order: dict[str, Any], wake: str, forker: Forks | None = None) -> Helper:
     """Start the child for ``order`` in a session of its own (it finishes even if the daemon dies), which
     wakes the daemon through the FIFO ``wake`` once its result is written: forked here if this process has
     one thread, else by ``forker``, else (none, or it failed) a fresh interpreter. OSError if none starts."""
     spawned = time.time()
     read_end, write_end = os.pipe()
     keep: object = None
+    started = 0.0
     try:
         if len(os.listdir("/proc/self/task")) == 1:
-            pid = _fork(order, write_end, wake)
+            pid = fork_helper(order, write_end, wake)
         else:
-            pid = forker.fork(order, wake, write_end) if forker is not None else 0
+            pid, started = forker.fork(order, wake, write_end) if forker is not None else (0, 0.0)
             if pid <= 0:
                 child = subprocess.Popen(
                     [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
@@ -222,82 +250,17 @@ def start(order: dict[str, Any], wake: str, forker: Forker | None = None) -> Hel
         raise
     finally:
         os.close(write_end)
-    return Helper(pid, start_time(pid) or 0.0, read_end, spawned, keep)
+    return Helper(pid, started or start_time(pid) or 0.0, read_end, spawned, keep)
 
 
-class Forker:
-    """A server of one thread that forks the helpers for a daemon that has threads: ``python -m`` this module
-    ``--serve FD``, given one end of a socket pair. Each order comes with the write end of its result pipe
-    (SCM_RIGHTS); the server forks the helper, closes its copy, and answers with the helper's pid. It exits
-    when the daemon's end closes (the daemon stopped or died); the helpers, in sessions of their own, go on."""
-
-    ANSWER_WITHIN = 5.0  # seconds: a server that does not answer is given up for a fresh interpreter
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__, "--serve", str(theirs.fileno())], stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True, close_fds=True,
-            )  # fmt: skip
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.settimeout(self.ANSWER_WITHIN)
-        self._socket: socket.socket | None = ours
-
-    def fork(self, order: dict[str, Any], wake: str, pipe: int) -> int:
-        """The pid of a helper forked for ``order`` with ``pipe`` as its result's way out, or 0 if the server
-        is gone or does not answer (it is then given up: the caller execs one instead)."""
-        if self._socket is None:
-            return 0
-        try:
-            socket.send_fds(self._socket, [json.dumps({"order": order, "wake": wake}).encode()], [pipe])
-            answer = self._socket.recv(64)
-            return int(answer)
-        except (OSError, ValueError):
-            self.close()
-            return 0
-
-    @property
-    def alive(self) -> bool:
-        return self._socket is not None and self.process.poll() is None
-
-    def close(self) -> None:
-        """Let the server go (it exits at its end of the pair's close); helpers it forked go on."""
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=0)
+def fork_helper(order: dict[str, Any], pipe: int, wake: str) -> int:
+    """Fork the helper for ``order``, which answers down ``pipe`` (``forked``)."""
+    return forked(pipe, lambda: answer(pipe, act(order), wake))
 
 
-def _serve(fd: int) -> int:
-    """The Forker's loop: one order at a time, each forked at once (the helpers run beside each other)."""
-    server = socket.socket(fileno=fd)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its helpers are reaped by the kernel (none is waited for)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text("gpuq-forker")
-    while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(server, 1 << 16, 1)
-        except OSError:
-            return 0
-        if not message or len(fds) != 1:
-            return 0  # the daemon's end closed
-        data = json.loads(message)
-        try:
-            pid = _fork(data["order"], fds[0], data["wake"])
-        except OSError:
-            pid = 0
-        os.close(fds[0])
-        server.send(str(pid).encode())
-
-
-def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
-    """Fork the helper: in a session of its own, every descriptor but ``pipe`` closed, signals default."""
+def forked(kept: int, run: Callable[[], None]) -> int:
+    """Fork a helper that runs ``run``: in a session of its own, every descriptor but ``kept`` closed, signals
+    default. Its pid."""
     # A SIGTERM must not meet the daemon's handler in the child (it would set the daemon's stop flag in the
     # copy and write to the daemon's wake-up pipe): blocked across the fork until the child's are default.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -312,12 +275,12 @@ def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
                 signal.set_wakeup_fd(-1)
                 # The daemon's lock, database, FIFO and shims' pipes: a helper that outlives a daemon killed
                 # with kill -9 must not hold its lock, nor anything else of it.
-                os.closerange(3, pipe)
-                os.closerange(pipe + 1, 65536)
+                os.closerange(3, kept)
+                os.closerange(kept + 1, 65536)
                 with contextlib.suppress(OSError):
                     Path("/proc/self/comm").write_text("gpuq-suspender")
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-                _answer(pipe, act(order), wake)
+                run()
                 code = 0
             finally:
                 os._exit(code)
@@ -326,7 +289,7 @@ def _fork(order: dict[str, Any], pipe: int, wake: str) -> int:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def _answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
+def answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
     """Write the result, close the pipe (the daemon reads it whole at its end), then wake the daemon."""
     view = memoryview((json.dumps(result) + "\n").encode())
     while view:
@@ -344,10 +307,8 @@ def _answer(pipe: int, result: dict[str, Any], wake: str | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--serve"]:
-        return _serve(int(argv[1]))
     order = json.loads(argv[0])
-    _answer(sys.stdout.fileno(), act(order), order.get("wake"))
+    answer(sys.stdout.fileno(), act(order), order.get("wake"))
     return 0
 
 

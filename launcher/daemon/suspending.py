@@ -1,7 +1,7 @@
 """Suspending a running job to host memory and resuming it (``gpuq suspend/resume``), beside the pass.
 
 A suspend or resume is recorded as begun in the job table (``Step``) before its first act, then done by a
-child process (``launcher.daemon.suspender``, forked) that wakes the daemon's pass once its result is
+child process (``launcher.daemon.suspender``; ``forker``) that wakes the daemon's pass once its result is
 written: a checkpoint of tens of gigabytes takes tens of seconds, and the queue goes on meanwhile. While it
 suspends, a job still holds its GPUs; once suspended, it is out of ``scheduler.running`` (placement, the
 watchdog and hand-offs see no job on its GPUs) and in ``scheduler.suspended``, whose exit files are still
@@ -34,9 +34,9 @@ from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_size
-from gpuq_scheduler.launcher.daemon import suspender
+from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
-from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze
+from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.containment import Box
@@ -186,7 +186,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
             paused["since"] = time.monotonic()  # its time limit stops running now
         _write_pause(scheduler, record.id, paused)
         try:
-            acting.child = suspender.start(order, str(scheduler.state.wake), forker(scheduler))
+            acting.child = start_helper(order, str(scheduler.state.wake), forker(scheduler))
         except OSError as err:  # out of processes: undone (a suspend) or tried again (a resume), as after a failure
             log.warning("cannot start the %s of job %d: %s", action, record.id, err)
             acting.again, acting.retry_at = True, time.time() + RETRY
@@ -200,13 +200,13 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
-def forker(scheduler: SchedulerState) -> suspender.Forker | None:
-    """The server that forks this daemon's helpers (``suspender.Forker``), started at the daemon's start and
+def forker(scheduler: SchedulerState) -> Forker | None:
+    """The server that forks this daemon's helpers (``launcher.daemon.forker``), started with the daemon and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
     found = scheduler.suspensions.forker
     if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
         with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
-            found = scheduler.suspensions.forker = suspender.Forker()
+            found = scheduler.suspensions.forker = Forker()
     return found if found is not None and found.alive else None
 
 

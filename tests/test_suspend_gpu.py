@@ -58,21 +58,24 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     # NVML gave the daemon a thread, so its helpers came from its Forker, which goes with the daemon.
     resumed = [e for e in _events(real) if e.get("job") == job and e.get("event") == "resumed"]
     assert resumed[0]["helper"]["began"] - resumed[0]["helper"]["spawned"] < 0.05  # a fork, not a fresh interpreter
-    forkers = _forkers()
-    assert forkers
+    # The spare forked after the suspend had the driver open when the resume came (forker.Spare).
+    assert resumed[0]["steps"]["open"] == 0.0
+    forkers, spares = _named("gpuq-forker"), _named("gpuq-suspender")
+    assert forkers and spares
     real.run("daemon", "stop")
-    wait_for(lambda: not (_forkers() & forkers), 10, "the Forker to go with its daemon")
+    wait_for(lambda: not (_named("gpuq-forker") & forkers), 10, "the Forker to go with its daemon")
+    wait_for(lambda: not (_named("gpuq-suspender") & spares), 10, "its spare to go with it")
 
 
 def _events(queue: Gpuq) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (queue.home / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
-def _forkers() -> set[int]:
+def _named(name: str) -> set[int]:
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "gpuq-forker":
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
                 found.add(int(entry.name))
         except OSError:
             continue

@@ -1,9 +1,15 @@
 """What gpuq adds around a suspend and a resume, with the fake checkpoint (any machine, no GPU):
 
-    python bench/suspend_overhead.py [--rounds 10] [--roots /path/to/other/checkout .] [--out FILE]
+    python bench/suspend_overhead.py [--rounds 10] [--roots /path/to/other/checkout .] [--ways gpuq click]
+                                     [--installed] [--out FILE]
 
 Each root is a gpuq source tree (run through PYTHONPATH, so a checkout of main in another worktree and this
-one can be compared in one run, taking turns round after round). For each, a queue on one fake 80 GiB GPU
+one can be compared in one run, taking turns round after round). Each way is how the command is run:
+``gpuq`` as the `gpuq` script runs it (``launcher.cli.entry``: the quick path where it takes the command),
+``click`` through click's commands alone (``launcher.cli.app``); the ways take turns too, on the same queue.
+``--installed``: this checkout installed as users get it (``pip install .`` into a venv of its own, as
+bench/cli_cost.py does), without the development venv's editable-install hook that every Python start there
+loads; one root only. For each root, a queue on one fake 80 GiB GPU
 runs a fake CUDA job holding 4 GiB (tests/fixtures/fake_counter.py); the fake checkpoint takes no time
 (GPUQ_FAKE_CHECKPOINT_SECONDS=0), so everything measured is gpuq's own. Each round suspends it with
 `gpuq suspend` and resumes it with `gpuq resume`, and reads the times from events.jsonl, counted from
@@ -33,33 +39,47 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # bench.peers, for --installed
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-class Queue:
-    """A private queue on one fake GPU, run from the source tree ``root``."""
+# How each way runs `gpuq ARGS` (``python -c CODE ARGS``): as the `gpuq` script does, or through click alone.
+WAYS = {
+    "gpuq": "from gpuq_scheduler.launcher.cli.entry import main; raise SystemExit(main())",
+    "click": "from gpuq_scheduler.launcher.cli.app import main; raise SystemExit(main())",
+}
 
-    def __init__(self, root: Path, work: Path) -> None:
+
+class Queue:
+    """A private queue on one fake GPU, run from the source tree ``root`` (``python``: an interpreter with
+    gpuq installed, the tree then unused)."""
+
+    def __init__(self, root: Path, work: Path, python: str | None = None) -> None:
         self.root, self.home, self.work = root, work / "state", work / "work"
+        self.python = python or sys.executable
         usage = work / "usage"
         for folder in (self.work, usage):
             folder.mkdir(parents=True)
         for name in ("fake_cuda.py", "fake_counter.py"):
             shutil.copy(FIXTURES / name, self.work / name)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+        self.env.pop("PYTHONPATH", None)
         self.env.update(
-            GPUQ_HOME=str(self.home), PYTHONPATH=str(root), GPUQ_FAKE_GPUS="1x80GiB", GPUQ_FAKE_USAGE=str(usage),
+            GPUQ_HOME=str(self.home), GPUQ_FAKE_GPUS="1x80GiB", GPUQ_FAKE_USAGE=str(usage),
             GPUQ_FAKE_HOST_MEMORY="256GiB", GPUQ_FAKE_CHECKPOINT_SECONDS="0",
-            PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", os.defpath),
+            PATH=str(Path(self.python).parent) + os.pathsep + os.environ.get("PATH", os.defpath),
         )  # fmt: skip
+        if python is None:
+            self.env["PYTHONPATH"] = str(root)
         self.events = self.home / "events.jsonl"
         self._read = 0  # bytes of events.jsonl already looked through
         self.job = 0
 
-    def gpuq(self, *args: str) -> str:
+    def gpuq(self, *args: str, way: str = "gpuq") -> str:
         return subprocess.run(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=self.env, cwd=self.work,
-            capture_output=True, text=True, check=True, timeout=120,
+            [self.python, "-c", WAYS[way], *args], env=self.env, cwd=self.work, capture_output=True, text=True,
+            check=True, timeout=120,
         ).stdout  # fmt: skip
 
     def start(self) -> None:
@@ -88,11 +108,11 @@ class Queue:
             time.sleep(0.005)
         raise TimeoutError(f"job {self.job}'s {kind} event")
 
-    def act(self, action: str) -> dict[str, float]:
+    def act(self, action: str, way: str) -> dict[str, float]:
         """One suspend or resume, its times from the moment before the command started."""
         seen_kind, done_kind = ("suspending", "suspended") if action == "suspend" else ("resume-requested", "resumed")
         at = time.time()
-        self.gpuq(action, str(self.job))
+        self.gpuq(action, str(self.job), way=way)
         command = time.time() - at
         seen, done = self.wait_event(seen_kind), self.wait_event(done_kind)
         found = {"command": command, "seen": seen["t"] - at, "recorded": done["t"] - at}
@@ -103,15 +123,15 @@ class Queue:
         found["driver_calls"] = sum(float(v) for k, v in (done.get("steps") or {}).items() if k in DRIVER_CALLS)
         return {k: round(v, 4) for k, v in found.items()}
 
+    def floor(self) -> float:
+        """Seconds `python -c pass` takes with this queue's interpreter and environment."""
+        at = time.perf_counter()
+        subprocess.run([self.python, "-c", "pass"], env=self.env, cwd=self.work, check=True, timeout=60)
+        return time.perf_counter() - at
+
     def stop(self) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "cancel", str(self.job)], env=self.env,
-            capture_output=True, timeout=60,
-        )  # fmt: skip
-        subprocess.run(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "daemon", "stop"], env=self.env,
-            capture_output=True, timeout=60,
-        )  # fmt: skip
+        for args in (("cancel", str(self.job)), ("daemon", "stop")):
+            subprocess.run([self.python, "-c", WAYS["gpuq"], *args], env=self.env, capture_output=True, timeout=60)
 
 
 DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
@@ -120,33 +140,61 @@ DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--roots", type=Path, nargs="+", default=[ROOT], help="gpuq source trees to compare")
+    parser.add_argument("--ways", nargs="+", choices=sorted(WAYS), default=["gpuq"], help="how to run the command")
+    parser.add_argument("--installed", action="store_true", help="this checkout, installed as users get it")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     roots = [root.resolve() for root in args.roots]
-    found: dict[str, dict[str, list[dict[str, float]]]] = {str(r): {"suspend": [], "resume": []} for r in roots}
+    if args.installed and roots != [ROOT]:
+        parser.error("--installed measures this checkout alone: leave --roots out")
+    found: dict[str, dict[str, list[dict[str, float]]]] = {
+        _name(root, way): {"suspend": [], "resume": []} for root in roots for way in args.ways
+    }
+    floor: dict[str, list[float]] = {str(root): [] for root in roots}  # `python -c pass`, for the scale
+    how = "the source tree through PYTHONPATH (the development venv's interpreter)"
     with tempfile.TemporaryDirectory(prefix="gpuq-overhead-") as tmp:
-        queues = [Queue(root, Path(tmp) / str(index)) for index, root in enumerate(roots)]
+        python = None
+        if args.installed:
+            from bench.peers.gpuq import install_regular
+
+            script, how = install_regular(Path(tmp))
+            if script is None:
+                sys.exit(f"suspend_overhead: {how}")
+            python = str(Path(script).parent / "python")
+        queues = [Queue(root, Path(tmp) / str(index), python) for index, root in enumerate(roots)]
         try:
             for queue in queues:
                 queue.start()
             for index in range(args.rounds):
                 order = queues if index % 2 == 0 else queues[::-1]  # which goes first alternates
+                ways = args.ways if index % 2 == 0 else args.ways[::-1]
                 for queue in order:
-                    for action in ("suspend", "resume"):
-                        found[str(queue.root)][action].append(queue.act(action))
-                        time.sleep(0.2)  # let the daemon settle back into its idle sleep
+                    floor[str(queue.root)].append(queue.floor())
+                    for way in ways:
+                        for action in ("suspend", "resume"):
+                            found[_name(queue.root, way)][action].append(queue.act(action, way))
+                            time.sleep(0.2)  # let the daemon settle back into its idle sleep
         finally:
             for queue in queues:
                 queue.stop()
-    medians = {root: {action: _medians(rows) for action, rows in actions.items()} for root, actions in found.items()}
-    for root, actions in medians.items():
+    medians = {name: {action: _medians(rows) for action, rows in actions.items()} for name, actions in found.items()}
+    floors = {root: round(statistics.median(times), 4) for root, times in floor.items()}
+    for root, median in floors.items():
+        print(f"{root}: python -c pass {median * 1000:.0f} ms (the floor any Python command pays)")
+    for name, actions in medians.items():
         for action, row in actions.items():
-            print(f"{root} {action}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in row.items()))
+            print(f"{name} {action}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in row.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(), "rounds": args.rounds}
-        args.out.write_text(json.dumps({**summary, "medians": medians, "rounds_found": found}, indent=1) + "\n")
+        summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(), "rounds": args.rounds,
+                   "gpuq": how, "python": sys.version.split()[0], "load_at_end": os.getloadavg()}  # fmt: skip
+        found_all = {"medians": medians, "python_floor": floors, "rounds_found": found}
+        args.out.write_text(json.dumps({**summary, **found_all}, indent=1) + "\n")
+
+
+def _name(root: Path, way: str) -> str:
+    return f"{root} ({way})"
 
 
 def _medians(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -115,8 +115,10 @@ class SharedQueue:
             env.update(HOME=str(user.home), USER=user.name, LOGNAME=user.name)
         return env
 
-    def gpuq(self, user: User | None, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """`gpuq ARGS` as ``user`` (None: as root)."""
+    def gpuq(
+        self, user: User | None, *args: str, check: bool = True, module: str = "gpuq_scheduler"
+    ) -> subprocess.CompletedProcess[str]:
+        """`gpuq ARGS` as ``user`` (None: as root); ``module``: gpuq_scheduler.launcher.cli.app for click's alone."""
         credentials: dict[str, Any] = {}
         cwd = str(ROOT)
         if user is not None:
@@ -124,7 +126,7 @@ class SharedQueue:
             credentials = {"user": user.uid, "group": user.gid, "extra_groups": groups}
             cwd = str(user.home)
         result = subprocess.run(
-            [self.python, "-m", "gpuq_scheduler", *args], env=self.env(user), cwd=cwd, capture_output=True,
+            [self.python, "-m", module, *args], env=self.env(user), cwd=cwd, capture_output=True,
             text=True, timeout=120, **credentials,
         )  # fmt: skip
         if check and result.returncode != 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -49,6 +50,12 @@ def _events(queue: SharedQueue, job: int, kind: str) -> list[dict[str, object]]:
     return [e for e in map(json.loads, lines) if e.get("job") == job and e.get("event") == kind]
 
 
+def _same_from_click(queue: SharedQueue, user: User, quick: subprocess.CompletedProcess[str], *args: str) -> bool:
+    """Whether click's command (``launcher.cli.app``, no quick path) answers as the quick path did."""
+    clicked = queue.gpuq(user, *args, check=False, module="gpuq_scheduler.launcher.cli.app")
+    return (clicked.returncode, clicked.stdout, clicked.stderr) == (quick.returncode, quick.stdout, quick.stderr)
+
+
 def test_another_user_cannot_suspend_or_resume_your_job(queue: SharedQueue, users: dict[str, User]) -> None:
     alice, mallory = users["gqpalice"], users["gqpmallory"]
     queue.start(gpus="1x80GiB")
@@ -57,6 +64,7 @@ def test_another_user_cannot_suspend_or_resume_your_job(queue: SharedQueue, user
     refused = queue.gpuq(mallory, "suspend", str(job), check=False)
     assert refused.returncode == 2
     assert refused.stderr == f"gpuq: job {job} belongs to gqpalice; only gqpalice or an admin can suspend it\n"
+    assert _same_from_click(queue, mallory, refused, "suspend", str(job))
     queue.python_as(mallory, BY_HAND, str(queue.home), "suspend", str(job))
     wait_for(lambda: _events(queue, job, "suspend-refused"), 30, "the daemon to refuse mallory's suspend")
     assert queue.records(alice)[job]["state"] == "running" and queue.records(alice)[job]["step"] is None
@@ -64,6 +72,7 @@ def test_another_user_cannot_suspend_or_resume_your_job(queue: SharedQueue, user
     wait_for(lambda: queue.records(alice)[job]["state"] == "suspended", 30, "alice's suspend")
     refused = queue.gpuq(mallory, "resume", str(job), check=False)
     assert refused.returncode == 2 and "only gqpalice or an admin can resume it" in refused.stderr
+    assert _same_from_click(queue, mallory, refused, "resume", str(job))
     queue.python_as(mallory, BY_HAND, str(queue.home), "resume", str(job))
     wait_for(lambda: _events(queue, job, "resume-refused"), 30, "the daemon to refuse mallory's resume")
     assert queue.records(alice)[job]["state"] == "suspended"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from gpuq_scheduler.jobs import accounts
@@ -16,7 +16,7 @@ from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, StateDirError, Un
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
-from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store import outbox, rights, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.submission import Inventory, check_host_limits
 
@@ -81,36 +81,6 @@ class Queue:
         if pending:
             outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
         return pending
-
-    def suspend(
-        self, action: str, ids: Iterable[int], *, uid: int | None = None,
-        refuse: Callable[[list[JobRecord]], None] | None = None,
-    ) -> list[JobRecord]:  # fmt: skip
-        """Ask the daemon to suspend running jobs to host memory, or (``action="resume"``) to resume suspended
-        ones (an array id stands for its members in that state). The owner, the queue's owner or an admin
-        only; refuses before writing anything, a job in neither state included (and what ``refuse`` raises
-        for the jobs chosen)."""
-        uid = os.getuid() if uid is None else uid
-        wanted, named = list(dict.fromkeys(ids)), self.resolve(ids)
-        source = JobState.RUNNING if action == "suspend" else JobState.SUSPENDED
-        for record in named:
-            if not self._may_act(uid, record):
-                raise NotPermitted(
-                    f"job {record.id} belongs to {record.user}; only {record.user} or an admin can {action} it"
-                )
-        chosen = [r for r in named if r.state is source]
-        by_id = {r.id: r for r in named}
-        for job_id in wanted:
-            found = by_id.get(job_id)
-            if found is not None and found.state is not source:
-                how = "suspend a running one" if action == "suspend" else "resume a suspended one"
-                raise BadInput(f"job {job_id} is {found.state.value}; `gpuq {action}` can only {how}")
-        if not chosen:
-            raise BadInput(f"no {source.value} job among {', '.join(map(str, wanted))}; nothing to {action}")
-        if refuse is not None:
-            refuse(chosen)
-        outbox.write_control(self.state, action, [r.id for r in chosen])
-        return chosen
 
     def control_queue(self, action: str, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:
         """drain/undrain GPUs, pause/unpause the queue: for whoever runs the daemon, or root."""
@@ -181,9 +151,7 @@ class Queue:
             )
 
     def _may_act(self, uid: int, record: JobRecord) -> bool:
-        if uid == record.uid:
-            return True  # the common case reads no config
-        return accounts.may_act(uid, record.uid, self._admins(), self.state.owner())
+        return rights.may_act(self.state, uid, record.uid)
 
     def _admins(self) -> str | None:
         from gpuq_scheduler.jobs import config

@@ -14,8 +14,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState, Step
-
-TABLE_VERSION = 4
+from gpuq_scheduler.jobs.store.statedir import TABLE_VERSION as TABLE_VERSION
 
 # Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
 # so that `gpuq status --all` reads 100,000 jobs without parsing 100,000 specs with json_extract.

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 REQUEST_SCHEMA = 1  # of the spool's request files: ``outbox`` writes it, ``spool`` refuses any other
+TABLE_VERSION = 4  # of the job table (``jobs.store.schema`` lays it out; the quick suspend reads one this new)
 
 # The names the quick ``gpuq submit`` path opens as plain strings (``StateDir.at``): it imports no pathlib,
 # so it builds no Path.
@@ -50,6 +51,8 @@ NEXT_ID = "next_id"
 SPOOL = "spool"
 WAKE = "wake.fifo"
 INVENTORY = "gpus.json"
+DB = "jobs.db"  # the quick `gpuq suspend` reads the job table (``jobs.store.suspension``)
+CLUSTERS_DB = "clusters.db"
 # Directories whose files are named per job (``StateDir.exit_file`` and its neighbours) or per request.
 RUN = "run"
 LOGS = "logs"
@@ -191,11 +194,11 @@ class StateDir:
 
     @property
     def db(self) -> Path:
-        return self.root / "jobs.db"
+        return self.root / DB
 
     @property
     def clusters_db(self) -> Path:
-        return self.root / "clusters.db"
+        return self.root / CLUSTERS_DB
 
     @property
     def inventory(self) -> Path:

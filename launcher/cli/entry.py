@@ -1,5 +1,6 @@
-"""The ``gpuq`` command's entry point: a plain ``gpuq submit`` takes the quick path (``submit``, no click);
-everything else goes to click (``app``), imported only then."""
+"""The ``gpuq`` command's entry point: a plain ``gpuq submit`` (``submit``), ``gpuq suspend ID...`` or
+``gpuq resume ID...`` (``suspend``) takes the quick path, without click; everything else goes to click
+(``app``), imported only then."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import sys
 
 from gpuq_scheduler.jobs.errors import GpuqError
-from gpuq_scheduler.launcher.cli import submit
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
@@ -16,23 +16,47 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    # Only `gpuq submit ...` itself: a global option before it (--debug) and shell completion are click's.
-    parsed = submit.parse(args[1:]) if args[:1] == ["submit"] and "_GPUQ_COMPLETE" not in os.environ else None
-    if parsed is not None and not submit.needs_click(parsed[0]):
-        try:
-            if submit.submit(*parsed):
-                if argv is None:  # the `gpuq` command itself: its output is flushed, nothing is left to do
-                    os._exit(0)  # the interpreter's teardown cost ~2 ms of a 20 ms submit (measured)
-                return
-        except GpuqError as err:
-            submit.error(f"gpuq: {err}")
-            sys.exit(err.exit_code)
-        except (KeyboardInterrupt, EOFError):
-            submit.error("\naborted")  # as click: a blank line, then launcher.cli.app's word for it
-            sys.exit(130)
+    try:
+        if _quick(args):
+            if argv is None:  # the `gpuq` command itself: its output is flushed, nothing is left to do
+                os._exit(0)  # the interpreter's teardown cost ~2 ms of a 20 ms submit (measured)
+            return
+    except GpuqError as err:
+        _error(f"gpuq: {err}")
+        sys.exit(err.exit_code)
+    except (KeyboardInterrupt, EOFError):
+        _error("\naborted")  # as click: a blank line, then launcher.cli.app's word for it
+        sys.exit(130)
     from gpuq_scheduler.launcher.cli.app import main as click_main
 
     click_main(args)
+
+
+def _quick(args: list[str]) -> bool:
+    """Whether the command ran here, without click. Only the command itself as the first word: a global
+    option before it (--debug) and shell completion are click's."""
+    if "_GPUQ_COMPLETE" in os.environ or not args:
+        return False
+    if args[0] == "submit":
+        from gpuq_scheduler.launcher.cli import submit
+
+        parsed = submit.parse(args[1:])
+        return parsed is not None and not submit.needs_click(parsed[0]) and submit.submit(*parsed)
+    if args[0] in ("suspend", "resume"):
+        from gpuq_scheduler.launcher.cli import suspend
+
+        return suspend.quick(args[0], args[1:])
+    return False
+
+
+def _error(line: str) -> None:
+    """One line on stderr, as click.echo writes it (escapes stripped where it is not a terminal)."""
+    if not sys.stderr.isatty():
+        import re  # ~4 ms: paid by errors only
+
+        line = re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", line)  # what click.echo strips when not on a terminal
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

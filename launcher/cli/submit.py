@@ -156,12 +156,3 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
 def _print(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def error(line: str) -> None:
-    if not sys.stderr.isatty():
-        import re  # ~4 ms: paid by errors only
-
-        line = re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", line)  # what click.echo strips when not on a terminal
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()

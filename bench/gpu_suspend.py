@@ -2,19 +2,18 @@
 
     python3 bench/gpu_suspend.py --out bench/results/gpu_suspend.json [--sizes 4 16 40] [--pairs 2]
 
-For each size, one PyTorch job holding N GiB (a known pattern) runs in a private gpuq queue on the real GPUs,
-and is suspended and resumed in cycles: through gpuq (`gpuq suspend`, `gpuq resume`) and bare (the driver's
-calls from this process on the same job's pid), in the order gpuq, bare, bare, gpuq, ... (``--pairs`` of
-each). The same process with the same memory on both sides: the driver's time for a checkpoint moves 10-20 %
-from one run to the next (bench/checkpoint_probe.py), more than the bar being measured. Through gpuq: the
-time from the moment before the command to the job recorded suspended (its ``suspended`` event's time in
-events.jsonl, read from the file, not by polling `gpuq show`), and from `gpuq resume` to it recorded running
-again, split into the command itself, the daemon's part (from the pass that took the request to the one
-that recorded the result) and the helper's driver calls. Bare: lock + checkpoint, restore + unlock. Each
-cycle checks that the GPU was empty of the job while suspended (NVML), that its count made no progress then
-and went on from where it stopped; the job checks its whole tensor at its end. The medians give gpuq's time
-beside the bare calls (the issue's bar: within 5 %), and gpuq's own part (its time less its driver calls).
-"""
+For each size, one PyTorch job holding N GiB (a known pattern) runs in a private gpuq queue on the real GPUs, and is
+suspended and resumed in cycles: through gpuq (`gpuq suspend`, `gpuq resume`) and bare (the driver's calls from this
+process on the same job's pid), in the order gpuq, bare, bare, gpuq, ... (``--pairs`` of each), after a first cycle
+through gpuq kept apart (a process's first checkpoint is its dearest). The same process with the same memory on both
+sides: the driver's time for a checkpoint moves 10-20 % from one run to the next (bench/checkpoint_probe.py), more
+than the bar being measured. Through gpuq: the time from the moment before the command to the job recorded suspended
+(its ``suspended`` event's time in events.jsonl, read from the file, not by polling `gpuq show`), and from `gpuq
+resume` to it recorded running again, split into the command itself, the daemon's part (from the pass that took the
+request to the one that recorded the result) and the helper's driver calls. Bare: lock + checkpoint, restore +
+unlock. Each cycle checks that the GPU was empty of the job while suspended (NVML), that its count made no progress
+then and went on from where it stopped; the job checks its whole tensor at its end. The medians give gpuq's time
+beside the bare calls (the issue's bar: within 5 %), and gpuq's own part (its time less its driver calls)."""
 
 from __future__ import annotations
 
@@ -65,13 +64,18 @@ sys.exit(0 if intact else 1)
 """
 
 
+COMMAND = os.environ.get("GPUQ_BENCH_COMMAND")  # the `gpuq` command as users have it, installed; else this tree
+
+
 def gpuq(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    env.update(GPUQ_HOME=str(home), PYTHONPATH=str(GPUQ_ROOT[0]))
-    return subprocess.run(
-        [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=env, capture_output=True, text=True,
-        check=True, timeout=600,
-    )  # fmt: skip
+    env["GPUQ_HOME"] = str(home)
+    if COMMAND:
+        argv = [COMMAND, *args]
+    else:
+        env["PYTHONPATH"] = os.pathsep.join([str(GPUQ_ROOT[0]), *filter(None, [os.environ.get("PYTHONPATH")])])
+        argv = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=600)
 
 
 def show(home: Path, job: int) -> dict[str, Any]:
@@ -220,9 +224,12 @@ class Job:
 
 def one_size(size: float, pairs: int, work: Path, cuda: DriverCheckpoint) -> dict[str, Any]:
     """``pairs`` cycles through gpuq and as many bare, on one job, in the order gpuq, bare, bare, gpuq, ...
-    (so that neither side keeps the first cycle, or a drift of the host, to itself)."""
+    (so that neither side keeps a drift of the host to itself), after a first cycle through gpuq, apart: a
+    process's first checkpoint is the dearest (16.6 s, then 8.4-10.7 s for 16 GiB on an H200: the driver
+    allocates its host memory then), and whichever side had it would lose by it."""
     job = Job(size, work)
-    cycles: list[dict[str, Any]] = []
+    cycles: list[dict[str, Any]] = [{"kind": "first", **job.through_gpuq()}]
+    print(json.dumps({"size_gib": size, **cycles[-1]}), flush=True)
     for index in range(2 * pairs):
         through = index % 4 in (0, 3)
         cycles.append({"kind": "gpuq", **job.through_gpuq()} if through else {"kind": "bare", **job.bare(cuda)})
@@ -249,6 +256,13 @@ def main() -> None:
         capture_output=True, text=True,
     ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M %Z"), "root": str(GPUQ_ROOT[0]), "sizes": []}  # fmt: skip
     cuda = DriverCheckpoint()  # opened once: the bare calls' process holds the driver, as gpuq's spare helper does
+    floor = []
+    for _ in range(10):
+        at = time.monotonic()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        floor.append(time.monotonic() - at)
+    results["python_floor_s"] = round(statistics.median(floor), 4)  # what any Python command costs here
+    results["command"] = COMMAND or f"{sys.executable} -m gpuq_scheduler.launcher.cli.entry"
     with tempfile.TemporaryDirectory(prefix="gpuq-suspend-") as tmp:
         for size in args.sizes:
             work = Path(tmp) / f"{size:g}"
@@ -270,7 +284,7 @@ def _medians(cycles: list[dict[str, Any]], gb: float) -> dict[str, float]:
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
-    through = [c for c in cycles if c["kind"] == "gpuq"]
+    through = [c for c in cycles if c["kind"] == "gpuq"]  # not the first cycle
     found: dict[str, float] = {}
     for action in ("suspend", "resume"):
         bare = median([c[f"{action}_s"] for c in cycles if c["kind"] == "bare"])

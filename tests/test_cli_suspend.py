@@ -107,7 +107,7 @@ PLAIN = [
     (["suspend", "1", "1", "01"], [1], ""),
     (["suspend", "9"], [9], ""),  # someone else's: we run as root, an admin
     (["suspend", "4"], [5], ""),  # an array: its running members
-    (["suspend", "4", "5"], [5, 5], ""),  # a member named twice over, as Queue.resolve names it
+    (["suspend", "4", "5"], [5], ""),  # a member named twice over (as itself and in its array): asked once
     (["suspend", "4", "6"], None, "job 6 is pending; `gpuq suspend` can only suspend a running one"),
     (["suspend", "3"], None, "job 3 is pending; `gpuq suspend` can only suspend a running one"),
     (["suspend", "1", "2"], None, "job 2 is suspended; `gpuq suspend` can only suspend a running one"),

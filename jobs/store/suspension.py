@@ -77,7 +77,8 @@ def ask(
     for job in named:
         if not rights.may_act(state, uid, job.uid):
             raise NotPermitted(f"job {job.id} belongs to {job.user}; only {job.user} or an admin can {action} it")
-    chosen = [job for job in named if job.state == source]
+    # One job named twice over (an array and a member of it) is asked for, and said, once.
+    chosen = list({job.id: job for job in named if job.state == source}.values())
     by_id = {job.id: job for job in named}
     for job_id in wanted:
         found = by_id.get(job_id)

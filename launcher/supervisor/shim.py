@@ -122,7 +122,7 @@ def serve(pipe: int) -> int:
         # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk
+        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk (staged: made already)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
@@ -270,7 +270,7 @@ def _requests(
         elif kind == NEXT:
             assert isinstance(value, Launch)
             following = value
-            ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
             if value.box is not None and value.box.cgroup is not None:
                 argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
                 ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, starting.output_pipe())

@@ -189,6 +189,7 @@ def _supervise(
             launch.job_id, launch.box, launch.argv[0], argv, cwd, env, credentials, handed
         )
     except starting.NotStarted as failed:
+        _discard_behind()
         ahead.drop()
         os.write(log_fd, f"gpuq: could not start {shown(failed.what)}: {failed.why}\n".encode())
         os.close(log_fd)
@@ -201,6 +202,7 @@ def _supervise(
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
+    _discard_behind()
 
     reason: Stop = Stop.NONE
     kill_at: float | None = None
@@ -238,8 +240,9 @@ def _supervise(
         containment.signal_all(launch.box, pid, signal.SIGTERM)
         kill_at = now + launch.grace
     returncode = reap()
-    # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted.
-    contained = containment.end(launch.box, pid, settle=_SETTLE if reason is not Stop.NONE else 0.0)
+    # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted. Its empty
+    # cgroup goes once what follows it here has started: the rmdir need not stand between them.
+    contained = containment.end(launch.box, pid, _SETTLE if reason is not Stop.NONE else 0.0, remove=False)
     if launch.box is None:
         _signal_group(pid, signal.SIGKILL)
     if out_read in watched:
@@ -249,10 +252,22 @@ def _supervise(
     # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
     while pipe in watched and select.select([pipe], [], [], 0)[0]:
         _, following = _requests([pipe], watched, pipe, wake_read, launch, following)
+    _behind[:] = [launch.box] if following is not None else []
+    if following is None:
+        containment.discard(launch.box)
     return ExitFile(
         launch.job_id, 0.0, started=True, exit_code=returncode if returncode >= 0 else None,
         signal=-returncode if returncode < 0 else None, reason=reason, contained=contained,
     ), following
+
+
+_behind: list[containment.Box | None] = []  # the emptied cgroup of the job that ended before the one starting
+
+
+def _discard_behind() -> None:
+    for box in _behind:
+        containment.discard(box)
+    _behind.clear()
 
 
 def _requests(

@@ -55,6 +55,7 @@ from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
 _SETTLE = 0.5  # seconds the processes of a job gpuq signalled get to end by themselves before they are counted
+_TIDY = 0.05  # seconds after a hand-off before the shim removes the cgroup of the job that ended
 _HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a job id after a cancel or drop
 # What the daemon writes down a shim's pipe: a job to start now, or the job to start once this one ends (each
 # then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
@@ -202,7 +203,6 @@ def _supervise(
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
     if handed:
         _poke(launch.wake, HANDED_OFF)
-    _discard_behind()
 
     reason: Stop = Stop.NONE
     kill_at: float | None = None
@@ -210,11 +210,16 @@ def _supervise(
     pidfd = os.pidfd_open(pid)
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
+    # The cgroup of the job before is removed a moment later, not while this job's first process gets going.
+    tidy_at = started + _TIDY if _behind else None
     while True:
         now = time.monotonic()
-        due = [t for t in (deadline if reason is Stop.NONE else None, kill_at) if t is not None]
+        due = [t for t in (deadline if reason is Stop.NONE else None, kill_at, tidy_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
         ready, _, _ = select.select(watched, [], [], timeout)
+        if tidy_at is not None and (pidfd in ready or time.monotonic() >= tidy_at):
+            _discard_behind()
+            tidy_at = None
         if out_read in ready and not output.pump(out_read):
             watched.remove(out_read)  # the job closed its stdout and stderr
         if pidfd in ready:

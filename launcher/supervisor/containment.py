@@ -279,19 +279,17 @@ def members(box: Box, leader: int) -> set[int]:
 
 
 def end(box: Box | None, leader: int, settle: float = 0.0, remove: bool = True) -> dict[str, object]:
-    """End every process left of the job once its first process has exited, and remove its cgroup: the
-    facts for the exit file's ``contained`` field (``outlived``: how many processes had to be ended;
-    from a cgroup also ``oom_kills``, ``cpu_seconds`` and ``peak_ram`` where the kernel accounts them).
-    ``settle``: gpuq signalled all of the job's processes (a cancel, its time limit), so those still on
-    their way out of that signal are given this long to go by themselves and are not counted as outliving it;
-    a job that ended by itself is counted at once (nothing else was told to end). On return no process of
-    the job is left, not even one on its way out (the kernel counts a process in its cgroup until it has let
-    go of its memory and files, GPU memory too), unless one could not end within ``_GONE_WITHIN``.
-    ``remove=False`` leaves the empty cgroup to ``discard``: a successor need not wait for the rmdir."""
+    """End every process left of the job once its first process has exited, and remove its cgroup: the facts
+    for the exit file's ``contained`` field (``outlived``: how many processes had to be ended; from a cgroup
+    also ``oom_kills``, ``cpu_seconds`` and ``peak_ram`` where the kernel accounts them). ``settle``: gpuq
+    signalled all of the job's processes (a cancel, its time limit), so those on their way out are given this
+    long to go by themselves and are not counted as outliving it. On return no process of the job is left,
+    not even one on its way out (the kernel counts a process in its cgroup until it has let go of its memory
+    and files, GPU memory too), unless one could not end within ``_GONE_WITHIN``. ``remove=False`` leaves the
+    empty cgroup to ``discard``: a successor need not wait for the rmdir."""
     if box is None:
         return {}
-    # A cgroup is, as a rule, empty once the first process is reaped: one read of cgroup.events tells.
-    populated = box.cgroup is None or _populated(box.cgroup)
+    populated = box.cgroup is None or _populated(box.cgroup)  # in a cgroup, as a rule not once the first is reaped
     deadline, left = time.monotonic() + settle, set[int]()
     if populated and (settle or box.cgroup is not None):  # the fallback's kill below finds them itself
         left = members(box, leader)
@@ -316,10 +314,8 @@ def end(box: Box | None, leader: int, settle: float = 0.0, remove: bool = True) 
 
 def discard(box: Box | None) -> None:
     """Remove a job's cgroup, emptied by ``end`` (bounded: EBUSY while a killed process is on its way out)."""
-    if box is None or box.cgroup is None:
-        return
     deadline = time.monotonic() + _GONE_WITHIN
-    while True:
+    while box is not None and box.cgroup is not None:
         try:
             return os.rmdir(box.cgroup)
         except FileNotFoundError:
@@ -361,9 +357,7 @@ def _populated(cgroup: str) -> bool:
 def _wait_empty(cgroup: str) -> None:
     """Wait (bounded) until no process is left in ``cgroup``."""
     deadline = time.monotonic() + _GONE_WITHIN
-    while _populated(cgroup):
-        if time.monotonic() > deadline:
-            return
+    while _populated(cgroup) and time.monotonic() < deadline:
         time.sleep(0.005)
 
 

@@ -12,7 +12,7 @@ set -u
 res=/tmp/res && rm -rf "$res" && mkdir -p "$res"
 exec > >(tee "$OUT/device.log") 2>&1
 export PYTHONUNBUFFERED=1
-date -u; nvidia-smi -L; nproc; uname -r; python3 --version; cat /sys/fs/cgroup/cgroup.subtree_control
+date -u; nvidia-smi -L; nproc; uname -r; python3 --version; ldd --version | head -1; cat /sys/fs/cgroup/cgroup.subtree_control
 names=() trees=()
 for tar in ${TARS}; do
     tar xf "$tar" -C /tmp

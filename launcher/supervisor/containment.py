@@ -1,10 +1,10 @@
 """What holds a job's processes together, so that all of them end with it (docs/containment.md).
 
-A job is a cgroup v2 (``<base>/gpuq-<key>/job-<id>``) where gpuq can make one: whatever a process of the
-job does to its session, process group or environment, the kernel keeps it in the job's cgroup, and
-``cgroup.kill`` ends them all. ``<key>`` comes from the state directory's real path, so two queues on one
-machine never share a cgroup and a restarted daemon finds the cgroups of the jobs it adopts where the last
-one made them. ``<base>``:
+A job is a cgroup v2 (``<base>/gpuq-<key>/job-<id>``) where gpuq can make one: whatever a process of the job
+does to its session, process group or environment, the kernel keeps it in the job's cgroup (or below), and
+``cgroup.kill`` ends them all. ``<key>`` comes from the state directory's real path, so two queues on one machine
+never share a cgroup and a restarted daemon finds the cgroups of the jobs it adopts where the last made them.
+``<base>``:
 
 - a root daemon (a shared queue): the hierarchy's root, under systemd too. The jobs are the machine's, not
   the daemon's unit's: they outlive a restart of the daemon (``KillMode=process``), and a cgroup beside the
@@ -174,8 +174,7 @@ def open_for(root: str | os.PathLike[str], environ: Mapping[str, str]) -> Contai
 
 
 def _hand_down(base: str, group: str, inside: bool) -> tuple[tuple[str, ...], str]:
-    """Enable the cpu and memory controllers for the jobs' cgroups where the base has them: the controllers
-    they got and, for those they did not, why."""
+    """Enable the cpu and memory controllers for the jobs' cgroups where the base has them: those got, and why not."""
     offered = [c for c in LIMITS if c in _words(f"{base}/cgroup.controllers")]
     if not offered:
         return (), f"{base} has no cpu or memory controller to give"
@@ -301,10 +300,9 @@ def end(box: Box | None, leader: int, settle: float = 0.0, remove: bool = True) 
     facts: dict[str, object] = {"outlived": len(left)}
     if box.ram is not None:
         facts["ram_limit"] = box.ram  # the limit the kernel held it to, for the reason of an OOM kill
-    if left:
+    if populated:  # then all go: those counted, those on their way out, and any in cgroups made below it
         with contextlib.suppress(OSError):
             _write(f"{box.cgroup}/cgroup.kill", "1")
-    if populated:
         _wait_empty(box.cgroup)  # also for processes past cgroup.procs (exiting) but still holding memory
     facts.update(usage(box.cgroup))
     if remove:
@@ -317,7 +315,9 @@ def discard(box: Box | None) -> None:
     deadline = time.monotonic() + _GONE_WITHIN
     while box is not None and box.cgroup is not None:
         try:
-            return os.rmdir(box.cgroup)
+            for below, _, _ in os.walk(box.cgroup, topdown=False):  # cgroups the job made below its own first
+                os.rmdir(below)
+            return None
         except FileNotFoundError:
             return None
         except OSError:

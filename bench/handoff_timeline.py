@@ -155,8 +155,12 @@ for job in per_job:
 print(json.dumps({"offset_ns": offset, "jobs": per_job, "contained": box_of is not None}))
 """
 
-_EVENT = re.compile(r"^\s*(?P<comm>.+?)-(?P<tid>\d+)\s+\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+): (?P<event>\w+): (?P<rest>.*)$")
-EVENTS = ("sched/sched_process_exit", "sched/sched_process_exec", "sched/sched_process_fork")
+# A line of the trace; a system call's entry reads "sys_execve(filename: ...)".
+_EVENT = re.compile(
+    r"^\s*(?P<comm>.+?)-(?P<tid>\d+)\s+\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+): (?P<event>\w+)[:(] ?(?P<rest>.*)"
+)
+EVENTS = ("sched/sched_process_exit", "sched/sched_process_exec", "sched/sched_process_fork",
+          "syscalls/sys_enter_execve")  # fmt: skip
 
 
 class Tracer:
@@ -199,8 +203,8 @@ class Tracer:
         (self.dir / "trace").write_text("")
         (self.dir / "tracing_on").write_text("1")
 
-    def stop(self) -> list[tuple[float, str, dict[str, str]]]:
-        """The events seen: (monotonic seconds, event, its fields)."""
+    def stop(self) -> list[tuple[float, str, dict[str, str], int]]:
+        """The events seen: (monotonic seconds, event, its fields, the thread it came from)."""
         assert self.dir is not None
         (self.dir / "tracing_on").write_text("0")
         found = []
@@ -208,7 +212,7 @@ class Tracer:
             matched = _EVENT.match(line)
             if matched:
                 fields = dict(word.split("=", 1) for word in matched["rest"].split() if "=" in word)
-                found.append((float(matched["ts"]), matched["event"], fields))
+                found.append((float(matched["ts"]), matched["event"], fields, int(matched["tid"])))
         for event in EVENTS:
             (self.dir / "events" / event / "enable").write_text("0")
         return found
@@ -244,12 +248,15 @@ def steps(result: dict[str, Any], warm: int) -> dict[str, list[float]]:
     offset = result["offset_ns"] / 1e9
     exits: dict[int, float] = {}
     execs: dict[int, list[tuple[float, str]]] = {}
+    calls: dict[int, list[float]] = {}  # a process's execve calls (the exec done: ``execs``)
     forks: dict[int, list[tuple[float, int]]] = {}
-    for ts, event, fields in result["events"]:
+    for ts, event, fields, tid in result["events"]:
         if event == "sched_process_exit":
             exits[int(fields["pid"])] = ts  # the last of a pid (pids are not reused in a short run)
         elif event == "sched_process_exec":
             execs.setdefault(int(fields["pid"]), []).append((ts, fields.get("filename", "")))
+        elif event == "sys_execve":
+            calls.setdefault(tid, []).append(ts)
         elif event == "sched_process_fork":
             forks.setdefault(int(fields["pid"]), []).append((ts, int(fields["child_pid"])))
     jobs = result["jobs"]
@@ -262,6 +269,7 @@ def steps(result: dict[str, Any], warm: int) -> dict[str, list[float]]:
         theirs = {name: ns / 1e9 for name, ns in after["marks"]}
         called = theirs.get("start<", ended)
         run = [ts for ts, _ in execs.get(after["pid"], []) if ts >= called]  # not a waiter's exec at its birth
+        asked = [ts for ts in calls.get(after["pid"], []) if ts >= called]
         forked = sorted(forks.get(after["pid"], []))[:1]  # its first child runs the start stamp's date
         dated = [ts for ts, name in execs.get(forked[0][1], []) if name.endswith("/date")] if forked else []
         points: list[tuple[str, float | None]] = [
@@ -273,6 +281,7 @@ def steps(result: dict[str, Any], warm: int) -> dict[str, list[float]]:
             ("exit file written", mine.get("exit>")),
             ("start called", theirs.get("start<")),
             ("Born.go called", theirs.get("go<")),
+            ("next job's execve called (kernel)", asked[0] if asked else None),
             ("next job's exec done (kernel)", run[0] if run else None),
             ("start returned", theirs.get("start>")),
             ("its shell forked date (kernel)", forked[0][0] if forked else None),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 from tests.conftest import Gpuq, wait_for
-from tests.test_containment import alive, containment, needs_cgroup2
+from tests.test_containment import alive, containment, needs_cgroup2, script
 from tests.test_handoff import staged_behind
 
 # The staged job: writes the pid it runs as (the shell execs nothing before it), then ends.
@@ -81,3 +82,35 @@ def test_a_staged_job_whose_process_was_killed_before_its_turn_starts_afresh(one
     ran_as = int((one_gpu.cwd / "staged.pid").read_text())
     assert ran_as != waiting
     assert one_gpu.job(first)["state"] == "succeeded"
+
+
+# The job ahead: a setsid child that outlives it, then some CPU of its own.
+LEAVES_ONE_BEHIND = f"""setsid sh -c 'echo $$ > straggler.pid; exec sleep 60' &
+{sys.executable} -c "import time
+while time.process_time() < 0.3:
+    pass"
+sleep 2
+"""
+# The job staged behind it: whether that child is still there (a zombie has ended: its memory and files are
+# let go) as it starts.
+LOOKS_FOR_IT = """state=$(awk '{print $3}' /proc/$(cat straggler.pid)/stat 2>/dev/null)
+if [ -n "$state" ] && [ "$state" != Z ]; then echo alive; else echo gone; fi > seen
+"""
+
+
+@needs_cgroup2
+def test_a_job_handed_off_has_ended_whole_and_been_accounted_when_its_successor_starts(one_gpu: Gpuq) -> None:
+    """Its straggler ended and counted, its CPU time recorded, its cgroup gone after (removed once the
+    successor started, not before)."""
+    first = one_gpu.submit(script(one_gpu, "leaves.sh", LEAVES_ONE_BEHIND))
+    one_gpu.wait_state(first, "running")
+    second = one_gpu.submit(script(one_gpu, "looks.sh", LOOKS_FOR_IT))
+    staged_behind(one_gpu, second, first)
+    born(one_gpu, second)
+    assert one_gpu.wait_state(second, "succeeded")["state"] == "succeeded"
+    assert (one_gpu.cwd / "seen").read_text().strip() == "gone"
+    ended = one_gpu.job(first)
+    assert ended["state"] == "succeeded" and ended["reason"] == "1 process outlived the job and was ended", ended
+    assert ended["cpu_seconds"] >= 0.3, ended
+    assert not Path(group(one_gpu), f"job-{first}").exists()
+    assert not Path(group(one_gpu), f"job-{second}").exists()

@@ -102,6 +102,23 @@ def test_children_that_setsid_double_fork_nohup_or_drop_the_environment_end_with
     assert not Path(group, f"job-{job}").exists()  # its cgroup went with it
 
 
+# A child moved into a cgroup the job made below its own (a job may: its cgroup is its user's in a personal queue).
+NESTS = """cg="$1$(sed -n 's/^0:://p' /proc/self/cgroup)"
+mkdir "$cg/inner"
+setsid sh -c 'echo $$ > inner.pid; exec sleep 60' &
+while [ ! -s inner.pid ]; do sleep 0.05; done
+cat inner.pid > "$cg/inner/cgroup.procs"
+"""
+
+
+@needs_cgroup2
+def test_a_child_moved_into_a_cgroup_below_the_jobs_ends_with_it(queue: Gpuq) -> None:
+    job = queue.submit(script(queue, "nests.sh", NESTS), str(MOUNT))
+    assert queue.wait_state(job, "succeeded", "failed")["state"] == "succeeded"
+    inner = int((queue.cwd / "inner.pid").read_text())
+    wait_for(lambda: not alive(inner), 10, "the child in the inner cgroup to end")
+
+
 @needs_cgroup2
 def test_a_job_that_leaves_nothing_behind_says_nothing_of_it(queue: Gpuq) -> None:
     job = queue.submit("sh", "-c", "sleep 0.1 & wait")

@@ -93,6 +93,21 @@ def test_a_cancelled_staged_job_never_runs_and_the_queue_goes_on(one_gpu: Gpuq) 
     assert not list((gpuq.home / "run").glob(".*.tmp"))
 
 
+def test_a_staged_jobs_files_are_made_while_the_job_ahead_runs(one_gpu: Gpuq) -> None:
+    """Its exit file and pid file too (as temp files to fill and rename in): creating a file is what costs
+    most between one job's end and the next one's start."""
+    gpuq = one_gpu
+    first = stamped(gpuq, 2)
+    staged = stamped(gpuq, 0)
+    staged_behind(gpuq, staged, first)
+    run = gpuq.home / "run"
+    made = lambda: [name for name in (f"{staged}.exit", f"{staged}.pid") if list(run.glob(f".{name}.*.tmp"))]  # noqa: E731
+    wait_for(lambda: len(made()) == 2, 10, f"the temp files of job {staged}'s exit and pid files")
+    assert gpuq.job(first)["state"] == "running"
+    assert gpuq.wait_state(staged, "succeeded")["state"] == "succeeded"
+    assert not list(run.glob(".*.tmp"))
+
+
 def test_holding_a_staged_job_keeps_it_from_starting_until_released(one_gpu: Gpuq) -> None:
     gpuq = one_gpu
     first = stamped(gpuq, 1.5)

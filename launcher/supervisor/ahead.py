@@ -3,7 +3,7 @@ rather than between one job's end and the next one's start on its GPUs: creating
 writing into one that exists, and that moment is what the hand-off is for.
 
 A shim runs one job at a time, so these are the shim process's own: the running job's exit file and the
-staged job's pid file, as the temp files ``write_atomic`` fills and renames in, the staged job's log, opened,
+staged job's exit and pid files, as the temp files ``write_atomic`` fills and renames in, the staged job's log, opened,
 and, where the job has a cgroup, its cgroup and its first process, born in it and waiting to exec
 (``intocgroup.Born``): the clone, a copy of the shim, is the dearest part of a start. What is not made ahead
 is made when written or started.
@@ -51,13 +51,17 @@ def reserve(*paths: str) -> None:
             os.posix_fallocate(_temps[path][0], 0, RESERVED)
 
 
-def make(exit_file: str, pid_file: str, log: str, account: Account | None, log_group: int | None) -> None:
-    """Make the running job's ``exit_file`` (kept if reserved) and the staged job's ``pid_file`` and ``log``."""
+def make(
+    exit_file: str, next_exit: str, next_pid: str, log: str, account: Account | None, log_group: int | None
+) -> None:
+    """Make the running job's ``exit_file`` (kept if reserved) and the staged job's exit file, pid file and
+    ``log``: the staged job's exit file too, so that nothing is created when it starts (a file's creation was
+    the dearest step between one job's end and the next one's start: 0.3-0.8 ms on the 2-core VM)."""
     kept = _temps.pop(exit_file, None)
     drop()
     if kept is not None:
         _temps[exit_file] = kept
-    reserve(exit_file, pid_file)
+    reserve(exit_file, next_pid, next_exit)
     with contextlib.suppress(OSError):  # made when written instead
         _logs[log] = open_log(log, account, log_group)
 

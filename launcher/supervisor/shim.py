@@ -55,6 +55,7 @@ from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
 _SETTLE = 0.5  # seconds the processes of a job gpuq signalled get to end by themselves before they are counted
+_TIDY = 0.05  # seconds after a hand-off before the shim removes the cgroup of the job that ended
 _HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a job id after a cancel or drop
 # What the daemon writes down a shim's pipe: a job to start now, or the job to start once this one ends (each
 # then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
@@ -122,7 +123,7 @@ def serve(pipe: int) -> int:
         # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk
+        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk (staged: made already)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
@@ -189,6 +190,7 @@ def _supervise(
             launch.job_id, launch.box, launch.argv[0], argv, cwd, env, credentials, handed
         )
     except starting.NotStarted as failed:
+        _discard_behind()
         ahead.drop()
         os.write(log_fd, f"gpuq: could not start {shown(failed.what)}: {failed.why}\n".encode())
         os.close(log_fd)
@@ -208,11 +210,16 @@ def _supervise(
     pidfd = os.pidfd_open(pid)
     watched = [pidfd, wake_read, out_read, pipe]
     following: Launch | None = None
+    # The cgroup of the job before is removed a moment later, not while this job's first process gets going.
+    tidy_at = started + _TIDY if _behind else None
     while True:
         now = time.monotonic()
-        due = [t for t in (deadline if reason is Stop.NONE else None, kill_at) if t is not None]
+        due = [t for t in (deadline if reason is Stop.NONE else None, kill_at, tidy_at) if t is not None]
         timeout = max(0.0, min(due) - now) if due else None
         ready, _, _ = select.select(watched, [], [], timeout)
+        if tidy_at is not None and (pidfd in ready or time.monotonic() >= tidy_at):
+            _discard_behind()
+            tidy_at = None
         if out_read in ready and not output.pump(out_read):
             watched.remove(out_read)  # the job closed its stdout and stderr
         if pidfd in ready:
@@ -238,8 +245,9 @@ def _supervise(
         containment.signal_all(launch.box, pid, signal.SIGTERM)
         kill_at = now + launch.grace
     returncode = reap()
-    # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted.
-    contained = containment.end(launch.box, pid, settle=_SETTLE if reason is not Stop.NONE else 0.0)
+    # Stragglers the job left behind (they would hold its GPU memory) end with it, and are counted. Its empty
+    # cgroup goes once what follows it here has started: the rmdir need not stand between them.
+    contained = containment.end(launch.box, pid, _SETTLE if reason is not Stop.NONE else 0.0, remove=False)
     if launch.box is None:
         _signal_group(pid, signal.SIGKILL)
     if out_read in watched:
@@ -249,10 +257,22 @@ def _supervise(
     # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
     while pipe in watched and select.select([pipe], [], [], 0)[0]:
         _, following = _requests([pipe], watched, pipe, wake_read, launch, following)
+    _behind[:] = [launch.box] if following is not None else []
+    if following is None:
+        containment.discard(launch.box)
     return ExitFile(
         launch.job_id, 0.0, started=True, exit_code=returncode if returncode >= 0 else None,
         signal=-returncode if returncode < 0 else None, reason=reason, contained=contained,
     ), following
+
+
+_behind: list[containment.Box | None] = []  # the emptied cgroup of the job that ended before the one starting
+
+
+def _discard_behind() -> None:
+    for box in _behind:
+        containment.discard(box)
+    _behind.clear()
 
 
 def _requests(
@@ -270,7 +290,7 @@ def _requests(
         elif kind == NEXT:
             assert isinstance(value, Launch)
             following = value
-            ahead.make(launch.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
             if value.box is not None and value.box.cgroup is not None:
                 argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
                 ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, starting.output_pipe())

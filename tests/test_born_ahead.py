@@ -11,11 +11,28 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import Gpuq, wait_for
+import pytest
+
+from gpuq_scheduler.launcher.supervisor import spawncg
+from tests.conftest import Gpuq, make_env, wait_for
 from tests.test_containment import alive, containment, needs_cgroup2, script
 from tests.test_handoff import staged_behind
+
+
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> Iterator[Gpuq]:
+    """conftest's queue of one fake GPU, its jobs cloned even where the C library could spawn them into their
+    cgroups (``spawncg``): there a waiter is born ahead only for a job of another user, and these tests are of
+    the waiter."""
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    client = Gpuq(home, make_env(home, fake="1x80GiB", GPUQ_SPAWN="clone"), work)
+    yield client
+    client.cleanup()
+
 
 # The staged job: writes the pid it runs as (the shell execs nothing before it), then ends.
 WRITES_ITS_PID = 'echo $$ > "$1"'
@@ -114,3 +131,25 @@ def test_a_job_handed_off_has_ended_whole_and_been_accounted_when_its_successor_
     assert ended["cpu_seconds"] >= 0.3, ended
     assert not Path(group(one_gpu), f"job-{first}").exists()
     assert not Path(group(one_gpu), f"job-{second}").exists()
+
+
+@needs_cgroup2
+@pytest.mark.skipif(not spawncg.usable(), reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can)")
+def test_where_the_c_library_spawns_into_a_cgroup_a_staged_jobs_cgroup_is_made_ahead_and_empty(
+    tmp_path: Path,
+) -> None:
+    """No waiter: the staged job's cgroup is made while the job ahead runs, with nothing in it, and the job is
+    spawned into it at its turn, running as its own process (not one born before)."""
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    queue = Gpuq(home, make_env(home, fake="1x80GiB"), work)
+    try:
+        first, second = staged(queue)
+        cgroup = Path(group(queue), f"job-{second}")
+        wait_for(cgroup.exists, 10, f"job {second}'s cgroup made ahead")
+        assert queue.job(first)["state"] == "running" and (cgroup / "cgroup.procs").read_text() == ""
+        queue.wait_state(second, "succeeded")
+        assert (queue.cwd / "staged.pid").read_text().strip().isdigit()
+        wait_for(lambda: not cgroup.exists(), 10, "its cgroup to go")
+    finally:
+        queue.cleanup()

@@ -5,8 +5,10 @@ writing into one that exists, and that moment is what the hand-off is for.
 A shim runs one job at a time, so these are the shim process's own: the running job's exit file and the
 staged job's exit and pid files, as the temp files ``write_atomic`` fills and renames in, the staged job's log, opened,
 and, where the job has a cgroup, its cgroup and its first process, born in it and waiting to exec
-(``intocgroup.Born``): the clone, a copy of the shim, is the dearest part of a start. What is not made ahead
-is made when written or started.
+(``intocgroup.Born``): the clone, a copy of the shim, is the dearest part of a start. Where the C library
+spawns into a cgroup (``spawncg``) and the job runs as the shim's user, the cgroup alone is made ahead, and
+the job spawned into it at its turn: cheaper than the waiter's exec. What is not made ahead is made when
+written or started.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
-from gpuq_scheduler.launcher.supervisor import containment, intocgroup
+from gpuq_scheduler.launcher.supervisor import containment, intocgroup, spawncg
 from gpuq_scheduler.launcher.supervisor.processes import born_ahead, open_log
 
 
@@ -35,6 +37,7 @@ class Waiting:
 _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 _waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
+_made: dict[int, tuple[containment.Box, int, int]] = {}  # a staged job's id -> its cgroup made, its output pipe
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -74,6 +77,15 @@ def clone(
     end, write end; both taken over). Where that fails the job is started when its turn comes, which says why."""
     out_read, out_write = output
     assert box.cgroup is not None
+    if not credentials and spawncg.usable():  # spawned at its turn by the C library: no waiter's exec to pay
+        try:
+            containment.make(box)
+        except OSError:
+            os.close(out_read)
+            os.close(out_write)
+            return
+        _made[job_id] = (box, out_read, out_write)
+        return
     try:
         containment.make(box)
         born, start = born_ahead(argv, cwd, env, credentials, out_write, box.cgroup)
@@ -88,6 +100,13 @@ def clone(
 def waiting(job_id: int) -> Waiting | None:
     """Job ``job_id``'s first process if it was born ahead (the caller owns it now)."""
     return _waiting.pop(job_id, None)
+
+
+def made(job_id: int) -> tuple[int, int] | None:
+    """The output pipe (read end, write end) of job ``job_id`` if its cgroup was made ahead for a spawn into
+    it at its turn (the caller owns them now)."""
+    found = _made.pop(job_id, None)
+    return None if found is None else found[1:]
 
 
 def log(path: str) -> int | None:
@@ -120,6 +139,11 @@ def drop() -> None:
         job.born.abandon()
         os.close(job.output)
         containment.end(job.box, -1)  # its cgroup goes: the job may start elsewhere, in a cgroup made afresh
+    for box, out_read, out_write in _made.values():
+        os.close(out_read)
+        os.close(out_write)
+        containment.end(box, -1)
     _temps.clear()
     _logs.clear()
     _waiting.clear()
+    _made.clear()

@@ -12,7 +12,8 @@ ways below refuse otherwise, and the shim then migrates instead. The child must 
 code: every path out of it is an exec or ``os._exit``.
 
 - ``spawn``: the child execs the job at once. The copy, and its teardown at the exec, cost a few ms more
-  than a vfork (more, the larger the shim).
+  than a vfork (more, the larger the shim). A job of the shim's own user is spawned by the C library instead
+  where it can do so into a cgroup (``spawncg``: a vfork, glibc 2.39 and later).
 - ``prepare``: for a job staged behind a running one. The child execs at once into a small waiter
   (``launcher.supervisor.waiter``: a fresh interpreter, ``-I -S``, an empty environment, the job's details in a
   memfd), which execs the job when told (``Born.go``). The copy and its teardown happen while the job ahead
@@ -33,7 +34,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuq_scheduler.launcher.supervisor import waiter
+from gpuq_scheduler.launcher.supervisor import spawncg, waiter
 from gpuq_scheduler.launcher.supervisor.waiter import Job, become, close_all_but
 
 _SYS_CLONE3 = 435  # the same number on every architecture: clone3 came after the tables were unified
@@ -73,7 +74,17 @@ def spawn(
 ) -> int:
     """Start ``argv`` as ``processes.spawn`` would (its own session, stdin /dev/null, stdout and stderr to
     ``output``, ``credentials`` as Popen's user/group/extra_groups, the program found on ``env``'s PATH), born in
-    ``cgroup``: its pid. OSError if it cannot start; Unsupported if this way cannot be used here."""
+    ``cgroup``: its pid. OSError if it cannot start; Unsupported if this way cannot be used here. A job that
+    runs as the shim's user is spawned by the C library where it can (``spawncg``: no copy of the shim)."""
+    if not credentials and spawncg.usable():
+        return spawncg.spawn(cgroup, _find(argv[0], cwd, env), argv, cwd, env, output)
+    return cloned(cgroup, argv, cwd, env, credentials, output)
+
+
+def cloned(
+    cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
+) -> int:
+    """``spawn`` by a clone of the shim, whatever the C library can do."""
     job = (_find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials))  # built before the clone
     report_read, report_write = os.pipe()  # close-on-exec: end of file says the exec happened
     try:

@@ -1,7 +1,8 @@
 """How a shim starts its job's first process: where the job has a cgroup, born inside it, never moved.
 
 A job handed off to this shim was born ahead, while the job before it ran (``ahead.clone``), and only execs
-now; any other job is cloned into its cgroup now (``intocgroup``), or, where that cannot be done, the shim
+now, or, where the C library spawns into a cgroup (``spawncg``), had its cgroup made then and is spawned into
+it now; any other job is spawned or cloned into its cgroup now (``intocgroup``), or, where that cannot be done, the shim
 moves into the job's cgroup to spawn it and back out. Without a cgroup (the fallback) it is a plain spawn.
 The shim is never in the job's cgroup once ``start`` returns.
 """
@@ -43,10 +44,11 @@ def start(
         except OSError as err:
             os.close(waiting.output)
             raise NotStarted(name, err) from None
-    out_read, out_write = output_pipe()
+    made = ahead.made(job_id) if handed else None  # its cgroup, made ahead for the C library's spawn into it
+    out_read, out_write = made or output_pipe()
     what, back, cgroup = name, None, None if box is None else box.cgroup
     try:
-        if box is not None and cgroup is not None:
+        if box is not None and cgroup is not None and made is None:
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name

@@ -1,0 +1,84 @@
+"""Starting a job's first process inside its cgroup with glibc's own posix_spawn: a vfork into the cgroup
+(``POSIX_SPAWN_SETCGROUP``, glibc 2.39 on Ubuntu 24.04, through ``clone3``), where ``intocgroup`` copies the
+shim. Called through ctypes, because Python's ``os.posix_spawn`` has no cgroup argument.
+
+On a lent H200 host (glibc 2.39, 16 cores, 2026-11-27) a bare spawn and wait took 1.2 ms and a clone into a
+cgroup 3.6-3.9 ms (bench/containment_cost.py): the copy of a shim, a fork of the daemon, and its teardown at
+the exec. posix_spawn shares the shim's memory until the exec instead, as it did before jobs had cgroups.
+
+It cannot change the user a job runs as (POSIX_SPAWN_RESETIDS would keep root as the saved user id), so a
+shared queue's jobs, which run as their users, are still cloned. Where the C library lacks the call
+(glibc before 2.39, musl), ``usable`` is False and the shim clones too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_SETSIGDEF, _SETSID, _SETCGROUP = 0x04, 0x80, 0x100  # <spawn.h>: POSIX_SPAWN_SETSIGDEF, _SETSID, _SETCGROUP
+_OPAQUE = 1024  # bytes for posix_spawnattr_t (336 on x86-64) and posix_spawn_file_actions_t (80): ample
+
+
+@functools.cache
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)  # CDLL: the GIL is let go during the call, as os.posix_spawn does
+    return libc if hasattr(libc, "posix_spawnattr_setcgroup_np") else None
+
+
+FORCE = "GPUQ_SPAWN"  # "clone": clone even where the C library could spawn (tests of the clone's ways)
+
+
+def usable() -> bool:
+    """Whether this C library can spawn into a cgroup (and is let to)."""
+    return os.environ.get(FORCE) != "clone" and _libc() is not None
+
+
+def spawn(cgroup: str, program: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], output: int) -> int:
+    """Start ``program`` (a path: found already) with ``argv`` and ``env`` in ``cgroup``, as
+    ``processes.spawn`` does (its own session, stdin /dev/null, stdout and stderr to ``output``, ``cwd``, no
+    descriptor of the shim's but those, SIGPIPE, SIGXFSZ and the shim's handled signals back to default, the
+    shim's signal mask): its pid. OSError if it cannot start (the exec's error, as posix_spawn reports it)."""
+    libc = _libc()
+    attr, actions = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
+    where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    defaults = _sigset([s for s in signal.valid_signals() if callable(signal.getsignal(s))]
+                       + [signal.SIGPIPE, signal.SIGXFSZ])  # fmt: skip
+    libc.posix_spawnattr_init(attr)
+    libc.posix_spawn_file_actions_init(actions)
+    try:
+        _check(libc.posix_spawnattr_setflags(attr, ctypes.c_short(_SETSIGDEF | _SETSID | _SETCGROUP)))
+        _check(libc.posix_spawnattr_setsigdefault(attr, defaults))
+        _check(libc.posix_spawnattr_setcgroup_np(attr, where))
+        _check(libc.posix_spawn_file_actions_addopen(actions, 0, os.devnull.encode(), os.O_RDONLY, 0))
+        _check(libc.posix_spawn_file_actions_adddup2(actions, output, 1))
+        _check(libc.posix_spawn_file_actions_adddup2(actions, output, 2))
+        _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3))
+        _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)))
+        words = [os.fsencode(word) for word in argv]
+        pairs = [os.fsencode(key) + b"=" + os.fsencode(value) for key, value in env.items()]
+        c_argv = (ctypes.c_char_p * (len(words) + 1))(*words, None)
+        c_envp = (ctypes.c_char_p * (len(pairs) + 1))(*pairs, None)
+        pid = ctypes.c_int(0)
+        _check(libc.posix_spawn(ctypes.byref(pid), os.fsencode(program), actions, attr, c_argv, c_envp), program)
+        return pid.value
+    finally:
+        libc.posix_spawn_file_actions_destroy(actions)
+        libc.posix_spawnattr_destroy(attr)
+        os.close(where)
+
+
+def _sigset(signals: Sequence[int]) -> ctypes.Array[ctypes.c_char]:
+    """A sigset_t (1024 bits in glibc) holding ``signals``."""
+    bits = sum(1 << (int(signum) - 1) for signum in set(signals))
+    return ctypes.create_string_buffer(bits.to_bytes(128, "little"), 128)
+
+
+def _check(code: int, name: str | None = None) -> None:
+    """posix_spawn and its helpers return an error number, 0 for none."""
+    if code:
+        raise OSError(code, os.strerror(code), *([name] if name else []))

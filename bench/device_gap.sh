@@ -3,6 +3,7 @@
 # from the checkout's root, as root):
 #   TARS     `git archive --prefix=NAME/` files of the revisions, e.g. ".whl/base.tar .whl/born.tar"
 #   ROUNDS   how many times the revisions run in turn (default 2), each run `--repeat 3`
+#   IDLE     if set, also workload B with --quick (its idle submit -> start, 5 runs a repeat) each time
 # and what one start in a cgroup costs at the last revision (bench/containment_cost.py). Each revision is
 # installed in place for its runs (a venv would not see the image's packages). Results: $OUT/res.tgz, the
 # summary in $OUT/device.log.
@@ -20,6 +21,11 @@ for round in $(seq "${ROUNDS:-2}"); do
         (cd "/tmp/$name" && GPUQ_BENCH_COMMAND=$(command -v gpuq) timeout 120 python3 bench/harness.py \
             --tools gpuq --workloads A --repeat 3 --out "$res/harness-$name-$round" 2>&1 | grep "A gpuq" \
             | sed "s/^/$name round $round: /")
+        if [ -n "${IDLE:-}" ]; then
+            (cd "/tmp/$name" && GPUQ_BENCH_COMMAND=$(command -v gpuq) timeout 150 python3 bench/harness.py \
+                --tools gpuq --workloads B --quick --repeat 3 --out "$res/harness-b-$name-$round" 2>&1 \
+                | grep "B gpuq" | sed "s/^/$name round $round: /")
+        fi
     done
 done
 (cd "/tmp/$last" && timeout 90 python3 bench/containment_cost.py 60 2>&1 | tee "$res/containment_cost.txt" | tail -8)

@@ -123,7 +123,6 @@ def serve(pipe: int) -> int:
         # ended the shim instead, and the daemon then ends a job it was cancelling as cancelled.
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        ahead.reserve(launch.exit_file, launch.pid_file)  # before the job can fill the disk (staged: made already)
         argv, cwd, credentials = as_user(launch.argv, launch.cwd, launch.account)
         env = dict(launch.env)
         outcome, following = _supervise(launch, argv, cwd, env, credentials, wake_read, pipe, handed)
@@ -201,6 +200,11 @@ def _supervise(
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
+    # The exit file's space, reserved before the job can fill the disk: a staged job's was made when it was
+    # staged; a job started on an idle GPU gets it now, just after its start rather than before it (two files
+    # made there cost its start 1-2 ms). One that filled the disk within that moment is still recorded once
+    # there is room again: ``_finish`` tries until its exit file is written.
+    ahead.reserve(launch.exit_file)
     if handed:
         _poke(launch.wake, HANDED_OFF)
 

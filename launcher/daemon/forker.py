@@ -131,7 +131,8 @@ def serve(fd: int) -> int:
             if spare is not None:
                 spare.close()
             return 0  # the daemon's end closed
-        order = json.loads(message)["order"]
+        data = json.loads(message)
+        order = data["order"]
         kind = (bool(order.get("fake")), order.get("usage"))
         pid = spare.give(message, fds[0]) if spare is not None and spare.kind == kind else 0
         started = spare.started if pid and spare is not None else 0.0
@@ -140,7 +141,7 @@ def serve(fd: int) -> int:
         spare = None
         if not pid:
             with contextlib.suppress(OSError):  # none forked: pid 0, and the daemon execs one instead
-                pid = fork_helper(order, fds[0], json.loads(message)["wake"])
+                pid = fork_helper(order, fds[0], data["wake"])
                 started = start_time(pid) or 0.0  # at once: a helper with little to do ends, and goes, soon
         os.close(fds[0])
         server.send(f"{pid} {started}".encode())

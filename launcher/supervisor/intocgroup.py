@@ -55,7 +55,6 @@ class Unsupported(Exception):
     """clone3 into a cgroup cannot be used here (an old kernel, a seccomp filter, more than one thread)."""
 
 
-_EVERY_SIGNAL = tuple(int(signum) for signum in signal.valid_signals())  # numbers: sets of enums cost 100 us
 _unsupported: str | None = None  # why, once learned: each later spawn migrates without trying again
 
 
@@ -187,8 +186,8 @@ def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], 
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
     # defaults in the child, and no signal is let in there before: no Python handler may run in the child.
-    handled = [s for s in _EVERY_SIGNAL if callable(signal.getsignal(s))] + [signal.SIGPIPE, signal.SIGXFSZ]
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _EVERY_SIGNAL)
+    handled = spawncg.to_default()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, spawncg.EVERY_SIGNAL)
     collecting = gc.isenabled()
     gc.disable()  # no finalizer may run in the child
     try:

@@ -20,6 +20,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+EVERY_SIGNAL = tuple(int(signum) for signum in signal.valid_signals())  # numbers: sets of enums cost 100 us
 _SETSIGDEF, _SETSID, _SETCGROUP = 0x04, 0x80, 0x100  # <spawn.h>: POSIX_SPAWN_SETSIGDEF, _SETSID, _SETCGROUP
 _OPAQUE = 1024  # bytes for posix_spawnattr_t (336 on x86-64) and posix_spawn_file_actions_t (80): ample
 
@@ -46,8 +47,7 @@ def spawn(cgroup: str, program: str, argv: Sequence[str], cwd: str, env: Mapping
     libc = _libc()
     attr, actions = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    defaults = _sigset([s for s in signal.valid_signals() if callable(signal.getsignal(s))]
-                       + [signal.SIGPIPE, signal.SIGXFSZ])  # fmt: skip
+    defaults = _sigset(to_default())
     libc.posix_spawnattr_init(attr)
     libc.posix_spawn_file_actions_init(actions)
     try:
@@ -70,6 +70,12 @@ def spawn(cgroup: str, program: str, argv: Sequence[str], cwd: str, env: Mapping
         libc.posix_spawn_file_actions_destroy(actions)
         libc.posix_spawnattr_destroy(attr)
         os.close(where)
+
+
+def to_default() -> list[int]:
+    """The signals a job must get at their defaults: those this process handles in Python, and SIGPIPE and
+    SIGXFSZ, which Python ignores and an exec would keep ignored."""
+    return [s for s in EVERY_SIGNAL if callable(signal.getsignal(s))] + [signal.SIGPIPE, signal.SIGXFSZ]
 
 
 def _sigset(signals: Sequence[int]) -> ctypes.Array[ctypes.c_char]:

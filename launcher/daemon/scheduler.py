@@ -134,15 +134,20 @@ class Scheduler(SchedulerState):
         handoff.load(self)
 
     def wants_spares(self) -> bool:
-        return self.shims.idle != self._spares_wanted()
+        return not self._spares_wanted() <= self.shims.idle <= self._spares_kept()
 
     def fork_spares(self) -> None:
         """Fork idle shims so that the next launches need no fork: one per GPU while work waits, one once
-        nothing waits (the next submit to an idle queue then starts without a fork of the daemon)."""
-        self.shims.keep(self._spares_wanted())
+        nothing waits (the next submit to an idle queue then starts without a fork of the daemon). Shims
+        whose jobs ended stay, up to one per GPU besides that one: a reused shim starts its next job sooner
+        than a fresh one, and jobs that come one at a time then fork none."""
+        self.shims.keep(self._spares_wanted(), self._spares_kept())
 
     def _spares_wanted(self) -> int:
         return min(max(len(self.pending), 1), max(len(self.last_snapshot), 1), SPARES)
+
+    def _spares_kept(self) -> int:
+        return min(max(len(self.last_snapshot), 1) + 1, SPARES)
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""

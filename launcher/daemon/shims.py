@@ -36,10 +36,12 @@ class Shim:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(read_end)
         self.started = start_time(self.pid) or 0.0
+        self.jobs = 0  # how many it was sent: one that ran a job has made its own the memory a launch touches
 
     def start(self, launch: Launch) -> None:
         """Send the job, recorded as running by now: the shim starts it. A shim that died meanwhile is found
         by the daemon's liveness check (the job is queued again); raising here would hold back other jobs."""
+        self.jobs += 1
         self._write(message(JOB, launch))
 
     def stage(self, launch: Launch) -> None:
@@ -88,9 +90,9 @@ class Shims:
         return len(self._idle)
 
     def take(self, job_id: int) -> Shim:
-        """A shim for ``job_id``: the last idle one to have finished a job, else a new fork (OSError if none)."""
+        """A shim for ``job_id``: the idle one that ran the most jobs, else a new fork (OSError if none)."""
         while self._idle:
-            shim = self._idle.pop()
+            shim = self._idle.pop()  # kept in order of jobs run (``keep``): the warmest is last
             if shim.alive():
                 break
             shim.abandon()  # a stray signal ended it
@@ -142,13 +144,20 @@ class Shims:
         if shim is not None:
             self._busy[job_id] = shim
 
-    def keep(self, count: int) -> None:
-        """Have ``count`` idle shims: fork the missing ones, let the extra ones go."""
-        while len(self._idle) > count:
-            self._idle.pop().abandon()
+    def keep(self, count: int, most: int | None = None) -> None:
+        """Have at least ``count`` idle shims and at most ``most`` (default ``count``): fork the missing ones,
+        let the extra ones go, those that ran fewest jobs first. A fresh fork shares its memory with the daemon
+        until it writes there, and then copies each page it writes: on a lent H200 (2026-11-27,
+        bench/idle_timeline.py) a shim's first launch took 1-2 ms longer than a reused one's. Keeping the shim
+        that just finished a job, rather than the spare forked meanwhile, also forks nothing more while jobs
+        come one at a time."""
+        most = count if most is None else max(most, count)
+        self._idle.sort(key=lambda shim: shim.jobs)
+        while len(self._idle) > most:
+            self._idle.pop(0).abandon()
         with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
             while len(self._idle) < count:
-                self._idle.append(Shim())
+                self._idle.insert(0, Shim())
 
     def close(self) -> None:
         """Let every shim go: idle ones exit now, busy ones once their job has ended."""

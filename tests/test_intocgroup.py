@@ -46,13 +46,12 @@ def cgroup() -> Iterator[Path]:
 
 
 # Each way a job's first process is started in its cgroup: a clone of the starter at once, or born ahead and
-# told to go later, or (a job of the starter's own user, where the C library can) glibc's posix_spawn into it.
+# told to go later, or (a job of the starter's own user, where the C library can) glibc's posix_spawn into it,
+# at once or built ahead and run later.
 SPAWNCG = spawncg.usable()
-WAYS = (
-    "cloned", "prepare",
-    pytest.param("spawn", marks=pytest.mark.skipif(not SPAWNCG, reason="this C library cannot spawn into a cgroup "
-                                                   "(glibc 2.39 and later can; run on such a host)")),
-)  # fmt: skip
+_GLIBC = pytest.mark.skipif(not SPAWNCG, reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can; "
+                            "run on such a host)")  # fmt: skip
+WAYS = ("cloned", "prepare", pytest.param("spawn", marks=_GLIBC), pytest.param("ready", marks=_GLIBC))
 
 
 def _spawn(
@@ -65,6 +64,9 @@ def _spawn(
     start = f"intocgroup.{way}({str(cgroup)!r}, {command!r}, {where!r}, dict(os.environ), {credentials}, out)"
     if way == "prepare":
         start = f"born = {start}; time.sleep(0.3); {meanwhile or 'pass'}; pid = born.go()"
+    elif way == "ready":
+        start = f"built = intocgroup.ready({str(cgroup)!r}, {command!r}, {where!r}, dict(os.environ), out)"
+        start += f"; time.sleep(0.3); {meanwhile or 'pass'}; pid = built.run()"
     else:
         start = f"pid = {start}"
     script = textwrap.dedent(f"""
@@ -145,7 +147,7 @@ def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, t
 def test_a_process_with_threads_is_refused_and_the_shim_moves_instead(cgroup: Path, tmp_path: Path, way: str) -> None:
     before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
     result = _spawn(cgroup, ["true"], tmp_path, before, way)
-    if way == "spawn":  # the C library's vfork is made for a process with threads
+    if way in ("spawn", "ready"):  # the C library's vfork is made for a process with threads
         assert result["code"] == 0 and str(result["pid"]) in result["procs"]
     else:
         assert result == {"unsupported": "this process runs more than one thread"}
@@ -166,11 +168,12 @@ def test_born_ahead_it_waits_as_the_shims_user_and_takes_the_jobs_credentials_at
     assert (tmp_path / "out").read_text().split() == ["65534", "65534"]
 
 
-def test_born_ahead_a_program_gone_by_its_turn_is_an_oserror_at_go(cgroup: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", ["prepare", pytest.param("ready", marks=_GLIBC)])
+def test_made_ahead_a_program_gone_by_its_turn_is_an_oserror_then(cgroup: Path, tmp_path: Path, way: str) -> None:
     (tmp_path / "tool").write_text("#!/bin/sh\necho ran\n")
     (tmp_path / "tool").chmod(0o755)
     gone = f"os.unlink({str(tmp_path / 'tool')!r})"
-    result = _spawn(cgroup, [str(tmp_path / "tool")], tmp_path, way="prepare", meanwhile=gone)
+    result = _spawn(cgroup, [str(tmp_path / "tool")], tmp_path, way=way, meanwhile=gone)
     assert result["errno"] == 2 and (cgroup / "cgroup.procs").read_text() == ""
 
 

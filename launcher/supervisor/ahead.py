@@ -6,8 +6,9 @@ A shim runs one job at a time, so these are the shim process's own: the running 
 staged job's exit and pid files, as the temp files ``write_atomic`` fills and renames in, the staged job's log, opened,
 and, where the job has a cgroup, its cgroup and its first process, born in it and waiting to exec
 (``intocgroup.Born``): the clone, a copy of the shim, is the dearest part of a start. Where the C library
-spawns into a cgroup (``spawncg``) and the job runs as the shim's user, the cgroup alone is made ahead, and
-the job spawned into it at its turn: cheaper than the waiter's exec. What is not made ahead is made when
+spawns into a cgroup (``spawncg``) and the job runs as the shim's user, its cgroup is made and its spawn's C
+structures built ahead (``spawncg.Prepared``), and only ``posix_spawn`` runs at its turn: cheaper than the
+waiter's exec. What is not made ahead is made when
 written or started.
 """
 
@@ -37,7 +38,8 @@ class Waiting:
 _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 _waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
-_made: dict[int, tuple[containment.Box, int, int]] = {}  # a staged job's id -> its cgroup made, its output pipe
+# A staged job's id -> its cgroup made, its output pipe (read end, write end), and its spawn built
+_made: dict[int, tuple[containment.Box, int, int, spawncg.Prepared]] = {}
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -80,11 +82,12 @@ def clone(
     if not credentials and spawncg.usable():  # spawned at its turn by the C library: no waiter's exec to pay
         try:
             containment.make(box)
-        except OSError:
+            ready = intocgroup.ready(box.cgroup, argv, cwd, env, out_write)
+        except OSError:  # started afresh at its turn, which says why if it still cannot
             os.close(out_read)
             os.close(out_write)
             return
-        _made[job_id] = (box, out_read, out_write)
+        _made[job_id] = (box, out_read, out_write, ready)
         return
     try:
         containment.make(box)
@@ -102,9 +105,9 @@ def waiting(job_id: int) -> Waiting | None:
     return _waiting.pop(job_id, None)
 
 
-def made(job_id: int) -> tuple[int, int] | None:
-    """The output pipe (read end, write end) of job ``job_id`` if its cgroup was made ahead for a spawn into
-    it at its turn (the caller owns them now)."""
+def made(job_id: int) -> tuple[int, int, spawncg.Prepared] | None:
+    """The output pipe (read end, write end) of job ``job_id`` and its spawn, if its cgroup was made and its
+    spawn into it built ahead, to run at its turn (the caller owns them now)."""
     found = _made.pop(job_id, None)
     return None if found is None else found[1:]
 
@@ -139,7 +142,8 @@ def drop() -> None:
         job.born.abandon()
         os.close(job.output)
         containment.end(job.box, -1)  # its cgroup goes: the job may start elsewhere, in a cgroup made afresh
-    for box, out_read, out_write in _made.values():
+    for box, out_read, out_write, ready in _made.values():
+        ready.close()
         os.close(out_read)
         os.close(out_write)
         containment.end(box, -1)

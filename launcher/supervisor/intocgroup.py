@@ -80,6 +80,13 @@ def spawn(
     return cloned(cgroup, argv, cwd, env, credentials, output)
 
 
+def ready(cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], output: int) -> spawncg.Prepared:
+    """The C library's spawn of ``argv`` (as ``spawn`` would start it, as the shim's user) into ``cgroup``, built
+    now and run later (``spawncg.Prepared``); only where ``spawncg.usable()``. OSError if the program is not
+    there or the cgroup cannot be opened."""
+    return spawncg.Prepared(cgroup, _find(argv[0], cwd, env), argv, cwd, env, output)
+
+
 def cloned(
     cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
 ) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
-from gpuq_scheduler.launcher.supervisor import intocgroup
+from gpuq_scheduler.launcher.supervisor import intocgroup, spawncg
 
 # CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
 # its user may not. The job's cwd is entered by this shell instead, already running as the user.
@@ -76,6 +76,13 @@ def spawn(
             os.chdir("/")  # not holding the job's directory (a mount to unmount) once it has ended
         reap = functools.partial(_reap, pid)
     return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reap
+
+
+def spawn_ready(ready: spawncg.Prepared) -> tuple[int, float | None, Callable[[], int]]:
+    """``spawn``, for a job whose spawn into its cgroup was built ahead (``intocgroup.ready``)."""
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    pid = ready.run()
+    return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), functools.partial(_reap, pid)
 
 
 def born_ahead(

@@ -1,10 +1,10 @@
 """How a shim starts its job's first process: where the job has a cgroup, born inside it, never moved.
 
 A job handed off to this shim was born ahead, while the job before it ran (``ahead.clone``), and only execs
-now, or, where the C library spawns into a cgroup (``spawncg``), had its cgroup made then and is spawned into
-it now; any other job is spawned or cloned into its cgroup now (``intocgroup``), or, where that cannot be done, the shim
-moves into the job's cgroup to spawn it and back out. Without a cgroup (the fallback) it is a plain spawn.
-The shim is never in the job's cgroup once ``start`` returns.
+now, or, where the C library spawns into a cgroup (``spawncg``), had its cgroup made and its spawn built then,
+and only runs that now; any other job is spawned or cloned into its cgroup now (``intocgroup``), or, where
+that cannot be done, the shim moves into the job's cgroup to spawn it and back out. Without a cgroup (the
+fallback) it is a plain spawn. The shim is never in the job's cgroup once ``start`` returns.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK
-from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn
+from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn, spawn_ready
 
 
 class NotStarted(Exception):
@@ -44,16 +44,23 @@ def start(
         except OSError as err:
             os.close(waiting.output)
             raise NotStarted(name, err) from None
-    made = ahead.made(job_id) if handed else None  # its cgroup, made ahead for the C library's spawn into it
-    out_read, out_write = made or output_pipe()
+    made = ahead.made(job_id) if handed else None  # its cgroup made and the C library's spawn into it built
+    ready = None
+    if made is not None:
+        out_read, out_write, ready = made
+    else:
+        out_read, out_write = output_pipe()
     what, back, cgroup = name, None, None if box is None else box.cgroup
     try:
-        if box is not None and cgroup is not None and made is None:
+        if box is not None and cgroup is not None and ready is None:
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name
         try:
-            pid, started, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
+            if ready is not None:
+                pid, started, reap = spawn_ready(ready)
+            else:
+                pid, started, reap = spawn(argv, cwd, env, credentials, out_write, cgroup)
         except intocgroup.Unsupported:
             assert box is not None
             what = f"its cgroup {cgroup}"

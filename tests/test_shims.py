@@ -91,12 +91,12 @@ def test_a_stray_sigterm_ends_an_idle_shim_and_the_next_job_still_runs(one_gpu: 
 
 
 def test_jobs_submitted_one_at_a_time_to_an_idle_queue_reuse_the_shim_that_ran_the_last_one(one_gpu: Gpuq) -> None:
-    # Between them the daemon forks its spare (a shim that has never run a job: its memory still the daemon's
+    # While each runs the daemon forks its spare (a shim that has never run a job: its memory still the daemon's
     # until it writes there, which a launch pays for). The shim that ran the last job is the one kept and used.
     gpuq = one_gpu
     shims = []
     for _ in range(3):
-        job_id = gpuq.submit("sh", "-c", PARENT)
+        job_id = gpuq.submit("sh", "-c", PARENT + "; sleep 0.3")  # long enough for the spare to be forked
         assert gpuq.wait_state(job_id, "succeeded")["exit_code"] == 0
         shims.append(shim_of(gpuq, job_id))
         wait_for(lambda: shims[-1] in idle_shims(gpuq) and len(idle_shims(gpuq)) == 2, 10, "the spare beside it")

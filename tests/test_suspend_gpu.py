@@ -40,7 +40,11 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
     script.write_text(JOB)
     job = real.submit("--gpus", "1", sys.executable, str(script), "4", str(count_file), str(stop))
-    wait_for(lambda: len(counts(count_file)) > 5 and real.job(job)["peak_mem"], 120, "the job to count")
+    # Until a sample saw its 4 GiB (the daemon's figure for what a suspend moves to host memory): a sample
+    # taken while it started (14 MB on a lent H200) and none since would leave the check below racing it.
+    wait_for(
+        lambda: len(counts(count_file)) > 5 and (real.job(job)["peak_mem"] or 0) >= 4 << 30, 120, "the job to count"
+    )
     pid = json.loads((real.home / "run" / f"{job}.pid").read_text())["pid"]
     assert gpu_processes().get(pid, 0) >= 4 << 30
     real.run("suspend", str(job))

@@ -90,9 +90,10 @@ class Shims:
         return len(self._idle)
 
     def take(self, job_id: int) -> Shim:
-        """A shim for ``job_id``: the idle one that ran the most jobs, else a new fork (OSError if none)."""
+        """A shim for ``job_id``: the idle one that finished a job last (a spare that never ran one only where
+        none did), else a new fork (OSError if none)."""
         while self._idle:
-            shim = self._idle.pop()  # kept in order of jobs run (``keep``): the warmest is last
+            shim = self._idle.pop()  # spares are forked to the front, shims whose jobs ended come to the back
             if shim.alive():
                 break
             shim.abandon()  # a stray signal ended it

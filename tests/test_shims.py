@@ -35,9 +35,10 @@ def idle_shims(gpuq: Gpuq) -> list[int]:
     assert daemon is not None
     busy = set()
     for pid_file in (gpuq.home / "run").glob("*.pid"):
-        job = psutil.Process(json.loads(pid_file.read_text())["pid"])
-        if job.is_running():
-            busy.add(job.ppid())
+        try:  # a job just ended: its outcome is recorded a moment before its pid file goes
+            busy.add(psutil.Process(json.loads(pid_file.read_text())["pid"]).ppid())
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            continue
     return [c.pid for c in psutil.Process(daemon).children() if c.pid not in busy and c.status() != "zombie"]
 
 

@@ -24,6 +24,10 @@ KEY = queue_key("/nonexistent/queue for attribution tests")
 def process(env: dict[str, str], *argv: str) -> Iterator[subprocess.Popen[bytes]]:
     child = subprocess.Popen(argv or ("sleep", "30"), env=env)
     try:
+        # Popen returns at the exec's close-on-exec, a moment before the kernel has set up the new program's
+        # environment: /proc/<pid>/environ can still read empty then (CI, loaded, 2026-11-27).
+        if env:
+            wait_for(lambda: _environ_has(child.pid, next(iter(env))), 10, "its environment")
         yield child
     finally:
         child.kill()

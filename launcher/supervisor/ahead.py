@@ -86,6 +86,7 @@ def clone(
         except OSError:  # started afresh at its turn, which says why if it still cannot
             os.close(out_read)
             os.close(out_write)
+            containment.discard(box)  # a drop must not leave it behind; its turn makes it again
             return
         _made[job_id] = (box, out_read, out_write, ready)
         return

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -124,24 +126,6 @@ def milestones(events: list[Event], submit: int, daemon: int, stamp: float) -> d
     return {"ms": ms, "lines": lines, "shim": shim, "job": job_pid}
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` now (a daemon's idle shims, forked before the trace began)."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(name)] = int(stat.rpartition(")")[2].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        below = [child for child, parent in parents.items() if parent in frontier]
-        found += below
-        frontier = below
-    return found
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--label", required=True)
@@ -160,7 +144,8 @@ def main() -> int:
             daemon = tool.daemon_pid()
             tracer.start(os.getpid())
             assert tracer.dir is not None
-            traced = " ".join(str(pid) for pid in (os.getpid(), daemon, *descendants(daemon)))
+            below = [child.pid for child in psutil.Process(daemon).children(recursive=True)]
+            traced = " ".join(str(pid) for pid in (os.getpid(), daemon, *below))
             (tracer.dir / "set_event_pid").write_text(traced)  # its shims forked ahead too
             for event in EVENTS:
                 (tracer.dir / "events" / event / "enable").write_text("1")

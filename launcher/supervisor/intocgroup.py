@@ -76,7 +76,7 @@ def spawn(
     ``cgroup``: its pid. OSError if it cannot start; Unsupported if this way cannot be used here. A job that
     runs as the shim's user is spawned by the C library where it can (``spawncg``: no copy of the shim)."""
     if not credentials and spawncg.usable():
-        return spawncg.spawn(cgroup, _find(argv[0], cwd, env), argv, cwd, env, output)
+        return ready(cgroup, argv, cwd, env, output).run()
     return cloned(cgroup, argv, cwd, env, credentials, output)
 
 

@@ -82,7 +82,7 @@ def spawn_ready(ready: spawncg.Prepared) -> tuple[int, float | None, Callable[[]
     """``spawn``, for a job whose spawn into its cgroup was built ahead (``intocgroup.ready``)."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     pid = ready.run()
-    return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), functools.partial(_reap, pid)
+    return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reaper(pid)
 
 
 def born_ahead(

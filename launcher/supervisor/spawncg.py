@@ -39,18 +39,13 @@ def usable() -> bool:
     return os.environ.get(FORCE) != "clone" and _libc() is not None
 
 
-def spawn(cgroup: str, program: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], output: int) -> int:
-    """Start ``program`` (a path: found already) with ``argv`` and ``env`` in ``cgroup``, as
+class Prepared:
+    """The start of ``program`` (a path: found already) with ``argv`` and ``env`` in ``cgroup``, as
     ``processes.spawn`` does (its own session, stdin /dev/null, stdout and stderr to ``output``, ``cwd``, no
     descriptor of the shim's but those, SIGPIPE, SIGXFSZ and the shim's handled signals back to default, the
-    shim's signal mask): its pid. OSError if it cannot start (the exec's error, as posix_spawn reports it)."""
-    return Prepared(cgroup, program, argv, cwd, env, output).run()
-
-
-class Prepared:
-    """A spawn into a cgroup, its C structures built ahead (``spawn`` says what it does), so that a job staged
-    behind a running one has only ``posix_spawn`` itself left at its turn: the rest, in Python through ctypes,
-    took 0.25 ms of a hand-off on a lent H200 (2026-11-27). Run once (``run``), or let go (``close``)."""
+    shim's signal mask), its C structures built now: ``run`` starts it (its pid), ``close`` lets it go. Built
+    when a job is staged behind a running one, only ``posix_spawn`` itself is left at its turn: the rest, in
+    Python through ctypes, took 0.25 ms of a hand-off on a lent H200 (2026-11-27)."""
 
     def __init__(
         self, cgroup: str, program: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], output: int
@@ -79,7 +74,7 @@ class Prepared:
         self._envp = (ctypes.c_char_p * (len(pairs) + 1))(*pairs, None)
 
     def run(self) -> int:
-        """Spawn it now: its pid. OSError if it cannot start."""
+        """Spawn it now: its pid. OSError if it cannot start (the exec's error, as posix_spawn reports it)."""
         try:
             pid = ctypes.c_int(0)
             code = _libc().posix_spawn(

@@ -8,8 +8,9 @@ import contextlib
 import os
 import signal
 
+from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.processes import is_alive, start_time
-from gpuq_scheduler.launcher.supervisor.shim import CANCEL, DROP, JOB, NEXT, Launch, message, serve
+from gpuq_scheduler.launcher.supervisor.shim import BLANK, CANCEL, DROP, JOB, NEXT, Blank, Launch, message, serve
 
 
 class Shim:
@@ -56,8 +57,13 @@ class Shim:
         return self._write(message(CANCEL, job_id))
 
     def drop(self, job_id: int) -> bool:
-        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on."""
+        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on. Idle,
+        end the blank born for it."""
         return self._write(message(DROP, job_id))
+
+    def blank(self, blank: Blank) -> bool:
+        """Idle: have a waiter born for the job the queue expects next (``launcher.supervisor.ahead.blank``)."""
+        return self._write(message(BLANK, blank))
 
     def _write(self, message: bytes) -> bool:
         view = memoryview(message)
@@ -84,16 +90,32 @@ class Shims:
     def __init__(self) -> None:
         self._idle: list[Shim] = []
         self._busy: dict[int, Shim] = {}  # job id -> its shim
+        self._blank: tuple[Blank, Shim] | None = None  # a blank an idle shim holds, and that shim
+        self._dropped: dict[int, containment.Box] = {}  # job id -> the cgroup of a blank let go, to remove
 
     @property
     def idle(self) -> int:
         return len(self._idle)
 
+    @property
+    def blank_for(self) -> int | None:
+        """The job an idle shim holds a blank for."""
+        return None if self._blank is None else self._blank[0].job_id
+
     def take(self, job_id: int) -> Shim:
-        """A shim for ``job_id``: the idle one that finished a job last (a spare that never ran one only where
-        none did), else a new fork (OSError if none)."""
+        """A shim for ``job_id``: the one holding its blank, else the idle one that finished a job last (a
+        spare that never ran one only where none did, one holding a blank for another job last), else a new
+        fork (OSError if none)."""
+        holder = None if self._blank is None else self._blank[1]
+        if self._blank is not None and self._blank[0].job_id == job_id and holder in self._idle:
+            self._idle.remove(holder)
+            self._idle.append(holder)  # taken below, with its blank
+            self._blank = holder = None
         while self._idle:
-            shim = self._idle.pop()  # spares are forked to the front, shims whose jobs ended come to the back
+            # Spares are forked to the front, shims whose jobs ended come to the back.
+            shim = self._idle.pop(-2 if self._idle[-1] is holder and len(self._idle) > 1 else -1)
+            if shim is holder:
+                self.unblank(tell=False)  # it ends its blank itself once it has started this job
             if shim.alive():
                 break
             shim.abandon()  # a stray signal ended it
@@ -101,6 +123,50 @@ class Shims:
             shim = Shim()
         self._busy[job_id] = shim
         return shim
+
+    def blank(self, job_id: int, box: containment.Box) -> None:
+        """Have the idle shim that would be taken next hold a blank for ``job_id`` (the id the queue gives
+        next) in ``box``'s cgroup, made here: its first process is then born before the job is submitted. The
+        daemon makes and removes a blank's cgroup, as it places the job: a shim never removes one, so no shim
+        can remove the cgroup of a job sent to another."""
+        self.unblank()
+        self._dropped.pop(job_id, None)  # its cgroup is made afresh below
+        if not self._idle or box.cgroup is None:
+            return
+        with contextlib.suppress(OSError):  # none made: the job is started as any other
+            containment.make(box)
+            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino)
+            if self._idle[-1].blank(blank):
+                self._blank = (blank, self._idle[-1])
+            else:
+                self._dropped[job_id] = box
+
+    def unblank(self, tell: bool = True) -> None:
+        """Let the blank go (``tell``: its shim ends it now); its cgroup is removed by ``tidy``."""
+        if self._blank is not None:
+            blank, holder = self._blank
+            self._blank = None
+            if tell:
+                holder.drop(blank.job_id)
+            self._dropped[blank.job_id] = blank.box
+
+    @property
+    def blank_misplaced(self) -> bool:
+        """Whether the blank is held by another shim than the one a job would be given next (the one that
+        finished a job last): a shim that ran jobs starts the next sooner than a spare (``keep``)."""
+        return self._blank is not None and bool(self._idle) and self._blank[1] is not self._idle[-1]
+
+    @property
+    def untidy(self) -> bool:
+        return bool(self._dropped)
+
+    def tidy(self, sent: set[int]) -> None:
+        """Remove the cgroups of blanks let go, ending what is left in them, but not one of a job ``sent`` to a
+        shim by now (running or staged): that shim made it afresh, with the job in it."""
+        for job_id, box in list(self._dropped.items()):
+            if job_id not in sent:
+                containment.end(box, -1)
+            del self._dropped[job_id]
 
     def ended(self, job_id: int) -> None:
         """The job's exit file was read (its shim wrote it last and waits for the next job), or its launch was
@@ -155,13 +221,18 @@ class Shims:
         most = count if most is None else max(most, count)
         self._idle.sort(key=lambda shim: shim.jobs)
         while len(self._idle) > most:
-            self._idle.pop(0).abandon()
+            shim = self._idle.pop(0)
+            if self._blank is not None and shim is self._blank[1]:
+                self.unblank(tell=False)  # it ends its blank as it exits
+            shim.abandon()
         with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
             while len(self._idle) < count:
                 self._idle.insert(0, Shim())
 
-    def close(self) -> None:
-        """Let every shim go: idle ones exit now, busy ones once their job has ended."""
+    def close(self, sent: set[int]) -> None:
+        """Let every shim go: idle ones exit now, busy ones once their job has ended. A blank's cgroup goes."""
+        self.unblank()
+        self.tidy(sent)
         self.keep(0)
         for shim in self._busy.values():
             shim.abandon()

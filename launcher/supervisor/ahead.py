@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
 from gpuq_scheduler.launcher.supervisor import containment, intocgroup, spawncg
-from gpuq_scheduler.launcher.supervisor.processes import born_ahead, open_log
+from gpuq_scheduler.launcher.supervisor.processes import born_ahead, born_blank, open_log
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 _waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
 # A staged job's id -> its cgroup made, its output pipe (read end, write end), and its spawn built
 _made: dict[int, tuple[containment.Box, int, int, spawncg.Prepared]] = {}
+_blank: dict[int, Waiting] = {}  # at most one, while this shim is idle: the id of the job it was born for -> it
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -99,6 +101,50 @@ def clone(
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     _waiting[job_id] = Waiting(born, start, out_read, box)
+
+
+def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]) -> None:
+    """Clone a blank (``intocgroup.blank``) writing to the pipe ``output`` (both ends taken over) into the
+    cgroup the daemon made for the job it expects next (``box``, its directory's ``inode``): started on an idle
+    GPU, that job then only execs. The cgroup is the daemon's to make and remove, never this shim's: sent
+    elsewhere, the job makes it afresh there, which ends the blank. Where the clone fails, the job is started
+    as any other."""
+    drop_blank()
+    out_read, out_write = output
+    assert box.cgroup is not None
+    try:
+        born, start = born_blank(out_write, box.cgroup, inode)
+    except (OSError, intocgroup.Unsupported):
+        os.close(out_read)
+        return
+    finally:
+        os.close(out_write)
+    _blank[job_id] = Waiting(born, start, out_read, box)
+
+
+def blank_for(job_id: int, box: containment.Box) -> Waiting | None:
+    """The blank born for ``job_id`` in ``box``'s cgroup if this shim holds one that is up and waiting (the
+    caller owns it now). One still starting is left to end with its cgroup: the job is started afresh."""
+    found = _blank.get(job_id)
+    if found is None or found.box.cgroup != box.cgroup or not found.born.ready():
+        return None
+    del _blank[job_id]
+    return found
+
+
+def drop_blank(job_id: int | None = None) -> None:
+    """End this shim's blank (only if it was born for ``job_id``, if given): nothing ran in it. Its cgroup is
+    the daemon's to remove."""
+    for held in [held for held in _blank if job_id in (None, held)]:
+        let_go(_blank.pop(held))
+
+
+def let_go(job: Waiting) -> None:
+    """End a waiter that has run nothing (a blank, or one whose job could not be given to it) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(job.born.pid, signal.SIGKILL)  # not yet reaped: the pid is still this one's
+    job.born.abandon()
+    os.close(job.output)
 
 
 def waiting(job_id: int) -> Waiting | None:

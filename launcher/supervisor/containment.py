@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuq_scheduler.launcher.supervisor import marked
+from gpuq_scheduler.launcher.supervisor import marked, waiter
 
 MARKER = marked.MARKER
 FORCE = "GPUQ_CONTAINMENT"  # "fallback": do without cgroups even where they could be had (tests, odd setups)
@@ -122,14 +122,11 @@ def queue_key(root: str | os.PathLike[str]) -> str:
 
 def cgroup2_mount(mounts: str = "/proc/self/mounts") -> str | None:
     """Where the cgroup v2 hierarchy is mounted (the first one listed), or None."""
-    try:
-        with open(mounts) as handle:
-            for line in handle:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == "cgroup2":
-                    return fields[1].replace("\\040", " ")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(mounts) as handle:
+        for line in handle:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                return fields[1].replace("\\040", " ")
     return None
 
 
@@ -140,13 +137,10 @@ def _mount() -> str | None:
 
 def own_cgroup(pid: int | str = "self") -> str | None:
     """A process's cgroup v2 path ("/..."), from its "0::" line in /proc/<pid>/cgroup."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as handle:
-            for line in handle:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as handle:
+        for line in handle:
+            if line.startswith("0::"):
+                return line[3:].strip()
     return None
 
 
@@ -227,6 +221,12 @@ def make(box: Box) -> None:
     if os.path.isdir(box.cgroup):  # an earlier attempt's: none of its processes or limits may join this run
         end(box, -1)
     os.makedirs(box.cgroup, exist_ok=True)  # the queue's own too, if a daemon that stopped just now removed it
+    limit(box)
+
+
+def limit(box: Box) -> None:
+    """Set the job's limits on its cgroup (made already). OSError if they cannot be set."""
+    assert box.cgroup is not None
     if box.cpus is not None:
         _write(f"{box.cgroup}/cpu.max", f"{max(1000, round(box.cpus * _PERIOD))} {_PERIOD}")
     if box.ram is not None:
@@ -374,12 +374,12 @@ def job_of(pid: int, group: str) -> int | None:
 
 
 def occupied(group: str) -> dict[int, int]:
-    """The jobs of a queue's cgroup ``group`` that have processes in their cgroups now, and how many."""
+    """The jobs of ``group`` with processes in their cgroups, and how many; waiters (nothing run yet) not counted."""
     found = {}
     with contextlib.suppress(OSError):
         for name in os.listdir(group):
             if name.startswith("job-") and name[4:].isdigit():
-                count = len(_words(f"{group}/{name}/cgroup.procs"))
+                count = sum(not waiter.is_waiter(pid) for pid in _words(f"{group}/{name}/cgroup.procs"))
                 if count:
                     found[int(name[4:])] = count
     return found

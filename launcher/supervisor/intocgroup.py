@@ -18,6 +18,8 @@ code: every path out of it is an exec or ``os._exit``.
   (``launcher.supervisor.waiter``: a fresh interpreter, ``-I -S``, an empty environment, the job's details in a
   memfd), which execs the job when told (``Born.go``). The copy and its teardown happen while the job ahead
   still runs; at the job's turn only the waiter's own exec is left, as cheap as posix_spawn's.
+- ``blank``: a waiter for a job not yet submitted (the id its queue gives next), born while the queue is
+  idle, whose details come with its go: a start on an idle GPU then costs what a hand-off's does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import functools
 import gc
 import marshal
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -91,7 +94,7 @@ def cloned(
     cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
 ) -> int:
     """``spawn`` by a clone of the shim, whatever the C library can do."""
-    job = (_find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials))  # built before the clone
+    job = details(argv, cwd, env, credentials)  # built before the clone
     report_read, report_write = os.pipe()  # close-on-exec: end of file says the exec happened
     try:
         pid = _clone(cgroup, functools.partial(_exec_job, report_write, output, job))
@@ -115,16 +118,29 @@ class Born:
     """A job's first process, cloned into its cgroup ahead of its turn: a waiter that execs the job on ``go``.
 
     It runs as the shim's user (the job's credentials are taken at ``go``) with an empty environment and
-    nothing of the shim's memory, holding only its pipes, the job's output and the job's details."""
+    nothing of the shim's memory, holding only its pipes, the job's output and the job's details (a blank's:
+    its memfd, written at ``go``)."""
 
-    def __init__(self, pid: int, go: int, report: int) -> None:
+    def __init__(self, pid: int, go: int, report: int, details: int = -1) -> None:
         self.pid = pid
         self._go = go  # a byte: exec the job; end of file: exit
-        self._report = report  # end of file: the job's exec happened; digits: the errno it failed with
+        self._report = report  # "+": ready; then end of file: the job's exec happened; digits: the errno it failed with
+        self._details = details  # a blank's memfd, for the job's details at its go
+        self._ready = False
 
-    def go(self) -> int:
-        """Exec the job: its pid. OSError if the exec failed (the process is reaped); Gone if it cannot be."""
+    def ready(self) -> bool:
+        """Whether the waiter is up and waiting (its interpreter started, the details read): told to go
+        before, the job would wait for that start, dearer than a clone at once."""
+        if not self._ready and self._report >= 0 and select.select([self._report], [], [], 0)[0]:
+            self._ready = os.read(self._report, 1) == b"+"  # anything else (end of file, "W"): it failed
+        return self._ready
+
+    def go(self, job: Job | None = None) -> int:
+        """Exec the job (a blank: ``job``, its details): its pid. OSError if the exec failed (the process is
+        reaped); Gone if it cannot be."""
         try:
+            if job is not None:
+                _write_all(self._details, marshal.dumps(job))  # trusted: only this shim writes it
             os.write(self._go, b"!")
         except BrokenPipeError:
             self.abandon()
@@ -133,6 +149,8 @@ class Born:
             report = _read_all(self._report)
         finally:
             self._close()
+        if not self._ready:
+            report = report.removeprefix(b"+")
         if report:
             os.waitpid(self.pid, 0)
             if report.startswith(b"W"):
@@ -147,10 +165,10 @@ class Born:
             os.waitpid(self.pid, 0)
 
     def _close(self) -> None:
-        for fd in (self._go, self._report):
+        for fd in (self._go, self._report, self._details):
             if fd >= 0:
                 os.close(fd)
-        self._go = self._report = -1
+        self._go = self._report = self._details = -1
 
 
 def prepare(
@@ -158,21 +176,40 @@ def prepare(
 ) -> Born:
     """Clone the process that will run ``argv`` (see ``spawn``) into ``cgroup`` now, to exec on ``Born.go``.
     OSError if the program is not there or the clone fails; Unsupported if this way cannot be used here."""
-    job = (_find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials))
-    details = os.memfd_create("gpuq-job", os.MFD_CLOEXEC)
+    return _waiter(cgroup, details(argv, cwd, env, credentials), output)
+
+
+def blank(cgroup: str, output: int, inode: int | None = None) -> Born:
+    """A waiter cloned into ``cgroup`` (its directory's inode ``inode``, if given: a cgroup of that name made
+    afresh meanwhile is another job's) for a job not known yet, whose details ``Born.go`` gives. OSError if the
+    clone fails or the cgroup is not that one; Unsupported if this way cannot be used here."""
+    return _waiter(cgroup, None, output, inode)
+
+
+def details(argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any]) -> Job:
+    """What the clone or a waiter execs: OSError if the program is not there (see ``spawn``)."""
+    return _find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials)
+
+
+def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None) -> Born:
+    memfd = os.memfd_create("gpuq-job", os.MFD_CLOEXEC)
     go_read, go_write = os.pipe()
     report_read, report_write = os.pipe()
     try:
-        _write_all(details, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
-        pid = _clone(cgroup, functools.partial(_exec_waiter, (go_read, report_write, details, output)))
+        if job is not None:
+            _write_all(memfd, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
+        pid = _clone(cgroup, functools.partial(_exec_waiter, (go_read, report_write, memfd, output)), inode)
     except BaseException:
-        os.close(go_write)
-        os.close(report_read)
+        for fd in (go_write, report_read, memfd):
+            os.close(fd)
         raise
     finally:
-        for fd in (go_read, report_write, details):
-            os.close(fd)
-    return Born(pid, go_write, report_read)
+        os.close(go_read)
+        os.close(report_write)
+    if job is not None:
+        os.close(memfd)
+        memfd = -1
+    return Born(pid, go_write, report_read, memfd)
 
 
 def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:
@@ -181,15 +218,19 @@ def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:
     return int(credentials["user"]), int(credentials["group"]), [int(g) for g in credentials["extra_groups"]]
 
 
-def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], None]) -> int:
-    """clone3 into ``cgroup``: the child's pid. The child runs ``child(handled, mask)``, which must exec or
-    exit; OSError if the clone fails, Unsupported if it cannot be done here."""
+def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], None], inode: int | None = None) -> int:
+    """clone3 into ``cgroup`` (its directory's inode ``inode``, if given): the child's pid. The child runs
+    ``child(handled, mask)``, which must exec or exit; OSError if the clone fails or the cgroup is another,
+    Unsupported if it cannot be done here."""
     global _unsupported
     if _unsupported is not None:
         raise Unsupported(_unsupported)
     if len(os.listdir("/proc/self/task")) > 1:  # C threads too (a library's pool), which threading does not count
         raise Unsupported("this process runs more than one thread")
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if inode is not None and os.fstat(where).st_ino != inode:
+        os.close(where)
+        raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
     # defaults in the child, and no signal is let in there before: no Python handler may run in the child.
@@ -256,7 +297,7 @@ def _exec_waiter(fds: tuple[int, int, int, int], handled: list[int], mask: set[i
         close_all_but(*fds)
         for fd in fds:
             os.set_inheritable(fd, True)
-        words = [sys.executable, "-I", "-S", waiter.__file__, *map(str, fds), "gpuq: waiting for its turn"]
+        words = [sys.executable, "-I", "-S", waiter.__file__, *map(str, fds), waiter.WAITING]
         os.execve(sys.executable, words, {})  # no variable of the job's reaches this interpreter
     except OSError as err:
         code = err.errno or errno.EIO

@@ -95,6 +95,13 @@ def born_ahead(
     return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
 
 
+def born_blank(output: int, cgroup: str, inode: int) -> tuple[intocgroup.Born, float | None]:
+    """``born_ahead`` for a job not known yet (``intocgroup.blank``): its details come with its go."""
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    born = intocgroup.blank(cgroup, output, inode)
+    return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+
+
 def reaper(pid: int) -> Callable[[], int]:
     """What waits for child ``pid`` and returns its exit status (negative: the signal that ended it)."""
     return functools.partial(_reap, pid)

@@ -15,9 +15,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
+from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup, spawncg
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK
 from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn, spawn_ready
+from gpuq_scheduler.launcher.supervisor.waiter import Job
 
 
 class NotStarted(Exception):
@@ -35,10 +36,13 @@ def start(
     """Start job ``job_id``'s first process (``name``: its program as the user gave it): its pid, start time,
     what reaps it, and the read end of its stdout and stderr. ``handed``: it follows the job that just ended
     here, and may have been born ahead. NotStarted says what could not be made or run."""
-    waiting = ahead.waiting(job_id) if handed else None
+    waiting, job = ahead.waiting(job_id) if handed else None, None
+    if not handed and box is not None and (credentials or not spawncg.usable()):  # else the C library is cheaper
+        waiting = ahead.blank_for(job_id, box)  # born for it before it was submitted: given its details now
+        job = None if waiting is None else _for_blank(waiting, box, name, argv, cwd, env, credentials)
     if waiting is not None:
         try:
-            return waiting.born.go(), waiting.start, reaper(waiting.born.pid), waiting.output
+            return waiting.born.go(job), waiting.start, reaper(waiting.born.pid), waiting.output
         except intocgroup.Gone:  # it ended before its turn (a signal): started afresh below
             os.close(waiting.output)
         except OSError as err:
@@ -77,6 +81,23 @@ def start(
         containment.leave(back)
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     return pid, started, reap, out_read
+
+
+def _for_blank(
+    blank: ahead.Waiting, box: containment.Box, name: str, argv: list[str], cwd: str, env: dict[str, str],
+    credentials: dict[str, Any],
+) -> Job:
+    """The job's details for its blank, and its limits set on its cgroup, which the daemon made without them.
+    NotStarted (the blank ended) if either cannot be."""
+    what = name
+    try:
+        job = intocgroup.details(argv, cwd, env, credentials)
+        what = f"its cgroup {box.cgroup}"
+        containment.limit(box)
+    except OSError as err:
+        ahead.let_go(blank)
+        raise NotStarted(what, err) from None
+    return job
 
 
 def output_pipe() -> tuple[int, int]:

@@ -1,0 +1,130 @@
+"""While nothing waits, an idle shim holds a *blank* for the id the queue gives next: a waiter born in that
+job's cgroup before the job is submitted (launcher.daemon.blanks, ahead.blank). Submitted to the idle queue,
+the job then runs as that process; a guess that misses ends the blank and removes its cgroup, and nothing of
+a blank outlives its daemon.
+
+Real daemon, real shims, one fake GPU, jobs cloned (``GPUQ_SPAWN=clone``: blanks are made only where jobs are
+cloned), on a cgroup v2 hierarchy gpuq can write to (CI: root).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpuq_scheduler.launcher.supervisor.processes import start_time
+from tests import test_born_ahead
+from tests.conftest import Gpuq, wait_for
+from tests.test_born_ahead import born, group
+from tests.test_containment import alive, needs_cgroup2
+from tests.test_handoff import staged_behind
+
+one_gpu = test_born_ahead.one_gpu  # the fixture: a queue of one fake GPU whose jobs are cloned
+
+WRITES_ITS_PID = 'echo $$ > "$1"'
+
+
+def cgroups(queue: Gpuq) -> set[str]:
+    return {path.name for path in Path(group(queue)).glob("job-*")}
+
+
+def blank(queue: Gpuq, job_id: int) -> int:
+    """The waiter born for job ``job_id`` before its submit: the one process in its cgroup."""
+    procs = Path(group(queue), f"job-{job_id}", "cgroup.procs")
+
+    def waiting() -> list[int]:
+        try:
+            return [int(word) for word in procs.read_text().split()]
+        except OSError:
+            return []
+
+    wait_for(lambda: len(waiting()) == 1, 10, f"a blank for job {job_id}")
+    (pid,) = waiting()
+    wait_for(lambda: b"gpuq: waiting for its turn" in Path(f"/proc/{pid}/cmdline").read_bytes(), 10, "its waiter")
+    return pid
+
+
+def no_waiters_left(pids: list[int]) -> bool:
+    return not any(alive(pid) for pid in pids)
+
+
+@needs_cgroup2
+def test_a_job_submitted_to_an_idle_queue_runs_as_the_blank_born_for_it(one_gpu: Gpuq) -> None:
+    queue = one_gpu
+    first = queue.submit("true")  # starts the daemon
+    queue.wait_state(first, "succeeded")
+    waiting = blank(queue, first + 1)
+    born = start_time(waiting)
+    second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
+    assert second == first + 1
+    job = queue.wait_state(second, "succeeded")
+    assert int((queue.cwd / "job.pid").read_text()) == waiting  # that process, told to go with its details
+    assert job["exit_code"] == 0
+    assert born is not None and born < start_time(os.getpid()) + 1e9  # born before the submit, not at it
+    # The next blank is born for the id after it; the job's own cgroup went with it.
+    blank(queue, second + 1)
+    assert f"job-{second}" not in cgroups(queue)
+
+
+@needs_cgroup2
+def test_a_blank_whose_guess_missed_ends_and_its_cgroup_goes(one_gpu: Gpuq) -> None:
+    queue = one_gpu
+    first = queue.submit("true")
+    queue.wait_state(first, "succeeded")
+    missed = blank(queue, first + 1)
+    array = queue.submit("--array", "0-1", "--", "sh", "-c", 'echo $$ >> "$1"', "job", str(queue.cwd / "jobs.pid"))
+    # The array took that id, and its members the ones after: no job has it, so the blank and its cgroup go.
+    assert array == first + 1
+    wait_for(lambda: no_waiters_left([missed]), 10, "the blank to end")
+    members = [job["id"] for job in queue.status() if job.get("array_id") == array]
+    assert members and array not in members
+    for member in members:
+        queue.wait_state(member, "succeeded")
+    assert missed not in [int(word) for word in (queue.cwd / "jobs.pid").read_text().split()]
+    wait_for(lambda: f"job-{array}" not in cgroups(queue), 10, "the missed blank's cgroup to go")
+
+
+@needs_cgroup2
+def test_a_blank_whose_job_is_staged_behind_a_running_one_ends_there_and_the_job_runs(one_gpu: Gpuq) -> None:
+    queue = one_gpu
+    first = queue.submit("true")
+    queue.wait_state(first, "succeeded")
+    holder = queue.submit("sleep", "30")  # takes the blank for its id, and the GPU
+    queue.wait_state(holder, "running")
+    next_blank = blank(queue, holder + 1)  # nothing waits: a blank for the next id
+    staged = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
+    assert staged == holder + 1
+    # Staged behind the running job, it is born ahead by that job's shim in its cgroup made afresh, which
+    # ends the blank born for it elsewhere.
+    staged_behind(queue, staged, holder)
+    wait_for(lambda: no_waiters_left([next_blank]), 10, "the blank to end")
+    ahead = born(queue, staged)
+    assert ahead != next_blank
+    queue.run("cancel", str(holder))
+    queue.wait_state(staged, "succeeded")
+    assert int((queue.cwd / "job.pid").read_text()) == ahead
+
+
+@needs_cgroup2
+def test_nothing_of_a_blank_outlives_its_daemon(one_gpu: Gpuq) -> None:
+    queue = one_gpu
+    first = queue.submit("true")
+    queue.wait_state(first, "succeeded")
+    waiting = blank(queue, first + 1)
+    where = Path(group(queue))
+    queue.run("daemon", "stop")
+    wait_for(lambda: no_waiters_left([waiting]), 10, "the blank to end with its daemon")
+    assert not where.exists()  # its cgroup, and then the queue's, removed
+
+
+@needs_cgroup2
+def test_a_blank_left_by_a_killed_daemon_ends_and_the_next_daemon_runs_the_job(one_gpu: Gpuq) -> None:
+    queue = one_gpu
+    first = queue.submit("true")
+    queue.wait_state(first, "succeeded")
+    waiting = blank(queue, first + 1)
+    queue.kill_daemon()
+    wait_for(lambda: no_waiters_left([waiting]), 10, "the blank to end once its shim is told nothing more")
+    second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))  # a new daemon
+    queue.wait_state(second, "succeeded")
+    assert int((queue.cwd / "job.pid").read_text()) != waiting

@@ -76,8 +76,10 @@ class Gpuq(Tool):
         self.home = work / "gpuq-home"
         self.fake = fake
         self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": fake})
-        if os.environ.get("GPUQ_CONTAINMENT"):  # the one setting passed through: costs with and without a cgroup
-            self.env["GPUQ_CONTAINMENT"] = os.environ["GPUQ_CONTAINMENT"]
+        # The settings passed through: costs with and without a cgroup, and cloned where the C library could spawn.
+        for name in ("GPUQ_CONTAINMENT", "GPUQ_SPAWN"):
+            if os.environ.get(name):
+                self.env[name] = os.environ[name]
         self._up = False
 
     @property

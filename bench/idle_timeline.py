@@ -84,24 +84,32 @@ def forked(events: list[Event], parent: int | None = None, child: int | None = N
     return [(ts, tid, pid) for ts, tid, pid in found if tid == (parent or tid) and pid == (child or pid)]
 
 
-def milestones(events: list[Event], submit: int, daemon: int, stamp: float) -> dict[str, Any]:
-    """One run's milestones, ms after the submit's exit, and the lines of its daemon, shim and job."""
+def milestones(events: list[Event], submit: int, daemon: int, stamp: float, shims: set[int]) -> dict[str, Any]:
+    """One run's milestones, ms after the submit's exit, and the lines of its daemon, shim and job. ``shims``:
+    the daemon's idle shims before the submit, one of which may hold the job's process, born before it (a
+    blank, launcher.daemon.blanks): then the shim is the one that read the job."""
     exits = [ts for ts, tid, _, kind, _ in events if kind == "gone" and tid == submit]
     execs = [(ts, tid, text) for ts, tid, _, kind, text in events if kind == "exec"]
     job = next(((ts, tid) for ts, tid, text in execs if _field(text, "filename").endswith("job.sh")), None)
     if not exits or job is None:
         return {"error": "no submit exit or no job exec in the trace"}
     zero, (job_exec, job_pid) = exits[0], job
+    began = min(ts for ts, tid, *_ in events if tid == submit)
     made = forked(events, child=job_pid)
-    shim = made[0][1] if made else 0
+    readers = [tid for ts, tid, _, kind, text in events if tid in shims and kind == "exit" and began < ts < job_exec
+               and text.startswith("sys_read ")]  # fmt: skip
+    shim = made[0][1] if made else readers[0] if readers else -1
     found: dict[str, Any] = {"job exec done": job_exec, "start stamp": stamp}
     if made:
         found["job process made"] = made[0][0]
+    else:  # a blank, born before the submit: the shim told it to go (its last write before the job's exec)
+        told = [ts for ts in times(events, shim, "exit", "sys_write ") if ts < job_exec]
+        if told:
+            found["shim told its blank to go"] = told[-1]
     daemon_writes = times(events, daemon, "exit", "sys_write ")
     shim_reads = [ts for ts in times(events, shim, "exit", "sys_read ") if ts < job_exec]
     if shim_reads:
         # The shim's reads of its message: the first after the submit began (the shim idles in a read).
-        began = min(ts for ts, tid, *_ in events if tid == submit)
         after = [ts for ts in shim_reads if ts > began]
         if after:
             found["shim read its job"] = after[0]
@@ -153,6 +161,7 @@ def main() -> int:
             out.mkdir(parents=True, exist_ok=True)
             for run in range(args.runs):
                 path = out / str(run)
+                shims = {child.pid for child in psutil.Process(daemon).children()}
                 (tracer.dir / "trace").write_text("")
                 (tracer.dir / "tracing_on").write_text("1")
                 tool.submit_now(1, job_argv(path, 0, 1))
@@ -164,7 +173,7 @@ def main() -> int:
                 events = parse(lines)
                 forks = forked(events, parent=os.getpid())
                 submit = forks[0][2] if forks else 0
-                found = milestones(events, submit, daemon, stamp)
+                found = milestones(events, submit, daemon, stamp, shims)
                 results.append(found.get("ms", found))
                 texts.append(f"## run {run}: shim {found.get('shim')}, job {found.get('job')}")
                 texts.append("\n".join(found.get("lines", [])))

@@ -47,7 +47,7 @@ def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, th
     for option in kept_options():  # each option's own check, as the client's capture_spec made it
         if option.capture is not None:
             option.kept(spec.value(option))
-    _numbers(spec.to_json(), "the job spec")
+    _numbers({key: value for key, value in spec.to_json().items() if key not in _TEXTS}, "the job spec")
     # The daemon's fields, whatever the request says: kind is what --mem auto files peaks under.
     return dataclasses.replace(spec, kind=kind_of(spec.command, spec.cwd), mem_from="")
 
@@ -79,22 +79,31 @@ def control(action: str, named: Sequence[int], values: Mapping[str, Any]) -> Non
     check_update(priority, None if limit is None else float(limit))
 
 
+_TEXTS = frozenset({"command", "cwd", "env", "name", "notify", "python"})  # check_texts's, named as the user gave them
+
+
 def _numbers(value: Any, where: str) -> None:
-    """Every number SQLite's 64-bit integers and a float can hold, every string checked, at any depth."""
-    if isinstance(value, bool) or value is None:
-        return
-    if isinstance(value, int):
-        if not -MAX_ID - 1 <= value <= MAX_ID:
-            raise BadInput(f"holds a number in {where} larger than any gpuq keeps")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise BadInput(f"holds a number in {where} that is not finite")
-    elif isinstance(value, str):
-        check_text(where, value)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _numbers(key, where)
-            _numbers(item, where)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _numbers(item, where)
+    """Every number SQLite's 64-bit integers and a float can hold, every string checked, at any depth: a walk
+    without recursion, an ASCII string without a call (a submit's environment is most of it, and every submit
+    is checked so in the daemon's intake)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if "\0" in item or not item.isascii():
+                check_text(where, item)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not -MAX_ID - 1 <= item <= MAX_ID:
+                raise BadInput(f"holds a number in {where} larger than any gpuq keeps")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise BadInput(f"holds a number in {where} that is not finite")
+        elif isinstance(item, str):
+            check_text(where, item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)

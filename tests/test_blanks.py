@@ -9,8 +9,10 @@ cloned), on a cgroup v2 hierarchy gpuq can write to (CI: root).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from gpuq_scheduler.launcher.supervisor.processes import start_time
 from tests import test_born_ahead
 from tests.conftest import Gpuq, wait_for
 from tests.test_born_ahead import born, group
@@ -20,7 +22,6 @@ from tests.test_handoff import staged_behind
 one_gpu = test_born_ahead.one_gpu  # the fixture: a queue of one fake GPU whose jobs are cloned
 
 WRITES_ITS_PID = 'echo $$ > "$1"'
-WRITES_ITS_CGROUP = test_born_ahead.WRITES_ITS_CGROUP  # the inode of the cgroup it was born in
 
 
 def cgroups(queue: Gpuq) -> set[str]:
@@ -53,14 +54,13 @@ def test_a_job_submitted_to_an_idle_queue_runs_as_the_blank_born_for_it(one_gpu:
     first = queue.submit("true")  # starts the daemon
     queue.wait_state(first, "succeeded")
     waiting = blank(queue, first + 1)
-    cgroup = Path(group(queue), f"job-{first + 1}")
-    made = cgroup.stat().st_ino
-    second = queue.submit("--", "sh", "-c", WRITES_ITS_CGROUP, "job", str(queue.cwd / "job.cgroup"), str(cgroup))
+    born = start_time(waiting)
+    second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
     assert second == first + 1
     job = queue.wait_state(second, "succeeded")
-    assert int((queue.cwd / "job.cgroup").read_text()) == made  # spawned by that process, told to go with it
+    assert int((queue.cwd / "job.pid").read_text()) == waiting  # that process, told to go with its details
     assert job["exit_code"] == 0
-    assert not alive(waiting)
+    assert born is not None and born < start_time(os.getpid()) + 1e9  # born before the submit, not at it
     # The next blank is born for the id after it; the job's own cgroup went with it.
     blank(queue, second + 1)
     assert f"job-{second}" not in cgroups(queue)
@@ -92,20 +92,17 @@ def test_a_blank_whose_job_is_staged_behind_a_running_one_ends_there_and_the_job
     holder = queue.submit("sleep", "30")  # takes the blank for its id, and the GPU
     queue.wait_state(holder, "running")
     next_blank = blank(queue, holder + 1)  # nothing waits: a blank for the next id
-    cgroup = Path(group(queue), f"job-{holder + 1}")
-    blanks = cgroup.stat().st_ino
-    staged = queue.submit("--", "sh", "-c", WRITES_ITS_CGROUP, "job", str(queue.cwd / "job.cgroup"), str(cgroup))
+    staged = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
     assert staged == holder + 1
     # Staged behind the running job, it is born ahead by that job's shim in its cgroup made afresh, which
     # ends the blank born for it elsewhere.
     staged_behind(queue, staged, holder)
     wait_for(lambda: no_waiters_left([next_blank]), 10, "the blank to end")
     ahead = born(queue, staged)
-    made = cgroup.stat().st_ino
-    assert ahead != next_blank and made != blanks
+    assert ahead != next_blank
     queue.run("cancel", str(holder))
     queue.wait_state(staged, "succeeded")
-    assert int((queue.cwd / "job.cgroup").read_text()) == made
+    assert int((queue.cwd / "job.pid").read_text()) == ahead
 
 
 @needs_cgroup2

@@ -97,8 +97,7 @@ def _spawn(
             sys.exit()
         status = open(f"/proc/{{pid}}/status").read()
         procs = open({str(cgroup / "cgroup.procs")!r}).read().split()
-        # A waiter's job is its child until the waiter exits, then the starter's (a child subreaper).
-        code = born.reap() if "born" in globals() else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         print(json.dumps({{"pid": pid, "code": code, "mine": mine, "after": containment.own_cgroup(),
                           "procs": procs, "status": status, "me": os.getpid()}}))
     """)

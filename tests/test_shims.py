@@ -1,8 +1,7 @@
 """Shims are reused: one supervises job after job (no fork per job), and that must change nothing a job sees.
 
 Real daemon, real shims, one fake GPU so that jobs run one after another. Each job prints its parent's pid,
-which is its shim's once a waiter that spawned it has exited (launcher.supervisor.waiter: the job, orphaned,
-comes to its shim).
+which is its shim's.
 """
 
 from __future__ import annotations
@@ -18,10 +17,7 @@ import psutil
 from gpuq_scheduler.launcher.supervisor import processes
 from tests.conftest import Gpuq, wait_for
 
-PARENT = (
-    "up() { cut -d' ' -f4 /proc/$$/stat; }; while tr '\\0' ' ' < /proc/$(up)/cmdline | grep -q 'waiting for its turn';"
-    " do sleep 0.01; done; echo shim=$(up) job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"
-)
+PARENT = "echo shim=$PPID job=$GPUQ_JOB_ID gpus=$CUDA_VISIBLE_DEVICES"
 
 
 def log(gpuq: Gpuq, job_id: int) -> str:

@@ -23,15 +23,16 @@ from typing import Any
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
 from gpuq_scheduler.launcher.supervisor import containment, intocgroup, spawncg
-from gpuq_scheduler.launcher.supervisor.processes import open_log
+from gpuq_scheduler.launcher.supervisor.processes import born_ahead, born_blank, open_log
 
 
 @dataclass(frozen=True)
 class Waiting:
-    """A staged job's waiter, born in its cgroup, waiting to spawn the job there."""
+    """A staged job's first process, born in its cgroup, waiting to exec."""
 
     born: intocgroup.Born
-    output: int  # the read end of the job's stdout and stderr
+    start: float | None  # its start time (``processes.start_time``): the job's process is this one
+    output: int  # the read end of its stdout and stderr
     box: containment.Box
 
 
@@ -93,13 +94,13 @@ def clone(
         return
     try:
         containment.make(box)
-        born = intocgroup.prepare(box.cgroup, argv, cwd, env, credentials, out_write)
+        born, start = born_ahead(argv, cwd, env, credentials, out_write, box.cgroup)
     except (OSError, intocgroup.Unsupported):
         os.close(out_read)
         return
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
-    _waiting[job_id] = Waiting(born, out_read, box)
+    _waiting[job_id] = Waiting(born, start, out_read, box)
 
 
 def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]) -> None:
@@ -112,13 +113,13 @@ def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]
     out_read, out_write = output
     assert box.cgroup is not None
     try:
-        born = intocgroup.blank(box.cgroup, out_write, inode)
+        born, start = born_blank(out_write, box.cgroup, inode)
     except (OSError, intocgroup.Unsupported):
         os.close(out_read)
         return
     finally:
         os.close(out_write)
-    _blank[job_id] = Waiting(born, out_read, box)
+    _blank[job_id] = Waiting(born, start, out_read, box)
 
 
 def blank_for(job_id: int, box: containment.Box) -> Waiting | None:
@@ -147,7 +148,7 @@ def let_go(job: Waiting) -> None:
 
 
 def waiting(job_id: int) -> Waiting | None:
-    """Job ``job_id``'s waiter if it was born ahead (the caller owns it now)."""
+    """Job ``job_id``'s first process if it was born ahead (the caller owns it now)."""
     return _waiting.pop(job_id, None)
 
 
@@ -170,11 +171,6 @@ def write(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.ftruncate(opened[0], len(data))  # inside the space reserved: written over, nothing new is allocated
     write_atomic(path, data, durable=False, opened=opened)
-
-
-def waiters() -> set[int]:
-    """The pids of the waiters this shim holds (a staged job's, a blank)."""
-    return {job.born.pid for job in (*_waiting.values(), *_blank.values())}
 
 
 def drop() -> None:

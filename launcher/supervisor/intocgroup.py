@@ -16,11 +16,8 @@ code: every path out of it is an exec or ``os._exit``.
   where it can do so into a cgroup (``spawncg``: a vfork, glibc 2.39 and later).
 - ``prepare``: for a job staged behind a running one. The child execs at once into a small waiter
   (``launcher.supervisor.waiter``: a fresh interpreter, ``-I -S``, an empty environment, the job's details in a
-  memfd), which starts the job when told (``Born.go``) by posix_spawn, a vfork whose child is born in the
-  waiter's cgroup, and exits. The copy and its teardown happen while the job ahead still runs; at the job's
-  turn only a vfork and exec are left, as at a bare spawn. The job, orphaned, comes to the shim: a process that
-  makes a waiter becomes a child subreaper (``prctl``), and reaps the job (``Born.reap``) and whatever of the
-  job's processes is orphaned to it (``processes.reap_strays``).
+  memfd), which execs the job when told (``Born.go``). The copy and its teardown happen while the job ahead
+  still runs; at the job's turn only the waiter's own exec is left, as cheap as posix_spawn's.
 - ``blank``: a waiter for a job not yet submitted (the id its queue gives next), born while the queue is
   idle, whose details come with its go: a start on an idle GPU then costs what a hand-off's does.
 """
@@ -125,8 +122,7 @@ class Born:
     its memfd, written at ``go``)."""
 
     def __init__(self, pid: int, go: int, report: int, details: int = -1) -> None:
-        self.pid = pid  # the waiter's
-        self.job = -1  # the job's, once started
+        self.pid = pid
         self._go = go  # a byte: exec the job; end of file: exit
         self._report = report  # "+": ready; then end of file: the job's exec happened; digits: the errno it failed with
         self._details = details  # a blank's memfd, for the job's details at its go
@@ -140,8 +136,8 @@ class Born:
         return self._ready
 
     def go(self, job: Job | None = None) -> int:
-        """Start the job (a blank: ``job``, its details): its pid (``reap`` waits for it). OSError if it could not
-        start (the waiter is reaped); Gone if the waiter cannot be told."""
+        """Exec the job (a blank: ``job``, its details): its pid. OSError if the exec failed (the process is
+        reaped); Gone if it cannot be."""
         try:
             if job is not None:
                 _write_all(self._details, marshal.dumps(job))  # trusted: only this shim writes it
@@ -155,22 +151,12 @@ class Born:
             self._close()
         if not self._ready:
             report = report.removeprefix(b"+")
-        if report.startswith(b"p"):
-            self.job = int(report[1:])
-            return self.job
         if report:
             os.waitpid(self.pid, 0)
             if report.startswith(b"W"):
                 raise Gone(f"its waiter could not start: {os.strerror(int(report[1:] or 5))}")
             raise _failure(report)
-        raise Gone(f"its waiter {self.pid} ended without a word")
-
-    def reap(self) -> int:
-        """Wait for the job ``go`` started to end: its exit status (negative: the signal that ended it). The
-        waiter is reaped first: until it has exited, the job is its child, not this process's."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        return os.waitstatus_to_exitcode(os.waitpid(self.job, 0)[1])
+        return self.pid
 
     def abandon(self) -> None:
         """Let it go without running anything: it exits at the end of file, and is reaped."""
@@ -206,7 +192,6 @@ def details(argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: 
 
 
 def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None) -> Born:
-    _subreaper()
     memfd = os.memfd_create("gpuq-job", os.MFD_CLOEXEC)
     go_read, go_write = os.pipe()
     report_read, report_write = os.pipe()
@@ -225,18 +210,6 @@ def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None)
         os.close(memfd)
         memfd = -1
     return Born(pid, go_write, report_read, memfd)
-
-
-_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-
-
-@functools.cache
-def _subreaper() -> None:
-    """Make this process a child subreaper (Linux 3.4+), once: a job its waiter spawned, orphaned when the
-    waiter exits, comes to it to be reaped. Unsupported if it cannot be (the job would go to init)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # a job is then cloned at its start instead
-        raise Unsupported(f"a child subreaper: {os.strerror(ctypes.get_errno())}")
 
 
 def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:

@@ -23,7 +23,6 @@ from typing import Any
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
 from gpuq_scheduler.launcher.supervisor import intocgroup, spawncg
-from gpuq_scheduler.launcher.supervisor.waiter import Job
 
 # CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
 # its user may not. The job's cwd is entered by this shell instead, already running as the user.
@@ -86,26 +85,21 @@ def spawn_ready(ready: spawncg.Prepared) -> tuple[int, float | None, Callable[[]
     return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reaper(pid)
 
 
-def spawn_born(born: intocgroup.Born, job: Job | None = None) -> tuple[int, float | None, Callable[[], int]]:
-    """``spawn``, for a job whose waiter was born in its cgroup ahead (``intocgroup.prepare``, a blank given
-    ``job``): told to go now, it spawns the job there."""
+def born_ahead(
+    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int, cgroup: str
+) -> tuple[intocgroup.Born, float | None]:
+    """The process that will run the job as ``spawn`` would start it in ``cgroup``, cloned there now and
+    waiting to exec (``intocgroup.Born.go``), and its start time: the job's first process is this one."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    pid = born.go(job)
-    return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), born.reap
+    born = intocgroup.prepare(cgroup, argv, cwd, env, credentials, output)
+    return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
 
 
-def reap_strays(keep: set[int]) -> None:
-    """Reap this process's children that have ended, but those in ``keep``. A shim that made a waiter is a
-    child subreaper (``intocgroup``): its jobs' orphans come to it, and are ended with their job."""
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as handle:
-            children = [int(word) for word in handle.read().split()]
-    except OSError:
-        return
-    for pid in children:
-        if pid not in keep:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+def born_blank(output: int, cgroup: str, inode: int) -> tuple[intocgroup.Born, float | None]:
+    """``born_ahead`` for a job not known yet (``intocgroup.blank``): its details come with its go."""
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    born = intocgroup.blank(cgroup, output, inode)
+    return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
 
 
 def reaper(pid: int) -> Callable[[], int]:

@@ -50,7 +50,7 @@ from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.supervisor import ahead, containment, starting
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
-from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, reap_strays
+from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
@@ -276,7 +276,6 @@ def _supervise(
     contained = containment.end(launch.box, pid, _SETTLE if reason is not Stop.NONE else 0.0, remove=False)
     if launch.box is None:
         _signal_group(pid, signal.SIGKILL)
-    reap_strays(ahead.waiters())  # the job's orphans, if they came to this shim, ended with it
     if out_read in watched:
         output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
     for fd in (pidfd, out_read, log_fd):

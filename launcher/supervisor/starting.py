@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup, spawncg
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK
-from gpuq_scheduler.launcher.supervisor.processes import spawn, spawn_born, spawn_ready
+from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn, spawn_ready
 from gpuq_scheduler.launcher.supervisor.waiter import Job
 
 
@@ -42,7 +42,7 @@ def start(
         job = None if waiting is None else _for_blank(waiting, box, name, argv, cwd, env, credentials)
     if waiting is not None:
         try:
-            return (*spawn_born(waiting.born, job), waiting.output)
+            return waiting.born.go(job), waiting.start, reaper(waiting.born.pid), waiting.output
         except intocgroup.Gone:  # it ended before its turn (a signal): started afresh below
             os.close(waiting.output)
         except OSError as err:

@@ -1,15 +1,17 @@
-"""The waiter: a job's first process's parent, born in the job's cgroup ahead of its turn (``intocgroup.prepare``),
-until then a small interpreter of its own rather than a copy of the shim.
+"""The waiter: a job's first process, born in its cgroup ahead of its turn (``intocgroup.prepare``), until
+then a small interpreter of its own rather than a copy of the shim.
 
 Run as a script (``python -I -S waiter.py GO REPORT DETAILS OUTPUT``): it imports nothing of gpuq's and
 nothing from the job's environment reaches it. It reads the job's details (marshalled by the shim into the
 memfd DETAILS), writes ``+`` down REPORT (ready), waits for one byte on GO (end of file: it exits, nothing
-run), and then starts the job (``spawn``): posix_spawn, a vfork, whose child is born in the waiter's cgroup,
-its pid written down REPORT, and exits. Its own exec would tear down its interpreter first: 1.54 ms from the
-go to the job's first clock read on the 2-core VM, against 0.95 for posix_spawn (bench/waiter_go.py,
-2026-11-27). The job, orphaned, comes to the shim, a child subreaper (``intocgroup``), which reaps it. If the
-job cannot start, the errno is written instead. A *blank* (``intocgroup.blank``: born for the job a queue
+run), and then becomes the job as the shim's clone would (``become``). REPORT closes at the job's exec; if the
+exec fails, the errno is written there instead. A *blank* (``intocgroup.blank``: born for the job a queue
 expects next, before it is submitted) finds DETAILS empty at first, and reads them once told to go.
+
+It imports only modules built into the interpreter: ``posix`` for ``os`` (the same functions) and ``_signal``
+for ``signal``, whose enums pull in enum, functools and collections. A waiter is born for every job handed
+off, and those imports took 6 of its 15 ms of CPU on the 2-core VM, where the jobs starting on the other GPUs
+want the same cores; a smaller interpreter is also less to tear down at the job's exec.
 """
 
 from __future__ import annotations
@@ -45,22 +47,6 @@ def become(job: Job, output: int, report: int) -> None:
     posix.execve(program, argv, env)
 
 
-def spawn(job: Job, output: int) -> int:
-    """Start the job as ``become`` would exec it, by posix_spawn from this process: its pid. The credentials and
-    directory are this process's first (it exits next); the job inherits no descriptor of it but stdin (from
-    /dev/null), stdout and stderr (``output``), each of the others being close-on-exec. OSError if it cannot."""
-    program, argv, env, cwd, credentials = job
-    if credentials is not None:
-        user, group, groups = credentials
-        posix.setgroups(groups)
-        posix.setregid(group, group)
-        posix.setreuid(user, user)
-    posix.chdir(cwd)
-    actions = [(posix.POSIX_SPAWN_OPEN, 0, "/dev/null", posix.O_RDONLY, 0), (posix.POSIX_SPAWN_DUP2, output, 1),
-               (posix.POSIX_SPAWN_DUP2, output, 2)]  # fmt: skip
-    return posix.posix_spawn(program, argv, env, file_actions=actions, setsid=True)
-
-
 def close_all_but(*kept: int) -> None:
     """Close every descriptor from 3 up but ``kept``."""
     low = 3
@@ -74,8 +60,7 @@ def main(go: int, report: int, details: int, output: int) -> None:
     signals = __import__("_signal")  # set up now, while the job ahead runs, rather than at the job's turn
     for signum in (signals.SIGPIPE, signals.SIGXFSZ):  # ignored by Python at start-up; the job gets defaults
         signals.signal(signum, signals.SIG_DFL)
-    for fd in (go, report, details, output):  # none reaches the job (output only as its stdout and stderr)
-        posix.set_inheritable(fd, False)
+    posix.set_inheritable(report, False)
     job = _details(details)  # None: a blank's, written at its go
     posix.write(report, b"+")
     code = errno.EIO
@@ -85,10 +70,7 @@ def main(go: int, report: int, details: int, output: int) -> None:
         job = job or _details(details)
         if job is None:
             raise OSError(errno.EINVAL, "told to go with no job")
-        pid = spawn(job, output)
-        posix.write(report, b"p%d" % pid)
-        posix.close(report)  # the shim goes on now, not once this interpreter is torn down
-        posix._exit(0)
+        become(job, output, report)
     except OSError as err:
         code = err.errno or errno.EIO
     posix.write(report, str(code).encode())

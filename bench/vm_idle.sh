@@ -3,7 +3,7 @@
 # bench/device_gap.sh): bench/idle_timeline.py (as root, tracefs) and workload B, two rounds.
 #   sudo bash bench/vm_idle.sh OUT NAME=REV...    e.g. bash bench/vm_idle.sh /tmp/idle base=5bb972f now=main
 # Each revision runs from a temporary git worktree, installed as users get it (bench.peers.gpuq.install_regular).
-# Results: OUT/NAME-ROUND.json (the timeline's milestones), OUT/harness-NAME-ROUND/, OUT/summary.txt.
+# NO_B=1: the timeline only. Results: OUT/NAME-ROUND.json (the timeline's milestones), OUT/harness-NAME-ROUND/, OUT/summary.txt.
 set -u
 out=$1; shift
 mkdir -p "$out"
@@ -27,6 +27,7 @@ for round in 1 2; do
   for pair in "$@"; do name=${pair%%=*}
     (cd $tmp/$name && GPUQ_BENCH_COMMAND=$(cat $tmp/cmd-$name) timeout 300 $python $here/bench/idle_timeline.py --label "$name-$round" --runs 10 --out "$out" 2>&1 | tail -4 | sed "s/^/$name round $round: /")
   done
+  [ -n "${NO_B:-}" ] && continue
   for pair in "$@"; do name=${pair%%=*}
     (cd $tmp/$name && GPUQ_BENCH_COMMAND=$(cat $tmp/cmd-$name) timeout 300 $python bench/harness.py --tools gpuq --workloads B --repeat 3 --out "$out/harness-$name-$round" 2>&1 | grep " gpuq:" | sed "s/^/$name round $round: /")
   done

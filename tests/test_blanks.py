@@ -9,7 +9,7 @@ cloned), on a cgroup v2 hierarchy gpuq can write to (CI: root).
 
 from __future__ import annotations
 
-import os
+import time
 from pathlib import Path
 
 from gpuq_scheduler.launcher.supervisor.processes import start_time
@@ -28,20 +28,11 @@ def cgroups(queue: Gpuq) -> set[str]:
     return {path.name for path in Path(group(queue)).glob("job-*")}
 
 
-def blank(queue: Gpuq, job_id: int) -> int:
-    """The waiter born for job ``job_id`` before its submit: the one process in its cgroup."""
-    procs = Path(group(queue), f"job-{job_id}", "cgroup.procs")
-
-    def waiting() -> list[int]:
-        try:
-            return [int(word) for word in procs.read_text().split()]
-        except OSError:
-            return []
-
-    wait_for(lambda: len(waiting()) == 1, 10, f"a blank for job {job_id}")
-    (pid,) = waiting()
-    wait_for(lambda: b"gpuq: waiting for its turn" in Path(f"/proc/{pid}/cmdline").read_bytes(), 10, "its waiter")
-    return pid
+def idle_with_blank(queue: Gpuq) -> tuple[int, int]:
+    """A job run to its end on the idle queue (it starts the daemon), and the blank then born for the next id."""
+    first = queue.submit("true")
+    queue.wait_state(first, "succeeded")
+    return first, born(queue, first + 1)
 
 
 def no_waiters_left(pids: list[int]) -> bool:
@@ -51,27 +42,24 @@ def no_waiters_left(pids: list[int]) -> bool:
 @needs_cgroup2
 def test_a_job_submitted_to_an_idle_queue_runs_as_the_blank_born_for_it(one_gpu: Gpuq) -> None:
     queue = one_gpu
-    first = queue.submit("true")  # starts the daemon
-    queue.wait_state(first, "succeeded")
-    waiting = blank(queue, first + 1)
-    born = start_time(waiting)
+    first, waiting = idle_with_blank(queue)
+    birth = start_time(waiting)  # seconds since boot
+    submitted = time.clock_gettime(time.CLOCK_BOOTTIME)
     second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
     assert second == first + 1
     job = queue.wait_state(second, "succeeded")
     assert int((queue.cwd / "job.pid").read_text()) == waiting  # that process, told to go with its details
     assert job["exit_code"] == 0
-    assert born is not None and born < start_time(os.getpid()) + 1e9  # born before the submit, not at it
+    assert birth is not None and birth < submitted  # born before the submit, not at it
     # The next blank is born for the id after it; the job's own cgroup went with it.
-    blank(queue, second + 1)
+    born(queue, second + 1)
     assert f"job-{second}" not in cgroups(queue)
 
 
 @needs_cgroup2
 def test_a_blank_whose_guess_missed_ends_and_its_cgroup_goes(one_gpu: Gpuq) -> None:
     queue = one_gpu
-    first = queue.submit("true")
-    queue.wait_state(first, "succeeded")
-    missed = blank(queue, first + 1)
+    first, missed = idle_with_blank(queue)
     array = queue.submit("--array", "0-1", "--", "sh", "-c", 'echo $$ >> "$1"', "job", str(queue.cwd / "jobs.pid"))
     # The array took that id, and its members the ones after: no job has it, so the blank and its cgroup go.
     assert array == first + 1
@@ -91,7 +79,7 @@ def test_a_blank_whose_job_is_staged_behind_a_running_one_ends_there_and_the_job
     queue.wait_state(first, "succeeded")
     holder = queue.submit("sleep", "30")  # takes the blank for its id, and the GPU
     queue.wait_state(holder, "running")
-    next_blank = blank(queue, holder + 1)  # nothing waits: a blank for the next id
+    next_blank = born(queue, holder + 1)  # nothing waits: a blank for the next id
     staged = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
     assert staged == holder + 1
     # Staged behind the running job, it is born ahead by that job's shim in its cgroup made afresh, which
@@ -108,9 +96,7 @@ def test_a_blank_whose_job_is_staged_behind_a_running_one_ends_there_and_the_job
 @needs_cgroup2
 def test_nothing_of_a_blank_outlives_its_daemon(one_gpu: Gpuq) -> None:
     queue = one_gpu
-    first = queue.submit("true")
-    queue.wait_state(first, "succeeded")
-    waiting = blank(queue, first + 1)
+    _, waiting = idle_with_blank(queue)
     where = Path(group(queue))
     queue.run("daemon", "stop")
     wait_for(lambda: no_waiters_left([waiting]), 10, "the blank to end with its daemon")
@@ -120,9 +106,7 @@ def test_nothing_of_a_blank_outlives_its_daemon(one_gpu: Gpuq) -> None:
 @needs_cgroup2
 def test_a_blank_left_by_a_killed_daemon_ends_and_the_next_daemon_runs_the_job(one_gpu: Gpuq) -> None:
     queue = one_gpu
-    first = queue.submit("true")
-    queue.wait_state(first, "succeeded")
-    waiting = blank(queue, first + 1)
+    _, waiting = idle_with_blank(queue)
     queue.kill_daemon()
     wait_for(lambda: no_waiters_left([waiting]), 10, "the blank to end once its shim is told nothing more")
     second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))  # a new daemon

@@ -39,7 +39,8 @@ WRITES_ITS_PID = 'echo $$ > "$1"'
 
 
 def born(queue: Gpuq, job_id: int) -> int:
-    """The one process waiting in staged job ``job_id``'s cgroup: its waiter, not yet the job."""
+    """The one process waiting in job ``job_id``'s cgroup: its waiter (a staged job's, or a blank born for the
+    job before its submit), not yet the job."""
     procs = Path(group(queue), f"job-{job_id}", "cgroup.procs")
 
     def waiting() -> list[int]:
@@ -50,7 +51,8 @@ def born(queue: Gpuq, job_id: int) -> int:
 
     wait_for(lambda: len(waiting()) == 1, 10, f"job {job_id}'s process born ahead")
     (pid,) = waiting()
-    assert b"gpuq: waiting for its turn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # Cloned there, it is a copy of its shim until it execs the waiter.
+    wait_for(lambda: b"gpuq: waiting for its turn" in Path(f"/proc/{pid}/cmdline").read_bytes(), 10, "its waiter")
     return pid
 
 

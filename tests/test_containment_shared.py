@@ -130,7 +130,9 @@ def test_a_users_job_on_an_idle_shared_queue_runs_as_the_blank_root_held_for_its
     in that job's cgroup that takes its user's credentials only at its go (launcher.daemon.blanks). Mallory's
     job runs as that process, as mallory, never as root."""
     _start(queue)
-    group = json.loads((queue.home / "gpus.json").read_text())["containment"]["group"]
+    inventory = queue.home / "gpus.json"  # written once the daemon has looked at its GPUs and containment
+    wait_for(inventory.exists, 20, "the daemon's record of its containment")
+    group = json.loads(inventory.read_text())["containment"]["group"]
     procs = Path(group, "job-1", "cgroup.procs")
     wait_for(lambda: procs.exists() and procs.read_text().split(), 20, "a blank for job 1")
     (blank,) = (int(word) for word in procs.read_text().split())

@@ -36,15 +36,18 @@ def expected(scheduler: SchedulerState) -> int | None:
 def wanted(scheduler: SchedulerState) -> bool:
     """Whether the blank is not the one the queue wants or not where it should be, or cgroups of blanks let go
     are left to remove."""
-    shims = scheduler.shims
-    return shims.untidy or shims.blank_misplaced or expected(scheduler) != shims.blank_for
+    return scheduler.shims.untidy or _stale(scheduler, expected(scheduler))
+
+
+def _stale(scheduler: SchedulerState, job_id: int | None) -> bool:
+    return job_id != scheduler.shims.blank_for or scheduler.shims.blank_misplaced
 
 
 def keep(scheduler: SchedulerState) -> None:
     """Hold a blank for the job expected next (or none), and remove those let go. Called as spares are
     forked: once nothing happened for a moment, not while jobs just started want the CPU."""
     job_id = expected(scheduler)
-    if job_id != scheduler.shims.blank_for or scheduler.shims.blank_misplaced:
+    if _stale(scheduler, job_id):
         if job_id is None:
             scheduler.shims.unblank()
         else:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
 from gpuq_scheduler.launcher.supervisor import containment, intocgroup, spawncg
-from gpuq_scheduler.launcher.supervisor.processes import born_ahead, born_blank, open_log
+from gpuq_scheduler.launcher.supervisor.processes import born_ahead, open_log
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,32 @@ def clone(
             return
         _made[job_id] = (box, out_read, out_write, ready)
         return
+    cgroup = box.cgroup
     try:
         containment.make(box)
-        born, start = born_ahead(argv, cwd, env, credentials, out_write, box.cgroup)
+    except OSError:
+        os.close(out_read)
+        os.close(out_write)
+        return
+    made = _born(lambda: intocgroup.prepare(cgroup, argv, cwd, env, credentials, out_write), box, output)
+    if made is None:
+        containment.discard(box)  # as above: a drop must not leave it behind
+    else:
+        _waiting[job_id] = made
+
+
+def _born(make: Callable[[], intocgroup.Born], box: containment.Box, output: tuple[int, int]) -> Waiting | None:
+    """The waiter ``make`` clones, writing to the pipe ``output`` (both ends taken over); None if it cannot be
+    (the job is started when its turn comes, which says why if it still cannot)."""
+    out_read, out_write = output
+    try:
+        born, start = born_ahead(make)
     except (OSError, intocgroup.Unsupported):
         os.close(out_read)
-        return
+        return None
     finally:
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
-    _waiting[job_id] = Waiting(born, start, out_read, box)
+    return Waiting(born, start, out_read, box)
 
 
 def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]) -> None:
@@ -110,16 +128,11 @@ def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]
     elsewhere, the job makes it afresh there, which ends the blank. Where the clone fails, the job is started
     as any other."""
     drop_blank()
-    out_read, out_write = output
-    assert box.cgroup is not None
-    try:
-        born, start = born_blank(out_write, box.cgroup, inode)
-    except (OSError, intocgroup.Unsupported):
-        os.close(out_read)
-        return
-    finally:
-        os.close(out_write)
-    _blank[job_id] = Waiting(born, start, out_read, box)
+    cgroup = box.cgroup
+    assert cgroup is not None
+    made = _born(lambda: intocgroup.blank(cgroup, output[1], inode), box, output)
+    if made is not None:
+        _blank[job_id] = made
 
 
 def blank_for(job_id: int, box: containment.Box) -> Waiting | None:
@@ -186,8 +199,7 @@ def drop() -> None:
                 os.unlink(path)
         os.close(fd)
     for job in _waiting.values():
-        job.born.abandon()
-        os.close(job.output)
+        let_go(job)
         containment.end(job.box, -1)  # its cgroup goes: the job may start elsewhere, in a cgroup made afresh
     for box, out_read, out_write, ready in _made.values():
         ready.close()

@@ -85,20 +85,12 @@ def spawn_ready(ready: spawncg.Prepared) -> tuple[int, float | None, Callable[[]
     return pid, started_between(pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME)), reaper(pid)
 
 
-def born_ahead(
-    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int, cgroup: str
-) -> tuple[intocgroup.Born, float | None]:
-    """The process that will run the job as ``spawn`` would start it in ``cgroup``, cloned there now and
-    waiting to exec (``intocgroup.Born.go``), and its start time: the job's first process is this one."""
+def born_ahead(make: Callable[[], intocgroup.Born]) -> tuple[intocgroup.Born, float | None]:
+    """A job's waiter, made by ``make`` (``intocgroup.prepare``, or ``intocgroup.blank`` for a job not known yet),
+    cloned into the job's cgroup now and waiting to exec (``intocgroup.Born.go``), and its start time: the job's
+    first process is this one."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    born = intocgroup.prepare(cgroup, argv, cwd, env, credentials, output)
-    return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
-
-
-def born_blank(output: int, cgroup: str, inode: int) -> tuple[intocgroup.Born, float | None]:
-    """``born_ahead`` for a job not known yet (``intocgroup.blank``): its details come with its go."""
-    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    born = intocgroup.blank(cgroup, output, inode)
+    born = make()
     return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
 
 

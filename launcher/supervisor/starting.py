@@ -36,7 +36,8 @@ def start(
     """Start job ``job_id``'s first process (``name``: its program as the user gave it): its pid, start time,
     what reaps it, and the read end of its stdout and stderr. ``handed``: it follows the job that just ended
     here, and may have been born ahead. NotStarted says what could not be made or run."""
-    waiting, job = ahead.waiting(job_id) if handed else None, None
+    job: Job | None = None  # a blank's details, given at its go
+    waiting = ahead.waiting(job_id) if handed else None
     if not handed and box is not None and (credentials or not spawncg.usable()):  # else the C library is cheaper
         waiting = ahead.blank_for(job_id, box)  # born for it before it was submitted: given its details now
         job = None if waiting is None else _for_blank(waiting, box, name, argv, cwd, env, credentials)

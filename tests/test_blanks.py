@@ -9,14 +9,24 @@ cloned), on a cgroup v2 hierarchy gpuq can write to (CI: root).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from gpuq_scheduler.launcher.daemon.outcomes import read_exit
+from gpuq_scheduler.launcher.daemon.shims import Shim
+from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.processes import start_time
+from gpuq_scheduler.launcher.supervisor.shim import Blank, Launch
 from tests import test_born_ahead
 from tests.conftest import Gpuq, wait_for
 from tests.test_born_ahead import born, group
-from tests.test_containment import alive, needs_cgroup2
+from tests.test_containment import MOUNT, alive, needs_cgroup2
 from tests.test_handoff import staged_behind
 
 one_gpu = test_born_ahead.one_gpu  # the fixture: a queue of one fake GPU whose jobs are cloned
@@ -112,3 +122,56 @@ def test_a_blank_left_by_a_killed_daemon_ends_and_the_next_daemon_runs_the_job(o
     second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))  # a new daemon
     queue.wait_state(second, "succeeded")
     assert int((queue.cwd / "job.pid").read_text()) != waiting
+
+
+@pytest.fixture
+def queue_cgroup() -> Iterator[Path]:
+    """A queue's cgroup of its own, as a daemon makes it, removed with what is left in it."""
+    assert MOUNT is not None
+    path = Path(MOUNT) / f"gpuq-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    yield path
+    for below in sorted(path.glob("job-*")):
+        containment.end(containment.Box("test", str(below)), -1)
+    path.rmdir()
+
+
+@needs_cgroup2
+def test_a_shim_whose_blank_died_starts_its_job_afresh_and_serves_on(
+    queue_cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blank ends when its job's cgroup is made afresh elsewhere (the job was staged behind a running job,
+    then taken back). Sent that job after all, its shim finds the blank gone when it tells it to go: it starts
+    the job afresh, and lives on. (The shim once took SIGPIPE's default, and died of that write; the daemon
+    requeued the job as interrupted.)"""
+    monkeypatch.setenv("GPUQ_SPAWN", "clone")  # blanks are given jobs only where jobs are cloned
+    box = containment.Box("test/7", str(queue_cgroup / "job-7"))
+    containment.make(box)
+    shim = Shim()  # a fork of this process, as of the daemon
+    try:
+        assert shim.blank(Blank(7, box, os.stat(str(box.cgroup)).st_ino))
+        procs = Path(str(box.cgroup), "cgroup.procs")
+        wait_for(lambda: procs.read_text().split(), 10, "the blank to be born")
+        (blank,) = (int(word) for word in procs.read_text().split())
+        wchan = Path(f"/proc/{blank}/wchan")
+        wait_for(lambda: "pipe_read" in wchan.read_text(), 10, "the blank to wait for its go")
+        containment.make(box)  # as the shim the job was staged at makes it: the blank is killed there
+        assert not alive(blank)
+        run = tmp_path / "run"
+        run.mkdir()
+        launch = Launch(
+            7, ["sh", "-c", 'echo $$ > "$0"', str(tmp_path / "job.pid")], {"PATH": os.defpath}, str(tmp_path),
+            str(tmp_path / "7.log"), str(run / "7.exit"), str(run / "7.pid"), tmp_path / "wake.fifo", None, 1.0,
+            box=box,
+        )  # fmt: skip
+        shim.start(launch)
+        wait_for(lambda: read_exit(launch.exit_file), 10, "the job's exit file")
+        ended = read_exit(launch.exit_file)
+        assert ended is not None and ended.started and ended.exit_code == 0 and ended.spawn_error is None
+        assert int((tmp_path / "job.pid").read_text()) != blank
+        assert shim.alive()  # and idle again: it serves the next job
+    finally:
+        shim.abandon()
+        wait_for(lambda: not alive(shim.pid), 10, "the shim to exit")
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(shim.pid, 0)

@@ -197,6 +197,8 @@ class Shims:
         shim = self._busy.get(after)
         if shim is None:
             return False
+        if self.blank_for == launch.job_id:
+            self.unblank()  # that shim makes the job's cgroup afresh, which ends the blank: its holder lets it go
         shim.stage(launch)
         return True
 

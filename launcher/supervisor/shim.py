@@ -52,7 +52,11 @@ from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
 from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 
-_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+# The daemon's handlers go. SIGPIPE stays ignored, as Python has it: a write to a waiter that died (a blank
+# whose cgroup was made afresh when its job was staged elsewhere) must fail with EPIPE, which the shim handles,
+# not end the shim, which would requeue the job as interrupted. Every way a job is started gives it SIGPIPE's
+# default back.
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 _SETTLE = 0.5  # seconds the processes of a job gpuq signalled get to end by themselves before they are counted
 _TIDY = 0.05  # seconds after a hand-off before the shim removes the cgroup of the job that ended

@@ -20,11 +20,11 @@ import pytest
 
 from gpuq_scheduler.launcher.daemon.outcomes import read_exit
 from gpuq_scheduler.launcher.daemon.shims import Shim
-from gpuq_scheduler.launcher.supervisor import containment
+from gpuq_scheduler.launcher.supervisor import containment, spawncg
 from gpuq_scheduler.launcher.supervisor.processes import start_time
 from gpuq_scheduler.launcher.supervisor.shim import Blank, Launch
 from tests import test_born_ahead
-from tests.conftest import Gpuq, wait_for
+from tests.conftest import Gpuq, make_env, wait_for
 from tests.test_born_ahead import born, group
 from tests.test_containment import MOUNT, alive, needs_cgroup2
 from tests.test_handoff import staged_behind
@@ -136,31 +136,44 @@ def queue_cgroup() -> Iterator[Path]:
     path.rmdir()
 
 
+SPAWNS = pytest.mark.skipif(
+    not spawncg.usable(), reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can)"
+)
+# Where jobs are cloned, a blank is a waiter; where the C library spawns into a cgroup, the spawn built.
+KINDS = ("waiter", pytest.param("spawn", marks=SPAWNS))
+
+
 @needs_cgroup2
-def test_a_shim_whose_blank_died_starts_its_job_afresh_and_serves_on(
-    queue_cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_shim_whose_blank_is_gone_starts_its_job_afresh_and_serves_on(
+    queue_cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """A blank ends when its job's cgroup is made afresh elsewhere (the job was staged behind a running job,
-    then taken back). Sent that job after all, its shim finds the blank gone when it tells it to go: it starts
-    the job afresh, and lives on. (The shim once took SIGPIPE's default, and died of that write; the daemon
-    requeued the job as interrupted.)"""
-    monkeypatch.setenv("GPUQ_SPAWN", "clone")  # blanks are given jobs only where jobs are cloned
+    """A blank's cgroup made afresh elsewhere (its job was staged behind a running job, then taken back) ends a
+    waiter there, and is no longer the one a spawn was built for. Sent that job after all, its shim starts the
+    job afresh, and lives on. (The shim once took SIGPIPE's default, and died of its write to the waiter that
+    had ended; the daemon requeued the job as interrupted.)"""
+    if kind == "waiter":
+        monkeypatch.setenv("GPUQ_SPAWN", "clone")  # a waiter is given jobs only where jobs are cloned
     box = containment.Box("test/7", str(queue_cgroup / "job-7"))
     containment.make(box)
+    blank_inode = os.stat(str(box.cgroup)).st_ino
     shim = Shim()  # a fork of this process, as of the daemon
     try:
-        assert shim.blank(Blank(7, box, os.stat(str(box.cgroup)).st_ino))
+        assert shim.blank(Blank(7, box, blank_inode, spawned=kind == "spawn"))
         procs = Path(str(box.cgroup), "cgroup.procs")
-        wait_for(lambda: procs.read_text().split(), 10, "the blank to be born")
-        (blank,) = (int(word) for word in procs.read_text().split())
-        wchan = Path(f"/proc/{blank}/wchan")
-        wait_for(lambda: "pipe_read" in wchan.read_text(), 10, "the blank to wait for its go")
-        containment.make(box)  # as the shim the job was staged at makes it: the blank is killed there
-        assert not alive(blank)
+        if kind == "waiter":
+            wait_for(lambda: procs.read_text().split(), 10, "the blank to be born")
+            (blank,) = (int(word) for word in procs.read_text().split())
+            wchan = Path(f"/proc/{blank}/wchan")
+            wait_for(lambda: "pipe_read" in wchan.read_text(), 10, "the blank to wait for its go")
+        containment.make(box)  # as the shim the job was staged at makes it: a waiter is killed there
+        if kind == "waiter":
+            assert not alive(blank)
         run = tmp_path / "run"
         run.mkdir()
+        job = f'stat -c %i "{MOUNT}$(sed -n "s/^0:://p" /proc/self/cgroup)" > "$0"'  # its cgroup v2
         launch = Launch(
-            7, ["sh", "-c", 'echo $$ > "$0"', str(tmp_path / "job.pid")], {"PATH": os.defpath}, str(tmp_path),
+            7, ["sh", "-c", job, str(tmp_path / "job.inode")], {"PATH": os.defpath}, str(tmp_path),
             str(tmp_path / "7.log"), str(run / "7.exit"), str(run / "7.pid"), tmp_path / "wake.fifo", None, 1.0,
             box=box,
         )  # fmt: skip
@@ -168,10 +181,39 @@ def test_a_shim_whose_blank_died_starts_its_job_afresh_and_serves_on(
         wait_for(lambda: read_exit(launch.exit_file), 10, "the job's exit file")
         ended = read_exit(launch.exit_file)
         assert ended is not None and ended.started and ended.exit_code == 0 and ended.spawn_error is None
-        assert int((tmp_path / "job.pid").read_text()) != blank
+        ran_in = int((tmp_path / "job.inode").read_text())
+        assert ran_in != blank_inode  # in its cgroup made afresh
         assert shim.alive()  # and idle again: it serves the next job
     finally:
         shim.abandon()
         wait_for(lambda: not alive(shim.pid), 10, "the shim to exit")
         with contextlib.suppress(ChildProcessError):
             os.waitpid(shim.pid, 0)
+
+
+@needs_cgroup2
+@SPAWNS
+def test_where_the_c_library_spawns_into_a_cgroup_an_idle_start_takes_the_cgroup_made_before_its_submit(
+    tmp_path: Path,
+) -> None:
+    """No waiter there: the daemon makes the next job's cgroup while nothing waits, empty, and an idle shim builds
+    the C library's spawn into it; the job submitted then runs in that very cgroup."""
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    queue = Gpuq(home, make_env(home, fake="1x80GiB"), work)
+    try:
+        first = queue.submit("true")
+        queue.wait_state(first, "succeeded")
+        cgroup = Path(group(queue), f"job-{first + 1}")
+        wait_for(cgroup.exists, 10, f"job {first + 1}'s cgroup made before its submit")
+        made = cgroup.stat().st_ino
+        assert (cgroup / "cgroup.procs").read_text() == ""
+        job = f'stat -c %i "{MOUNT}$(sed -n "s/^0:://p" /proc/self/cgroup)" > "$0"'  # its cgroup v2
+        second = queue.submit("--", "sh", "-c", job, str(work / "job.inode"))
+        assert second == first + 1
+        queue.wait_state(second, "succeeded")
+        assert int((work / "job.inode").read_text()) == made
+        wait_for(lambda: Path(group(queue), f"job-{second + 1}").exists(), 10, "the next job's cgroup")
+        assert not cgroup.exists()
+    finally:
+        queue.cleanup()

@@ -1,15 +1,20 @@
-"""Blanks: the first process of the job a queue expects next, born before that job is submitted.
+"""Blanks: the start of the job a queue expects next, made before that job is submitted.
 
-A job that starts on an idle GPU cannot be born ahead as a staged one is (``launcher.supervisor.ahead``): its
+A job that starts on an idle GPU cannot be made ahead as a staged one is (``launcher.supervisor.ahead``): its
 cgroup is named by its id, and cgroup v2 refuses to rename a cgroup. But the id is known before the submit:
 a personal queue's clients take it from ``next_id``, a shared queue's daemon gives it. So while nothing waits,
-an idle shim holds a *blank* for that id: a waiter (``launcher.supervisor.waiter``) cloned into the job's
-cgroup, made by the daemon, whose details come with its go. The next job then only execs, as a hand-off does.
+the daemon makes that job's cgroup and an idle shim holds a *blank* for that id there:
 
-Only where jobs are cloned (the C library cannot spawn into a cgroup: glibc before 2.39; or a shared queue,
-whose jobs run as their users); elsewhere a vfork at the start is cheaper than a waiter's exec. A guess that
-misses (an array took the id, a job waits instead) costs the blank: it is ended and its cgroup removed, never
-while the job it was born for is in a shim's hands (that shim makes the cgroup afresh, ending the blank).
+* where jobs are cloned (the C library cannot spawn into a cgroup, glibc before 2.39; or a shared queue, whose
+  jobs run as their users), a waiter (``launcher.supervisor.waiter``) cloned into the cgroup, whose details
+  come with its go: the next job then only execs, as a hand-off does;
+* elsewhere, the C library's spawn into the cgroup, built (``spawncg.Prepared``): the next job then pays
+  neither the cgroup's mkdir nor the spawn's set-up, only ``posix_spawn``. A waiter's exec would cost more
+  than the C library's vfork there.
+
+A guess that misses (an array took the id, a job waits instead) costs the blank: it is ended and its cgroup
+removed, never while the job it was made for is in a shim's hands (that shim makes the cgroup afresh, ending
+a waiter; a spawn built for the cgroup gone is not used).
 """
 
 from __future__ import annotations
@@ -19,18 +24,22 @@ from gpuq_scheduler.launcher.supervisor import containment, spawncg
 
 
 def expected(scheduler: SchedulerState) -> int | None:
-    """The id the next submit gets, if a blank for it would pay: jobs are cloned here and none waits."""
+    """The id the next submit gets, where jobs have cgroups and none waits."""
     if scheduler.containment.kind != containment.CGROUP or scheduler.pending:
         return None
     if scheduler.shared is not None:
         return scheduler.next_id
-    if spawncg.usable():
-        return None
     try:
         raw = scheduler.state.next_id.read_bytes().strip()
     except OSError:
         return None
     return int(raw) if raw.isdigit() else None
+
+
+def spawned(scheduler: SchedulerState) -> bool:
+    """Whether a blank here is the C library's spawn built, rather than a waiter: jobs run as the daemon's
+    user (a personal queue) and the C library spawns into a cgroup."""
+    return scheduler.shared is None and spawncg.usable()
 
 
 def wanted(scheduler: SchedulerState) -> bool:
@@ -51,7 +60,7 @@ def keep(scheduler: SchedulerState) -> None:
         if job_id is None:
             scheduler.shims.unblank()
         else:
-            scheduler.shims.blank(job_id, scheduler.containment.box(job_id))
+            scheduler.shims.blank(job_id, scheduler.containment.box(job_id), spawned(scheduler))
     scheduler.shims.tidy(sent(scheduler))
 
 

@@ -124,18 +124,18 @@ class Shims:
         self._busy[job_id] = shim
         return shim
 
-    def blank(self, job_id: int, box: containment.Box) -> None:
+    def blank(self, job_id: int, box: containment.Box, spawned: bool) -> None:
         """Have the idle shim that would be taken next hold a blank for ``job_id`` (the id the queue gives
-        next) in ``box``'s cgroup, made here: its first process is then born before the job is submitted. The
-        daemon makes and removes a blank's cgroup, as it places the job: a shim never removes one, so no shim
-        can remove the cgroup of a job sent to another."""
+        next) in ``box``'s cgroup, made here: its first process is then born before the job is submitted, or,
+        ``spawned``, the C library's spawn into it built. The daemon makes and removes a blank's cgroup, as it
+        places the job: a shim never removes one, so no shim can remove the cgroup of a job sent to another."""
         self.unblank()
         self._dropped.pop(job_id, None)  # its cgroup is made afresh below
         if not self._idle or box.cgroup is None:
             return
         with contextlib.suppress(OSError):  # none made: the job is started as any other
             containment.make(box)
-            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino)
+            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino, spawned)
             if self._idle[-1].blank(blank):
                 self._blank = (blank, self._idle[-1])
             else:

@@ -37,12 +37,27 @@ class Waiting:
     box: containment.Box
 
 
+@dataclass(frozen=True)
+class Built:
+    """A job's cgroup, made, and the C library's spawn into it built (``spawncg.Prepared``), writing to its
+    output pipe: where the job runs as the shim's user and the C library spawns into a cgroup, what is made
+    ahead instead of a waiter."""
+
+    box: containment.Box
+    output: tuple[int, int]  # its stdout and stderr: read end, write end
+    ready: spawncg.Prepared
+
+    def close(self) -> None:
+        self.ready.close()
+        for fd in self.output:
+            os.close(fd)
+
+
 _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``new_temp``): descriptor, name
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 _waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
-# A staged job's id -> its cgroup made, its output pipe (read end, write end), and its spawn built
-_made: dict[int, tuple[containment.Box, int, int, spawncg.Prepared]] = {}
-_blank: dict[int, Waiting] = {}  # at most one, while this shim is idle: the id of the job it was born for -> it
+_made: dict[int, Built] = {}  # a staged job's id -> its spawn built
+_blank: dict[int, Waiting | Built] = {}  # at most one, while this shim is idle: the id of the job it is for -> it
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -91,7 +106,7 @@ def clone(
             os.close(out_write)
             containment.discard(box)  # a drop must not leave it behind; its turn makes it again
             return
-        _made[job_id] = (box, out_read, out_write, ready)
+        _made[job_id] = Built(box, output, ready)
         return
     cgroup = box.cgroup
     try:
@@ -121,35 +136,63 @@ def _born(make: Callable[[], intocgroup.Born], box: containment.Box, output: tup
     return Waiting(born, start, out_read, box)
 
 
-def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]) -> None:
-    """Clone a blank (``intocgroup.blank``) writing to the pipe ``output`` (both ends taken over) into the
-    cgroup the daemon made for the job it expects next (``box``, its directory's ``inode``): started on an idle
-    GPU, that job then only execs. The cgroup is the daemon's to make and remove, never this shim's: sent
-    elsewhere, the job makes it afresh there, which ends the blank. Where the clone fails, the job is started
+def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int], spawned: bool) -> None:
+    """A blank writing to the pipe ``output`` (both ends taken over) in the cgroup the daemon made for the job it
+    expects next (``box``, its directory's ``inode``): a waiter cloned there (``intocgroup.blank``), after which
+    that job, started on an idle GPU, only execs; or, ``spawned`` (it will run as this shim's user, and the C
+    library spawns into a cgroup), the C library's spawn into it built, after which only ``posix_spawn`` is left.
+    The cgroup is the daemon's to make and remove, never this shim's: sent elsewhere, the job makes it afresh
+    there, which ends a waiter (a spawn built is refused there: ESTALE). Where this fails, the job is started
     as any other."""
     drop_blank()
     cgroup = box.cgroup
     assert cgroup is not None
+    if spawned:
+        try:
+            _blank[job_id] = Built(box, output, spawncg.Prepared(cgroup, output[1], inode))
+        except OSError:
+            os.close(output[0])
+            os.close(output[1])
+        return
     made = _born(lambda: intocgroup.blank(cgroup, output[1], inode), box, output)
     if made is not None:
         _blank[job_id] = made
 
 
-def blank_for(job_id: int, box: containment.Box) -> Waiting | None:
-    """The blank born for ``job_id`` in ``box``'s cgroup if this shim holds one that is up and waiting (the
-    caller owns it now). One still starting is left to end with its cgroup: the job is started afresh."""
+def blank_for(job_id: int, box: containment.Box) -> Waiting | Built | None:
+    """The blank made for ``job_id`` in ``box``'s cgroup if this shim holds one, a waiter only once it is up
+    and waiting (the caller owns it now). A waiter still starting is left to end with its cgroup: the job is
+    started afresh."""
     found = _blank.get(job_id)
-    if found is None or found.box.cgroup != box.cgroup or not found.born.ready():
+    if found is None or found.box.cgroup != box.cgroup:
+        return None
+    if isinstance(found, Waiting) and not found.born.ready():
         return None
     del _blank[job_id]
+    if isinstance(found, Built) and not _still(found):  # made afresh elsewhere, and maybe removed since
+        found.close()
+        return None
     return found
 
 
+def _still(built: Built) -> bool:
+    """Whether the cgroup a spawn was built for is still the one at its path."""
+    assert built.box.cgroup is not None
+    try:
+        return os.stat(built.box.cgroup).st_ino == built.ready.inode
+    except OSError:
+        return False
+
+
 def drop_blank(job_id: int | None = None) -> None:
-    """End this shim's blank (only if it was born for ``job_id``, if given): nothing ran in it. Its cgroup is
+    """End this shim's blank (only if it was made for ``job_id``, if given): nothing ran in it. Its cgroup is
     the daemon's to remove."""
     for held in [held for held in _blank if job_id in (None, held)]:
-        let_go(_blank.pop(held))
+        found = _blank.pop(held)
+        if isinstance(found, Waiting):
+            let_go(found)
+        else:
+            found.close()
 
 
 def let_go(job: Waiting) -> None:
@@ -165,11 +208,10 @@ def waiting(job_id: int) -> Waiting | None:
     return _waiting.pop(job_id, None)
 
 
-def made(job_id: int) -> tuple[int, int, spawncg.Prepared] | None:
-    """The output pipe (read end, write end) of job ``job_id`` and its spawn, if its cgroup was made and its
-    spawn into it built ahead, to run at its turn (the caller owns them now)."""
-    found = _made.pop(job_id, None)
-    return None if found is None else found[1:]
+def made(job_id: int) -> Built | None:
+    """Job ``job_id``'s spawn, if its cgroup was made and its spawn into it built ahead, to run at its turn
+    (the caller owns it now)."""
+    return _made.pop(job_id, None)
 
 
 def log(path: str) -> int | None:
@@ -201,11 +243,9 @@ def drop() -> None:
     for job in _waiting.values():
         let_go(job)
         containment.end(job.box, -1)  # its cgroup goes: the job may start elsewhere, in a cgroup made afresh
-    for box, out_read, out_write, ready in _made.values():
-        ready.close()
-        os.close(out_read)
-        os.close(out_write)
-        containment.end(box, -1)
+    for built in _made.values():
+        built.close()
+        containment.end(built.box, -1)
     _temps.clear()
     _logs.clear()
     _waiting.clear()

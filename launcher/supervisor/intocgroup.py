@@ -87,7 +87,19 @@ def ready(cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], ou
     """The C library's spawn of ``argv`` (as ``spawn`` would start it, as the shim's user) into ``cgroup``, built
     now and run later (``spawncg.Prepared``); only where ``spawncg.usable()``. OSError if the program is not
     there or the cgroup cannot be opened."""
-    return spawncg.Prepared(cgroup, _find(argv[0], cwd, env), argv, cwd, env, output)
+    program = _find(argv[0], cwd, env)
+    return spawncg.Prepared(cgroup, output).given(program, argv, cwd, env)
+
+
+def given(built: spawncg.Prepared, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> spawncg.Prepared:
+    """A spawn built for a blank (``spawncg.Prepared``), given its job. OSError if the program is not there
+    (``built`` is closed then)."""
+    try:
+        program = _find(argv[0], cwd, env)
+    except OSError:
+        built.close()
+        raise
+    return built.given(program, argv, cwd, env)
 
 
 def cloned(

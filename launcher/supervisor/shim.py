@@ -52,10 +52,8 @@ from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
 from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
 
-# The daemon's handlers go. SIGPIPE stays ignored, as Python has it: a write to a waiter that died (a blank
-# whose cgroup was made afresh when its job was staged elsewhere) must fail with EPIPE, which the shim handles,
-# not end the shim, which would requeue the job as interrupted. Every way a job is started gives it SIGPIPE's
-# default back.
+# SIGPIPE stays ignored: a write to a waiter that died must fail (EPIPE, handled), not end the shim, which
+# requeued its job as interrupted. Every way a job is started gives it SIGPIPE's default back.
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 _SETTLE = 0.5  # seconds the processes of a job gpuq signalled get to end by themselves before they are counted
@@ -92,12 +90,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class Blank:
-    """A waiter to be born in ``box``'s cgroup, made by the daemon (its directory's ``inode``), for job
-    ``job_id``, which the queue expects next (``ahead.blank``)."""
+    """A blank to be made in ``box``'s cgroup, made by the daemon (its directory's ``inode``), for job
+    ``job_id``, which the queue expects next (``ahead.blank``): a waiter, or, ``spawned``, the C library's spawn
+    built (the job runs as the shim's user, and the C library spawns into a cgroup)."""
 
     job_id: int
     box: containment.Box
     inode: int
+    spawned: bool = False
 
 
 def message(kind: bytes, value: Launch | Blank | int) -> bytes:
@@ -167,7 +167,7 @@ def _receive(pipe: int) -> Launch | None:
             return value
         if kind == BLANK:
             assert isinstance(value, Blank)
-            ahead.blank(value.job_id, value.box, value.inode, starting.output_pipe())
+            ahead.blank(value.job_id, value.box, value.inode, starting.output_pipe(), value.spawned)
         elif kind == DROP and isinstance(value, int):
             ahead.drop_blank(value)
         elif not kind:

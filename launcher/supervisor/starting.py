@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup, spawncg
+from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK
 from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn, spawn_ready
 from gpuq_scheduler.launcher.supervisor.waiter import Job
@@ -38,9 +38,15 @@ def start(
     here, and may have been born ahead. NotStarted says what could not be made or run."""
     job: Job | None = None  # a blank's details, given at its go
     waiting = ahead.waiting(job_id) if handed else None
-    if not handed and box is not None and (credentials or not spawncg.usable()):  # else the C library is cheaper
-        waiting = ahead.blank_for(job_id, box)  # born for it before it was submitted: given its details now
-        job = None if waiting is None else _for_blank(waiting, box, name, argv, cwd, env, credentials)
+    made = ahead.made(job_id) if handed else None  # its cgroup made and the C library's spawn into it built
+    blank = ahead.blank_for(job_id, box) if not handed and box is not None else None  # made before its submit
+    if isinstance(blank, ahead.Waiting):  # a waiter: given its details now
+        assert box is not None
+        waiting, job, blank = blank, _for_blank(blank, box, name, argv, cwd, env, credentials), None
+    elif blank is not None and credentials:  # the C library cannot spawn as another user (the daemon asks
+        blank.close()  # for no such blank where jobs run as their users)
+        blank = None
+    made = made or blank
     if waiting is not None:
         try:
             return waiting.born.go(job), waiting.start, reaper(waiting.born.pid), waiting.output
@@ -49,10 +55,9 @@ def start(
         except OSError as err:
             os.close(waiting.output)
             raise NotStarted(name, err) from None
-    made = ahead.made(job_id) if handed else None  # its cgroup made and the C library's spawn into it built
     ready = None
     if made is not None:
-        out_read, out_write, ready = made
+        (out_read, out_write), ready = made.output, made.ready
     else:
         out_read, out_write = output_pipe()
     what, back, cgroup = name, None, None if box is None else box.cgroup
@@ -61,6 +66,11 @@ def start(
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name
+        elif blank is not None and ready is not None and box is not None:  # made by the daemon, without limits
+            what = f"its cgroup {cgroup}"
+            containment.limit(box)
+            what = name
+            ready = intocgroup.given(ready, argv, cwd, env)
         try:
             if ready is not None:
                 pid, started, reap = spawn_ready(ready)
@@ -74,6 +84,8 @@ def start(
             pid, started, reap = spawn(argv, cwd, env, credentials, out_write)
     except OSError as err:
         os.close(out_read)
+        if ready is not None:
+            ready.close()
         with contextlib.suppress(OSError):
             containment.leave(back)  # before the cgroup is removed: this shim must not be in it then
         back = None
@@ -85,7 +97,12 @@ def start(
 
 
 def _for_blank(
-    blank: ahead.Waiting, box: containment.Box, name: str, argv: list[str], cwd: str, env: dict[str, str],
+    blank: ahead.Waiting,
+    box: containment.Box,
+    name: str,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
     credentials: dict[str, Any],
 ) -> Job:
     """The job's details for its blank, and its limits set on its cgroup, which the daemon made without them.

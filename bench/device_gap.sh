@@ -6,6 +6,7 @@
 #   IDLE     if set, also workload B with --quick (its idle submit -> start, 5 runs a repeat) each time
 #   IDLE_TRACE  if set, also bench/idle_timeline.py (this checkout's) on each revision each round
 #   NO_A     if set, no workload A
+#   NO_COST  if set, not the cost below
 # and what one start in a cgroup costs at the last revision (bench/containment_cost.py). Each revision is
 # installed in place for its runs (a venv would not see the image's packages). Results: $OUT/res.tgz, the
 # summary in $OUT/device.log.
@@ -34,6 +35,6 @@ for round in $(seq "${ROUNDS:-2}"); do
         fi
     done
 done
-(cd "/tmp/$last" && timeout 90 python3 bench/containment_cost.py 60 2>&1 | tee "$res/containment_cost.txt" | tail -8)
+[ -z "${NO_COST:-}" ] && (cd "/tmp/$last" && timeout 90 python3 bench/containment_cost.py 60 2>&1 | tee "$res/containment_cost.txt" | tail -8)
 date -u
 tar czf "$OUT/res.tgz" -C /tmp res

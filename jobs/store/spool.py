@@ -119,11 +119,23 @@ def read_request(where: str | os.PathLike[str]) -> Request:
             return BadRequest(path, "has several hard links (a planted link, not a request)")
         if info.st_size > MAX_REQUEST_BYTES:
             return BadRequest(path, f"is {info.st_size} bytes, more than a request can be")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            raw = handle.read(MAX_REQUEST_BYTES + 1)
+        raw = _read_all(fd, info.st_size)
         return _checked(_parse(path, info.st_uid, raw))
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The file's bytes, never more than a request can be (it may grow while read). One read where it stands
+    still: a buffered reader allocated 8 MB for each request, and every submit to an idle queue waits for it."""
+    chunks, left = [], MAX_REQUEST_BYTES + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, max(size + 1, 4096)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _parse(path: str, uid: int, raw: bytes) -> Request:

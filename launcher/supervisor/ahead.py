@@ -147,7 +147,7 @@ def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int]
     drop_blank()
     cgroup = box.cgroup
     assert cgroup is not None
-    if spawned:
+    if spawned and spawncg.usable():
         try:
             _blank[job_id] = Built(box, output, spawncg.Prepared(cgroup, output[1], inode))
         except OSError:

@@ -54,12 +54,15 @@ def test_a_job_submitted_to_an_idle_queue_runs_as_the_blank_born_for_it(one_gpu:
     queue = one_gpu
     first, waiting = idle_with_blank(queue)
     birth = start_time(waiting)  # seconds since boot
+    log = queue.home / "logs" / f"{first + 1}.log"
+    assert log.exists() and log.stat().st_size == 0  # opened ahead too: its creation is off the start
     submitted = time.clock_gettime(time.CLOCK_BOOTTIME)
-    second = queue.submit("--", "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "job.pid"))
+    second = queue.submit("--", "sh", "-c", WRITES_ITS_PID + "; echo ran", "job", str(queue.cwd / "job.pid"))
     assert second == first + 1
     job = queue.wait_state(second, "succeeded")
     assert int((queue.cwd / "job.pid").read_text()) == waiting  # that process, told to go with its details
     assert job["exit_code"] == 0
+    assert log.read_text() == "ran\n"  # into the log opened ahead
     assert birth is not None and birth < submitted  # born before the submit, not at it
     # The next blank is born for the id after it; the job's own cgroup went with it.
     born(queue, second + 1)
@@ -80,6 +83,7 @@ def test_a_blank_whose_guess_missed_ends_and_its_cgroup_goes(one_gpu: Gpuq) -> N
         queue.wait_state(member, "succeeded")
     assert missed not in [int(word) for word in (queue.cwd / "jobs.pid").read_text().split()]
     wait_for(lambda: f"job-{array}" not in cgroups(queue), 10, "the missed blank's cgroup to go")
+    assert not (queue.home / "logs" / f"{array}.log").exists()  # and its log, opened ahead, unused
 
 
 @needs_cgroup2

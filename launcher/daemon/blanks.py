@@ -60,7 +60,9 @@ def keep(scheduler: SchedulerState) -> None:
         if job_id is None:
             scheduler.shims.unblank()
         else:
-            scheduler.shims.blank(job_id, scheduler.containment.box(job_id), spawned(scheduler))
+            # A personal queue's job log is opened ahead too; a shared queue's belongs to a user not known yet.
+            log = scheduler.state.log(job_id) if scheduler.shared is None else ""
+            scheduler.shims.blank(job_id, scheduler.containment.box(job_id), spawned(scheduler), log)
     scheduler.shims.tidy(sent(scheduler))
 
 

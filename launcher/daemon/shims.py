@@ -91,7 +91,7 @@ class Shims:
         self._idle: list[Shim] = []
         self._busy: dict[int, Shim] = {}  # job id -> its shim
         self._blank: tuple[Blank, Shim] | None = None  # a blank an idle shim holds, and that shim
-        self._dropped: dict[int, containment.Box] = {}  # job id -> the cgroup of a blank let go, to remove
+        self._dropped: dict[int, Blank] = {}  # job id -> a blank let go: its cgroup and unused log to remove
 
     @property
     def idle(self) -> int:
@@ -124,22 +124,23 @@ class Shims:
         self._busy[job_id] = shim
         return shim
 
-    def blank(self, job_id: int, box: containment.Box, spawned: bool) -> None:
+    def blank(self, job_id: int, box: containment.Box, spawned: bool, log: str) -> None:
         """Have the idle shim that would be taken next hold a blank for ``job_id`` (the id the queue gives
         next) in ``box``'s cgroup, made here: its first process is then born before the job is submitted, or,
-        ``spawned``, the C library's spawn into it built. The daemon makes and removes a blank's cgroup, as it
-        places the job: a shim never removes one, so no shim can remove the cgroup of a job sent to another."""
+        ``spawned``, the C library's spawn into it built; ``log`` (if given) opened. The daemon makes and removes
+        a blank's cgroup and log, as it places the job: a shim never removes them, so no shim can remove those
+        of a job sent to another."""
         self.unblank()
         self._dropped.pop(job_id, None)  # its cgroup is made afresh below
         if not self._idle or box.cgroup is None:
             return
         with contextlib.suppress(OSError):  # none made: the job is started as any other
             containment.make(box)
-            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino, spawned)
+            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino, spawned, log)
             if self._idle[-1].blank(blank):
                 self._blank = (blank, self._idle[-1])
             else:
-                self._dropped[job_id] = box
+                self._dropped[job_id] = blank
 
     def unblank(self, tell: bool = True) -> None:
         """Let the blank go (``tell``: its shim ends it now); its cgroup is removed by ``tidy``."""
@@ -148,7 +149,7 @@ class Shims:
             self._blank = None
             if tell:
                 holder.drop(blank.job_id)
-            self._dropped[blank.job_id] = blank.box
+            self._dropped[blank.job_id] = blank
 
     @property
     def blank_misplaced(self) -> bool:
@@ -161,11 +162,15 @@ class Shims:
         return bool(self._dropped)
 
     def tidy(self, sent: set[int]) -> None:
-        """Remove the cgroups of blanks let go, ending what is left in them, but not one of a job ``sent`` to a
-        shim by now (running or staged): that shim made it afresh, with the job in it."""
-        for job_id, box in list(self._dropped.items()):
+        """Remove the cgroups of blanks let go, ending what is left in them, and their logs if nothing was
+        written there, but not those of a job ``sent`` to a shim by now (running or staged): that shim made its
+        cgroup afresh, with the job in it, and writes its log. One sent later makes both afresh."""
+        for job_id, blank in list(self._dropped.items()):
             if job_id not in sent:
-                containment.end(box, -1)
+                containment.end(blank.box, -1)
+                with contextlib.suppress(OSError):
+                    if blank.log and os.stat(blank.log).st_size == 0:
+                        os.unlink(blank.log)
             del self._dropped[job_id]
 
     def ended(self, job_id: int) -> None:

@@ -90,14 +90,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class Blank:
-    """A blank to be made in ``box``'s cgroup, made by the daemon (its directory's ``inode``), for job
-    ``job_id``, which the queue expects next (``ahead.blank``): a waiter, or, ``spawned``, the C library's spawn
-    built (the job runs as the shim's user, and the C library spawns into a cgroup)."""
+    """A blank for job ``job_id``, which the queue expects next (``ahead.blank``), in ``box``'s cgroup made by the
+    daemon (its directory's ``inode``): a waiter, or, ``spawned``, the C library's spawn into it built."""
 
     job_id: int
     box: containment.Box
     inode: int
     spawned: bool = False
+    log: str = ""  # the job's log, to open now (a personal queue's: the job runs as the shim's user)
 
 
 def message(kind: bytes, value: Launch | Blank | int) -> bytes:
@@ -167,7 +167,7 @@ def _receive(pipe: int) -> Launch | None:
             return value
         if kind == BLANK:
             assert isinstance(value, Blank)
-            ahead.blank(value.job_id, value.box, value.inode, starting.output_pipe(), value.spawned)
+            ahead.blank(value.job_id, value.box, value.inode, starting.output_pipe(), value.spawned, value.log)
         elif kind == DROP and isinstance(value, int):
             ahead.drop_blank(value)
         elif not kind:

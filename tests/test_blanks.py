@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +21,14 @@ from gpuq_scheduler.launcher.daemon.shims import Shim
 from gpuq_scheduler.launcher.supervisor import containment, spawncg
 from gpuq_scheduler.launcher.supervisor.processes import start_time
 from gpuq_scheduler.launcher.supervisor.shim import Blank, Launch
-from tests import test_born_ahead
+from tests import test_born_ahead, test_intocgroup
 from tests.conftest import Gpuq, make_env, wait_for
 from tests.test_born_ahead import born, group
 from tests.test_containment import MOUNT, alive, needs_cgroup2
 from tests.test_handoff import staged_behind
 
 one_gpu = test_born_ahead.one_gpu  # the fixture: a queue of one fake GPU whose jobs are cloned
+cgroup = test_intocgroup.cgroup  # the fixture: a cgroup of the test's own, removed with what is in it
 
 WRITES_ITS_PID = 'echo $$ > "$1"'
 
@@ -128,18 +127,6 @@ def test_a_blank_left_by_a_killed_daemon_ends_and_the_next_daemon_runs_the_job(o
     assert int((queue.cwd / "job.pid").read_text()) != waiting
 
 
-@pytest.fixture
-def queue_cgroup() -> Iterator[Path]:
-    """A queue's cgroup of its own, as a daemon makes it, removed with what is left in it."""
-    assert MOUNT is not None
-    path = Path(MOUNT) / f"gpuq-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    yield path
-    for below in sorted(path.glob("job-*")):
-        containment.end(containment.Box("test", str(below)), -1)
-    path.rmdir()
-
-
 SPAWNS = pytest.mark.skipif(
     not spawncg.usable(), reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can)"
 )
@@ -150,7 +137,7 @@ KINDS = ("waiter", pytest.param("spawn", marks=SPAWNS))
 @needs_cgroup2
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_shim_whose_blank_is_gone_starts_its_job_afresh_and_serves_on(
-    queue_cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     """A blank's cgroup made afresh elsewhere (its job was staged behind a running job, then taken back) ends a
     waiter there, and is no longer the one a spawn was built for. Sent that job after all, its shim starts the
@@ -158,7 +145,7 @@ def test_a_shim_whose_blank_is_gone_starts_its_job_afresh_and_serves_on(
     had ended; the daemon requeued the job as interrupted.)"""
     if kind == "waiter":
         monkeypatch.setenv("GPUQ_SPAWN", "clone")  # a waiter is given jobs only where jobs are cloned
-    box = containment.Box("test/7", str(queue_cgroup / "job-7"))
+    box = containment.Box("test/7", str(cgroup / "job-7"))  # in a queue's cgroup of its own
     containment.make(box)
     blank_inode = os.stat(str(box.cgroup)).st_ino
     shim = Shim()  # a fork of this process, as of the daemon

@@ -40,7 +40,8 @@ def cgroup() -> Iterator[Path]:
         (path / "cgroup.kill").write_text("1")
         for _ in range(100):
             try:
-                path.rmdir()
+                for below, _, _ in os.walk(path, topdown=False):  # a job's cgroup made in it, then itself
+                    os.rmdir(below)
                 break
             except OSError:
                 os.sched_yield()

@@ -1,6 +1,6 @@
 """Where gpuq's time goes: the dispatch gap of workload A, taken apart, and the cost of one CLI call.
 
-    python bench/profile_gpuq.py [--jobs 40] [--tmpfs] [--py-spy FILE]
+    python bench/profile_gpuq.py [--jobs 40] [--tmpfs] [--py-spy FILE] [--idle N]
 
 Runs workload A (N jobs of 0.2 s, queued while paused, then resumed) against a gpuq daemon started
 through this script, which wraps the scheduler's steps with timers before it serves (gpuq itself is
@@ -12,12 +12,15 @@ not changed). Each gap between two jobs on one GPU is split at the instants gpuq
 ``--tmpfs`` puts the state directory on /dev/shm, where fsync costs nothing: the difference to a run
 on disk is what durability costs. ``--py-spy FILE`` samples the daemon with py-spy (pip install
 py-spy) and prints the functions it spent its time in. What one CLI call costs: ``bench/cli_cost.py``.
+``--idle N`` instead submits N jobs one at a time to the idle queue, as workload B does, and prints where the
+daemon's pass that started each one went, step by step (medians), up to the job sent to its shim.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import itertools
 import json
 import os
@@ -38,8 +41,8 @@ if str(ROOT) not in sys.path:
 from bench import workloads  # noqa: E402
 from bench.peers.gpuq import Gpuq  # noqa: E402
 
-STEPS = ("tick", "reap", "ingest", "reconcile", "follow_up_arrays", "snapshot", "place_and_launch", "sample",
-         "_launch", "plan", "_record_reasons")  # fmt: skip
+STEPS = ("tick", "reap", "ingest", "write_journal", "reconcile", "follow_up_arrays", "snapshot", "place_and_launch",
+         "sample", "_launch", "plan", "_record_reasons", "launch_fenced")  # fmt: skip
 
 
 def serve_traced(home: Path) -> int:
@@ -68,8 +71,50 @@ def serve_traced(home: Path) -> int:
     for step in STEPS:
         if hasattr(scheduler.Scheduler, step):
             wrap(scheduler.Scheduler, step, step)
-    for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons"):
+    for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons", "owners", "batch"):
         wrap(JobTable, write, f"table.{write}")
+    from gpuq_scheduler.jobs.store import table as tables
+
+    def wrap_function(where: str, name: str) -> None:  # module functions, looked up at each call
+        try:
+            module = importlib.import_module(f"gpuq_scheduler.{where}")
+        except ImportError:
+            return  # not in this revision (to time an older one, copy this script into its checkout)
+        original = getattr(module, name, None)
+        if original is None:
+            return
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            started = time.time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                trace.write(json.dumps({"f": f"{module.__name__.rsplit('.', 1)[1]}.{name}", "t0": started,
+                                        "t1": time.time()}) + "\n")  # fmt: skip
+
+        setattr(module, name, timed_call)
+
+    daemon_ = "launcher.daemon"
+    for where, name in (("jobs.store.spool", "scan"), ("jobs.store.spool", "read_request"),
+                        (f"{daemon_}.isolation", "sweep_leftovers"), (f"{daemon_}.intake", "ingest"),
+                        (f"{daemon_}.intake", "expand"), (f"{daemon_}.intake", "_queued_by_user"),
+                        (f"{daemon_}.suspending", "advance"), (f"{daemon_}.preempting", "launch_ready"),
+                        (f"{daemon_}.preempting", "decide"), (f"{daemon_}.scheduler", "withdraw_gone"),
+                        (f"{daemon_}.watching", "sample"), (f"{daemon_}.watching", "release_idle"),
+                        (f"{daemon_}.watching", "report_idle_batch"), (f"{daemon_}.watching", "stop_on_lost_gpus"),
+                        (f"{daemon_}.guarding", "check"), (f"{daemon_}.endings", "follow_up_arrays")):  # fmt: skip
+        wrap_function(where, name)
+    exit_ = tables._Transaction.__exit__
+
+    def commit(self: Any, *args: Any) -> None:  # a transaction's end, timed where it commits (not a joined one)
+        started = time.time()
+        try:
+            exit_(self, *args)
+        finally:
+            if self._owner:
+                trace.write(json.dumps({"f": "table commit", "t0": started, "t1": time.time()}) + "\n")
+
+    tables._Transaction.__exit__ = commit  # type: ignore[method-assign]
     shim_init, shim_start = shims.Shim.__init__, shims.Shim.start
 
     def init(self: Any) -> None:
@@ -78,9 +123,13 @@ def serve_traced(home: Path) -> int:
         trace.write(json.dumps({"f": "fork", "t0": started, "t1": time.time()}) + "\n")
 
     def start(self: Any, launch: Any) -> None:
+        started = time.time()
         shim_start(self, launch)
-        trace.write(json.dumps({"f": "go", "job": launch.job_id, "t0": time.time()}) + "\n")
+        ended = time.time()
+        trace.write(json.dumps({"f": "go", "job": launch.job_id, "t0": ended}) + "\n")
+        trace.write(json.dumps({"f": "Shim.start", "t0": started, "t1": ended}) + "\n")
 
+    wrap(shims.Shim, "_write", "Shim._write")
     shims.Shim.__init__ = init  # type: ignore[method-assign]
     shims.Shim.start = start  # type: ignore[method-assign]
     return daemon.main(["--home", str(home)])
@@ -180,6 +229,44 @@ def profile_dispatch(jobs: int, tmpfs: bool, spy: Path | None) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def profile_idle(runs: int) -> None:
+    """Idle starts: each job submitted once the one before has ended and the daemon has settled."""
+    base = Path(tempfile.mkdtemp(prefix="gpuq-profile-"))
+    try:
+        tool = Gpuq(base)
+        proc = start_traced_daemon(tool)
+        tool._up = True
+        try:
+            for _ in range(runs + 2):  # a daemon's first two starts are its dearer ones: not counted
+                tool.submit_now(1, ["true"])
+                tool.wait_idle()
+                time.sleep(0.3)
+        finally:
+            tool.stop()
+            proc.wait(timeout=30)
+        trace = [json.loads(line) for line in (tool.home / "trace.jsonl").read_text().splitlines()]
+        ticks = sorted((e["t0"], e["t1"]) for e in trace if e["f"] == "tick")
+        gos = sorted(e["t0"] for e in trace if e["f"] == "go")[2:]
+        steps: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        for go in gos:
+            t0 = max(t for t, _ in ticks if t <= go)
+            steps["job sent to its shim"].append((0.0, (go - t0) * 1000))
+            seen: collections.Counter[str] = collections.Counter()
+            for entry in trace:
+                if "t1" in entry and entry["f"] not in ("tick", "table.batch") and t0 <= entry["t0"] <= go:
+                    seen[entry["f"]] += 1  # a step that comes twice in a pass (a commit) is named by its turn
+                    name = entry["f"] + ("" if seen[entry["f"]] == 1 else f" #{seen[entry['f']]}")
+                    steps[name].append(((entry["t0"] - t0) * 1000, (entry["t1"] - t0) * 1000))
+        print(f"{len(gos)} idle starts; the pass that started each, per step (they nest): medians, ms after the")
+        print("pass began, of its begin and end, and of its length")
+        for name, spans in sorted(steps.items(), key=lambda kv: statistics.median(b for b, _ in kv[1])):
+            begin, end = statistics.median(b for b, _ in spans), statistics.median(e for _, e in spans)
+            length = statistics.median(e - b for b, e in spans)
+            print(f"  {name:32s} {begin:7.3f} {end:7.3f} {length:7.3f}  ({len(spans)})")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def summarize_spy(path: Path, top: int = 25) -> str:
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -201,10 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--tmpfs", action="store_true", help="state directory on /dev/shm (no fsync cost)")
     parser.add_argument("--py-spy", type=Path, dest="spy", help="sample the daemon with py-spy into this file")
+    parser.add_argument("--idle", type=int, help="time N idle starts instead of workload A")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve_traced(args.serve)
+    if args.idle:
+        profile_idle(args.idle)
+        return 0
     profile_dispatch(args.jobs, args.tmpfs, args.spy)
     return 0
 

@@ -43,8 +43,8 @@ def start(
     if isinstance(blank, ahead.Waiting):  # a waiter: given its details now
         assert box is not None
         waiting, job, blank = blank, _for_blank(blank, box, name, argv, cwd, env, credentials), None
-    elif blank is not None and credentials:  # the C library cannot spawn as another user (the daemon asks
-        blank.close()  # for no such blank where jobs run as their users)
+    elif blank is not None and credentials:
+        blank.close()  # the C library cannot spawn as another user (the daemon asks for no such blank)
         blank = None
     made = made or blank
     if waiting is not None:
@@ -66,11 +66,11 @@ def start(
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name
-        elif blank is not None and ready is not None and box is not None:  # made by the daemon, without limits
-            what = f"its cgroup {cgroup}"
+        elif blank is not None and box is not None:  # its spawn built before its submit; the daemon made the
+            what = f"its cgroup {cgroup}"  # cgroup without the job's limits, which its own box carries
             containment.limit(box)
             what = name
-            ready = intocgroup.given(ready, argv, cwd, env)
+            ready = intocgroup.given(blank.ready, argv, cwd, env)
         try:
             if ready is not None:
                 pid, started, reap = spawn_ready(ready)
@@ -97,12 +97,7 @@ def start(
 
 
 def _for_blank(
-    blank: ahead.Waiting,
-    box: containment.Box,
-    name: str,
-    argv: list[str],
-    cwd: str,
-    env: dict[str, str],
+    blank: ahead.Waiting, box: containment.Box, name: str, argv: list[str], cwd: str, env: dict[str, str],
     credentials: dict[str, Any],
 ) -> Job:
     """The job's details for its blank, and its limits set on its cgroup, which the daemon made without them.

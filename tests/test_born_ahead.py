@@ -64,9 +64,29 @@ def staged(queue: Gpuq) -> tuple[int, int]:
     """A running job and, staged behind it, one that writes its pid to staged.pid."""
     first = queue.submit("sleep", "2")
     queue.wait_state(first, "running")
-    second = queue.submit("sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "staged.pid"))
-    staged_behind(queue, second, first)
-    return first, second
+    return first, submit_staged(queue, first, "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "staged.pid"))
+
+
+def submit_staged(queue: Gpuq, ahead: int, *argv: str) -> int:
+    """Submit ``argv``, to be staged behind job ``ahead`` (running), and wait until its shim has made its
+    cgroup. Until then the cgroup at its path may be the one the daemon made for a blank (the next submit's,
+    ``launcher.daemon.blanks``), which the staging ends; so the blank's is waited for first, and its inode
+    told apart from the cgroup made afresh."""
+    path = Path(group(queue), f"job-{ahead + 1}")
+    wait_for(lambda: inode(path) is not None, 10, "the cgroup of a blank for the next submit")
+    blank = inode(path)
+    job_id = queue.submit(*argv)
+    assert job_id == ahead + 1
+    staged_behind(queue, job_id, ahead)
+    wait_for(lambda: inode(path) not in (None, blank), 10, f"job {job_id}'s cgroup made when it was staged")
+    return job_id
+
+
+def inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
 
 
 @needs_cgroup2
@@ -123,8 +143,7 @@ def test_a_job_handed_off_has_ended_whole_and_been_accounted_when_its_successor_
     successor started, not before)."""
     first = one_gpu.submit(script(one_gpu, "leaves.sh", LEAVES_ONE_BEHIND))
     one_gpu.wait_state(first, "running")
-    second = one_gpu.submit(script(one_gpu, "looks.sh", LOOKS_FOR_IT))
-    staged_behind(one_gpu, second, first)
+    second = submit_staged(one_gpu, first, script(one_gpu, "looks.sh", LOOKS_FOR_IT))
     born(one_gpu, second)
     assert one_gpu.wait_state(second, "succeeded")["state"] == "succeeded"
     assert (one_gpu.cwd / "seen").read_text().strip() == "gone"

@@ -21,6 +21,7 @@ import pytest
 
 from gpuq_scheduler.launcher.supervisor import spawncg
 from gpuq_scheduler.launcher.supervisor.containment import cgroup2_mount
+from tests.conftest import wait_for
 
 MOUNT = cgroup2_mount()
 WRITABLE = MOUNT is not None and os.geteuid() == 0 and os.access(MOUNT, os.W_OK)
@@ -157,10 +158,14 @@ def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, t
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_a_process_with_threads_is_refused_and_the_shim_moves_instead(cgroup: Path, tmp_path: Path, way: str) -> None:
+def test_a_process_with_threads_is_never_copied_a_clone_at_once_is_refused_there(
+    cgroup: Path, tmp_path: Path, way: str
+) -> None:
     before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
     result = _spawn(cgroup, ["true"], tmp_path, before, way)
-    if way in ("spawn", "ready"):  # the C library's vfork is made for a process with threads
+    # The C library's vfork is made for a process with threads; a process born ahead is cloned by the shim's
+    # zygote, which runs one thread.
+    if way in ("spawn", "ready", "prepare", "blank"):
         assert result["code"] == 0 and str(result["pid"]) in result["procs"]
     else:
         assert result == {"unsupported": "this process runs more than one thread"}
@@ -228,3 +233,64 @@ def test_a_blank_is_never_born_in_a_cgroup_made_afresh_under_its_name(cgroup: Pa
     assert done.stdout.strip() == str(errno.ESTALE)
     assert (job / "cgroup.procs").read_text() == ""
     job.rmdir()
+
+
+ZYGOTE = """
+import json, os, signal, sys, time
+from gpuq_scheduler.launcher.supervisor import intocgroup, zygote
+out = os.open({out!r}, os.O_WRONLY | os.O_CREAT, 0o600)
+seen = {{}}
+def born():
+    waiting = intocgroup.prepare({cgroup!r}, ["sh", "-c", "echo ran >> ran"], {cwd!r}, dict(os.environ), {{}}, out)
+    time.sleep(0.2)
+    return waiting
+first = born()
+maker = zygote.pid()
+seen["first"] = {{"pid": first.pid, "parent": int(open(f"/proc/{{first.pid}}/stat").read().split()[3]),
+                 "cgroup": open(f"/proc/{{first.pid}}/cgroup").read(), "zygote": maker,
+                 "zygote_cgroup": open(f"/proc/{{maker}}/cgroup").read(), "zygote_session": os.getsid(maker)}}
+os.waitpid(first.go(), 0)
+os.kill(maker, signal.SIGKILL)
+time.sleep(0.1)
+second = born()  # the zygote is gone: cloned from this process instead
+seen["second"] = {{"parent": int(open(f"/proc/{{second.pid}}/stat").read().split()[3])}}
+os.waitpid(second.go(), 0)
+print(json.dumps({{**seen, "me": os.getpid(), "my_session": os.getsid(0)}}))
+"""
+
+
+def test_a_shims_zygote_bears_its_waiters_as_the_shims_children_and_when_it_dies_the_shim_clones_them(
+    cgroup: Path, tmp_path: Path
+) -> None:
+    script = ZYGOTE.format(out=str(tmp_path / "out"), cgroup=str(cgroup), cwd=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+    first = seen["first"]
+    assert first["parent"] == seen["me"] and first["zygote"] not in (0, seen["me"], first["pid"])
+    assert first["cgroup"].endswith(f"::/{cgroup.name}\n") and f"::/{cgroup.name}\n" not in first["zygote_cgroup"]
+    assert first["zygote_session"] == first["zygote"] != seen["my_session"]  # a ^C to the shim is not for it
+    assert seen["second"]["parent"] == seen["me"]
+    assert (tmp_path / "ran").read_text() == "ran\nran\n"
+    assert (cgroup / "cgroup.procs").read_text() == ""
+
+
+def test_a_zygote_ends_with_its_shim(cgroup: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import os, time
+        from gpuq_scheduler.launcher.supervisor import intocgroup, zygote
+        born = intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1)
+        time.sleep(0.2)
+        print(zygote.pid(), born.pid, flush=True)
+        os._exit(0)  # as a shim killed: nothing tidied
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    zygote, waiter = (int(word) for word in done.stdout.split())
+    wait_for(lambda: ended(zygote) and ended(waiter), 10, "the zygote and its waiter to end")
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie its new parent has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

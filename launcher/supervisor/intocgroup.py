@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuq_scheduler.launcher.supervisor import spawncg, waiter
+from gpuq_scheduler.launcher.supervisor import spawncg, waiter, zygote
 from gpuq_scheduler.launcher.supervisor.waiter import Job, become, close_all_but
 
 _SYS_CLONE3 = 435  # the same number on every architecture: clone3 came after the tables were unified
@@ -58,6 +58,7 @@ class Unsupported(Exception):
     """clone3 into a cgroup cannot be used here (an old kernel, a seccomp filter, more than one thread)."""
 
 
+_REFUSED = (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM)  # clone3 into a cgroup cannot be done here
 _unsupported: str | None = None  # why, once learned: each later spawn migrates without trying again
 
 
@@ -210,7 +211,8 @@ def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None)
     try:
         if job is not None:
             _write_all(memfd, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
-        pid = _clone(cgroup, functools.partial(_exec_waiter, (go_read, report_write, memfd, output)), inode)
+        fds = (go_read, report_write, memfd, output)
+        pid = _from_zygote(cgroup, fds, inode) or _clone(cgroup, functools.partial(_exec_waiter, fds), inode)
     except BaseException:
         for fd in (go_write, report_read, memfd):
             os.close(fd)
@@ -222,6 +224,20 @@ def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None)
         os.close(memfd)
         memfd = -1
     return Born(pid, go_write, report_read, memfd)
+
+
+def _from_zygote(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
+    """A waiter made by the shim's zygote (``launcher.supervisor.zygote``): its pid, or None where it cannot."""
+    global _unsupported
+    if _unsupported is not None:
+        raise Unsupported(_unsupported)
+    try:
+        return zygote.make(cgroup, fds, inode)
+    except OSError as err:
+        if err.errno in _REFUSED:
+            _unsupported = f"clone3 into a cgroup: {os.strerror(err.errno)}"
+            raise Unsupported(_unsupported) from None
+        raise
 
 
 def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:
@@ -264,7 +280,7 @@ def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], 
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(where)
     if pid < 0:
-        if failure in (errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM):
+        if failure in _REFUSED:
             _unsupported = f"clone3 into a cgroup: {os.strerror(failure)}"
             raise Unsupported(_unsupported)
         raise OSError(failure, os.strerror(failure))

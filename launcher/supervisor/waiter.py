@@ -12,6 +12,13 @@ It imports only modules built into the interpreter: ``posix`` for ``os`` (the sa
 for ``signal``, whose enums pull in enum, functools and collections. A waiter is born for every job handed
 off, and those imports took 6 of its 15 ms of CPU on the 2-core VM, where the jobs starting on the other GPUs
 want the same cores; a smaller interpreter is also less to tear down at the job's exec.
+
+Run as ``python -I -S waiter.py zygote CONTROL - - WAITING`` it is a shim's *zygote* instead: it makes its
+shim's waiters, each a copy of itself cloned into the job's cgroup (``clone3`` with ``CLONE_INTO_CGROUP``, and
+``CLONE_PARENT``: a child of the shim, which reaps it), given its four descriptors over CONTROL (a socket, with
+the cgroup's directory). A copy of an interpreter that has started costs a clone (VM: 12 ms of CPU for an
+interpreter's start and the shim's copy and teardown before it), and its exec tears down less, its pages still
+the zygote's (``bench/zygote.py``).
 """
 
 from __future__ import annotations
@@ -93,5 +100,50 @@ def _details(details: int) -> Job | None:
     return marshal.loads(posix.pread(details, size, 0)) if size else None
 
 
+def zygote(control: int) -> None:
+    """Make a waiter for each request on the socket ``control`` (a byte, with five descriptors: the job's
+    cgroup, then ``main``'s four), answering its pid, or minus the errno its clone failed with; exit at the end
+    of file (the shim ended). The shim checked the cgroup; this process runs one thread."""
+    close_all_but(control)  # whatever else the shim let it inherit
+    ctypes, gc, sockets = __import__("ctypes"), __import__("gc"), __import__("_socket")
+    signals = __import__("_signal")
+    gc.disable()  # no finalizer may run in a copy of this process
+    call = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL is held across it, as after a fork
+    call.restype, call.argtypes = ctypes.c_long, [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
+    fields = ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls", "set_tid",
+              "set_tid_size", "cgroup")  # fmt: skip
+    args = type("CloneArgs", (ctypes.Structure,), {"_fields_": [(name, ctypes.c_uint64) for name in fields]})()
+    every = signals.valid_signals()
+    socket = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET, 0, control)
+    room = sockets.CMSG_SPACE(5 * 4)
+    while True:
+        message, extra, _, _ = socket.recvmsg(1, room)
+        if not message:
+            posix._exit(0)
+        fds = [int.from_bytes(data[at : at + 4], sys.byteorder) for _, _, data in extra for at in (0, 4, 8, 12, 16)]
+        args.flags, args.exit_signal, args.cgroup = _CLONE_INTO_CGROUP | _CLONE_PARENT, 0, fds[0]
+        blocked = signals.pthread_sigmask(signals.SIG_BLOCK, every)
+        pid = call(435, ctypes.byref(args), ctypes.sizeof(args))  # SYS_clone3, on every architecture
+        if pid == 0:
+            try:
+                close_all_but(*fds[1:])
+                posix.setsid()
+                signals.pthread_sigmask(signals.SIG_SETMASK, blocked)
+                main(*fds[1:])
+            finally:
+                posix._exit(127)
+        failure = ctypes.get_errno()
+        signals.pthread_sigmask(signals.SIG_SETMASK, blocked)
+        for fd in fds:
+            posix.close(fd)
+        socket.send(str(pid if pid > 0 else -failure).encode())
+
+
+_CLONE_INTO_CGROUP, _CLONE_PARENT = 0x200000000, 0x00008000
+
+
 if __name__ == "__main__":
-    main(*(int(word) for word in sys.argv[1:5]))
+    if sys.argv[1] == "zygote":
+        zygote(int(sys.argv[2]))
+    else:
+        main(*(int(word) for word in sys.argv[1:5]))

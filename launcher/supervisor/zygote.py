@@ -1,0 +1,86 @@
+"""A shim's zygote (``waiter.zygote``): a small interpreter, started at the shim's first waiter, that makes
+the shim's waiters as copies of itself, cloned into their jobs' cgroups as children of the shim.
+
+A waiter cloned from the shim costs a copy of the shim, its teardown at the exec into a fresh interpreter, and
+that interpreter's start: 10-12 ms of CPU on the 2-core VM (2026-11-27), for every job handed off or started
+from a blank, while the jobs starting on the other GPUs want the same cores. A copy of the zygote costs a clone,
+and its exec at the job's turn tears down less: its pages are still the zygote's (``bench/zygote.py``). Where
+the zygote cannot be had, or dies, the shim clones its waiters itself, as before (``intocgroup``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import sys
+
+from gpuq_scheduler.launcher.supervisor import spawncg, waiter
+
+_pid = 0  # the zygote's
+_socket: socket.socket | None = None
+_failed = False  # it could not start, or died: none again
+
+
+def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
+    """A waiter holding ``fds`` (go, report, details, output) cloned into ``cgroup`` (its directory's inode
+    ``inode``, if given): its pid; None where the zygote cannot make it (the caller clones it instead). OSError
+    if the cgroup is another (ESTALE) or the clone failed (its errno)."""
+    global _socket
+    if _socket is None and not _start():
+        return None
+    assert _socket is not None
+    where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if inode is not None and os.fstat(where).st_ino != inode:
+            raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
+        try:
+            socket.send_fds(_socket, [b"!"], [where, *fds])
+            answer = _socket.recv(32)
+        except OSError:
+            answer = b""
+    finally:
+        os.close(where)
+    if not answer.lstrip(b"-").isdigit():  # it died: the shim clones its waiters from now on
+        _stop()
+        return None
+    pid = int(answer)
+    if pid < 0:
+        raise OSError(-pid, os.strerror(-pid))
+    return pid
+
+
+def pid() -> int:
+    """The zygote's pid (0: none was started)."""
+    return _pid
+
+
+def _start() -> bool:
+    global _pid, _socket, _failed
+    if _failed:
+        return False
+    ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    words = [sys.executable, "-I", "-S", waiter.__file__, "zygote", "3", "-", "-", waiter.WAITING]
+    try:
+        # Its own session: a signal to the shim's process group (a terminal's ^C) is not for it.
+        _pid = os.posix_spawn(sys.executable, words, {}, file_actions=[(os.POSIX_SPAWN_DUP2, its.fileno(), 3)],
+                              setsid=True, setsigdef=spawncg.to_default())  # fmt: skip
+    except OSError:
+        ours.close()
+        _failed = True
+        return False
+    finally:
+        its.close()
+    _socket = ours
+    return True
+
+
+def _stop() -> None:
+    global _socket, _failed
+    if _socket is not None:
+        _socket.close()
+        _socket = None
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(_pid, 0)
+    _failed = True

@@ -14,10 +14,11 @@ code: every path out of it is an exec or ``os._exit``.
 - ``spawn``: the child execs the job at once. The copy, and its teardown at the exec, cost a few ms more
   than a vfork (more, the larger the shim). A job of the shim's own user is spawned by the C library instead
   where it can do so into a cgroup (``spawncg``: a vfork, glibc 2.39 and later).
-- ``prepare``: for a job staged behind a running one. The child execs at once into a small waiter
-  (``launcher.supervisor.waiter``: a fresh interpreter, ``-I -S``, an empty environment, the job's details in a
-  memfd), which execs the job when told (``Born.go``). The copy and its teardown happen while the job ahead
-  still runs; at the job's turn only the waiter's own exec is left, as cheap as posix_spawn's.
+- ``prepare``: for a job staged behind a running one. A small waiter (``launcher.supervisor.waiter``: an
+  interpreter, ``-I -S``, an empty environment, the job's details in a memfd) is born in the job's cgroup, and
+  execs the job when told (``Born.go``). The shim's zygote (``launcher.supervisor.zygote``) makes it, a copy of
+  itself; where it cannot, the shim's clone execs into a fresh waiter. Either happens while the job ahead
+  still runs; at the job's turn only the waiter's own exec is left.
 - ``blank``: a waiter for a job not yet submitted (the id its queue gives next), born while the queue is
   idle, whose details come with its go: a start on an idle GPU then costs what a hand-off's does.
 """

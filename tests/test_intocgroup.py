@@ -294,3 +294,28 @@ def ended(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_zygote_that_hangs_is_ended_and_its_waiters_are_cloned_by_the_shim(cgroup: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import errno, os, signal, time
+        from gpuq_scheduler.launcher.supervisor import intocgroup, zygote
+        zygote._PATIENCE = 0.5
+        def born():
+            return intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1)
+        first = born()
+        maker = zygote.pid()
+        first.abandon()
+        os.kill(maker, signal.SIGSTOP)
+        try:
+            born()
+        except OSError as err:
+            print(err.errno == errno.EIO, end=" ")
+        second = born()
+        time.sleep(0.2)
+        parent = int(open(f"/proc/{{second.pid}}/stat").read().split()[3])
+        print(not os.path.exists(f"/proc/{{maker}}"), parent == os.getpid())
+        os.waitpid(second.go(), 0)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["True", "True", "True"]

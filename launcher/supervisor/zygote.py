@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
 
@@ -21,6 +22,7 @@ from gpuq_scheduler.launcher.supervisor import spawncg, waiter
 _pid = 0  # the zygote's
 _socket: socket.socket | None = None
 _failed = False  # it could not start, or died: none again
+_PATIENCE = 10.0  # seconds for a waiter's clone (about a millisecond): past that the zygote hangs, and is ended
 
 
 def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
@@ -37,14 +39,20 @@ def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int 
             raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
         try:
             socket.send_fds(_socket, [b"!"], [where, *fds])
+        except OSError:  # it had died: nothing was made, and the shim clones its waiters from now on
+            _stop()
+            return None
+        try:
             answer = _socket.recv(32)
-        except OSError:
+        except OSError:  # a timeout: it hangs
             answer = b""
     finally:
         os.close(where)
-    if not answer.lstrip(b"-").isdigit():  # it died: the shim clones its waiters from now on
+    if not answer.lstrip(b"-").isdigit():
+        # It died or hung while at it: a waiter may have been made, holding these descriptors. None is made
+        # beside it: the job starts afresh at its turn, and that waiter ends at the end of its go pipe.
         _stop()
-        return None
+        raise OSError(errno.EIO, "the shim's zygote ended while it made a waiter")
     pid = int(answer)
     if pid < 0:
         raise OSError(-pid, os.strerror(-pid))
@@ -72,6 +80,7 @@ def _start() -> bool:
         return False
     finally:
         its.close()
+    ours.settimeout(_PATIENCE)
     _socket = ours
     return True
 
@@ -81,6 +90,8 @@ def _stop() -> None:
     if _socket is not None:
         _socket.close()
         _socket = None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(_pid, signal.SIGKILL)  # one that hangs must not hang the shim's wait below
     with contextlib.suppress(ChildProcessError):
         os.waitpid(_pid, 0)
     _failed = True

@@ -4,9 +4,9 @@
     sudo python bench/zygote.py CGROUP_PARENT [N]      e.g. /sys/fs/cgroup (a lent host) or /sys/fs/cgroup/unified
 
 This process stands for the shim (the clone copies it: it holds what a shim imports). For each way, N waiters
-(default 30) in turn: the CPU its birth took (this process's, the zygote's and the waiter's, until the waiter is up), then,
-born ahead a moment before its go, the time from the go to the job's first clock read (``date +%s%N``), and the
-same from posix_spawn for reference. Medians.
+(default 30) in turn: the CPU its birth took (this process's, the zygote's and the waiter's, until the waiter
+is up), then, born ahead a moment before its go, the time from the go to the job's first clock read
+(``date +%s%N``), and the same from posix_spawn for reference. Medians.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> int:
     finally:
         cgroup.rmdir()
     for name, runs in results.items():
-        births, gos = zip(*runs)
+        births, gos = zip(*runs, strict=True)
         print(f"{name:22s} birth {statistics.median(births):6.2f} ms CPU   go to the job's first clock read "
               f"{statistics.median(gos):.2f} ms")  # fmt: skip
     print(f"{'posix_spawn':22s} {'':21s}   spawn to the job's first clock read {statistics.median(spawns):.2f} ms")

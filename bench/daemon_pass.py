@@ -11,14 +11,12 @@ median of 15) and measures, with tracemalloc, the 10,000 pending records as the 
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import revisions
 
 TIMER = """
 import importlib.util, sys, tempfile, tracemalloc
@@ -54,33 +52,13 @@ with tempfile.TemporaryDirectory() as tmp:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("revs", nargs="+")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    site = next(p for p in sys.path if p.endswith("site-packages"))
+    args = revisions.arguments(__doc__)
     with tempfile.TemporaryDirectory(prefix="gpuq-daemon-pass-") as tmp:
         work = Path(tmp)
-        for rev in args.revs:
-            tree = work / f"tree-{rev}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), rev], check=True)
-            (work / f"pkg-{rev}").mkdir()
-            (work / f"pkg-{rev}" / "gpuq_scheduler").symlink_to(tree)
-        try:
-            for round_ in range(1, args.rounds + 1):
-                for rev in args.revs:
-                    env = {**os.environ, "PYTHONPATH": f"{work / f'pkg-{rev}'}:{site}"}
-                    # From the temporary directory: `python -c` puts its directory first on the path, and this
-                    # checkout's root holds a gpuq_scheduler of its own.
-                    out = subprocess.run([sys.executable, "-S", "-c", TIMER, str(work / f"tree-{rev}")], env=env,
-                                         capture_output=True, text=True, cwd=work)  # fmt: skip
-                    if out.returncode:
-                        raise SystemExit(f"{rev}: {out.stderr.strip()}")
-                    out = out.stdout.strip()
-                    print(f"round {round_}  {rev:12s} {out}", flush=True)
-        finally:
-            for rev in args.revs:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / f"tree-{rev}")])
+        with revisions.worktrees(work, args.revs):
+            for round_, rev in revisions.turns(args):
+                out = revisions.run(work, rev, TIMER, str(revisions.tree(work, rev)))
+                print(f"round {round_}  {rev:12s} {out}", flush=True)
     return 0
 
 

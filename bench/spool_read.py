@@ -12,7 +12,6 @@ shadow it): the median of 2000 calls, in microseconds.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import subprocess
@@ -20,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import revisions
 
 TIMER = """
 import shutil, statistics, sys, time
@@ -52,32 +52,14 @@ def request(work: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("revs", nargs="+")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    site = next(p for p in sys.path if p.endswith("site-packages"))
+    args = revisions.arguments(__doc__)
     with tempfile.TemporaryDirectory(prefix="gpuq-spool-read-") as tmp:
         work = Path(tmp)
         path = request(work)
         print(f"one submit of {path.stat().st_size} bytes ({len(os.environ)} environment variables)")
-        for rev in args.revs:
-            tree = work / f"tree-{rev}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), rev], check=True)
-            (work / f"pkg-{rev}").mkdir()
-            (work / f"pkg-{rev}" / "gpuq_scheduler").symlink_to(tree)
-        try:
-            for round_ in range(1, args.rounds + 1):
-                for rev in args.revs:
-                    env = {**os.environ, "PYTHONPATH": f"{work / f'pkg-{rev}'}:{site}"}
-                    # From the temporary directory: `python -c` puts its directory first on the path, and this
-                    # checkout's root holds a gpuq_scheduler of its own.
-                    out = subprocess.run([sys.executable, "-S", "-c", TIMER, str(path)], env=env, check=True,
-                                         capture_output=True, text=True, cwd=work).stdout.strip()  # fmt: skip
-                    print(f"round {round_}  {rev:12s} read_request {out}")
-        finally:
-            for rev in args.revs:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / f"tree-{rev}")])
+        with revisions.worktrees(work, args.revs):
+            for round_, rev in revisions.turns(args):
+                print(f"round {round_}  {rev:12s} read_request {revisions.run(work, rev, TIMER, str(path))}")
     return 0
 
 

@@ -158,14 +158,10 @@ def test_a_program_found_but_not_executable_is_permission_denied(cgroup: Path, t
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_a_process_with_threads_is_never_copied_a_clone_at_once_is_refused_there(
-    cgroup: Path, tmp_path: Path, way: str
-) -> None:
+def test_a_process_with_threads_is_refused_and_the_shim_moves_instead(cgroup: Path, tmp_path: Path, way: str) -> None:
     before = "import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()"
     result = _spawn(cgroup, ["true"], tmp_path, before, way)
-    # The C library's vfork is made for a process with threads; a process born ahead is cloned by the shim's
-    # zygote, which runs one thread.
-    if way in ("spawn", "ready", "prepare", "blank"):
+    if way in ("spawn", "ready"):  # the C library's vfork is made for a process with threads
         assert result["code"] == 0 and str(result["pid"]) in result["procs"]
     else:
         assert result == {"unsupported": "this process runs more than one thread"}
@@ -244,17 +240,22 @@ def born():
     waiting = intocgroup.prepare({cgroup!r}, ["sh", "-c", "echo ran >> ran"], {cwd!r}, dict(os.environ), {{}}, out)
     time.sleep(0.2)
     return waiting
-first = born()
+def seen_of(waiting):
+    return {{"pid": waiting.pid, "parent": int(open(f"/proc/{{waiting.pid}}/stat").read().split()[3]),
+            "cgroup": open(f"/proc/{{waiting.pid}}/cgroup").read(),
+            "zygote's": b"zygote" in open(f"/proc/{{waiting.pid}}/cmdline", "rb").read().split(bytes(1))}}
+first = born()  # cloned by this process, which starts its zygote meanwhile
+second = born()
 maker = zygote.pid()
-seen["first"] = {{"pid": first.pid, "parent": int(open(f"/proc/{{first.pid}}/stat").read().split()[3]),
-                 "cgroup": open(f"/proc/{{first.pid}}/cgroup").read(), "zygote": maker,
-                 "zygote_cgroup": open(f"/proc/{{maker}}/cgroup").read(), "zygote_session": os.getsid(maker)}}
-os.waitpid(first.go(), 0)
+seen.update(first=seen_of(first), second=seen_of(second), zygote=maker, zygote_session=os.getsid(maker),
+            zygote_cgroup=open(f"/proc/{{maker}}/cgroup").read())
+for waiting in (first, second):
+    os.waitpid(waiting.go(), 0)
 os.kill(maker, signal.SIGKILL)
 time.sleep(0.1)
-second = born()  # the zygote is gone: cloned from this process instead
-seen["second"] = {{"parent": int(open(f"/proc/{{second.pid}}/stat").read().split()[3])}}
-os.waitpid(second.go(), 0)
+third = born()  # the zygote is gone: cloned from this process again
+seen["third"] = seen_of(third)
+os.waitpid(third.go(), 0)
 print(json.dumps({{**seen, "me": os.getpid(), "my_session": os.getsid(0)}}))
 """
 
@@ -265,12 +266,12 @@ def test_a_shims_zygote_bears_its_waiters_as_the_shims_children_and_when_it_dies
     script = ZYGOTE.format(out=str(tmp_path / "out"), cgroup=str(cgroup), cwd=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     seen = json.loads(done.stdout)
-    first = seen["first"]
-    assert first["parent"] == seen["me"] and first["zygote"] not in (0, seen["me"], first["pid"])
-    assert first["cgroup"].endswith(f"::/{cgroup.name}\n") and f"::/{cgroup.name}\n" not in first["zygote_cgroup"]
-    assert first["zygote_session"] == first["zygote"] != seen["my_session"]  # a ^C to the shim is not for it
-    assert seen["second"]["parent"] == seen["me"]
-    assert (tmp_path / "ran").read_text() == "ran\nran\n"
+    assert [seen[w]["zygote's"] for w in ("first", "second", "third")] == [False, True, False]
+    for waiter in ("first", "second", "third"):  # each in the job's cgroup, the shim's child
+        assert seen[waiter]["parent"] == seen["me"] and seen[waiter]["cgroup"].endswith(f"::/{cgroup.name}\n")
+    assert seen["zygote"] not in (0, seen["me"]) and f"::/{cgroup.name}\n" not in seen["zygote_cgroup"]
+    assert seen["zygote_session"] == seen["zygote"] != seen["my_session"]  # a ^C to the shim is not for it
+    assert (tmp_path / "ran").read_text() == "ran\nran\nran\n"
     assert (cgroup / "cgroup.procs").read_text() == ""
 
 
@@ -278,7 +279,8 @@ def test_a_zygote_ends_with_its_shim(cgroup: Path, tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, time
         from gpuq_scheduler.launcher.supervisor import intocgroup, zygote
-        born = intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1)
+        intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1).abandon()
+        born = intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1)  # the zygote's
         time.sleep(0.2)
         print(zygote.pid(), born.pid, flush=True)
         os._exit(0)  # as a shim killed: nothing tidied
@@ -303,9 +305,9 @@ def test_a_zygote_that_hangs_is_ended_and_its_waiters_are_cloned_by_the_shim(cgr
         zygote._PATIENCE = 0.5
         def born():
             return intocgroup.prepare({str(cgroup)!r}, ["true"], "/", dict(os.environ), {{}}, 1)
-        first = born()
+        born().abandon()  # the zygote starts
+        born().abandon()  # made by it
         maker = zygote.pid()
-        first.abandon()
         os.kill(maker, signal.SIGSTOP)
         try:
             born()

@@ -1,5 +1,5 @@
 """A shim's zygote (``waiter.zygote``): a small interpreter, started at the shim's first waiter, that makes
-the shim's waiters as copies of itself, cloned into their jobs' cgroups as children of the shim.
+the shim's later waiters as copies of itself, cloned into their jobs' cgroups as children of the shim.
 
 A waiter cloned from the shim costs a copy of the shim, its teardown at the exec into a fresh interpreter, and
 that interpreter's start: 10-12 ms of CPU on the 2-core VM (2026-11-27), for every job handed off or started
@@ -27,12 +27,12 @@ _PATIENCE = 10.0  # seconds for a waiter's clone (about a millisecond): past tha
 
 def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
     """A waiter holding ``fds`` (go, report, details, output) cloned into ``cgroup`` (its directory's inode
-    ``inode``, if given): its pid; None where the zygote cannot make it (the caller clones it instead). OSError
-    if the cgroup is another (ESTALE) or the clone failed (its errno)."""
-    global _socket
-    if _socket is None and not _start():
+    ``inode``, if given): its pid; None where the zygote cannot make it (not started yet, or it cannot be had:
+    the caller clones the waiter instead). OSError if the cgroup is another (ESTALE) or the clone failed (its
+    errno)."""
+    if _socket is None:  # started now for the waiters after this one, which the shim clones meanwhile: the
+        _start()  # zygote's own start takes longer than that (10-20 ms on the VM), and the job may come sooner
         return None
-    assert _socket is not None
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if inode is not None and os.fstat(where).st_ino != inode:
@@ -64,10 +64,10 @@ def pid() -> int:
     return _pid
 
 
-def _start() -> bool:
+def _start() -> None:
     global _pid, _socket, _failed
     if _failed:
-        return False
+        return
     ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     words = [sys.executable, "-I", "-S", waiter.__file__, "zygote", "3", "-", "-", waiter.WAITING]
     try:
@@ -77,12 +77,11 @@ def _start() -> bool:
     except OSError:
         ours.close()
         _failed = True
-        return False
+        return
     finally:
         its.close()
     ours.settimeout(_PATIENCE)
     _socket = ours
-    return True
 
 
 def _stop() -> None:

@@ -91,7 +91,8 @@ def is_waiter(pid: int | str) -> bool:
             words = handle.read().split(b"\0")
     except OSError:
         return False
-    # [python, -I, -S, this file, four descriptors, WAITING], and the empty word after the last NUL
+    # [python, -I, -S, this file, four descriptors, WAITING], and the empty word after the last NUL; a copy of
+    # the zygote has its words, [python, -I, -S, this file, zygote, its socket, -, -, WAITING]
     return len(words) == 10 and words[3] == __file__.encode() and words[8] == WAITING.encode()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuq_scheduler.launcher.daemon.outcomes import read_exit
-from gpuq_scheduler.launcher.daemon.shims import Shim
+from gpuq_scheduler.launcher.daemon.shims import Shim, Shims
 from gpuq_scheduler.launcher.supervisor import containment, spawncg
 from gpuq_scheduler.launcher.supervisor.processes import start_time
 from gpuq_scheduler.launcher.supervisor.shim import Blank, Launch
@@ -208,3 +208,33 @@ def test_where_the_c_library_spawns_into_a_cgroup_an_idle_start_takes_the_cgroup
         assert not cgroup.exists()
     finally:
         queue.cleanup()
+
+
+@needs_cgroup2
+@pytest.mark.parametrize("how", ["placed", "staged"])
+def test_a_blank_let_go_never_takes_the_log_of_its_job_once_that_job_went_to_a_shim(
+    cgroup: Path, tmp_path: Path, how: str
+) -> None:
+    """The daemon removes a blank's unused log when its guess missed, but once the job it was made for is sent to
+    a shim (placed on an idle GPU, or staged behind a running job), that path is the job's log: a job that wrote
+    nothing and ended before the daemon tidied (a quiet moment) keeps it. Real shims, forked by the daemon's
+    pool as the daemon does."""
+    shims = Shims()
+    log = tmp_path / "7.log"
+    try:
+        shims.keep(2)
+        shims.blank(7, containment.Box("m", str(cgroup / "job-7")), spawned=False, log=str(log))
+        assert shims.blank_for == 7
+        if how == "placed":
+            shims.unblank()  # the guess looked missed (a job waited), then job 7 was placed after all
+            shims.take(7)
+        else:
+            ahead = shims.take(6)  # job 6 runs (as far as the pool knows), and job 7 is staged behind it
+            staged = Launch(7, ["true"], {}, "/", str(log), "", "", tmp_path / "wake", None, 1.0)
+            assert shims.stage(6, staged)
+            assert shims.blank_for is None and ahead.alive()
+        log.touch()  # the job's shim opens it; the job writes nothing, and ends
+        shims.tidy(sent=set())
+        assert log.exists()
+    finally:
+        shims.close(set())

@@ -122,6 +122,7 @@ class Shims:
         else:
             shim = Shim()
         self._busy[job_id] = shim
+        self._sent(job_id)
         return shim
 
     def blank(self, job_id: int, box: containment.Box, spawned: bool, log: str) -> None:
@@ -163,8 +164,9 @@ class Shims:
 
     def tidy(self, sent: set[int]) -> None:
         """Remove the cgroups of blanks let go, ending what is left in them, and their logs if nothing was
-        written there, but not those of a job ``sent`` to a shim by now (running or staged): that shim made its
-        cgroup afresh, with the job in it, and writes its log. One sent later makes both afresh."""
+        written there, but not those of a job ``sent`` to a shim (running or staged; one sent through this
+        daemon's ``take`` or ``stage`` is forgotten here then): that shim made its cgroup afresh, with the job in
+        it, and writes its log. One sent later makes both afresh."""
         for job_id, blank in list(self._dropped.items()):
             if job_id not in sent:
                 containment.end(blank.box, -1)
@@ -204,8 +206,15 @@ class Shims:
             return False
         if self.blank_for == launch.job_id:
             self.unblank()  # that shim makes the job's cgroup afresh, which ends the blank: its holder lets it go
+        self._sent(launch.job_id)
         shim.stage(launch)
         return True
+
+    def _sent(self, job_id: int) -> None:
+        """Job ``job_id`` goes to a shim, which makes its cgroup afresh and writes its log: what a blank let go
+        left at those paths is the job's now, never to be removed by ``tidy``, even once the job has ended (a
+        job that wrote nothing leaves an empty log, which is still its log)."""
+        self._dropped.pop(job_id, None)
 
     def drop(self, after: int, job_id: int) -> None:
         shim = self._busy.get(after)

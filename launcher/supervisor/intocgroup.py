@@ -94,14 +94,9 @@ def ready(cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], ou
 
 
 def given(built: spawncg.Prepared, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> spawncg.Prepared:
-    """A spawn built for a blank (``spawncg.Prepared``), given its job. OSError if the program is not there
-    (``built`` is closed then)."""
-    try:
-        program = _find(argv[0], cwd, env)
-    except OSError:
-        built.close()
-        raise
-    return built.given(program, argv, cwd, env)
+    """A spawn built for a blank (``spawncg.Prepared``), given its job. OSError if the program is not there (the
+    caller closes ``built``, as after any failed start)."""
+    return built.given(_find(argv[0], cwd, env), argv, cwd, env)
 
 
 def cloned(

@@ -66,8 +66,10 @@ def start(
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name
-        elif blank is not None and box is not None:  # its spawn built before its submit; the daemon made the
-            what = f"its cgroup {cgroup}"  # cgroup without the job's limits, which its own box carries
+        elif blank is not None and box is not None:
+            # Its spawn was built before its submit, in a cgroup the daemon made without the job's limits: its
+            # own box carries them.
+            what = f"its cgroup {cgroup}"
             containment.limit(box)
             what = name
             ready = intocgroup.given(blank.ready, argv, cwd, env)

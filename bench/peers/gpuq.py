@@ -1,4 +1,5 @@
-"""gpuq on fake GPUs (``GPUQ_FAKE_GPUS=4x80GiB``), with a private state directory and daemon.
+"""gpuq on fake GPUs (``GPUQ_FAKE_GPUS=4x80GiB``), with a private state directory and daemon; on the host's
+real GPUs (NVML) where ``GPUQ_BENCH_REAL_GPUS=1`` is set (a lent GPU host: what NVML costs the dispatch).
 
 "Held": ``gpuq pause``; released: ``gpuq unpause``. A batch is queued through the Python API (the same
 spool files the CLI writes; only the CLI's start-up is skipped, and queueing is not timed).
@@ -74,8 +75,8 @@ class Gpuq(Tool):
             raise ToolError("gpuq is not installed: pip install -e . (from the repository root)")
         self.binary = found
         self.home = work / "gpuq-home"
-        self.fake = fake
-        self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": fake})
+        self.fake = "" if os.environ.get("GPUQ_BENCH_REAL_GPUS") else fake
+        self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": self.fake})
         # The settings passed through: costs with and without a cgroup, and cloned where the C library could spawn.
         for name in ("GPUQ_CONTAINMENT", "GPUQ_SPAWN"):
             if os.environ.get(name):

@@ -4,7 +4,9 @@
 
 One pass is what the daemon does every two seconds while anything holds a GPU: the snapshot (NVML's memory
 and per-process lists, which every tick takes anyway, for placement) and the watchdog's own work over it
-(``launcher.daemon.guarding``: each GPU process attributed to its job through /proc, then the rules).
+(``launcher.daemon.guarding``: each GPU process attributed to its job through /proc, then the rules); while a
+job holds a GPU the watchdog also reads each GPU's energy counter, after the pass's starts
+(``snapshot_with_energy``).
 Both are measured as CPU time (``time.process_time``), per pass, median of ``--passes``, in a real
 ``Scheduler`` over a fresh state directory, in these settings:
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from gpuq_scheduler.jobs.store.statedir import StateDir  # noqa: E402
 from gpuq_scheduler.launcher.daemon.attribution import MARKER, queue_key  # noqa: E402
 from gpuq_scheduler.launcher.daemon.scheduler import Scheduler  # noqa: E402
+from gpuq_scheduler.launcher.daemon.watching import Readings  # noqa: E402
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus  # noqa: E402
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource  # noqa: E402
 
@@ -70,11 +73,12 @@ def measure(root: Path, source: GpuSource, passes: int) -> dict[str, Any]:
 
         def check() -> None:
             scheduler.watch.next_at = 0.0  # every call is a sampling pass
-            scheduler.watch.check(scheduler, time.time(), snapshot)
+            scheduler.watch.check(scheduler, time.time(), Readings(source, snapshot))
 
         return {
             "gpus": len(snapshot), "gpu_processes": processes,
             "snapshot": cpu_ms(source.snapshot, passes), "watchdog": cpu_ms(check, passes),
+            "snapshot_with_energy": cpu_ms(lambda: source.snapshot(energy=True), passes),
         }  # fmt: skip
     finally:
         scheduler.close()

@@ -55,6 +55,14 @@ def test_snapshot_contract(source: GpuSource) -> None:
     assert source.snapshot() == snapshot or [g.uuid for g in source.snapshot()] == [g.uuid for g in snapshot]
 
 
+def test_energy_and_each_process_share_are_read_only_when_asked(source: GpuSource) -> None:
+    """NVML is slow to answer both on some GPUs (3 ms of CPU each per H200): every daemon pass reads without."""
+    assert all(gpu.energy is None and gpu.process_utilization is None for gpu in source.snapshot())
+    metered = source.snapshot(energy=True)
+    assert all(gpu.energy is not None and gpu.energy >= 0 and gpu.process_utilization is None for gpu in metered)
+    assert all(gpu.energy is None for gpu in source.snapshot(process_utilization=True))
+
+
 def test_distance_contract(source: GpuSource) -> None:
     count = len(source.snapshot())
     for a in range(count):
@@ -112,6 +120,46 @@ def test_an_nvml_error_on_one_gpu_marks_only_that_gpu_lost(monkeypatch: pytest.M
     first, second = source.snapshot()
     assert not first.lost and first.total == 80 << 30 and first.name == "NVIDIA H200"
     assert second.lost and second.error == "NVML: GPU is lost" and second.uuid == "GPU-1"
+    source.close()
+
+
+def test_nvml_is_asked_for_what_never_changes_once_and_for_the_dear_fields_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's answers played through the real pynvml module, each call counted: a GPU's handle, UUID
+    and name once; its energy counter and per-process shares only in the snapshots that ask for them."""
+    import collections
+    import types
+
+    import pynvml
+
+    asked: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, answer: object) -> object:
+        def call(*args: object) -> object:
+            asked[name] += 1
+            return answer(*args) if callable(answer) else answer
+
+        return call
+
+    answers = {
+        "nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetCount": 2,
+        "nvmlDeviceGetHandleByIndex": lambda index: index, "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetName": b"NVIDIA H200", "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=80, used=1),
+        "nvmlDeviceGetComputeRunningProcesses": [], "nvmlDeviceGetUtilizationRates": types.SimpleNamespace(gpu=0),
+        "nvmlDeviceGetTotalEnergyConsumption": 5000, "nvmlDeviceGetProcessUtilization": [],
+    }  # fmt: skip
+    for name, answer in answers.items():
+        monkeypatch.setattr(pynvml, name, counted(name, answer))
+    source = NvmlGpus()
+    for _ in range(3):
+        assert [gpu.uuid for gpu in source.snapshot()] == ["GPU-0", "GPU-1"]
+    assert asked["nvmlDeviceGetTotalEnergyConsumption"] == asked["nvmlDeviceGetProcessUtilization"] == 0
+    assert asked["nvmlDeviceGetMemoryInfo"] == 6
+    assert [gpu.energy for gpu in source.snapshot(energy=True)] == [5000, 5000]
+    assert source.snapshot(process_utilization=True)[0].process_utilization == {}
+    assert asked["nvmlDeviceGetTotalEnergyConsumption"] == asked["nvmlDeviceGetProcessUtilization"] == 2
+    assert asked["nvmlDeviceGetHandleByIndex"] == asked["nvmlDeviceGetUUID"] == asked["nvmlDeviceGetName"] == 2
     source.close()
 
 

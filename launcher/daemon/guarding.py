@@ -19,6 +19,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.watching import Readings
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import energy
 from gpuq_scheduler.launcher.policy import watchdog as rules
@@ -43,8 +44,8 @@ class Watch:
         """The watchdog of the queue at ``root``, with its rules' defaults until the daemon's settings come."""
         return cls(attribution.queue_key(root), rules.Settings(overhead=overhead))
 
-    def check(self, scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
-        check(scheduler, self, now, snapshot)
+    def check(self, scheduler: SchedulerState, now: float, readings: Readings) -> None:
+        check(scheduler, self, now, readings)
 
 
 def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rules.Settings:
@@ -59,11 +60,15 @@ def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rul
     )  # fmt: skip
 
 
-def check(scheduler: SchedulerState, watch: Watch, now: float, snapshot: list[GpuSnapshot]) -> None:
-    """One check over this pass's snapshot, at most every ``EVERY`` seconds."""
+def check(scheduler: SchedulerState, watch: Watch, now: float, readings: Readings) -> None:
+    """One check over this pass's snapshot, at most every ``EVERY`` seconds. Energy counters are read only
+    while a job holds a GPU: a job is charged from the first check after its start, never for what its GPU
+    drew before."""
     if now < watch.next_at:
         return
     watch.next_at = now + EVERY
+    holding = any(job.record.gpus for job in scheduler.running.values())
+    snapshot = readings.with_energy() if holding else readings.plain
     seen = [
         rules.Seen(gpu.index, pid, used)
         for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()

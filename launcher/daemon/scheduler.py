@@ -1,7 +1,7 @@
 # One module past 400 lines on purpose: the tick and its steps read as one table of contents.
 """The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
 
-    reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample
+    reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample -> (the go) -> watch
 
 Requests (cancel, hold, drain...) are applied in ``launcher.daemon.requests``; the rules for dependencies,
 retries and fail-fast holds are pure functions in ``launcher.policy.lifecycle``.
@@ -17,7 +17,8 @@ import functools
 import logging
 import operator
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
@@ -49,6 +50,7 @@ from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile
 
 log = logging.getLogger("gpuq.scheduler")
+T = TypeVar("T")
 
 SPARES = 8  # at most this many idle shims
 LIVENESS_EVERY = 2.0  # seconds between checks that shims are still alive (a shim killed -9 writes no exit file)
@@ -73,30 +75,52 @@ class Scheduler(SchedulerState):
     def tick(self, now: float) -> None:
         """One pass: everything the daemon does happens here, in this order.
 
-        Ingest commits on its own (its spool files go only once their jobs are on disk). The rest of the
-        tick is one transaction; what must follow the commit (a shim's go, removing an exit file, a
+        Ingest commits on its own (its spool files go only once their jobs are on disk). Placement and the
+        launches are one transaction; what must follow the commit (a shim's go, removing an exit file, a
         notification) waits in ``after_commit``, so a crash before the commit repeats nothing and loses
-        nothing, and a job ending and the next one starting cost one fsync between them.
+        nothing, and a job ending and the next one starting cost one fsync between them. What only watches
+        the running jobs (the watchdog, their GPU energy, idle GPUs) comes once those placed were told to go,
+        in a transaction of its own: it may read what NVML is slow to answer (``watching.Readings``).
         """
         self.reap()
         self.ingest(now)
         self.write_journal()  # ingest committed on its own
+        snapshot = self._transaction(lambda: self._place(now))
+        self.forget_ingested()
+        if self._watch_due(now):
+            readings = watching.Readings(self.source, snapshot)
+            self._transaction(lambda: self._watch(now, readings))
+
+    def _place(self, now: float) -> list[GpuSnapshot]:
+        self.reconcile(now)
+        suspending.advance(self, now, self.journal)
+        endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
+        snapshot = self.snapshot()
+        watching.stop_on_lost_gpus(self, now, snapshot)
+        withdraw_gone(self, now)
+        self.launch_fenced(now)
+        preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
+        self.place_and_launch(now, snapshot)
+        preempting.decide(self, now, snapshot)
+        watching.sample(self, now, snapshot)
+        return snapshot
+
+    def _watch_due(self, now: float) -> bool:
+        checks = [self.watch.next_at, self.monitor.next_idle_check]
+        if self.monitor.idle_report is not None:
+            checks.append(self.monitor.next_batch_check)
+        return now >= min(checks)
+
+    def _watch(self, now: float, readings: watching.Readings) -> None:
+        self.watch.check(self, now, readings)
+        watching.release_idle(self, now, readings)
+        watching.report_idle_batch(self, now, readings)
+
+    def _transaction(self, steps: Callable[[], T]) -> T:
+        """``steps`` in one transaction of the table; then what waits for its commit (``after_commit``)."""
         try:
             with self.table.batch():
-                self.reconcile(now)
-                suspending.advance(self, now, self.journal)
-                endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
-                snapshot = self.snapshot()
-                watching.stop_on_lost_gpus(self, now, snapshot)
-                withdraw_gone(self, now)
-                self.launch_fenced(now)
-                preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
-                self.place_and_launch(now, snapshot)
-                preempting.decide(self, now, snapshot)
-                watching.sample(self, now, snapshot)
-                self.watch.check(self, now, snapshot)
-                watching.release_idle(self, now, snapshot)
-                watching.report_idle_batch(self, now, snapshot)
+                done = steps()
         except BaseException:
             for undo in self.on_rollback:
                 undo()
@@ -107,7 +131,7 @@ class Scheduler(SchedulerState):
         for action in then:
             action()
         self.write_journal()
-        self.forget_ingested()
+        return done
 
     def write_journal(self) -> None:
         journal.append(self.state.events, self.journal)

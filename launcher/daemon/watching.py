@@ -13,7 +13,7 @@ from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
-from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import blame
 from gpuq_scheduler.launcher.policy.placement import GpuView
 from gpuq_scheduler.launcher.supervisor import containment, processes
@@ -22,6 +22,28 @@ log = logging.getLogger("gpuq.scheduler")
 
 LOST_AFTER = 5.0  # seconds a GPU must stay lost before its jobs are stopped: one NVML hiccup is not a dead GPU
 SAMPLE_EVERY = 2.0  # seconds between samples of per-process GPU memory (peak memory of each job)
+
+
+class Readings:
+    """A pass's GPU snapshot, and what NVML is slow to answer on some GPUs (``GpuSource.snapshot``), read when a
+    step that watches the running jobs first asks for it, once a pass: each GPU's energy counter (the
+    watchdog's charge), each process's share of its GPU's time (idle jobs)."""
+
+    def __init__(self, source: GpuSource, plain: list[GpuSnapshot]) -> None:
+        self.plain = plain
+        self._source = source
+        self._energy: list[GpuSnapshot] | None = None
+        self._shares: list[GpuSnapshot] | None = None
+
+    def with_energy(self) -> list[GpuSnapshot]:
+        if self._energy is None:
+            self._energy = self._source.snapshot(energy=True)
+        return self._energy
+
+    def with_shares(self) -> list[GpuSnapshot]:
+        if self._shares is None:
+            self._shares = self._source.snapshot(process_utilization=True)
+        return self._shares
 
 
 def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -104,7 +126,7 @@ def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
     )  # fmt: skip
 
 
-def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> None:
     """Say how long each interactive job's GPUs did no work (its reason, once a minute or a tenth of the
     limit has passed), and with an idle limit release those idle that long. In the limit's last tenth (10
     minutes at most, three checks at least) the reason says when, which its `gpuq run` shows on the terminal.
@@ -121,7 +143,7 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
     ]  # fmt: skip
     if not watched:
         return
-    busy = _busy(scheduler, snapshot)
+    busy = _busy(scheduler, readings.with_shares())
     reasons: dict[int, str] = {}
     events: list[dict[str, Any]] = []
     clock = time.monotonic()  # idle time is a duration: a jump of the wall clock must not release a busy job
@@ -151,7 +173,7 @@ def release_idle(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapsh
 IDLE_BATCH = "no GPU work for"  # how a batch job's reason begins while its GPUs do nothing (doctor reads it)
 
 
-def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings) -> None:
     """Say in its reason when a batch job's GPUs have done no work for ``idle_report`` or more (a hung
     NCCL call, a job waiting on input that never comes): it holds GPUs others wait for. Reported, never
     stopped: a batch job may have long phases on the CPU. Idle time is monotonic, counted from when this
@@ -162,8 +184,11 @@ def report_idle_batch(scheduler: SchedulerState, now: float, snapshot: list[GpuS
     scheduler.monitor.next_batch_check = now + min(SAMPLE_EVERY, after / 10)
     watched = [(job_id, job) for job_id, job in scheduler.running.items()
                if not job.record.spec.interactive and job.record.gpus]  # fmt: skip
+    if not watched:
+        return
+    snapshot = readings.with_shares()
     judged = {gpu.index for gpu in snapshot if gpu.process_utilization is not None}
-    if not watched or not judged:
+    if not judged:
         return
     busy = _busy(scheduler, snapshot)
     clock = time.monotonic()

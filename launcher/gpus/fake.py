@@ -41,7 +41,7 @@ class FakeGpus:
         else:
             self.snapshot()  # fail now, at start-up, if the file is unreadable
 
-    def snapshot(self) -> list[GpuSnapshot]:
+    def snapshot(self, *, energy: bool = False, process_utilization: bool = False) -> list[GpuSnapshot]:
         if self._path is None:
             gpus = list(self._fixed)
         else:
@@ -50,11 +50,12 @@ class FakeGpus:
             except (OSError, ValueError) as err:
                 raise BadInput(f"GPUQ_FAKE_GPUS={self._path}: cannot read it ({err}); fix the JSON file") from None
             gpus = parse_fake_json(data, str(self._path))
-        used = round((time.monotonic() - self._born) * FAKE_WATTS * 1000)
-        gpus = [gpu if gpu.lost else dataclasses.replace(gpu, energy=used) for gpu in gpus]
-        return self._with_processes(gpus) if self._usage is not None else gpus
+        if energy:  # read only when asked, as from NVML, where it is dear
+            used = round((time.monotonic() - self._born) * FAKE_WATTS * 1000)
+            gpus = [gpu if gpu.lost else dataclasses.replace(gpu, energy=used) for gpu in gpus]
+        return self._with_processes(gpus, process_utilization) if self._usage is not None else gpus
 
-    def _with_processes(self, gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
+    def _with_processes(self, gpus: list[GpuSnapshot], shares: bool) -> list[GpuSnapshot]:
         assert self._usage is not None
         held: dict[int, dict[int, int]] = {}
         busy: dict[int, dict[int, int]] = {}
@@ -75,7 +76,7 @@ class FakeGpus:
             dataclasses.replace(
                 gpu, used=min(gpu.total, gpu.used + sum(held[gpu.index].values())),
                 processes={**(gpu.processes or {}), **held[gpu.index]},
-                process_utilization=busy.get(gpu.index, {}),
+                process_utilization=busy.get(gpu.index, {}) if shares else None,
             ) if gpu.index in held and not gpu.lost else gpu
             for gpu in gpus
         ]  # fmt: skip

@@ -11,6 +11,7 @@ class NvmlGpus:
     """Real GPUs. An error on one GPU marks that GPU lost; it never stops the snapshot of the others."""
 
     def __init__(self) -> None:
+        self._known: dict[int, tuple[Any, str, str]] = {}  # index -> handle, UUID, name: fixed while NVML is up
         try:
             import pynvml
         except ImportError:
@@ -24,27 +25,34 @@ class NvmlGpus:
         self._nvml = pynvml
         self._count = pynvml.nvmlDeviceGetCount()
 
-    def snapshot(self) -> list[GpuSnapshot]:
+    def snapshot(self, *, energy: bool = False, process_utilization: bool = False) -> list[GpuSnapshot]:
         if self._nvml is None:
             return []
-        return [self._one(index) for index in range(self._count)]
+        return [self._one(index, energy, process_utilization) for index in range(self._count)]
 
-    def _one(self, index: int) -> GpuSnapshot:
+    def _one(self, index: int, energy: bool, process_utilization: bool) -> GpuSnapshot:
         nvml = self._nvml
         uuid, name, total = f"GPU-unknown-{index}", "unknown", 0
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            handle, uuid, name = self._identity(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             total = int(memory.total)
             processes = self._processes(handle)
             return GpuSnapshot(
                 index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle),
-                process_utilization=self._busy_processes(handle), energy=self._energy(handle),
+                process_utilization=self._busy_processes(handle) if process_utilization else None,
+                energy=self._energy(handle) if energy else None,
             )  # fmt: skip
         except nvml.NVMLError as err:
+            self._known.pop(index, None)  # asked afresh next time: a GPU back from a reset may have a new handle
             return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")
+
+    def _identity(self, index: int) -> tuple[Any, str, str]:
+        if index not in self._known:
+            nvml = self._nvml
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self._known[index] = handle, _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))
+        return self._known[index]
 
     def _busy(self, handle: Any) -> int | None:
         try:

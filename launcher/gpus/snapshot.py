@@ -25,8 +25,9 @@ class GpuSnapshot:
     lost: bool = False
     error: str = ""
     utilization: int | None = None  # percent of the last sample period a kernel ran (NVML); None: not known
+    # The two below only where the snapshot was asked for them (``GpuSource.snapshot``); None: not read, or not known.
     process_utilization: Mapping[int, int] | None = None  # pid -> its share of the GPU's time, percent (NVML)
-    energy: int | None = None  # millijoules the GPU has used since its driver loaded (NVML's counter); None: not known
+    energy: int | None = None  # millijoules the GPU has used since its driver loaded (NVML's counter)
 
     def outside_use(self, ours: set[int] | frozenset[int]) -> int:
         """Memory held by processes that are not gpuq's jobs (``ours``). When the driver hides who uses
@@ -38,7 +39,12 @@ class GpuSnapshot:
 
 
 class GpuSource(Protocol):
-    def snapshot(self) -> list[GpuSnapshot]: ...
+    def snapshot(self, *, energy: bool = False, process_utilization: bool = False) -> list[GpuSnapshot]:
+        """Each GPU now: memory, processes, utilisation. ``energy`` and ``process_utilization`` read those
+        fields too (None otherwise): NVML is slow to answer them on some GPUs (about 3 ms of CPU each, per GPU,
+        on an H200, where the rest of a GPU's reading takes 0.03 ms; ``bench/nvml_cost.py``), so only a caller
+        that uses them asks, and the daemon never before a pass's starts."""
+        ...
 
     def distance(self, a: int, b: int) -> int | None:
         """How far apart two GPUs are (0 = NVLink; larger = further over PCIe); None if unknown."""

@@ -74,7 +74,7 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         table.close()
     pids = {record.id: processes.job_pids(record, launch.shim_pid) for record, launch in launches}
     ours = {pid for found in pids.values() for pid in found}
-    snapshot = source.snapshot()
+    snapshot = source.snapshot(process_utilization=True)
     on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}
     recorded = containment.read_record(str(queue.state.inventory))
     group = recorded.group if recorded is not None else ""

@@ -106,6 +106,10 @@ def test_a_detached_grandchild_holding_gpu_memory_ends_with_its_job(queue: Gpuq)
         "while [ ! -s grandchild.pid ]; do sleep 0.1; done\n"
     ))  # fmt: skip
     (queue.cwd / leave).chmod(0o755)
+    count = nvml_gpu_count()
+    if count > 1:  # the grandchild, without CUDA_VISIBLE_DEVICES, takes GPU 0: let that be the job's own
+        queue.wait_state(queue.submit("--gpus", "0", "true"), "succeeded")  # the daemon is up
+        queue.run("drain", *(str(i) for i in range(1, count)))
     job = queue.submit("--gpus", "1", f"./{leave}")
     record = queue.wait_state(job, "succeeded", "failed", timeout=180)
     pid = int((queue.cwd / "grandchild.pid").read_text())

@@ -182,3 +182,45 @@ def test_an_unknown_watchdog_setting_is_refused_with_one_line(tmp_path: Path) ->
         f'gpuq: {config}: watchdog.past_share must be "stop" or "warn", not \'kill\''
     ]
     assert client.daemon_pid() is None  # nothing started
+
+
+def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp_path: Path) -> None:
+    """NVML takes ~3 ms of CPU per GPU to read one on an H200: an idle box never pays it, and the daemon's pass
+    (placement) never does; the watchdog, after the pass's starts, does while a job holds a GPU."""
+    import os
+
+    from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
+    from gpuq_scheduler.jobs.outcome import JobState
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
+    from gpuq_scheduler.launcher.daemon.watching import Readings
+    from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+    from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+
+    asked: list[tuple[bool, bool]] = []
+
+    class Asked(FakeGpus):  # the fake inventory, each snapshot's request written down
+        def snapshot(self, *, energy: bool = False, process_utilization: bool = False) -> list[GpuSnapshot]:
+            asked.append((energy, process_utilization))
+            return super().snapshot(energy=energy, process_utilization=process_utilization)
+
+    state = StateDir(tmp_path / "home")
+    state.ensure()
+    scheduler = Scheduler(state, Asked("1x80GiB"))
+    try:
+        plain = scheduler.snapshot()  # the pass's
+        with scheduler.table.batch():
+            scheduler.watch.check(scheduler, 100.0, Readings(scheduler.source, plain))
+        assert asked == [(False, False)]
+        spec = JobSpec(command=("true",), cwd="/tmp", env={}, gpus=1)
+        record = JobRecord(id=1, spec=spec, uid=os.getuid(), user="me", state=JobState.RUNNING, submitted_at=0.0,
+                           started_at=0.0, gpus=(0,), log="")  # fmt: skip
+        launch = Launch(shim_pid=0, shim_start=None, boot_id=scheduler.boot_id, port=None)
+        scheduler.running[1] = Running(record, launch)
+        for now in (101.0, 103.0, 103.5):  # within 2 s of the last check; due; within 2 s again
+            with scheduler.table.batch():
+                scheduler.watch.check(scheduler, now, Readings(scheduler.source, plain))
+        assert asked == [(False, False), (True, False)]
+    finally:
+        scheduler.running.clear()
+        scheduler.close()

@@ -4,6 +4,7 @@
 #   TARS     `git archive --prefix=NAME/` files of the revisions, e.g. ".whl/before.tar .whl/after.tar"
 #   ROUNDS   how many times the revisions run in turn (default 2)
 #   NO_TESTS if set, not `pytest -m gpu` at this checkout
+#   NO_COST  if set, not the watchdog's cost
 # Each round runs workloads A and B (--quick, --repeat 3) of each revision's harness with gpuq on the host's
 # real GPUs (GPUQ_BENCH_REAL_GPUS=1), each revision installed in place for its runs. Once: each NVML call's
 # cost (bench/nvml_cost.py), and at this checkout every GPU test and the watchdog's cost with 16 CUDA
@@ -33,12 +34,14 @@ python3 -m pip install -q --no-deps --no-build-isolation -e "$here" 2>&1 | tail 
 if [ -z "${NO_TESTS:-}" ]; then
     timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests 2>&1 | tee "$res/pytest_gpu.log" | tail -6
 fi
-timeout 120 python3 bench/watchdog_cost.py --cuda 16 --json "$res/watchdog_cost.json" > /dev/null 2>&1
-python3 -c "
+if [ -z "${NO_COST:-}" ]; then
+    timeout 120 python3 bench/watchdog_cost.py --cuda 16 --json "$res/watchdog_cost.json" > /dev/null 2>&1
+    python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))['nvml']
 print({state: {k: v['median_ms'] for k, v in d[state].items() if isinstance(v, dict)} for state in ('idle', 'busy')})
 " "$res/watchdog_cost.json"
+fi
 echo "== MPS processes left: $(ps -eo pid,comm | grep -i mps || echo none)"
 date -u
 tar czf "$OUT/res.tgz" -C /tmp res

@@ -127,7 +127,8 @@ def test_nvml_is_asked_for_what_never_changes_once_and_for_the_dear_fields_only_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The driver's answers played through the real pynvml module, each call counted: a GPU's handle, UUID
-    and name once; its energy counter and per-process shares only in the snapshots that ask for them."""
+    and name once, and the link between two GPUs; its energy counter and per-process shares only in the
+    snapshots that ask for them."""
     import collections
     import types
 
@@ -148,6 +149,7 @@ def test_nvml_is_asked_for_what_never_changes_once_and_for_the_dear_fields_only_
         "nvmlDeviceGetName": b"NVIDIA H200", "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=80, used=1),
         "nvmlDeviceGetComputeRunningProcesses": [], "nvmlDeviceGetUtilizationRates": types.SimpleNamespace(gpu=0),
         "nvmlDeviceGetTotalEnergyConsumption": 5000, "nvmlDeviceGetProcessUtilization": [],
+        "nvmlDeviceGetP2PStatus": pynvml.NVML_P2P_STATUS_OK,
     }  # fmt: skip
     for name, answer in answers.items():
         monkeypatch.setattr(pynvml, name, counted(name, answer))
@@ -159,7 +161,9 @@ def test_nvml_is_asked_for_what_never_changes_once_and_for_the_dear_fields_only_
     assert [gpu.energy for gpu in source.snapshot(energy=True)] == [5000, 5000]
     assert source.snapshot(process_utilization=True)[0].process_utilization == {}
     assert asked["nvmlDeviceGetTotalEnergyConsumption"] == asked["nvmlDeviceGetProcessUtilization"] == 2
-    assert asked["nvmlDeviceGetHandleByIndex"] == asked["nvmlDeviceGetUUID"] == asked["nvmlDeviceGetName"] == 2
+    assert asked["nvmlDeviceGetUUID"] == asked["nvmlDeviceGetName"] == 2
+    assert [source.distance(0, 1) for _ in range(3)] == [0, 0, 0]  # NVLink, asked once
+    assert asked["nvmlDeviceGetP2PStatus"] == 1
     source.close()
 
 

@@ -12,6 +12,7 @@ class NvmlGpus:
 
     def __init__(self) -> None:
         self._known: dict[int, tuple[Any, str, str]] = {}  # index -> handle, UUID, name: fixed while NVML is up
+        self._links: dict[tuple[int, int], int] = {}  # (a, b) -> distance, as ``distance`` found it
         try:
             import pynvml
         except ImportError:
@@ -94,17 +95,23 @@ class NvmlGpus:
         return usage
 
     def distance(self, a: int, b: int) -> int | None:
+        """Asked of the driver once per pair: the links between GPUs do not change while NVML is up, and
+        placement asks for every pair of a multi-GPU job's candidates in each pass."""
         if self._nvml is None:
             return None
-        nvml = self._nvml
-        try:
-            first, second = nvml.nvmlDeviceGetHandleByIndex(a), nvml.nvmlDeviceGetHandleByIndex(b)
-            status = nvml.nvmlDeviceGetP2PStatus(first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
-            if status == nvml.NVML_P2P_STATUS_OK:
-                return 0
-            return int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
-        except nvml.NVMLError:
-            return None
+        if (a, b) not in self._links:
+            nvml = self._nvml
+            try:
+                first, second = nvml.nvmlDeviceGetHandleByIndex(a), nvml.nvmlDeviceGetHandleByIndex(b)
+                status = nvml.nvmlDeviceGetP2PStatus(first, second, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                if status == nvml.NVML_P2P_STATUS_OK:
+                    found = 0
+                else:
+                    found = int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+            except nvml.NVMLError:
+                return None  # not kept: asked again next time
+            self._links[(a, b)] = found
+        return self._links[(a, b)]
 
     def close(self) -> None:
         """Shut NVML down once: a second close (a source shared by two schedulers, as the benches do) is a no-op."""

@@ -106,6 +106,8 @@ class Scheduler(SchedulerState):
         return snapshot
 
     def _watch_due(self, now: float) -> bool:
+        """Whether a step of ``_watch`` may act in this pass (each still keeps its own time): no transaction is
+        opened for none."""
         checks = [self.watch.next_at, self.monitor.next_idle_check]
         if self.monitor.idle_report is not None:
             checks.append(self.monitor.next_batch_check)

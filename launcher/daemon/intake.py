@@ -5,6 +5,9 @@ applied (``launcher.daemon.requests``); files that are not requests are set asid
 queue a submit's private part (command, cwd, environment) is written for its owner first, and the
 per-user limit on queued jobs is enforced here, where no client can get around it. A shared queue's submits
 get their ids here (``_number``) and their clients learn them once they are on disk (``answer``).
+
+A request counts only for the user who wrote it (its file's owner, as the kernel says): a token already
+given to another user's job is set aside, and nothing stored for a job that exists is written again.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         return
     events: list[dict[str, Any]] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
-    named: list[tuple[str, int, float]] = []
+    named: list[tuple[str, int, int, float]] = []
     if scheduler.shared is not None:
         submits, named = _number(scheduler, submits, now, events)
     else:
@@ -53,8 +56,10 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         taken = scheduler.table.owners([r.job_id for r in submits])
         submits = [r for r in submits if r.job_id not in taken or not _clashes(scheduler, r, now, events)]
     if scheduler.private is not None:
+        given = {job_id for _, _, job_id, _ in named}
         for submit in submits:
-            _keep_private(scheduler, submit)
+            if submit.job_id in given:  # not a re-send of a job given its id before: its file stays as written
+                _keep_private(scheduler, submit)
     submits = [_with_default_time(scheduler, r) for r in submits]
     fresh = [record for r in submits for record in expand(scheduler.state, r)]
     arrays = [
@@ -99,10 +104,12 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
 
 def _number(
     scheduler: SchedulerState, submits: list[spool.SubmitRequest], now: float, events: list[dict[str, Any]]
-) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, float]]]:
-    """Give a shared queue's submits their ids: (the requests with their ids, (token, id, now) of those
-    given one now). A request read before a crash keeps the id it was given then (``JobTable.intake_ids``);
-    one that names its own id (a file written by hand) is set aside: ids are the daemon's to give."""
+) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, int, float]]]:
+    """Give a shared queue's submits their ids: (the requests with their ids, (token, uid, id, now) of those
+    given one now). A request its user sent again (read before a crash) keeps the id it was given then
+    (``JobTable.intake_ids``). Set aside, their writers told: one that names its own id (a file written by
+    hand: ids are the daemon's to give); one named by a token that another user's job was given (a request
+    counts only for its writer)."""
     numbered: list[spool.SubmitRequest] = []
     for request in submits:
         if request.token is None:
@@ -111,15 +118,19 @@ def _number(
         else:
             numbered.append(request)
     known = scheduler.table.intake_ids([r.token for r in numbered if r.token is not None])
-    given: list[tuple[str, int, float]] = []
+    given: list[tuple[str, int, int, float]] = []
     out: list[spool.SubmitRequest] = []
     for request in sorted(numbered, key=lambda r: (r.submitted_at, r.path)):
         assert request.token is not None
-        job_id = known.get(request.token)
+        job_id, writer = known.get(request.token, (None, request.uid))
+        if writer != request.uid:
+            reason = "is named by a token that another user's job was submitted under; submit with `gpuq submit`"
+            set_aside(scheduler, spool.BadRequest(request.path, reason), now, events, answer=False)
+            continue
         if job_id is None:
             job_id = scheduler.next_id
             scheduler.next_id += 1 + (len(request.array.indices) if request.array else 0)
-            given.append((request.token, job_id, now))
+            given.append((request.token, request.uid, job_id, now))
         out.append(dataclasses.replace(request, job_id=job_id))
     return out, given
 
@@ -174,8 +185,12 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
     scheduler.private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
 
 
-def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
-    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`)."""
+def set_aside(
+    scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]], *, answer: bool = True
+) -> None:
+    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`).
+    ``answer``: and to its client (``answers/<token>``): not where the token is another user's, whose client
+    may still be about to read the id its own request got."""
     try:
         owner: int | None = os.lstat(bad.path).st_uid
     except OSError:
@@ -183,7 +198,7 @@ def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, even
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
     token = spool.token_of(name)
-    if scheduler.shared is not None and token is not None:  # its client waits for an answer: say why, not an id
+    if scheduler.shared is not None and token is not None and answer:  # its client waits: say why, not an id
         with contextlib.suppress(StateDirError):
             write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
                          mode=0o644)  # fmt: skip

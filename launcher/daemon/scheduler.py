@@ -392,7 +392,8 @@ class Scheduler(SchedulerState):
             account = accounts.account(record.uid)
             problem = "" if account else f"its owner (uid {record.uid}) no longer has an account here"
             if is_public(spec):
-                problem = f"its command and environment ({self.state.private_file(record.id)}) are missing"
+                where = self.state.private_file(record.id if record.array_id is None else record.array_id)
+                problem = f"its command and environment ({where}) are missing or not its owner's (see `gpuq doctor`)"
             if problem:
                 endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
                 return

@@ -1,6 +1,7 @@
 """A request counts only for the user who wrote it (issue 38): a teammate who reads the public job table and
 writes requests by hand, as a real second Unix user against a root daemon on fake GPUs. He finds no submit's
-token; one he has all the same runs nothing of his as its victim; a private file that became his is refused.
+token; one he has all the same runs nothing of his as its victim; a private file that became his is refused;
+his requests past the per-user cap are set aside, with him told, not kept as rows.
 Real users as in tests/test_shared_security.py, whose users it shares (never run the two modules at once).
 """
 
@@ -138,3 +139,59 @@ def test_a_private_file_its_job_owner_does_not_own_is_refused_and_named_by_docto
     ).read_text()
     assert "(private)" in shared.gpuq(mal, "show", str(victim)).stdout  # his file is not shown as the job's
 
+
+FLOOD = r"""
+import json, os, sys, time
+from gpuq_scheduler.jobs.model import JobSpec
+from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+s, count = StateDir(sys.argv[1]), int(sys.argv[2])
+spec = JobSpec(("sleep", "300"), os.getcwd(), gpus=1).to_json()
+for _ in range(count):
+    body = {"schema": 1, "kind": "submit", "submitted_at": time.time(), "spec": spec}
+    write_atomic(s.token_request(os.urandom(16).hex()), json.dumps(body).encode(), durable=False)
+outbox.poke(s)
+"""
+
+
+def test_requests_over_the_user_cap_are_set_aside_with_their_owner_told_not_kept_as_rows(
+    shared: SharedQueue, users: dict[str, User]
+) -> None:
+    """Issue 38's finding 3: mallory writes 40 requests by hand into a queue that lets a user queue 3 jobs.
+    At 34565a6 each one past the cap became a finished "user cap" row. Now the 3 the cap allows are his jobs
+    and the rest are set aside, each with a note to him; his client's own submit over the cap says why and
+    fails; dave's job meanwhile gets its id and runs."""
+    shared.start("max_queued_per_user = 3\n", gpus="1x80GiB")
+    dave, mal = users["dave"], users["mal"]
+    blocker = shared.submit(dave, "--gpus", "1", "sleep", "600")  # all of mallory's wait: the cap counts those
+    wait_for(lambda: shared.records()[blocker]["state"] == "running", 30, "dave's first job to hold the GPU")
+    shared.python_as(mal, FLOOD, str(shared.home), "40")
+    spool = shared.home / "spool"
+    wait_for(lambda: not any(p.name.startswith("submit-") for p in spool.iterdir()), 60, "the flood to be read")
+    job = shared.submit(dave, "--gpus", "0", "true")
+    shared.wait(dave, job)
+    records = shared.records()
+    assert records[job]["state"] == "succeeded"
+    his = [r for r in records.values() if r["user"] == "gqsmal"]
+    assert len(his) == 3 and all(r["state"] == "pending" for r in his), his
+    refused = shared.gpuq(mal, "submit", "--gpus", "1", "sleep", "300", check=False)  # the client's own check
+    assert refused.returncode == 2 and "this queue takes at most 3 per user" in refused.stderr, refused
+    awaited = (  # a request past the client's check (written by hand, or racing another): its client is told
+        "import json, os, sys, time\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
+        "from gpuq_scheduler.jobs.model import JobSpec\nfrom gpuq_scheduler.jobs.store import outbox\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+        "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
+        "body = {'schema': 1, 'kind': 'submit', 'submitted_at': time.time(),\n"
+        "        'spec': JobSpec(('true',), os.getcwd(), gpus=1).to_json()}\n"
+        "write_atomic(s.token_request(token), json.dumps(body).encode())\noutbox.poke(s)\n"
+        "try:\n    print(outbox.await_id(s, token, 60))\nexcept BadInput as err:\n    print(err)\n"
+    )
+    told = shared.python_as(mal, awaited, str(shared.home))
+    assert "set the request aside: it user cap: gqsmal already has 3 jobs queued" in told, told
+    notes = shared.gpuq(mal, "status").stderr
+    assert notes.count("user cap") == 20, notes  # the latest 20 set aside (notices.KEEP) of his 38
+    assert len(list((spool / "rejected").glob("*.why"))) == 37 + 1  # the flood past the cap, and the awaited one
+    assert "user cap" not in shared.gpuq(dave, "status").stderr  # his notes are his own
+    assert len(shared.records()) == len(records)  # the refused client's request made no row either
+    shared.gpuq(mal, "cancel", *(str(r["id"]) for r in his))
+    shared.gpuq(dave, "cancel", str(blocker))

@@ -39,7 +39,7 @@ ANSWERS_KEPT = 3600.0  # seconds an answer waits for its client (who reads it wi
 
 def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | None = None) -> None:
     """``found``: these requests (``launcher.daemon.isolation`` passes them one at a time), else the spool's."""
-    found = spool.scan(scheduler.state) if found is None else found
+    found = spool.scan(scheduler.state)[0] if found is None else found
     if not found:
         return
     events: list[dict[str, Any]] = []

@@ -180,6 +180,8 @@ class Scheduler(SchedulerState):
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
+        if self.spool_left:
+            return 0.0  # a flood of one user's requests, read a part a pass: the next part at once
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.suspensions.acting or self.suspensions.resume_wanted:

@@ -387,7 +387,7 @@ def _spool(state: StateDir, rows: list[_Row], problems: list[Problem]) -> set[in
     """The ids of the jobs waiting in the spool; reports ids that the table already holds."""
     recorded = {row.id: row for row in rows}
     spooled: set[int] = set()
-    for request in spool.scan(state):
+    for request in spool.scan(state)[0]:
         if isinstance(request, spool.BadRequest):
             if os.path.exists(request.path):  # not just ingested and deleted while we looked
                 problems.append(

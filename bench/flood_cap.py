@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pwd
 import signal
@@ -134,7 +135,7 @@ def one(work: Path, rev: str, round_: int, flood: int) -> dict[str, float]:
         rows = sqlite3.connect(home / "jobs.db").execute("SELECT COUNT(*) FROM jobs WHERE uid=?", (flooder,))
         return {
             "idle": 1000 * statistics.median(idle), "median": 1000 * statistics.median(during),
-            "p90": 1000 * during[int(0.9 * (len(during) - 1))], "worst": 1000 * during[-1], "n": len(during),
+            "p90": 1000 * during[math.ceil(0.9 * len(during)) - 1], "worst": 1000 * during[-1], "n": len(during),
             "drained": drained, "rows": rows.fetchone()[0],
         }  # fmt: skip
     finally:

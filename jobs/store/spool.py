@@ -266,7 +266,7 @@ def _array(data: Any) -> ArrayPlan | str | None:
 def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:
     """Submits the daemon has not ingested yet, so readers can show them before it wakes (not a shared
     queue's: they have no id until the daemon reads them)."""
-    for request in scan(state):
+    for request in scan(state)[0]:
         if isinstance(request, SubmitRequest) and request.token is None:
             yield request
 

@@ -16,6 +16,7 @@ import pytest
 from gpuq_scheduler.jobs.errors import NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store import private
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -105,6 +106,24 @@ def test_a_34565a6_shared_table_upgrades_without_keeping_its_submit_tokens(tmp_p
     assert sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA user_version").fetchone()[0] == TABLE_VERSION == 5
     for path in tmp_path.iterdir():
         assert not any(t.encode() in path.read_bytes() for t in tokens.values()), path
+
+
+def test_a_private_file_is_believed_only_as_a_plain_file_of_its_jobs_owner(tmp_path: Path) -> None:
+    """What the daemon (root) reads back as a job's command: a link, another user's file (as 34565a6 let a
+    replayed token make it) or one larger than a request could be is refused, saying which."""
+    state = StateDir(tmp_path)
+    state.private.mkdir()
+    fields = {"command": ["true"], "cwd": "/", "env": {}, "python": None, "notify": None}
+    Path(state.private_file(1)).write_text(json.dumps(fields))
+    assert private.read(state, 1, os.getuid()) == fields
+    with pytest.raises(private.Refused, match=f"belongs to uid {os.getuid()}, not to the job's owner"):
+        private.read(state, 1, os.getuid() + 1)
+    os.symlink(state.private_file(1), state.private_file(2))
+    with pytest.raises(private.Refused, match="is a link"):
+        private.read(state, 2, os.getuid())
+    Path(state.private_file(3)).write_bytes(b" " * (private.MAX_BYTES + 1))
+    with pytest.raises(private.Refused, match="more than a job's command and environment can be"):
+        private.read(state, 3, os.getuid())
 
 
 def test_a_corrupt_table_says_what_to_do(tmp_path: Path) -> None:

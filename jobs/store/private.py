@@ -26,6 +26,7 @@ from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 
 HIDDEN = "(private)"
+MAX_BYTES = 8 << 20  # as a spool request (``spool.MAX_REQUEST_BYTES``), which these fields came from
 FIELDS = ("command", "cwd", "env", "python", "notify")
 
 
@@ -114,6 +115,8 @@ def not_owned(found: os.stat_result, uid: int) -> str:
         return "is not a plain file"
     if found.st_uid != uid:
         return f"belongs to uid {found.st_uid}, not to the job's owner (uid {uid})"
+    if found.st_size > MAX_BYTES:  # its owner may write it: root reads no more than a request could hold
+        return f"is {found.st_size} bytes, more than a job's command and environment can be"
     return ""
 
 

@@ -112,7 +112,7 @@ def scan(state: StateDir, per_owner: int | None = None) -> tuple[list[Request], 
             except OSError:
                 continue  # gone since it was listed: read (or not) as it stands next pass
             by_owner.setdefault(found.st_uid, []).append((found.st_mtime, entry.name))
-        names = []
+        names: list[str] = []
         for files in by_owner.values():
             files.sort()
             names.extend(name for _, name in files[:per_owner])

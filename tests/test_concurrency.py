@@ -254,7 +254,7 @@ def ingest_between_reads(state: StateDir) -> list[str]:
     def ingest() -> None:
         table = JobTable(state.db, create=True)
         try:
-            for request in spool.scan(state):
+            for request in spool.scan(state)[0]:
                 if isinstance(request, spool.SubmitRequest):
                     table.insert_pending(expand(state, request))  # committed, then the request is deleted
                     spool.remove(request)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 import multiprocessing
 import os
 import pickle
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from gpuq_scheduler.jobs.errors import NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store import private
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -78,6 +81,49 @@ def test_a_table_from_a_newer_gpuq_is_refused_with_advice(tmp_path: Path) -> Non
     db.close()
     with pytest.raises(StateDirError, match="upgrade gpuq"):
         JobTable(tmp_path / "jobs.db")
+
+
+def test_a_34565a6_shared_table_upgrades_without_keeping_its_submit_tokens(tmp_path: Path) -> None:
+    """34565a6 kept each shared submit's token in plain in the public ``intake`` table (issue 38: anyone could
+    read a pending job's token and replay it). The frozen table it wrote (tests/fixtures/state-34565a6) is read
+    as before until the daemon opens it; the daemon's migration keeps each token's digest and its job's uid
+    instead, so a re-send by the same user still finds its id, and no byte of any token is left in any file."""
+    fixture = Path(__file__).parent / "fixtures" / "state-34565a6"
+    tokens = {int(k): v for k, v in json.loads((fixture / "tokens.json").read_text()).items()}
+    shutil.copy(fixture / "jobs.db", tmp_path / "jobs.db")
+    assert all(t.encode() in (tmp_path / "jobs.db").read_bytes() for t in tokens.values())  # what 34565a6 kept
+    reader = JobTable(tmp_path / "jobs.db")  # `gpuq status` before the upgraded daemon ran
+    assert [(r.id, r.state) for r in reader.records()] == [
+        (1, JobState.SUCCEEDED), (2, JobState.PENDING), (3, JobState.PENDING)
+    ]  # fmt: skip
+    reader.close()
+    daemon = JobTable(tmp_path / "jobs.db", create=True)
+    assert daemon.intake_ids([tokens[2], tokens[3], "0" * 32]) == {tokens[2]: (2, 4242), tokens[3]: (3, 0)}
+    assert [r.id for r in daemon.records(active_only=True)] == [2, 3]
+    for path in tmp_path.iterdir():  # the table, and its -wal and -shm while the daemon has it open
+        assert not any(t.encode() in path.read_bytes() for t in tokens.values()), path
+    daemon.close(rollback_mode=True)
+    assert sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA user_version").fetchone()[0] == TABLE_VERSION == 5
+    for path in tmp_path.iterdir():
+        assert not any(t.encode() in path.read_bytes() for t in tokens.values()), path
+
+
+def test_a_private_file_is_believed_only_as_a_plain_file_of_its_jobs_owner(tmp_path: Path) -> None:
+    """What the daemon (root) reads back as a job's command: a link, another user's file (as 34565a6 let a
+    replayed token make it) or one larger than a request could be is refused, saying which."""
+    state = StateDir(tmp_path)
+    state.private.mkdir()
+    fields = {"command": ["true"], "cwd": "/", "env": {}, "python": None, "notify": None}
+    Path(state.private_file(1)).write_text(json.dumps(fields))
+    assert private.read(state, 1, os.getuid()) == fields
+    with pytest.raises(private.Refused, match=f"belongs to uid {os.getuid()}, not to the job's owner"):
+        private.read(state, 1, os.getuid() + 1)
+    os.symlink(state.private_file(1), state.private_file(2))
+    with pytest.raises(private.Refused, match="is a link"):
+        private.read(state, 2, os.getuid())
+    Path(state.private_file(3)).write_bytes(b" " * (private.MAX_BYTES + 1))
+    with pytest.raises(private.Refused, match="more than a job's command and environment can be"):
+        private.read(state, 3, os.getuid())
 
 
 def test_a_corrupt_table_says_what_to_do(tmp_path: Path) -> None:

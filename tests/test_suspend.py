@@ -96,7 +96,7 @@ def test_a_version_3_table_is_read_then_upgraded_by_the_daemon(tmp_path: Path) -
     assert [r.state for r in daemon.records(active_only=True)] == [JobState.SUSPENDED]
     daemon.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION == 5
     assert db.execute("SELECT name FROM sqlite_master WHERE name='jobs_live'").fetchone() == ("jobs_live",)
 
 

@@ -177,7 +177,7 @@ class Queue:
         if not private.is_public(record.spec):
             return record
         try:
-            fields = private.read(self.state, record.id if record.array_id is None else record.array_id)
+            fields = private.read(self.state, record.id if record.array_id is None else record.array_id, record.uid)
         except (PermissionError, BadInput):
             return record
         return record.replace(spec=private.merge(record.spec, fields, record.array_index))

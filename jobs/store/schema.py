@@ -3,6 +3,7 @@ becomes a ``JobRecord`` and a spec a row (``table`` does the reading and writing
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -53,6 +54,20 @@ _CAUSE_OF_V2 = f"""CASE
     WHEN state = 'failed' THEN '{Cause.REJECTED.value}'
 END"""
 
+# ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
+# the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
+# Version 5: everyone can read this table, and a token names a spool file (``spool/submit-<token>.json``):
+# it keeps the token's SHA-256 (``digest``; 128 random bits cannot be found from it) and the uid that wrote
+# the request, so that only the same user's re-send counts as one. Version 4 kept the token itself.
+_INTAKE = """
+CREATE TABLE IF NOT EXISTS intake (
+    digest TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL,
+    id INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
 # What --mem auto has learned: per kind of job (array:N, name:X, cmd:DIGEST), the most one of its jobs held
 # on one GPU, and which job; ``raised`` marks a share doubled after an out-of-memory, not a measured peak.
 # Added after table version 1 without a new version: the daemon creates it in an older table on opening.
@@ -63,14 +78,7 @@ CREATE TABLE IF NOT EXISTS learned (
     job_id INTEGER NOT NULL,
     raised INTEGER NOT NULL DEFAULT 0
 );
-CREATE TABLE IF NOT EXISTS intake (
-    token TEXT PRIMARY KEY,
-    id INTEGER NOT NULL,
-    at REAL NOT NULL
-);
 """
-# ``intake``: a shared queue's daemon gives each submit (named by its token) an id; the pair is recorded with
-# the job, in one transaction, so that a request a crash left in the spool keeps its id when read again.
 
 # What a job's cgroup accounted of its last run on the host (launcher.supervisor.containment): CPU seconds, and
 # the most host memory it held where the memory controller is there. Added, like ``learned``, without a new
@@ -134,7 +142,7 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-""" + LEARNED + HOST_USAGE + """
+""" + LEARNED + _INTAKE + HOST_USAGE + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
 """ + LIVE
 
@@ -185,11 +193,38 @@ def migrate(db: sqlite3.Connection, version: int) -> None:
             for column, kind in SUSPENSION:
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
             db.execute(LIVE)
+        if version < 5:
+            _hide_tokens(db)
         db.execute(f"PRAGMA user_version={TABLE_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+    if version < 5:  # the plain tokens' old pages: out of the log and the file (zeroed by secure_delete)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def token_digest(token: str) -> str:
+    """What the public table keeps of a submit's token: its SHA-256, which names no spool file."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _hide_tokens(db: sqlite3.Connection) -> None:
+    """Version 4's ``intake`` (plain tokens) becomes version 5's (their digests, and the uid of the job each
+    was given). ``secure_delete`` zeroes the freed pages, so no plain token is left in the file."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(intake)")}
+    if "token" not in columns:
+        return  # made in this version's shape (a table from before ``intake``)
+    rows = db.execute("SELECT intake.token, intake.id, intake.at, jobs.uid FROM intake"
+                      " LEFT JOIN jobs ON jobs.id = intake.id").fetchall()  # fmt: skip
+    db.execute("PRAGMA secure_delete=ON")
+    db.execute("DROP TABLE intake")
+    db.execute(_INTAKE)  # not executescript, which would commit the migration half done
+    # A token whose job is gone (none is: a job's row is never deleted) cannot be re-sent by anyone: uid -1.
+    db.executemany(
+        "INSERT OR IGNORE INTO intake (digest, uid, id, at) VALUES (?, ?, ?, ?)",
+        [(token_digest(str(token)), -1 if uid is None else uid, job_id, at) for token, job_id, at, uid in rows],
+    )
 
 
 def spec_row(spec: JobSpec) -> tuple[Any, ...]:
@@ -271,7 +306,7 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
             )
         if create:  # the daemon: a table from before --mem auto gets its (empty) record of peaks
             db.execute("PRAGMA journal_mode=WAL")  # left in rollback mode by a clean stop (JobTable.close)
-            db.executescript(LEARNED + HOST_USAGE)
+            db.executescript(LEARNED + _INTAKE + HOST_USAGE)  # ``intake`` in this version's shape where missing
             migrate(db, version)
             version = TABLE_VERSION
         return db, version

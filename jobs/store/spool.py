@@ -91,15 +91,36 @@ Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
 CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause", "suspend", "resume")
 
 
-def scan(state: StateDir) -> list[Request]:
-    """Every request in the spool, submits in id order first, then cancels."""
+def scan(state: StateDir, per_owner: int | None = None) -> tuple[list[Request], bool]:
+    """The requests in the spool, submits in id order first, then cancels; and whether any were left for later.
+
+    ``per_owner`` (a shared queue's daemon): read at most that many files of each owner (the kernel's, as
+    the directory lists them), the oldest first. One user's flood of requests is then read over several
+    passes, and every other user's requests are in the first: the pass that answers them stays short.
+    """
     spool = state.at(SPOOL)
     try:
-        names = sorted(e.name for e in os.scandir(spool) if not e.name.startswith(".") and e.name != REJECTED)
+        entries = [e for e in os.scandir(spool) if not e.name.startswith(".") and e.name != REJECTED]
     except OSError as err:
         raise StateDirError(f"cannot read the spool {spool}: {err.strerror}") from None
-    requests = [read_request(os.path.join(spool, name)) for name in names]
-    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), os.path.basename(r.path)))
+    left = False
+    if per_owner is not None:
+        by_owner: dict[int, list[tuple[float, str]]] = {}
+        for entry in entries:
+            try:
+                found = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone since it was listed: read (or not) as it stands next pass
+            by_owner.setdefault(found.st_uid, []).append((found.st_mtime, entry.name))
+        names: list[str] = []
+        for files in by_owner.values():
+            files.sort()
+            names.extend(name for _, name in files[:per_owner])
+            left = left or len(files) > per_owner
+    else:
+        names = [e.name for e in entries]
+    requests = [read_request(os.path.join(spool, name)) for name in sorted(names)]
+    return sorted(requests, key=lambda r: (not isinstance(r, SubmitRequest), os.path.basename(r.path))), left
 
 
 def read_request(where: str | os.PathLike[str]) -> Request:
@@ -245,7 +266,7 @@ def _array(data: Any) -> ArrayPlan | str | None:
 def pending_submits(state: StateDir) -> Iterator[SubmitRequest]:
     """Submits the daemon has not ingested yet, so readers can show them before it wakes (not a shared
     queue's: they have no id until the daemon reads them)."""
-    for request in scan(state):
+    for request in scan(state)[0]:
         if isinstance(request, SubmitRequest) and request.token is None:
             yield request
 

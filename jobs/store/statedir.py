@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 REQUEST_SCHEMA = 1  # of the spool's request files: ``outbox`` writes it, ``spool`` refuses any other
-TABLE_VERSION = 4  # of the job table (``jobs.store.schema`` lays it out; the quick suspend reads one this new)
+TABLE_VERSION = 5  # of the job table (``jobs.store.schema`` lays it out; the quick suspend reads one this new)
 
 # The names the quick ``gpuq submit`` path opens as plain strings (``StateDir.at``): it imports no pathlib,
 # so it builds no Path.

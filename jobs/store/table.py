@@ -79,13 +79,13 @@ class JobTable:
 
     def insert_pending(
         self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True,
-        intake: Sequence[tuple[str, int, float]] = (),
+        intake: Sequence[tuple[str, int, int, float]] = (),
     ) -> list[int]:  # fmt: skip
         """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
 
         Array members keep no environment of their own: they share their array's, stored once.
         ``durable=False``: the caller keeps the requests until ``sync`` (the daemon: after this tick's launches).
-        ``intake``: (token, id, now) of the shared queue's requests these jobs came from (``intake_ids``).
+        ``intake``: (token, uid, id, now) of the shared queue's requests these jobs came from (``intake_ids``).
         """
         if not durable:
             return self._insert(records, arrays, intake)
@@ -107,10 +107,14 @@ class JobTable:
                     os.close(fd)
 
     def _insert(
-        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo], intake: Sequence[tuple[str, int, float]]
-    ) -> list[int]:
+        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo],
+        intake: Sequence[tuple[str, int, int, float]],
+    ) -> list[int]:  # fmt: skip
         with self.batch():
-            self._db.executemany("INSERT OR IGNORE INTO intake (token, id, at) VALUES (?, ?, ?)", intake)
+            self._db.executemany(
+                "INSERT OR IGNORE INTO intake (digest, uid, id, at) VALUES (?, ?, ?, ?)",
+                [(schema.token_digest(token), uid, job_id, at) for token, uid, job_id, at in intake],
+            )
             known = set(self.owners({r.id for r in records})) if records else set()
             fresh = [r for r in records if r.id not in known]
             known_arrays = {row[0] for row in self._db.execute("SELECT id FROM arrays")} if arrays else set()
@@ -340,7 +344,7 @@ class JobTable:
         }
         if self.private is not None:
             for array_id, info in found.items():
-                notify = self._private_field(array_id, "notify")
+                notify = self._private_field(array_id, info.uid, "notify")
                 found[array_id] = dataclasses.replace(info, notify=notify if isinstance(notify, str) else None)
         return found
 
@@ -411,13 +415,16 @@ class JobTable:
         return [(row[0], len(json.loads(row[1])), row[2], row[3]) for row in rows]
 
     @_reading
-    def intake_ids(self, tokens: Sequence[str]) -> dict[str, int]:
-        """The ids given to the shared queue's requests named by ``tokens``, where one was given already."""
-        found: dict[str, int] = {}
-        for at in range(0, len(tokens), 500):  # under SQLite's limit on a statement's variables
-            part = tokens[at : at + 500]
-            rows = self._db.execute(f"SELECT token, id FROM intake WHERE token IN ({','.join('?' * len(part))})", part)
-            found.update({row[0]: row[1] for row in rows})
+    def intake_ids(self, tokens: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(id, uid of its writer) given to the shared queue's requests named by ``tokens``, where one was
+        given already. The table keeps only the tokens' digests (``schema.token_digest``): it is public."""
+        digests = {schema.token_digest(token): token for token in tokens}
+        found: dict[str, tuple[int, int]] = {}
+        wanted = list(digests)
+        for at in range(0, len(wanted), 500):  # under SQLite's limit on a statement's variables
+            part = wanted[at : at + 500]
+            query = f"SELECT digest, id, uid FROM intake WHERE digest IN ({','.join('?' * len(part))})"
+            found.update({digests[row[0]]: (row[1], row[2]) for row in self._db.execute(query, part)})
         return found
 
     def forget_intake(self, before: float) -> None:
@@ -466,14 +473,14 @@ class JobTable:
             return record
         owner = record.id if record.array_id is None else record.array_id
         try:
-            return record.replace(spec=self.private.restore(record.spec, owner, record.array_index))
+            return record.replace(spec=self.private.restore(record.spec, owner, record.uid, record.array_index))
         except (BadInput, OSError):
             return record
 
-    def _private_field(self, owner_id: int, key: str) -> Any:
+    def _private_field(self, owner_id: int, uid: int, key: str) -> Any:
         assert self.private is not None
         try:
-            return self.private.fields(owner_id).get(key)
+            return self.private.fields(owner_id, uid).get(key)
         except (BadInput, OSError):
             return None
 

@@ -5,6 +5,9 @@ applied (``launcher.daemon.requests``); files that are not requests are set asid
 queue a submit's private part (command, cwd, environment) is written for its owner first, and the
 per-user limit on queued jobs is enforced here, where no client can get around it. A shared queue's submits
 get their ids here (``_number``) and their clients learn them once they are on disk (``answer``).
+
+A request counts only for the user who wrote it (its file's owner, as the kernel says): a token already
+given to another user's job is set aside, and nothing stored for a job that exists is written again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.queue import expand
@@ -36,14 +39,14 @@ ANSWERS_KEPT = 3600.0  # seconds an answer waits for its client (who reads it wi
 
 def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | None = None) -> None:
     """``found``: these requests (``launcher.daemon.isolation`` passes them one at a time), else the spool's."""
-    found = spool.scan(scheduler.state) if found is None else found
+    found = spool.scan(scheduler.state)[0] if found is None else found
     if not found:
         return
     events: list[dict[str, Any]] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
-    named: list[tuple[str, int, float]] = []
+    named: list[tuple[str, int, int, float]] = []
     if scheduler.shared is not None:
-        submits, named = _number(scheduler, submits, now, events)
+        submits, named = _number(scheduler, [_with_default_time(scheduler, r) for r in submits], now, events)
     else:
         for request in [r for r in submits if r.token is not None]:
             reason = "is named by a token, as a shared queue's submits are; this personal queue's carry their ids"
@@ -53,8 +56,10 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         taken = scheduler.table.owners([r.job_id for r in submits])
         submits = [r for r in submits if r.job_id not in taken or not _clashes(scheduler, r, now, events)]
     if scheduler.private is not None:
+        given = {job_id for _, _, job_id, _ in named}
         for submit in submits:
-            _keep_private(scheduler, submit)
+            if submit.job_id in given:  # not a re-send of a job given its id before: its file stays as written
+                _keep_private(scheduler, submit)
     submits = [_with_default_time(scheduler, r) for r in submits]
     fresh = [record for r in submits for record in expand(scheduler.state, r)]
     arrays = [
@@ -73,17 +78,15 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         # reads (an environment is kilobytes an array).
         scheduler.arrays.setdefault(info.id, dataclasses.replace(info, env={}))
     inventory = scheduler.inventory()
-    queued = _queued_by_user(scheduler)
     for record in fresh:
         if record.id not in inserted:
             continue  # ingested before a crash that left its request behind
         events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
-        problem = _impossible(record, inventory) or _over_cap(scheduler, record, queued)
+        problem = _impossible(record, inventory)  # the caps, only a shared queue's, were checked in ``_number``
         if problem:
             endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
         else:
             scheduler.pending[record.id] = record
-            queued[record.user] = queued.get(record.user, 0) + 1
     scheduler.ingested.extend(submits)
     for other in found:
         if isinstance(other, spool.CancelRequest):
@@ -99,10 +102,12 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
 
 def _number(
     scheduler: SchedulerState, submits: list[spool.SubmitRequest], now: float, events: list[dict[str, Any]]
-) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, float]]]:
-    """Give a shared queue's submits their ids: (the requests with their ids, (token, id, now) of those
-    given one now). A request read before a crash keeps the id it was given then (``JobTable.intake_ids``);
-    one that names its own id (a file written by hand) is set aside: ids are the daemon's to give."""
+) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, int, float]]]:
+    """Give a shared queue's submits their ids: (the requests with their ids, (token, uid, id, now) of those
+    given one now). A request its user sent again (read before a crash) keeps the id it was given then
+    (``JobTable.intake_ids``). Set aside, their writers told: one that names its own id (a file written by
+    hand: ids are the daemon's to give); one named by a token that another user's job was given (a request
+    counts only for its writer); one its user's caps refuse (no row, no id: its client prints why)."""
     numbered: list[spool.SubmitRequest] = []
     for request in submits:
         if request.token is None:
@@ -111,15 +116,24 @@ def _number(
         else:
             numbered.append(request)
     known = scheduler.table.intake_ids([r.token for r in numbered if r.token is not None])
-    given: list[tuple[str, int, float]] = []
+    given: list[tuple[str, int, int, float]] = []
     out: list[spool.SubmitRequest] = []
+    queued = _queued_by_user(scheduler)
     for request in sorted(numbered, key=lambda r: (r.submitted_at, r.path)):
         assert request.token is not None
-        job_id = known.get(request.token)
+        job_id, writer = known.get(request.token, (None, request.uid))
+        if writer != request.uid:
+            reason = "is named by a token that another user's job was submitted under; submit with `gpuq submit`"
+            set_aside(scheduler, spool.BadRequest(request.path, reason), now, events, answer=False)
+            continue
         if job_id is None:
+            problem = _request_over_cap(scheduler, request, queued)
+            if problem:
+                set_aside(scheduler, spool.BadRequest(request.path, problem), now, events)
+                continue
             job_id = scheduler.next_id
             scheduler.next_id += 1 + (len(request.array.indices) if request.array else 0)
-            given.append((request.token, job_id, now))
+            given.append((request.token, request.uid, job_id, now))
         out.append(dataclasses.replace(request, job_id=job_id))
     return out, given
 
@@ -174,8 +188,12 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
     scheduler.private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
 
 
-def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]]) -> None:
-    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`)."""
+def set_aside(
+    scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]], *, answer: bool = True
+) -> None:
+    """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`).
+    ``answer``: and to its client (``answers/<token>``): not where the token is another user's, whose client
+    may still be about to read the id its own request got."""
     try:
         owner: int | None = os.lstat(bad.path).st_uid
     except OSError:
@@ -183,7 +201,7 @@ def set_aside(scheduler: SchedulerState, bad: spool.BadRequest, now: float, even
     where = spool.set_aside(scheduler.state, bad)
     name = os.path.basename(bad.path)
     token = spool.token_of(name)
-    if scheduler.shared is not None and token is not None:  # its client waits for an answer: say why, not an id
+    if scheduler.shared is not None and token is not None and answer:  # its client waits: say why, not an id
         with contextlib.suppress(StateDirError):
             write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
                          mode=0o644)  # fmt: skip
@@ -213,22 +231,36 @@ def _with_default_time(scheduler: SchedulerState, submit: spool.SubmitRequest) -
     return dataclasses.replace(submit, spec=dataclasses.replace(submit.spec, time_limit=default))
 
 
-def _over_cap(scheduler: SchedulerState, record: JobRecord, queued: dict[str, int]) -> str:
+def _request_over_cap(scheduler: SchedulerState, request: spool.SubmitRequest, queued: dict[str, int]) -> str:
+    """Why a shared queue's new submit is refused by its user's caps ("" if it is not), counting it in
+    ``queued`` when it is not: an array is one request, taken whole or refused whole. Refused before it
+    has an id, it becomes no row: a flood over the cap costs a rename and a note each, and its client
+    prints why (a personal queue, whose client prints the id first, has no caps)."""
+    user = user_name(request.uid)
+    members = len(request.array.indices) if request.array is not None else 1
+    problem = _spec_over_cap(scheduler, request.spec)
+    cap = scheduler.max_queued
+    if not problem and cap is not None and queued.get(user, 0) + members > cap:
+        problem = f"user cap: {user} already has {queued.get(user, 0)} jobs queued (max_queued_per_user = {cap})"
+        if members > 1:
+            problem += f"; this array adds {members}"
+    if not problem:
+        queued[user] = queued.get(user, 0) + members
+    return problem
+
+
+def _spec_over_cap(scheduler: SchedulerState, spec: JobSpec) -> str:
     longest = scheduler.shared.max_time if scheduler.shared else None
-    limit = record.spec.time_limit
+    limit = spec.time_limit
     if longest is not None and limit is not None and limit > longest:
         allowed = format_duration(longest)
         return f"user cap: --time {format_duration(limit)} is longer than this queue allows ({allowed}, max_time)"
     most = scheduler.shared.max_gpus_per_user if scheduler.shared else None
-    if most is not None and record.spec.gpus > most:
+    if most is not None and spec.gpus > most:
         return (
-            f"user cap: a user may hold at most {most} GPUs at once (max_gpus_per_user); "
-            f"this job asks for {record.spec.gpus}"
+            f"user cap: a user may hold at most {most} GPUs at once (max_gpus_per_user); this job asks for {spec.gpus}"
         )
-    cap = scheduler.max_queued
-    if cap is None or queued.get(record.user, 0) < cap:
-        return ""
-    return f"user cap: {record.user} already has {cap} jobs queued (max_queued_per_user = {cap})"
+    return ""
 
 
 def _impossible(record: JobRecord, inventory: Inventory | None) -> str:

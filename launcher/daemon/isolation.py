@@ -45,7 +45,9 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
     a time, setting aside each request that raises alone. ``reload``: the scheduler's, to forget in memory
     what a rolled-back attempt did."""
     sweep_leftovers(scheduler.state, now)
-    found = spool.scan(scheduler.state)
+    # A shared queue reads a bounded number of each user's requests a pass (``spool.scan``): what is left
+    # waits for the next pass, which follows at once (``Scheduler.next_wakeup``).
+    found, scheduler.spool_left = spool.scan(scheduler.state, PER_OWNER if scheduler.shared is not None else None)
     if not found:
         return
     try:
@@ -63,6 +65,7 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
             scheduler.journal.extend(events)
 
 
+PER_OWNER = 50  # requests of one user a shared queue's pass reads (bench/flood_cap.py measured what it saves)
 LEFTOVER_AGE = 3600.0  # a dot-file this old in the spool is an interrupted write, not one in progress
 SWEEP_EVERY = 600.0  # seconds (monotonic) between sweeps of the spool for such leftovers
 _next_sweep = [0.0]

@@ -199,7 +199,7 @@ def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
     forked right after a launch, they would take the CPU from the jobs just started."""
     deadline = time.monotonic() + scheduler.next_wakeup(time.time())  # a wall-clock jump must not stretch a nap
     if scheduler.wants_spares():
-        if wakeups.wait(min(SETTLE, deadline - time.monotonic())):
+        if wakeups.wait(max(0.0, min(SETTLE, deadline - time.monotonic()))):  # no nap at all: select refuses < 0
             return
         scheduler.fork_spares()
     wakeups.wait(max(0.0, deadline - time.monotonic()))

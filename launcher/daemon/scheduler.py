@@ -180,6 +180,8 @@ class Scheduler(SchedulerState):
 
     def next_wakeup(self, now: float) -> float:
         """Seconds to sleep when nothing wakes us: soon while jobs wait on memory that may free up."""
+        if self.spool_left:
+            return 0.0  # a flood of one user's requests, read a part a pass: the next part at once
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.suspensions.acting or self.suspensions.resume_wanted:
@@ -392,7 +394,8 @@ class Scheduler(SchedulerState):
             account = accounts.account(record.uid)
             problem = "" if account else f"its owner (uid {record.uid}) no longer has an account here"
             if is_public(spec):
-                problem = f"its command and environment ({self.state.private_file(record.id)}) are missing"
+                where = self.state.private_file(record.id if record.array_id is None else record.array_id)
+                problem = f"its command and environment ({where}) are missing or not its owner's (see `gpuq doctor`)"
             if problem:
                 endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
                 return

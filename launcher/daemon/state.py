@@ -138,6 +138,7 @@ class SchedulerState:
         if shared is None:
             outbox.raise_counter(state, self.next_id)
         self.answers_pruned = float("-inf")  # monotonic time answers/ was last pruned (intake._prune_answers)
+        self.spool_left = False  # the last pass left requests in the spool for the next (isolation.ingest)
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0

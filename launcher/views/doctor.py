@@ -2,8 +2,8 @@
 """``gpuq doctor``: a read-only consistency check of a state directory.
 
 It reads what the daemon and the clients wrote (the job table, the spool, ``next_id``, ``gpus.json``,
-``run/`` and ``logs/``) and reports what does not add up, each problem as one line saying what is wrong
-and what to do. It needs no daemon and changes nothing: the table is opened through a read-only
+``run/``, ``logs/``, the owners of ``private/``) and reports what does not add up, each problem as one line
+saying what is wrong and what to do. It needs no daemon and changes nothing: the table is opened through a read-only
 connection (no checkpoint, no repair; SQLite may create its empty -wal and -shm side files, as for any
 reader), and its raw columns are parsed here, so that a record the normal readers would choke on
 becomes a problem to report instead of a traceback.
@@ -30,9 +30,9 @@ from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store import private, spool
 from gpuq_scheduler.jobs.store.queue import Queue, expand
-from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
+from gpuq_scheduler.jobs.store.schema import LIVE_STATES, TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.daemon.watching import IDLE_BATCH
@@ -97,6 +97,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
             _guard(problems, "GPU reservations", lambda: problems.extend(_gpus(state, rows)))
             _guard(problems, "idle batch jobs", lambda: problems.extend(_idle_batch(db)))
             _guard(problems, "job cgroups", lambda: problems.extend(_stray_processes(state, db)))
+            _guard(problems, "private files", lambda: problems.extend(_private_files(state, db)))
         finally:
             db.close()
     spooled = _guard(problems, "the spool", lambda: _spool(state, rows, problems))
@@ -239,6 +240,31 @@ def _parse_row(raw: tuple[Any, ...]) -> _Row | None:
         return None
 
 
+def _private_files(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
+    """A shared queue's live job whose private file (its command) is missing or not its owner's: the daemon
+    refuses such a file (``jobs.store.private``), so the job fails at its start rather than run what another
+    user wrote. Only names and owners are looked at: anyone may run this, as anyone may run doctor."""
+    live = db.execute(
+        f"SELECT COALESCE(array_id, id), uid, MIN(id) FROM jobs WHERE {LIVE_STATES}"
+        " AND json_extract(spec, '$.command') = json_array(?) GROUP BY COALESCE(array_id, id), uid",
+        (private.HIDDEN,),
+    ).fetchall()
+    for owner_id, uid, job_id in live:
+        path = state.private_file(int(owner_id))
+        try:
+            problem = private.not_owned(os.lstat(path), int(uid))
+        except FileNotFoundError:
+            problem = "is missing"
+        except OSError as err:
+            problem = f"cannot be looked at ({err.strerror})"
+        if problem:
+            yield Problem(
+                ERROR, f"the private part of job {job_id} ({_quote(Path(path))}) {problem}: the daemon refuses it "
+                       f"and the job fails when it would start; `gpuq cancel {job_id}` as an admin and ask its "
+                       "owner to submit it again",
+            )  # fmt: skip
+
+
 def _highest_array_id(db: sqlite3.Connection) -> int:
     """The last id an array took: its own id, then one per member."""
     if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='arrays'").fetchone() is None:
@@ -361,7 +387,7 @@ def _spool(state: StateDir, rows: list[_Row], problems: list[Problem]) -> set[in
     """The ids of the jobs waiting in the spool; reports ids that the table already holds."""
     recorded = {row.id: row for row in rows}
     spooled: set[int] = set()
-    for request in spool.scan(state):
+    for request in spool.scan(state)[0]:
         if isinstance(request, spool.BadRequest):
             if os.path.exists(request.path):  # not just ingested and deleted while we looked
                 problems.append(

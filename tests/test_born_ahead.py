@@ -61,10 +61,16 @@ def group(queue: Gpuq) -> str:
 
 
 def staged(queue: Gpuq) -> tuple[int, int]:
-    """A running job and, staged behind it, one that writes its pid to staged.pid."""
-    first = queue.submit("sleep", "2")
+    """A running job that ends once the test lets it go (``let_go``: "still running" holds by construction,
+    not because the test was quick), and, staged behind it, one that writes its pid to staged.pid."""
+    first = queue.submit("sh", "-c", "while [ ! -e go ]; do sleep 0.05; done")
     queue.wait_state(first, "running")
     return first, submit_staged(queue, first, "sh", "-c", WRITES_ITS_PID, "job", str(queue.cwd / "staged.pid"))
+
+
+def let_go(queue: Gpuq) -> None:
+    """End the job ahead that ``staged`` started."""
+    (queue.cwd / "go").touch()
 
 
 def submit_staged(queue: Gpuq, ahead: int, *argv: str) -> int:
@@ -94,6 +100,7 @@ def test_a_staged_job_runs_as_the_process_born_for_it_while_the_job_ahead_ran(on
     first, second = staged(one_gpu)
     waiting = born(one_gpu, second)
     assert one_gpu.job(first)["state"] == "running"
+    let_go(one_gpu)
     one_gpu.wait_state(second, "succeeded")
     assert int((one_gpu.cwd / "staged.pid").read_text()) == waiting  # that process, exec'd at its turn
     assert not Path(group(one_gpu), f"job-{second}").exists()
@@ -108,6 +115,7 @@ def test_a_staged_job_taken_back_leaves_no_process_and_no_cgroup(one_gpu: Gpuq) 
     wait_for(lambda: not alive(waiting), 10, "the process born ahead to end")
     assert not Path(group(one_gpu), f"job-{second}").exists()
     assert not (one_gpu.cwd / "staged.pid").exists()
+    let_go(one_gpu)
     assert one_gpu.wait_state(first, "succeeded")["state"] == "succeeded"
 
 
@@ -115,7 +123,8 @@ def test_a_staged_job_taken_back_leaves_no_process_and_no_cgroup(one_gpu: Gpuq) 
 def test_a_staged_job_whose_process_was_killed_before_its_turn_starts_afresh(one_gpu: Gpuq) -> None:
     first, second = staged(one_gpu)
     waiting = born(one_gpu, second)
-    os.kill(waiting, signal.SIGKILL)
+    os.kill(waiting, signal.SIGKILL)  # before its turn: the job ahead runs until let go
+    let_go(one_gpu)
     record = one_gpu.wait_state(second, "succeeded", "failed")
     assert record["state"] == "succeeded", record
     ran_as = int((one_gpu.cwd / "staged.pid").read_text())
@@ -169,6 +178,7 @@ def test_where_the_c_library_spawns_into_a_cgroup_a_staged_jobs_cgroup_is_made_a
         cgroup = Path(group(queue), f"job-{second}")
         wait_for(cgroup.exists, 10, f"job {second}'s cgroup made ahead")
         assert queue.job(first)["state"] == "running" and (cgroup / "cgroup.procs").read_text() == ""
+        let_go(queue)
         queue.wait_state(second, "succeeded")
         assert (queue.cwd / "staged.pid").read_text().strip().isdigit()
         wait_for(lambda: not cgroup.exists(), 10, "its cgroup to go")

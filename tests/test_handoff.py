@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,14 @@ STAMP = 'echo "$GPUQ_JOB_ID $(date +%s.%N)" >> "$1"; sleep "$2"; echo "$GPUQ_JOB
 def stamped(gpuq: Gpuq, seconds: float, *options: str) -> int:
     """A job that appends its id and the time to stamps.txt when it starts and when it ends."""
     return gpuq.submit(*options, "sh", "-c", STAMP, "job", str(gpuq.cwd / "stamps.txt"), str(seconds))
+
+
+def passes_went_by(gpuq: Gpuq, after: int) -> None:
+    """Two of the daemon's passes began since this call (each took in a job that waits on ``after``), so the
+    first of them ran whole: whatever a pass would do now, it has done. The event itself, not a sleep that
+    a slow machine outlasts."""
+    for _ in range(2):
+        gpuq.wait_state(gpuq.submit("--gpus", "0", "--after", str(after), "true"), "pending")
 
 
 def stamps(gpuq: Gpuq) -> dict[int, list[float]]:
@@ -97,13 +104,14 @@ def test_a_staged_jobs_files_are_made_while_the_job_ahead_runs(one_gpu: Gpuq) ->
     """Its exit file and pid file too (as temp files to fill and rename in): creating a file is what costs
     most between one job's end and the next one's start."""
     gpuq = one_gpu
-    first = stamped(gpuq, 2)
+    first = gpuq.submit("sh", "-c", "while [ ! -e go ]; do sleep 0.05; done")  # runs until let go below
     staged = stamped(gpuq, 0)
     staged_behind(gpuq, staged, first)
     run = gpuq.home / "run"
     made = lambda: [name for name in (f"{staged}.exit", f"{staged}.pid") if list(run.glob(f".{name}.*.tmp"))]  # noqa: E731
     wait_for(lambda: len(made()) == 2, 10, f"the temp files of job {staged}'s exit and pid files")
     assert gpuq.job(first)["state"] == "running"
+    (gpuq.cwd / "go").touch()
     assert gpuq.wait_state(staged, "succeeded")["state"] == "succeeded"
     assert not list(run.glob(".*.tmp"))
 
@@ -115,7 +123,7 @@ def test_holding_a_staged_job_keeps_it_from_starting_until_released(one_gpu: Gpu
     staged_behind(gpuq, staged, first)
     gpuq.run("hold", str(staged))
     gpuq.wait_state(first, "succeeded")
-    time.sleep(0.5)
+    passes_went_by(gpuq, staged)
     shown = gpuq.job(staged)
     assert shown["state"] == "pending" and shown["held"], shown
     assert staged not in stamps(gpuq)
@@ -132,7 +140,7 @@ def test_a_paused_queue_or_a_drained_gpu_takes_a_staged_job_back(one_gpu: Gpuq, 
     staged_behind(gpuq, staged, first)
     gpuq.run(*stop)
     gpuq.wait_state(first, "succeeded")
-    time.sleep(0.5)
+    passes_went_by(gpuq, staged)
     assert gpuq.job(staged)["state"] == "pending"
     gpuq.run(*go)
     gpuq.wait_state(staged, "succeeded")
@@ -185,7 +193,7 @@ def test_a_staged_job_goes_to_a_gpu_that_frees_first_rather_than_wait(tmp_path: 
     gpuq = Gpuq(home, make_env(home, fake="2x80GiB"), work)
     try:
         gpuq.run("pause")
-        long = stamped(gpuq, 30)
+        long = stamped(gpuq, 600)  # far beyond the wait below: "still running" holds by construction
         short = stamped(gpuq, 2)
         staged = stamped(gpuq, 0)
         gpuq.run("unpause")

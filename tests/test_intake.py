@@ -171,8 +171,9 @@ def test_a_batch_job_whose_gpus_do_nothing_for_long_is_shown_in_status_and_docto
     """A batch job that holds GPUs and does nothing on them (a hung NCCL call) was invisible: shown, not stopped."""
     queue = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_IDLE_REPORT="3s")
     try:
-        idle = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "0")
-        busy = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "60", "--busy", "40")
+        # Both run far beyond the waits below: "still running" holds by construction.
+        idle = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "600", "--busy", "0")
+        busy = queue.submit("--gpus", "1", sys.executable, "fake_cuda.py", "1", "600", "--busy", "40")
         queue.wait_state(idle, "running")
         queue.wait_state(busy, "running")
         shown_idle = wait_for(lambda: (j := queue.job(idle))["reason"].startswith("no GPU work for") and j, 60, "it")

@@ -213,7 +213,7 @@ def test_without_an_idle_limit_status_still_shows_how_long_an_interactive_job_wa
     """A personal queue releases nothing by default, but says after a minute how long the GPUs did no work."""
     gpuq = fake_cuda_queue(tmp_path, "1x80GiB")
     try:
-        client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1", "90",
+        client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1", "600",
                                    "--busy", "0"], env=gpuq.env, cwd=gpuq.cwd)  # fmt: skip
         gpuq.wait_state(1, "running")
         shown = wait_for(lambda: (j := gpuq.job(1))["reason"].startswith("idle 1m") and j, 90, "the idle time")

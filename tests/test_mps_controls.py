@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import Gpuq, fake_cuda_queue, wait_for
@@ -47,22 +48,50 @@ def _control_pid(pipe: Path) -> int | None:
 
 
 def test_a_wedged_control_daemon_stalls_no_placement_and_its_job_gets_the_cooperative_fence(mps: Gpuq) -> None:
+    """Its `-d` hangs for as long as this test wants (a deadline far beyond it), so that "still waiting after
+    the others ended" holds by construction, not because they ended within a deadline; then `-d` dies."""
+    mps.run("daemon", "stop")
+    mps.env["GPUQ_MPS_TIMEOUT"] = "3600"
+    mps.run("daemon", "start")
     (mps.home / "mps" / "fake-wedge-start").write_text("")
     packed = mps.submit("--mem", "4G", "fake_cuda.py", "1", "1")
-    shown = mps.wait_state(packed, "pending")
     wait_for(lambda: mps.job(packed)["reason"].startswith("waiting for its MPS fence on GPU"), 10, "its reason")
-    assert shown["state"] == "pending"
+    hung = wait_for(lambda: _wedged_start(mps), 10, "the hung `-d`")
     # Meanwhile the queue goes on: a whole-GPU job and a CPU job start and end while its control daemon hangs.
     whole = mps.submit("fake_cuda.py", "1", "0.2")
     cpu = mps.submit("--gpus", "0", "true")
     assert mps.wait_state(whole, *DONE)["state"] == "succeeded"
     assert mps.wait_state(cpu, *DONE)["state"] == "succeeded"
-    assert mps.job(packed)["state"] == "pending"  # still waiting: `-d` has not returned (its deadline is 2 s)
+    assert mps.job(packed)["state"] == "pending"  # still waiting: its `-d` has not returned
+    hung.kill()  # a control command that dies: its start failed
     record = mps.wait_state(packed, *DONE, timeout=30)
-    assert record["state"] == "succeeded"  # after the deadline, behind the cooperative fence
+    assert record["state"] == "succeeded"  # behind the cooperative fence
     assert "fence: 4831838208" in Path(record["log"]).read_text()  # PyTorch's cap: 4 GiB of 80, and its context
     log = (mps.home / "daemon.log").read_text()
+    assert "-d exited -9" in log and "cooperative fence" in log
+
+
+def test_a_control_command_past_its_deadline_is_killed_and_its_job_gets_the_cooperative_fence(mps: Gpuq) -> None:
+    (mps.home / "mps" / "fake-wedge-start").write_text("")
+    packed = mps.submit("--mem", "4G", "fake_cuda.py", "1", "1")
+    record = mps.wait_state(packed, *DONE, timeout=30)
+    assert record["state"] == "succeeded"  # after the deadline (GPUQ_MPS_TIMEOUT=2), behind the cooperative fence
+    assert "fence: 4831838208" in Path(record["log"]).read_text()
+    log = (mps.home / "daemon.log").read_text()
     assert "did not return within 2s" in log and "cooperative fence" in log
+    assert _wedged_start(mps) is None  # killed at its deadline
+
+
+def _wedged_start(gpuq: Gpuq) -> psutil.Process | None:
+    """This queue's fake control program's `-d`, hanging (``fake-wedge-start``)."""
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if not (any(part.endswith("fake_mps.py") for part in line) and "-d" in line):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if str(gpuq.home) in process.environ().get("CUDA_MPS_PIPE_DIRECTORY", ""):
+                return process
+    return None
 
 
 def test_a_quit_that_fails_is_kept_shown_and_tried_again(mps: Gpuq) -> None:

@@ -8,9 +8,9 @@ import pty
 import random
 import subprocess
 import sys
-import time
 
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
+from tests.test_handoff import passes_went_by
 
 
 def _array(gpuq: Gpuq, *args: str) -> tuple[int, list[int]]:
@@ -134,13 +134,13 @@ def test_an_array_failing_fast_is_held_then_released(gpuq: Gpuq) -> None:
     array_id, _ = _array(gpuq, "--array", "0-9%2", "--gpus", "0", "sh", "-c", f'test -e "{flag}"')
     held = wait_for(lambda: [r for r in gpuq.status() if r["held"]], 30, "the array to be held")
     assert all("the first 3 members failed" in r["reason"] for r in held)
-    time.sleep(0.5)
+    passes_went_by(gpuq, held[0]["id"])
     assert all(r["state"] == "pending" for r in gpuq.status() if r["held"])  # nothing more burnt
     assert "held" in gpuq.run("status").stdout
     flag.write_text("fixed")
     gpuq.run("release", str(array_id))
     gpuq.run("wait", check=False)
-    states = [r["state"] for r in gpuq.status()]
+    states = [r["state"] for r in gpuq.status() if r["array_id"] == array_id]
     # Three failed before the hold; with two at a time, a fourth may have been running already.
     assert states.count("failed") in (3, 4) and states.count("succeeded") == 10 - states.count("failed")
 

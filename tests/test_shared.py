@@ -258,7 +258,7 @@ def test_nobody_else_can_cancel_or_read_a_job_but_an_admin_can(queue: SharedQueu
     queue.start()
     alice, bob, carol = users["gqalice"], users["gqbob"], users["gqcarol"]
     secret = "hunter2-" + os.urandom(4).hex()
-    job_id = queue.submit(alice, "--gpus", "1", "--env", f"TOKEN={secret}", "sh", "-c", f"echo {secret}; sleep 30")
+    job_id = queue.submit(alice, "--gpus", "1", "--env", f"TOKEN={secret}", "sh", "-c", f"echo {secret}; sleep 600")
     wait_for(lambda: queue.records(alice)[job_id]["state"] == "running", 30, "alice's job to start")
     wait_for(lambda: secret in Path(queue.records(alice)[job_id]["log"]).read_text(), 30, "its log")
 

@@ -50,6 +50,7 @@ TABLE_VERSION = 5  # of the job table (``jobs.store.schema`` lays it out; the qu
 NEXT_ID = "next_id"
 SPOOL = "spool"
 WAKE = "wake.fifo"
+INNER_WAKE = "wake.fifo"  # inside RUN: the FIFO only the daemon's own shims and helpers can write
 INVENTORY = "gpus.json"
 DB = "jobs.db"  # the quick `gpuq suspend` reads the job table (``jobs.store.suspension``)
 CLUSTERS_DB = "clusters.db"
@@ -172,6 +173,12 @@ class StateDir:
     @property
     def wake(self) -> Path:
         return self.root / WAKE
+
+    @property
+    def inner_wake(self) -> Path:
+        """The wake FIFO of the daemon's own shims and helpers: in ``run/``, where no user can write, so a
+        poke on it wakes a pass at once, where one on ``wake`` (anyone's) is coalesced (``lifetime``)."""
+        return self.root / RUN / INNER_WAKE
 
     @property
     def next_id(self) -> Path:
@@ -299,6 +306,7 @@ class StateDir:
             for directory in ((), (SPOOL,), (SPOOL, REJECTED), (RUN,), (LOGS,)):
                 os.makedirs(self.at(*directory), mode=0o700, exist_ok=True)
             _make_fifo(self.at(WAKE), 0o600)
+            _make_fifo(self.at(RUN, INNER_WAKE), 0o600)
         except OSError as err:
             raise StateDirError(
                 f"cannot set up the state directory {self.text}: {err.strerror}; "
@@ -326,6 +334,7 @@ class StateDir:
                 os.chmod(directory, mode)
             _make_fifo(os.fspath(self.wake), 0o622)
             os.chmod(self.wake, 0o622)  # anyone may wake the daemon
+            _make_fifo(os.fspath(self.inner_wake), 0o600)
             if os.path.exists(self.lock):  # root's alone: one others can open, they can flock (lifetime.running_pid)
                 os.chmod(self.lock, 0o600)
             # The daemon gives a shared queue's ids: a counter its users could write (as earlier gpuq's was)

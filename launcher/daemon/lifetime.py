@@ -14,7 +14,6 @@ import errno
 import fcntl
 import logging
 import os
-import select
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ from gpuq_scheduler.jobs.errors import BadInput, DaemonError, GpuqError
 from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.launcher.daemon import testclock
+from gpuq_scheduler.launcher.daemon.wakeups import Wakeups
 
 if TYPE_CHECKING:
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuq.daemon")
 
 SETTLE = 0.005  # seconds without an event before spare shims are forked
-HANDOFF_SETTLE = 0.005  # a pass woken only by hand-offs waits until none came for this long...
-HANDOFF_SETTLE_MAX = 0.025  # ...or this long at most (see _Wakeups.wait)
 
 
 def running_pid(state: StateDir) -> int | None:
@@ -144,57 +142,7 @@ def stop(state: StateDir, timeout: float = 15.0) -> int | None:
     raise DaemonError(f"daemon {pid} did not stop within {timeout:.0f}s; `kill -9 {pid}` is safe: jobs survive it")
 
 
-class _Wakeups:
-    """The FIFO clients and shims poke, plus our own signals, as one thing to sleep on."""
-
-    def __init__(self, state: StateDir) -> None:
-        from gpuq_scheduler.launcher.supervisor.shim import HANDED_OFF  # the daemon's own: off the CLI's import path
-
-        self._handed = HANDED_OFF
-        self.stopping = False
-        self.fifo = os.open(state.wake, os.O_RDONLY | os.O_NONBLOCK)
-        # Holding a writer open ourselves keeps the FIFO from reporting EOF (readable forever) between pokes.
-        self._keepalive = os.open(state.wake, os.O_WRONLY | os.O_NONBLOCK)
-        self._signals, signal_write = os.pipe()
-        os.set_blocking(signal_write, False)
-        os.set_blocking(self._signals, False)
-        signal.set_wakeup_fd(signal_write)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, self._stop)
-        # No wake-up on SIGCHLD: a shim pokes the FIFO after writing its exit file, just before it exits, and
-        # the signal would only wake a second, idle pass while the next job starts. Each pass reaps zombies.
-
-    def _stop(self, signum: int, frame: object) -> None:
-        self.stopping = True
-
-    def wait(self, timeout: float) -> bool:
-        """Sleep until a client or a shim wakes us, a signal comes, or ``timeout``; False on the timeout.
-
-        Woken only by hand-offs (jobs that started themselves as the ones before them ended), wait until they
-        stop coming for a moment: the rest of the burst they came in ends and starts meanwhile, and one pass
-        records it all once those jobs have had the CPU to start. Anything else wakes the pass at once."""
-        ready, _, _ = select.select([self.fifo, self._signals], [], [], timeout)
-        if not ready:
-            return False
-        words = b"".join(_drain(fd) for fd in ready)
-        settle_until = time.monotonic() + HANDOFF_SETTLE_MAX
-        while words and not words.strip(self._handed) and self._signals not in ready:
-            if time.monotonic() >= settle_until:
-                break
-            ready, _, _ = select.select([self.fifo, self._signals], [], [], HANDOFF_SETTLE)
-            words = b"".join(_drain(fd) for fd in ready)  # nothing: quiet for HANDOFF_SETTLE, the burst is over
-        return True
-
-
-def _drain(fd: int) -> bytes:
-    chunks = []
-    with contextlib.suppress(BlockingIOError):
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _sleep(scheduler: Scheduler, wakeups: _Wakeups) -> None:
+def _sleep(scheduler: Scheduler, wakeups: Wakeups) -> None:
     """Wait for the next thing to do. Spare shims are forked here, once nothing happened for a moment:
     forked right after a launch, they would take the CPU from the jobs just started."""
     deadline = time.monotonic() + scheduler.next_wakeup(time.time())  # a wall-clock jump must not stretch a nap
@@ -307,7 +255,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
         return 0
     try:
         write_atomic(state.pid, f"{os.getpid()}\n".encode(), durable=False, mode=0o644)
-        wakeups = _Wakeups(state)
+        wakeups = Wakeups(state)
         grace, backoff, policy = _environment(os.environ)
         source = open_source()
         mode = os.environ.get("GPUQ_FENCE", "auto")
@@ -337,6 +285,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             failing = False  # readers are told while passes fail (``jobs.store.notices``), until one succeeds
             while not wakeups.stopping:
                 try:
+                    wakeups.passing()
                     scheduler.tick(time.time())
                     if failing:
                         failing = not _told(notices.pass_succeeded, state)

@@ -206,7 +206,7 @@ class SchedulerState:
         return shim.Launch(
             job_id=record.id, argv=processes.job_argv(record.spec, port), env=env, cwd=record.spec.cwd,
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
-            pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=record.spec.time_limit,
+            pid_file=self.state.pid_file(record.id), wake=self.state.inner_wake, time_limit=record.spec.time_limit,
             grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
             pause_file=self.state.pause_file(record.id),
         )  # fmt: skip

@@ -186,7 +186,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
             paused["since"] = time.monotonic()  # its time limit stops running now
         _write_pause(scheduler, record.id, paused)
         try:
-            acting.child = start_helper(order, str(scheduler.state.wake), forker(scheduler))
+            acting.child = start_helper(order, str(scheduler.state.inner_wake), forker(scheduler))
         except OSError as err:  # out of processes: undone (a suspend) or tried again (a resume), as after a failure
             log.warning("cannot start the %s of job %d: %s", action, record.id, err)
             acting.again, acting.retry_at = True, time.time() + RETRY

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import html
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -135,6 +136,23 @@ def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTP
         server_version = "gpuq"
         timeout = CLIENT_TIMEOUT  # the socket's: a client that says nothing is dropped, not waited on for ever
 
+        def setup(self) -> None:
+            super().setup()
+            # The socket's timeout is per read: a client trickling a byte at a time would keep its thread for
+            # ever. Its request line and headers get one deadline in all, then the connection is shut.
+            self._deadline = threading.Timer(HEADERS_DEADLINE, _shut, (self.connection,))
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()  # reads the headers
+            self._deadline.cancel()
+            return parsed
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
+
         def do_GET(self) -> None:
             try:
                 self._get(self.path.split("?", 1)[0])
@@ -175,14 +193,23 @@ def handler(dashboard: Dashboard, metrics: Callable[[], bytes]) -> type[BaseHTTP
 
 
 WORKERS = 32  # connections answered at once; one more is closed at once, so nobody can take every thread
-CLIENT_TIMEOUT = 5.0  # seconds a client may take to send its request or read the answer
+PER_CLIENT = 8  # connections one address may hold at once: one client cannot take every worker
+CLIENT_TIMEOUT = 5.0  # seconds a client may take for one read or write
+HEADERS_DEADLINE = 10.0  # seconds a client may take to send its whole request line and headers
+
+
+def _shut(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed: the request ended meanwhile
+        connection.shutdown(socket.SHUT_RDWR)
 
 
 class BoundedServer(ThreadingHTTPServer):
     """ThreadingHTTPServer with at most ``WORKERS`` connections in hand, each with a socket timeout: idle or
     slow clients (a thousand open sockets that say nothing) cost a bounded number of threads and
     descriptors, and are dropped after ``CLIENT_TIMEOUT``, where a thread each without a timeout once kept
-    every one of them until the process ran out of descriptors and stopped answering."""
+    every one of them until the process ran out of descriptors and stopped answering. One address holds at
+    most ``PER_CLIENT`` of them and each request has ``HEADERS_DEADLINE`` to be sent: a client holding 32
+    half-sent requests once locked every other client out."""
 
     daemon_threads = True
     block_on_close = False
@@ -191,21 +218,37 @@ class BoundedServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)
         self.slots = threading.BoundedSemaphore(WORKERS)
+        self.held: dict[str, int] = {}  # per client address, the connections in hand
+        self.held_lock = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self._take(client_address[0]):
             self.shutdown_request(request)  # busy: the client sees a closed connection and may retry
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._give_back(client_address[0])
+
+    def _take(self, address: str) -> bool:
+        with self.held_lock:
+            if self.held.get(address, 0) >= PER_CLIENT or not self.slots.acquire(blocking=False):
+                return False
+            self.held[address] = self.held.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self.held_lock:
+            self.held[address] -= 1
+            if not self.held[address]:
+                del self.held[address]
             self.slots.release()
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.gpus.sources import open_source
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec
-from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views import live
 from gpuq_scheduler.launcher.views.tables import GpuRow
 from tests.conftest import Gpuq

@@ -17,8 +17,11 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.rules import MODES
+from gpuq_scheduler.jobs.selection import Selection
+from gpuq_scheduler.jobs.selection import parse as parse_selection
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
+from gpuq_scheduler.launcher.cli.select import JOB_ID, chosen, listed, need_some, nothing, selection_options
 
 
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,35 +116,53 @@ def check_live_inventory(spec: JobSpec) -> None:
 
 @click.command()
 @click.argument("job_ids", type=int, nargs=-1)
-@click.option("-j", "--jobs", "listed", multiple=True, metavar="IDS", help="Jobs or arrays 1,2,...")
+@click.option("-j", "--jobs", "listed_ids", multiple=True, metavar="IDS", help="Jobs or arrays 1,2,...")
 @click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
+@selection_options
+@click.option("--me", is_flag=True, help="Only your jobs (--user you).")
 @click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
 def status(
-    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, expand: bool, as_json: bool
-) -> None:
+    ctx: Context, job_ids: tuple[int, ...], listed_ids: tuple[str, ...], show_all: bool, name: str | None,
+    state: str | None, user: str | None, me: bool, expand: bool, as_json: bool,
+) -> None:  # fmt: skip
     """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
-    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only."""
+    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only. --name, --state, --user and --me choose
+    among them (with --all, among every job ever run here)."""
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
+    from gpuq_scheduler.launcher.cli.select import me as my_name
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
-    wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
+    if me and user is not None:
+        raise BadInput("--me is --user you: give one of them")
+    selection = parse_selection(name, state, my_name() if me else user)
+    wanted = [*job_ids, *(i for text in listed_ids for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     with many_rows():
-        chosen = queue.resolve(wanted) if wanted else None
+        chosen_records = queue.resolve(wanted) if wanted else None
         if as_json:
-            records = chosen if chosen is not None else queue.records() if show_all else _active_and_recent(queue)
+            records = (
+                chosen_records if chosen_records is not None
+                else queue.records() if show_all else _active_and_recent(queue)
+            )  # fmt: skip
+            if selection.given:
+                records = [r for r in records if selection.matches(r.spec.display_name, r.user, r.state)]
             click.echo(json.dumps([r.to_json() for r in records], indent=1))
         else:
             # --all reads a listing's few fields straight from the table: no record is built per job.
-            if chosen is not None:
-                lines = [Line.of(r) for r in chosen]
+            if chosen_records is not None:
+                lines = [Line.of(r) for r in chosen_records]
             else:
                 lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
+            if selection.given:
+                lines = [line for line in lines if selection.matches(line.name, line.user, line.state)]
             if lines:
                 click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
+            elif selection.given:
+                wider = "" if show_all or wanted else " (`--all`: among every job ever run here)"
+                click.echo(f"no job matches {selection.words()}{wider}")
             else:
                 click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
     rejected = ctx.queue.rejected()
@@ -252,13 +273,36 @@ def _copy_from(path: Path, offset: int, title: str = "") -> int:
 
 
 @click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@selection_options
+@click.option("--all", "everything", is_flag=True, help="All your active jobs (as `scancel -u $USER`).")
 @pass_ctx
-def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
+def cancel(
+    ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | None, user: str | None, everything: bool
+) -> None:
+    """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only.
+
+    \b
+        gpuq cancel 17 18               # these jobs (an array's id: all its members)
+        gpuq cancel --name 'seed*'      # your active jobs whose name matches
+        gpuq cancel --state pending     # your jobs that have not started
+        gpuq cancel --all               # all your active jobs
+    """
     from gpuq_scheduler.jobs.api import ensure_daemon, local_ids
 
+    selection = parse_selection(name, state, user, everything=everything, allowed=ACTIVE)
+    need_some("cancel", job_ids, selection, all_option=True)
     queue = ctx.jobs()
+    if selection.given:
+        records = chosen(ctx, "cancel", selection, job_ids, ACTIVE)
+        if not records:
+            click.echo(nothing("cancel", selection, job_ids, "active"))
+            return
+        active = queue.cancel([r.id for r in records])
+        if local_ids(ctx.state, active):
+            ensure_daemon(ctx.state)
+        click.echo(f"cancelling {len(active)} job(s) chosen by {selection.words()}: {listed(active)}")
+        return
     active = queue.cancel(job_ids)
     if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
         ensure_daemon(ctx.state)
@@ -270,6 +314,9 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
         else:
             what = "array" if named else "job"
             click.echo(f"cancelling job {job_id}" if job_id in active else f"{what} {job_id} has already ended")
+
+
+ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 
 
 @click.command("wait")
@@ -330,19 +377,37 @@ def _exit_code(record: JobRecord) -> int:
 
 
 @click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@selection_options
 @pass_ctx
-def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Keep pending jobs (or an array's pending members) from starting until released."""
-    _control(ctx, "hold", job_ids)
+def hold(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | None, user: str | None) -> None:
+    """Keep pending jobs (or an array's pending members) from starting until released; without ids, your
+    pending jobs chosen by --name, --state or --user."""
+    _chosen_control(ctx, "hold", job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
 
 
 @click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@selection_options
 @pass_ctx
-def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Let held jobs (or a held array) run again."""
-    _control(ctx, "release", job_ids)
+def release(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | None, user: str | None) -> None:
+    """Let held jobs (or a held array) run again; without ids, your held jobs chosen by --name or --user."""
+    _chosen_control(ctx, "release", job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
+
+
+def _chosen_control(ctx: Context, action: str, job_ids: tuple[int, ...], selection: Selection) -> None:
+    """hold or release the jobs named, or chosen by ``selection`` among the pending ones (held ones, to release)."""
+    need_some(action, job_ids, selection)
+    if not selection.given:
+        _control(ctx, action, job_ids)
+        return
+    records = chosen(ctx, action, selection, job_ids, (JobState.PENDING,), held=action == "release")
+    if not records:
+        click.echo(nothing(action, selection, job_ids, "held" if action == "release" else "pending"))
+        return
+    pending = _control(ctx, action, tuple(r.id for r in records), said=False)
+    done = "held" if action == "hold" else "released"
+    click.echo(f"{done} {len(pending)} pending job(s) chosen by {selection.words()}: {listed([r.id for r in pending])}")
 
 
 @click.command()
@@ -367,13 +432,19 @@ def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_li
     _control(ctx, "update", job_ids, values)
 
 
-def _control(ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None) -> None:
+def _control(
+    ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None, said: bool = True
+) -> list[JobRecord]:
     from gpuq_scheduler.jobs.api import ensure_daemon
 
     pending = ctx.queue.control(action, job_ids, values)
     if pending:
         ensure_daemon(ctx.state)
     done = {"hold": "held", "release": "released", "update": "updated"}[action]
-    click.echo(
-        f"{done} {len(pending)} pending job(s)" if pending else f"nothing to {action}: no pending job among those"
-    )
+    if said:
+        click.echo(
+            f"{done} {len(pending)} pending job(s): {listed([r.id for r in pending])}"
+            if pending
+            else f"nothing to {action}: no pending job among those"
+        )
+    return pending

@@ -236,7 +236,6 @@ def _pair(item: Any, name: str) -> tuple[str, str]:
     return _typed(item[0], str, name), _typed(item[1], str, name)
 
 
-
 # Slots: past 30 fields (CPython's limit for keys its instances share), each record got a dict of its own, 1.3
 # KB more (13 MB for 10,000 pending) and slower to read: the daemon's pass over them cost a sixth more.
 @dataclass(frozen=True, slots=True)

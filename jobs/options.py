@@ -146,4 +146,3 @@ def check_keywords(function: str, given: dict[str, Any], also: tuple[str, ...] =
     for key in given:
         if key not in known and key not in also:
             raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
-

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
+from gpuq_scheduler.launcher.views import columns
 from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
@@ -128,5 +130,39 @@ def test_suspend_and_resume_choose_jobs_by_name(tmp_path: Path) -> None:
         queue.run("cancel", "--name", "sweep-*")
         for job in jobs:
             queue.wait_state(job, "cancelled")
+    finally:
+        queue.cleanup()
+
+
+def test_status_format_picks_columns_as_sacct_does_and_the_config_sets_the_default(tmp_path: Path) -> None:
+    queue = fake_cuda_queue(tmp_path, "1x80GiB", GPUQ_CONFIG=str(tmp_path / "config.toml"))
+    try:
+        job = queue.submit("--mem", "4G", "--name", "held-memory", "fake_cuda.py", "2", "3")
+        record = queue.wait_state(job, "succeeded", "failed")
+        assert record["state"] == "succeeded" and record["peak_mem"] and record["gpu_energy_j"], record
+        listing = queue.run("status", "--all", "--format", "id,name,state,gpus,runtime,peak_mem,gpu_hours,energy")
+        header, row = listing.stdout.splitlines()
+        assert header.split() == ["ID", "NAME", "STATE", "GPUS", "RUNTIME", "PEAK", "MEM", "GPU-HOURS", "ENERGY"]
+        assert row.split() == [
+            str(job), "held-memory", "succeeded", "1", format_duration(record["ended_at"] - record["started_at"]),
+            *format_size(record["peak_mem"]).split(), format_gpu_hours(record["gpu_hours"]),
+            *format_energy(record["gpu_energy_j"]).split(),
+        ]  # fmt: skip
+
+        unknown = queue.run("status", "--format", "id,gpu_ids", check=False)
+        assert unknown.returncode == 2 and unknown.stdout == ""
+        assert unknown.stderr.splitlines() == [
+            "gpuq: --format: no column 'gpu_ids'; the columns are " + ",".join(columns.COLUMNS)
+        ]
+        assert "peak_mem,gpu_hours,energy" in unknown.stderr
+
+        (tmp_path / "config.toml").write_text('[status]\nformat = "id, state, on"\n')
+        default = queue.run("status", "--all").stdout.splitlines()
+        assert default[0].split() == ["ID", "STATE", "ON"] and default[1].split() == [str(job), "succeeded", "0"]
+        assert queue.run("status", "--all", "--format", "name").stdout.splitlines()[0] == "NAME"  # the flag wins
+        (tmp_path / "config.toml").write_text('[status]\nformat = "id,colour"\n')
+        wrong = queue.run("status", check=False)
+        assert wrong.returncode == 2 and len(wrong.stderr.splitlines()) == 1
+        assert f"{tmp_path / 'config.toml'}: status.format: no column 'colour'" in wrong.stderr
     finally:
         queue.cleanup()

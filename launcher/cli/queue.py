@@ -121,11 +121,18 @@ def check_live_inventory(spec: JobSpec) -> None:
 @selection_options
 @click.option("--me", is_flag=True, help="Only your jobs (--user you).")
 @click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
+@click.option(
+    "--format",
+    "columns",
+    metavar="COLUMNS",
+    help="These columns, one line per job: id,name,state,gpus,"
+    "runtime,peak_mem,gpu_hours,energy,... (default: [status] format in your config, if set).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
 def status(
     ctx: Context, job_ids: tuple[int, ...], listed_ids: tuple[str, ...], show_all: bool, name: str | None,
-    state: str | None, user: str | None, me: bool, expand: bool, as_json: bool,
+    state: str | None, user: str | None, me: bool, expand: bool, columns: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
     (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only. --name, --state, --user and --me choose
@@ -138,18 +145,26 @@ def status(
     if me and user is not None:
         raise BadInput("--me is --user you: give one of them")
     selection = parse_selection(name, state, my_name() if me else user)
+    picked = None if as_json else _columns(columns)
     wanted = [*job_ids, *(i for text in listed_ids for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     with many_rows():
         chosen_records = queue.resolve(wanted) if wanted else None
-        if as_json:
+        if as_json or picked is not None:
             records = (
                 chosen_records if chosen_records is not None
                 else queue.records() if show_all else _active_and_recent(queue)
             )  # fmt: skip
             if selection.given:
                 records = [r for r in records if selection.matches(r.spec.display_name, r.user, r.state)]
-            click.echo(json.dumps([r.to_json() for r in records], indent=1))
+            if picked is None:
+                click.echo(json.dumps([r.to_json() for r in records], indent=1))
+            elif records:
+                from gpuq_scheduler.launcher.views import columns as listing
+
+                click.echo(listing.table(records, picked))
+            else:
+                click.echo(_none(selection, show_all or bool(wanted)))
         else:
             # --all reads a listing's few fields straight from the table: no record is built per job.
             if chosen_records is not None:
@@ -160,11 +175,8 @@ def status(
                 lines = [line for line in lines if selection.matches(line.name, line.user, line.state)]
             if lines:
                 click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
-            elif selection.given:
-                wider = "" if show_all or wanted else " (`--all`: among every job ever run here)"
-                click.echo(f"no job matches {selection.words()}{wider}")
             else:
-                click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+                click.echo(_none(selection, show_all or bool(wanted)))
     rejected = ctx.queue.rejected()
     if rejected and not as_json:
         click.echo(
@@ -180,6 +192,31 @@ def status(
         failing = notices.failing_pass(ctx.state)
         for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
             click.echo(f"note: {note}", err=True)
+
+
+def _columns(given: str | None) -> tuple[str, ...] | None:
+    """The columns --format picks, else the config's [status] format, else None: the usual table."""
+    from gpuq_scheduler.jobs import config
+
+    if given is None:
+        default = config.load().status
+        if default.format is None:
+            return None
+        given, where = default.format, f"{default.source}: status.format"
+    else:
+        where = "--format"
+    from gpuq_scheduler.launcher.views import columns
+
+    return columns.parse(given, where)
+
+
+def _none(selection: Selection, everything: bool) -> str:
+    """What `gpuq status` says when it lists no job."""
+    if selection.given:
+        return f"no job matches {selection.words()}" + (
+            "" if everything else " (`--all`: among every job ever run here)"
+        )
+    return "no jobs" + ("" if everything else " active or recent (`gpuq status --all` shows every job)")
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:

@@ -270,6 +270,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, 
             containment.signal_all(containment.Box.from_json(found["box"]), int(found["leader"]), signum)
 
     scheduler.after_commit.append(tell)
+
     def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
         scheduler.stopped_for.pop(record.id, None)
         scheduler.preemption.signalled.pop(record.id, None)

@@ -259,8 +259,10 @@ class Scheduler(SchedulerState):
                     outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
-                if stopped is not None and outcome is not None and (
-                    outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED
+                if (
+                    stopped is not None
+                    and outcome is not None
+                    and (outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED)
                 ):  # a preempted job that saved its work and exited 0 is not done: it is requeued
                     outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = exit_data.ended_at

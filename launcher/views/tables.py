@@ -256,8 +256,12 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
             else []
         ),
         *([("preempted", moved)] if moved else []),
-        ("cause", "-" if record.cause is None else record.cause.value + (
-            f" (culprit: job {record.culprit})" if record.culprit is not None else "")),
+        (
+            "cause",
+            "-"
+            if record.cause is None
+            else record.cause.value + (f" (culprit: job {record.culprit})" if record.culprit is not None else ""),
+        ),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
         *([("values", " ".join(f"{k}={v}" for k, v in spec.values))] if spec.values else []),
         ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),

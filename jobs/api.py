@@ -63,14 +63,10 @@ def submit(
     return job_id
 
 
-submit.__doc__ = (
-    (submit.__doc__ or "").rstrip()
-    + "\n\n    Options (``jobs.options`` declares them):\n\n"
-    + "\n".join(
-        f"    - ``{option.dest}`` (``{option.flag}``): {option.help or 'one of ' + ', '.join(MODES) + '.'}"
-        for option in SUBMIT
-        if option.api
-    )
+submit.__doc__ = (submit.__doc__ or "").rstrip() + "\n\n    Options (``jobs.options`` declares them):\n\n" + "\n".join(
+    f"    - ``{option.dest}`` (``{option.flag}``): {option.help or 'one of ' + ', '.join(MODES) + '.'}"
+    for option in SUBMIT
+    if option.api
 )
 
 

@@ -232,7 +232,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     try:
         idle_limit = None if idle == "off" else parse_duration(idle)
     except BadInput as err:
-        raise ConfigError(f'{path}: shared.idle_limit: {err} (or "off")') from None
+        raise ConfigError(f"{path}: shared.idle_limit: {err} (or \"off\")") from None
     default_time = _duration(raw.get("default_time", "off"), path, "shared.default_time")
     max_time = _duration(raw.get("max_time", "7d"), path, "shared.max_time")
     if default_time is not None and max_time is not None and default_time > max_time:
@@ -247,7 +247,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     except BadInput as err:
         raise ConfigError(f"{path}: shared.default_ram: {err}") from None
     if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
-        raise ConfigError(f'{path}: shared.default_ram must be at least 1M, like "64G"')
+        raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
     by = raw.get("preemption_by", [])
     if not isinstance(by, list) or not all(isinstance(b, str) and b in PREEMPTION_BY for b in by):
         raise ConfigError(f'{path}: shared.preemption_by lists "priority" and/or "fair_share", like ["priority"]')

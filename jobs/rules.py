@@ -49,7 +49,9 @@ def check_spec(
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
     if preempt_signal is not None and preempt_signal not in PREEMPT_SIGNALS:
-        raise BadInput(f"--preempt-signal {preempt_signal!r}: name one a job can catch: {', '.join(PREEMPT_SIGNALS)}")
+        raise BadInput(
+            f"--preempt-signal {preempt_signal!r}: name one a job can catch: {', '.join(PREEMPT_SIGNALS)}"
+        )
     if sweep:
         check_sweep(sweep)
     if not command:

@@ -87,8 +87,7 @@ CREATE TABLE IF NOT EXISTS host_usage (
 LIVE_STATES = "state IN ('pending', 'running', 'suspended')"
 LIVE = f"CREATE INDEX IF NOT EXISTS jobs_live ON jobs(state) WHERE {LIVE_STATES};\n"
 
-SCHEMA = (
-    """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
     state TEXT NOT NULL,
@@ -117,9 +116,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-"""
-    + ",\n".join(f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED, *SUSPENSION])
-    + """
+""" + ",\n".join(
+    f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED, *SUSPENSION]
+) + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -135,14 +134,9 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-    + LEARNED
-    + HOST_USAGE
-    + """
+""" + LEARNED + HOST_USAGE + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
-"""
-    + LIVE
-)
+""" + LIVE
 
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"

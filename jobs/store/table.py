@@ -63,7 +63,9 @@ class JobTable:
         self._db, version = schema.connect(path, create=create)
         self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
         # A table no daemon of this version opened yet: no causes recorded (before 3), nothing suspended (4).
-        self._columns = schema.COLUMNS if version >= 4 else schema.COLUMNS_V3 if version == 3 else schema.COLUMNS_V2
+        self._columns = (
+            schema.COLUMNS if version >= 4 else schema.COLUMNS_V3 if version == 3 else schema.COLUMNS_V2
+        )
 
     def close(self, *, rollback_mode: bool = False) -> None:
         """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
@@ -148,16 +150,8 @@ class JobTable:
             cursor = self._db.execute(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
                 f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
-                (
-                    outcome.state.value,
-                    outcome.exit_code,
-                    outcome.signal,
-                    outcome.recorded_reason(),
-                    ended_at,
-                    outcome.cause.value,
-                    outcome.culprit,
-                    job_id,
-                ),
+                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.recorded_reason(), ended_at,
+                 outcome.cause.value, outcome.culprit, job_id),
             )
         return cursor.rowcount == 1
 
@@ -167,10 +161,8 @@ class JobTable:
             self._db.executemany(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
                 f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
-                [
-                    (o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
-                    for job_id, o, t in endings
-                ],
+                [(o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
+                 for job_id, o, t in endings],
             )
 
     def mark_step(self, job_id: int, step: Step) -> bool:

@@ -103,6 +103,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
         click.echo(containment(ctx.state))
 
 
+
 @click.command()
 @click.option(
     "--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True, help="Seconds between redraws."

@@ -91,12 +91,7 @@ def make(
 
 
 def clone(
-    job_id: int,
-    box: containment.Box,
-    argv: list[str],
-    cwd: str,
-    env: dict[str, str],
-    credentials: dict[str, Any],
+    job_id: int, box: containment.Box, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any],
     output: tuple[int, int],
 ) -> None:
     """Make the staged job's cgroup and clone its first process into it, writing to the pipe ``output`` (read
@@ -142,7 +137,9 @@ def _born(make: Callable[[], intocgroup.Born], box: containment.Box, output: tup
     return Waiting(born, start, out_read, box)
 
 
-def blank(job_id: int, box: containment.Box, inode: int, output: tuple[int, int], spawned: bool, log: str = "") -> None:
+def blank(
+    job_id: int, box: containment.Box, inode: int, output: tuple[int, int], spawned: bool, log: str = ""
+) -> None:
     """A blank writing to the pipe ``output`` (both ends taken over) in the cgroup the daemon made for the job it
     expects next (``box``, its directory's ``inode``): a waiter cloned there (``intocgroup.blank``), after which
     that job, started on an idle GPU, only execs; or, ``spawned`` (it will run as this shim's user, and the C

@@ -39,11 +39,7 @@ def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[lis
 
 
 def spawn(
-    argv: list[str],
-    cwd: str,
-    env: Mapping[str, str],
-    credentials: dict[str, Any],
-    output: int,
+    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int,
     cgroup: str | None = None,
 ) -> tuple[int, float | None, Callable[[], int]]:
     """Start a job's process in a session of its own (its group is the job), stdin from /dev/null, stdout and

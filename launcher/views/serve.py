@@ -68,14 +68,9 @@ class Dashboard:
     def jobs(self, picture: live.Picture) -> dict[str, list[dict[str, Any]]]:
         return {
             "running": [
-                {
-                    **_public(r, picture.job_use.get(r.id)),
-                    "utilization": picture.job_util.get(r.id),
-                    "gpu_hours": r.gpu_hours(picture.taken),
-                    "gpu_energy_j": r.energy,
-                    "cpu_seconds": r.cpu_seconds,
-                    "peak_ram": r.peak_ram,
-                }
+                {**_public(r, picture.job_use.get(r.id)), "utilization": picture.job_util.get(r.id),
+                 "gpu_hours": r.gpu_hours(picture.taken), "gpu_energy_j": r.energy, "cpu_seconds": r.cpu_seconds,
+                 "peak_ram": r.peak_ram}
                 for r in picture.running
             ],
             "waiting": [_public(r, None) for r in picture.waiting],

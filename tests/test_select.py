@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
-from gpuq_scheduler.launcher.views import columns
 from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
@@ -53,7 +52,7 @@ def test_status_and_cancel_choose_jobs_by_name_and_state(gpuq: Gpuq) -> None:
     assert _listed(gpuq.run("status", "--state", "pending").stdout) == [big]
     assert _listed(gpuq.run("status", "--state", "PENDING,running").stdout) == [*seeds, big]
     assert _listed(gpuq.run("status", "--me").stdout) == [*seeds, big]
-    me = pwd.getpwuid(os.getuid())  # the fixture's jobs are this process's user's.pw_name
+    me = pwd.getpwuid(os.getuid()).pw_name  # the fixture's jobs are this process's user's
     assert _listed(gpuq.run("status", "--user", me, "--name", "pre*").stdout) == [big]
     assert gpuq.run("status", "--name", "nothing*").stdout.startswith("no job matches --name 'nothing*'")
 
@@ -135,6 +134,8 @@ def test_suspend_and_resume_choose_jobs_by_name(tmp_path: Path) -> None:
 
 
 def test_status_format_picks_columns_as_sacct_does_and_the_config_sets_the_default(tmp_path: Path) -> None:
+    from gpuq_scheduler.launcher.views import columns  # here: a module gpuq had not before issue #39
+
     queue = fake_cuda_queue(tmp_path, "1x80GiB", GPUQ_CONFIG=str(tmp_path / "config.toml"))
     try:
         job = queue.submit("--mem", "4G", "--name", "held-memory", "fake_cuda.py", "2", "3")

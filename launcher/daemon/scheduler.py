@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
+from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
@@ -259,10 +260,8 @@ class Scheduler(SchedulerState):
                     outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
-                if (
-                    stopped is not None
-                    and outcome is not None
-                    and (outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED)
+                if stopped is not None and outcome is not None and (
+                    outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED
                 ):  # a preempted job that saved its work and exited 0 is not done: it is requeued
                     outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = exit_data.ended_at
@@ -379,8 +378,9 @@ class Scheduler(SchedulerState):
         if cached is None or cached[0] is not record.spec:
             spec = record.spec
             request = Request(
-                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority
-            )
+                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority,
+                tuple(spec.value(GPU_IDS)),
+            )  # fmt: skip
             cached = (spec, request)
             self._requests[record.id] = cached
         return cached[1]

@@ -31,6 +31,9 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     leftover = "stop"                # a process of an ended job still on a GPU: "stop" ends it
     tolerance = "256M"               # how far past share + context a sample may show before the rule applies
 
+    [status]                         # `gpuq status` (your own config, most likely)
+    format = "id,name,state,gpus,on,runtime,peak_mem"   # its columns unless --format says (see --format help)
+
     [clusters.lab]                   # `gpuq submit --on lab ...`
     backend = "slurm"
     partition = "gpu"
@@ -112,11 +115,21 @@ WATCHDOG_ACTIONS = ("stop", "warn")
 
 
 @dataclass(frozen=True)
+class Status:
+    """`gpuq status`'s defaults: ``format``, its columns as --format takes them (checked by the command,
+    which knows the columns), and the file that set them, for its message."""
+
+    format: str | None = None
+    source: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path | None = None
     shared: Shared = field(default_factory=Shared)
     watchdog: Watchdog = field(default_factory=Watchdog)
     clusters: Mapping[str, Cluster] = field(default_factory=dict)
+    status: Status = field(default_factory=Status)
     sources: tuple[Path, ...] = ()  # the files it was read from, for messages
 
     def cluster(self, name: str) -> Cluster:
@@ -137,9 +150,9 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         if raw is None:
             continue
         sources.append(path)
-        _check_keys(raw, {"home", "shared", "clusters", "watchdog"}, path, "")
+        _check_keys(raw, {"home", "shared", "clusters", "watchdog", "status"}, path, "")
         for key, value in raw.items():
-            tables = ("shared", "clusters", "watchdog")
+            tables = ("shared", "clusters", "watchdog", "status")
             if key in tables and isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}
             else:
@@ -185,7 +198,15 @@ def _build(raw: dict[str, Any], sources: tuple[Path, ...]) -> Config:
         raise ConfigError(f"{where.get('clusters')}: [clusters] must be a table of [clusters.NAME] tables")
     clusters = {name: _cluster(name, value, where.get("clusters")) for name, value in clusters_raw.items()}
     watchdog = _watchdog(raw.get("watchdog", {}), where.get("watchdog"))
-    return Config(home=home, shared=shared, clusters=clusters, sources=sources, watchdog=watchdog)
+    status = _status(raw.get("status", {}), where.get("status"))
+    return Config(home=home, shared=shared, clusters=clusters, sources=sources, watchdog=watchdog, status=status)
+
+
+def _status(raw: Any, path: Path | None) -> Status:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [status] must be a table")
+    _check_keys(raw, {"format"}, path, "status.")
+    return Status(_optional(raw.get("format"), str, path, "status.format"), path)
 
 
 def _shared(raw: Any, path: Path | None) -> Shared:

@@ -186,7 +186,8 @@ class JobSpec:
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
                 **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
-                options={key: value for key, value in kept.items() if key not in _OWN_FIELDS},
+                # An option left at its default is not kept: a spec built without it is the same spec.
+                options={k: v for k, v in kept.items() if k not in _OWN_FIELDS and v != _DEFAULTS[k]},
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -218,6 +219,7 @@ def _kept(option: Option[Any], default: Any, data: Mapping[str, Any]) -> Any:
 
 _OWN_FIELDS = frozenset(spec_field.name for spec_field in dataclasses.fields(JobSpec)) - {"options"}
 _KEPT = tuple((option, option.kept_default) for option in kept_options())  # with what each keeps when not given
+_DEFAULTS = {option.field: default for option, default in _KEPT}
 
 
 def _sweep(data: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -94,8 +94,37 @@ def _signal(value: str | None) -> str | None:
     return value.upper().removeprefix("SIG") if value else None
 
 
+MOST_GPUS = 1024  # GPU numbers --gpu-ids takes are below this (no machine has more)
+
+
+def _gpu_ids(value: str | list[int] | None) -> list[int]:
+    """--gpu-ids 2,3 as kept: the GPUs' numbers, ascending, each once ([]: any GPUs). The daemon's intake
+    gives it the stored list again."""
+    if value is None or value == "":
+        return []
+    words = value if isinstance(value, list) else str(value).split(",")
+    found = []
+    for word in words:
+        text = str(word).strip() if not isinstance(word, bool) else ""
+        if not (text.isascii() and text.isdigit() and int(text) < MOST_GPUS):
+            from gpuq_scheduler.jobs.errors import BadInput
+
+            shown = value if isinstance(value, str) else ",".join(map(str, value))
+            raise BadInput(
+                f"--gpu-ids {shown[:60]!r}: GPU numbers separated by commas, like 2,3 (`gpuq gpus` lists them)"
+            )
+        found.append(int(text))
+    return sorted(set(found))
+
+
+GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not given)
+    "--gpu-ids", "str", None, "Run on these GPUs (2,3), as `gpuq gpus` numbers them; --gpus is their count.",
+    metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
+)  # fmt: skip
+
 SUBMIT: tuple[Option[Any], ...] = (
     Option("--gpus", "int", 1, "GPUs the job needs (0: a CPU job).", show_default=True, field="gpus"),
+    GPU_IDS,
     Option("--mem", "str", None, "Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs "
            "of the same kind. Without it the job gets whole GPUs."),
     Option("--cpus", "str", None, "Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.", metavar="N"),

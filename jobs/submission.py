@@ -80,6 +80,17 @@ class Inventory:
 
     def check(self, spec: JobSpec) -> None:
         self.check_request(spec.gpus, spec.mem_per_gpu)
+        self.check_pinned(spec.value(options.GPU_IDS))
+
+    def check_pinned(self, gpu_ids: Sequence[int]) -> None:
+        """Refuse --gpu-ids that name a GPU this machine does not have."""
+        count = len(self.totals)
+        missing = [i for i in gpu_ids if i >= count]
+        if missing:
+            raise BadInput(
+                f"--gpu-ids {','.join(map(str, gpu_ids))}: no GPU {missing[0]} here; GPUs are numbered 0 to "
+                f"{count - 1} (`gpuq gpus` lists them)"
+            )
 
     def check_request(self, gpus: int, mem_per_gpu: int | None) -> None:
         """Refuse a request no GPU here could ever hold (it would wait forever)."""
@@ -159,6 +170,14 @@ def capture_spec(
     except BadInput as err:
         raise BadInput(f"--ram: {err}") from None
     kept = {option.field: option.kept(values[option.dest]) for option in options.kept_options()}
+    pinned = kept[options.GPU_IDS.field]
+    if pinned:  # --gpu-ids names the GPUs, so also how many; a --gpus that says otherwise is a mistake
+        if gpus not in (1, len(pinned)):
+            listed = ",".join(map(str, pinned))
+            raise BadInput(
+                f"--gpus {gpus} --gpu-ids {listed}: the job runs on the {len(pinned)} GPU(s) listed; leave --gpus out"
+            )
+        gpus = kept["gpus"] = len(pinned)
     retries, priority = values["retries"], values["priority"]
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,

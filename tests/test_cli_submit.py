@@ -287,7 +287,7 @@ def test_the_inventory_written_by_an_older_daemon_is_read_in_full(queue: Queue) 
 FALLBACKS = [
     (["--help"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
     (["-h", "true"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
-    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpus'?)"),
+    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpu-ids', '--gpus'?)"),
     (["--gpus", "x", "true"], 2, "'x' is not a valid integer"),
     (["--gpus"], 2, "Option '--gpus' requires an argument"),
     (["--json=yes", "true"], 2, "Option '--json' does not take a value"),

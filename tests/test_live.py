@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.gpus.sources import open_source
 from gpuq_scheduler.launcher.views import live
 from gpuq_scheduler.launcher.views.tables import GpuRow
+from tests.conftest import Gpuq
 
 G = 1 << 30
 
@@ -31,3 +37,30 @@ def test_an_array_folds_to_its_first_member_and_says_how_many_it_stands_for() ->
     records = [_member(1, None), _member(3, 2), _member(4, 2), _member(5, 2), _member(9, 8)]
     kept, counts = live.fold(records)
     assert [r.id for r in kept] == [1, 3, 9] and counts == {2: 3}  # a one-member line needs no count
+
+
+@pytest.mark.slow
+def test_gpus_is_a_count_in_every_table_and_on_says_which_gpus(gpuq: Gpuq) -> None:
+    """Issue #39, friction 8: GPUS read "0,1" (GPU numbers) in the Running table of `gpuq top` and the
+    dashboard, and "2" (a count) in their Waiting table and in `gpuq status`. Now GPUS is a count everywhere
+    and ON the numbers of the GPUs a running job holds."""
+    pair = gpuq.submit("--gpus", "2", "--name", "pair", "sleep", "300")
+    one = gpuq.submit("--gpus", "1", "--name", "one", "sleep", "300")
+    gpuq.wait_state(pair, "running")
+    gpuq.wait_state(one, "running")
+    waiting = gpuq.submit("--gpus", "2", "--name", "later", "sleep", "300")  # one GPU is left: it waits
+    source = open_source(gpuq.env)
+    try:
+        picture = live.take(Queue(StateDir(gpuq.home)), source)
+    finally:
+        source.close()
+    running = {row[0]: dict(zip(live.RUNNING_COLUMNS, row, strict=True)) for row in live.running_rows(picture)}
+    assert running[str(pair)]["GPUS"] == "2" and running[str(one)]["GPUS"] == "1"
+    held = {job["id"]: job["gpus"] for job in gpuq.status()}
+    assert running[str(pair)]["ON"] == ",".join(map(str, held[pair])) and running[str(one)]["ON"] == str(held[one][0])
+    waits = {row[0]: dict(zip(live.WAITING_COLUMNS, row, strict=True)) for row in live.waiting_rows(picture)}
+    assert waits[str(waiting)]["GPUS"] == "2"
+    status = gpuq.run("status").stdout.splitlines()
+    header = status[0].split()
+    assert header[4:6] == ["GPUS", "ON"]
+    assert next(line.split() for line in status if line.split()[0] == str(pair))[4] == "2"

@@ -857,3 +857,30 @@ def test_packed_jobs_of_several_users_share_an_mps_gpu() -> None:
     holdings = [Holding(1, (0,), 4 * gib), Holding(2, (1,), None)]  # alice's packed job; GPU 1 taken whole
     plan = place([Request(10, 1, 4 * gib, user="bob"), Request(11, 1, 4 * gib, user="alice")], gpus, holdings, 0.0)
     assert [(d.job_id, d.gpus) for d in plan.decisions] == [(10, (0,)), (11, (0,))]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# --gpu-ids (issue #39): a job pinned to given GPUs runs there or waits for them, and says which.
+
+
+def test_a_pinned_job_runs_on_its_gpus_though_others_are_freer() -> None:
+    gpus = [GpuView(i, 80 * GiB) for i in range(4)]
+    plan = place([Request(1, 2, only=(2, 3))], gpus, [], now=0.0, distance=nvlink_pairs)
+    assert plan.decisions == [Decision(1, (2, 3))]
+
+
+def test_a_pinned_job_waits_for_its_gpus_and_others_pass_it_on_the_rest() -> None:
+    gpus = [GpuView(i, 80 * GiB) for i in range(4)]
+    busy = [Holding(9, (3,), None)]
+    plan = place([Request(1, 1, only=(3,)), Request(2, 1), Request(3, 1, only=(1, 3))], gpus, busy, now=0.0)
+    assert plan.waiting[1] == "waiting for GPU 3 to itself - first in line"
+    # The head's claim is GPU 3 alone: the others start; job 3 on the one of its two GPUs that is free.
+    assert plan.decisions == [Decision(2, (0,)), Decision(3, (1,))]
+
+
+def test_a_pinned_job_on_a_lost_gpu_says_it_can_never_run_there() -> None:
+    gpus = [GpuView(0, 80 * GiB), GpuView(1, 80 * GiB, available=False)]
+    plan = place([Request(1, 2, only=(0, 1)), Request(2, 1, 20 * GiB, only=(5,))], gpus, [], now=0.0)
+    assert plan.waiting[1].startswith("waiting for GPUs 0,1 to themselves: only 1 of 1 usable GPUs could ever")
+    assert plan.waiting[2].startswith("waiting for GPU 5 with 20.0G free: only 0 of 0 usable GPUs")
+    assert not plan.decisions

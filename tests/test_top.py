@@ -102,7 +102,8 @@ def test_top_shows_the_gpus_and_the_jobs_in_80_columns(box: tuple[Gpuq, dict[str
         placed = gpuq.job(jobs["packed"])["gpus"][0]
         assert "█" in bars[placed] and "▒" in bars[placed] and "jobs 3.5G res 9.0G" in bars[placed]  # use, share
         assert "░" in bars[0] and "out 10.0G" in bars[0]  # the teammate's 10 GiB on GPU 0
-        assert re.search(rf"^ {jobs['packed']} +\S+ +packed +\d +9\.0G +3\.5G +60% ", screen, re.MULTILINE)
+        # GPUS is how many it asked for (1), ON which GPU it holds (issue #39, friction 8)
+        assert re.search(rf"^ {jobs['packed']} +\S+ +packed +1 +{placed} +9\.0G +3\.5G +60% ", screen, re.MULTILINE)
         assert re.search(rf"^ {jobs['big']} +\S+ +big +2 +whole .* waiting for 2 GPUs", screen, re.MULTILINE)
         # The array is folded: one line in each table it has members in (2 cores: some wait for a CPU slot).
         assert len(re.findall(rf"seeds \[\+\d of array {jobs['array']}\]", screen)) in (1, 2)

@@ -19,6 +19,7 @@ What translates, and what is refused because Slurm has nothing like it (one line
     --mem             refused: on a cluster every job gets whole GPUs (Slurm cannot share one by memory)
     --oom-retry       refused: it grows --mem; use --retries
     --notify          refused: no gpuq daemon watches cluster jobs; use sbatch's --mail-type in sbatch_flags
+    --gpu-ids         refused: Slurm chooses which of a node's GPUs a job gets (--gpus is how many)
     any other option  refused, where ``jobs.options`` declares it and JobSpec has no field for it (nothing here
                       translates it yet)
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from gpuq_scheduler.jobs.config import Cluster
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec, Mode
-from gpuq_scheduler.jobs.options import kept_options
+from gpuq_scheduler.jobs.options import GPU_IDS, kept_options
 from gpuq_scheduler.jobs.store.spool import ArrayPlan
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
@@ -77,6 +78,12 @@ def check(spec: JobSpec, cluster: Cluster) -> None:
         raise BadInput(
             f"--preemptible suspends a job to this machine's host memory, which gpuq cannot do {where}; leave it out "
             "(Slurm's own preemption is the cluster's: ask its admins for a preemptible partition or QOS)"
+        )
+    pinned = spec.value(GPU_IDS)
+    if pinned:
+        raise BadInput(
+            f"--gpu-ids {','.join(map(str, pinned))} names GPUs of this machine; {where} Slurm chooses which of a "
+            f"node's GPUs a job gets: leave it out (--gpus {spec.gpus} asks for as many)"
         )
     defaults = {option.field: option for option in kept_options()}
     for key, value in spec.options.items():  # options declared in jobs.options alone: none is translated here

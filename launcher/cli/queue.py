@@ -17,8 +17,11 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.rules import MODES
+from gpuq_scheduler.jobs.selection import Selection
+from gpuq_scheduler.jobs.selection import parse as parse_selection
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
+from gpuq_scheduler.launcher.cli.select import selection_options
 
 
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,35 +118,65 @@ def check_live_inventory(spec: JobSpec) -> None:
 @click.argument("job_ids", type=int, nargs=-1)
 @click.option("-j", "--jobs", "listed", multiple=True, metavar="IDS", help="Jobs or arrays 1,2,...")
 @click.option("--all", "show_all", is_flag=True, help="Every job ever run here, not just active and recent ones.")
+@selection_options
+@click.option("--me", is_flag=True, help="Only your jobs (--user you).")
 @click.option("--expand", is_flag=True, help="One line per array member instead of one per array.")
+@click.option(
+    "--format",
+    "columns",
+    metavar="COLUMNS",
+    help="These columns, one line per job: id,name,state,gpus,"
+    "runtime,peak_mem,gpu_hours,energy,... (default: [status] format in your config, if set).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
 def status(
-    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, expand: bool, as_json: bool
-) -> None:
+    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, name: str | None,
+    state: str | None, user: str | None, me: bool, expand: bool, columns: str | None, as_json: bool,
+) -> None:  # fmt: skip
     """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
-    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only."""
+    (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only. --name, --state, --user and --me choose
+    among them (with --all, among every job ever run here)."""
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
+    from gpuq_scheduler.launcher.cli.select import me as my_name
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
+    if me and user is not None:
+        raise BadInput("--me is --user you: give one of them")
+    selection = parse_selection(name, state, my_name() if me else user)
+    picked = None if as_json else _columns(columns)
     wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     with many_rows():
-        chosen = queue.resolve(wanted) if wanted else None
-        if as_json:
-            records = chosen if chosen is not None else queue.records() if show_all else _active_and_recent(queue)
-            click.echo(json.dumps([r.to_json() for r in records], indent=1))
+        chosen_records = queue.resolve(wanted) if wanted else None
+        if as_json or picked is not None:
+            records = (
+                chosen_records if chosen_records is not None
+                else queue.records() if show_all else _active_and_recent(queue)
+            )  # fmt: skip
+            if selection.given:
+                records = [r for r in records if selection.matches(r.spec.display_name, r.user, r.state)]
+            if picked is None:
+                click.echo(json.dumps([r.to_json() for r in records], indent=1))
+            elif records:
+                from gpuq_scheduler.launcher.views import columns as listing
+
+                click.echo(listing.table(records, picked))
+            else:
+                click.echo(_none(selection, show_all or bool(wanted)))
         else:
             # --all reads a listing's few fields straight from the table: no record is built per job.
-            if chosen is not None:
-                lines = [Line.of(r) for r in chosen]
+            if chosen_records is not None:
+                lines = [Line.of(r) for r in chosen_records]
             else:
                 lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
+            if selection.given:
+                lines = [line for line in lines if selection.matches(line.name, line.user, line.state)]
             if lines:
                 click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
             else:
-                click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
+                click.echo(_none(selection, show_all or bool(wanted)))
     rejected = ctx.queue.rejected()
     if rejected and not as_json:
         click.echo(
@@ -159,6 +192,31 @@ def status(
         failing = notices.failing_pass(ctx.state)
         for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
             click.echo(f"note: {note}", err=True)
+
+
+def _columns(given: str | None) -> tuple[str, ...] | None:
+    """The columns --format picks, else the config's [status] format, else None: the usual table."""
+    from gpuq_scheduler.jobs import config
+
+    if given is None:
+        default = config.load().status
+        if default.format is None:
+            return None
+        given, where = default.format, f"{default.source}: status.format"
+    else:
+        where = "--format"
+    from gpuq_scheduler.launcher.views import columns
+
+    return columns.parse(given, where)
+
+
+def _none(selection: Selection, everything: bool) -> str:
+    """What `gpuq status` says when it lists no job."""
+    if selection.given:
+        return f"no job matches {selection.words()}" + (
+            "" if everything else " (`--all`: among every job ever run here)"
+        )
+    return "no jobs" + ("" if everything else " active or recent (`gpuq status --all` shows every job)")
 
 
 def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
@@ -251,27 +309,6 @@ def _copy_from(path: Path, offset: int, title: str = "") -> int:
     return offset + len(data)
 
 
-@click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
-@pass_ctx
-def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Stop jobs: pending ones never start, running ones get SIGTERM then SIGKILL. Owner or admin only."""
-    from gpuq_scheduler.jobs.api import ensure_daemon, local_ids
-
-    queue = ctx.jobs()
-    active = queue.cancel(job_ids)
-    if local_ids(ctx.state, active):  # cluster jobs were cancelled with scancel: no daemon needed for them
-        ensure_daemon(ctx.state)
-    for job_id in job_ids:
-        named = [] if job_id in active else _members(queue, job_id)
-        members = [r.id for r in named if r.id in active]
-        if members:
-            click.echo(f"cancelling array {job_id} ({len(members)} active job(s))")
-        else:
-            what = "array" if named else "job"
-            click.echo(f"cancelling job {job_id}" if job_id in active else f"{what} {job_id} has already ended")
-
-
 @click.command("wait")
 @click.argument("job_ids", type=NUMBER, nargs=-1)
 @click.option("--array", "arrays", type=NUMBER, multiple=True, help="Wait for every member of this array.")
@@ -327,53 +364,3 @@ def _exit_code(record: JobRecord) -> int:
     if record.signal is not None:
         return 128 + record.signal
     return 0 if record.state is JobState.SUCCEEDED else 1
-
-
-@click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
-@pass_ctx
-def hold(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Keep pending jobs (or an array's pending members) from starting until released."""
-    _control(ctx, "hold", job_ids)
-
-
-@click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
-@pass_ctx
-def release(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Let held jobs (or a held array) run again."""
-    _control(ctx, "release", job_ids)
-
-
-@click.command()
-@click.argument("job_ids", type=NUMBER, nargs=-1, required=True)
-@click.option("--priority", type=NUMBER, help="New priority (higher runs first).")
-@click.option("--time", "time_limit", help="New time limit (90s, 30m, 2h...).")
-@pass_ctx
-def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_limit: str | None) -> None:
-    """Change a pending job's (or array's) priority or time limit."""
-    from gpuq_scheduler.jobs.rules import check_update
-    from gpuq_scheduler.jobs.units import parse_duration
-
-    seconds = None if time_limit is None else parse_duration(time_limit)
-    check_update(priority, seconds)
-    values: dict[str, object] = {}
-    if priority is not None:
-        values["priority"] = priority
-    if seconds is not None:
-        values["time_limit"] = seconds
-    if not values:
-        raise BadInput("nothing to update: give --priority P and/or --time DURATION")
-    _control(ctx, "update", job_ids, values)
-
-
-def _control(ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None) -> None:
-    from gpuq_scheduler.jobs.api import ensure_daemon
-
-    pending = ctx.queue.control(action, job_ids, values)
-    if pending:
-        ensure_daemon(ctx.state)
-    done = {"hold": "held", "release": "released", "update": "updated"}[action]
-    click.echo(
-        f"{done} {len(pending)} pending job(s)" if pending else f"nothing to {action}: no pending job among those"
-    )

@@ -135,6 +135,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     spec = capture_spec(command, environ=os.environ, sweep=sweep, **given)
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
+    inventory.check_pinned(spec["gpu_ids"])
     if spec["cpus"] is not None or spec["ram"] is not None:
         from gpuq_scheduler.jobs.submission import check_host_limits
 

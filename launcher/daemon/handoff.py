@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
+from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, watching
@@ -132,7 +133,9 @@ def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dic
     if len(freed) != len(job.record.gpus):
         return False
     spec = record.spec
-    request = Request(record.id, spec.gpus, None, spec.time_limit, None, record.user, spec.priority)
+    request = Request(
+        record.id, spec.gpus, None, spec.time_limit, None, record.user, spec.priority, tuple(spec.value(GPU_IDS))
+    )
     plan = place([request], freed, [], now, scheduler.policy, scheduler.source.distance, 0, {}, {})
     return bool(plan.decisions) and set(plan.decisions[0].gpus) == set(job.record.gpus)
 

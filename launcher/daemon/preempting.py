@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
@@ -178,6 +179,9 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     if not candidates:
         return
     views = watching.views(scheduler, snapshot)
+    pinned = head.spec.value(GPU_IDS)
+    if pinned:  # --gpu-ids: only the jobs on the GPUs it named may make room for it
+        views = [view for view in views if view.index in pinned]
     choice = choose(waiting, views, holdings_now, candidates, now, settings, scheduler.policy)
     if choice is None:
         return

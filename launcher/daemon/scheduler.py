@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
+from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.private import is_public
@@ -379,8 +380,9 @@ class Scheduler(SchedulerState):
         if cached is None or cached[0] is not record.spec:
             spec = record.spec
             request = Request(
-                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority
-            )
+                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority,
+                tuple(spec.value(GPU_IDS)),
+            )  # fmt: skip
             cached = (spec, request)
             self._requests[record.id] = cached
         return cached[1]

@@ -70,6 +70,7 @@ class Request:
     group: int | None = None  # an array with a throttle: at most group_limits[group] of it run at once
     user: str | None = None  # the owner, for per-user GPU caps in a shared queue
     priority: int = 0  # the job's --priority: the scheduler orders requests by it (placement takes them in order)
+    only: tuple[int, ...] = ()  # --gpu-ids: the GPUs it may run on, by index (empty: any)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def place(
     claim: _Claim | None = None
     cpu_running = cpu_jobs_running
     # Within one pass capacity only shrinks, so a shape that failed once fails again: remember it.
-    failed: dict[tuple[int, int | None, float | None, str | None], str] = {}
+    failed: dict[tuple[int, int | None, float | None, str | None, tuple[int, ...]], str] = {}
     for request in pending:
         group = request.group
         if group is not None and group in limits and in_group.get(group, 0) >= limits[group]:
@@ -236,12 +237,12 @@ def place(
         # Requests of one shape fit or fail alike, except that an MPS server serves one user: a packed
         # request's shape includes its user.
         user_part = request.user if request.mem_per_gpu is not None and request.gpus == 1 else None
-        shape = (request.gpus, request.mem_per_gpu, request.time_limit, user_part)
+        shape = (request.gpus, request.mem_per_gpu, request.time_limit, user_part, request.only)
         if shape in failed and claim is not None:
             plan.waiting[request.job_id] = failed[shape]
             continue
         fitting = [
-            gpu for gpu in state.values()
+            gpu for gpu in _candidates(request, state)
             if gpu.fits(request, policy) and (claim is None or claim.allows(request, gpu, policy, now))
         ]  # fmt: skip
         if len(fitting) >= request.gpus:
@@ -282,12 +283,19 @@ def _choose(request: Request, fitting: list[_Gpu], distance: Distance | None) ->
 
 def _claim(request: Request, state: dict[int, _Gpu], policy: Policy, now: float) -> _Claim | None:
     """The GPUs the head will start on: those it could ever fit, soonest free first. None if it never fits."""
-    possible = [g for g in state.values() if g.could_ever_fit(request, policy)]
+    possible = [g for g in _candidates(request, state) if g.could_ever_fit(request, policy)]
     if len(possible) < request.gpus:
         return None
     possible.sort(key=lambda g: (g.free_at(request, policy, now), g.reserved, g.view.index))
     chosen = possible[: request.gpus]
     return _Claim(request, {g.view.index for g in chosen}, max(g.free_at(request, policy, now) for g in chosen))
+
+
+def _candidates(request: Request, state: dict[int, _Gpu]) -> list[_Gpu]:
+    """The GPUs a request may run on: those its --gpu-ids name, else all."""
+    if not request.only:
+        return list(state.values())
+    return [state[i] for i in request.only if i in state]
 
 
 def _over_cap(user: str, held: int, cap: int, needs: int) -> str:
@@ -298,6 +306,10 @@ def _over_cap(user: str, held: int, cap: int, needs: int) -> str:
 
 def _need(request: Request) -> str:
     count = f"{request.gpus} GPU" + ("s" if request.gpus > 1 else "")
+    if request.only:  # --gpu-ids: which, not how many
+        count = ("GPUs " if len(request.only) > 1 else "GPU ") + ",".join(map(str, request.only))
+        if request.gpus < len(request.only):
+            count = f"{request.gpus} of {count}"
     if request.mem_per_gpu is None:
         return f"{count} to itself" if request.gpus == 1 else f"{count} to themselves"
     each = " each" if request.gpus > 1 else ""
@@ -312,14 +324,15 @@ def _why(
     head: bool,
     claim: _Claim | None = None,
 ) -> str:
-    possible = sum(1 for g in state.values() if g.could_ever_fit(request, policy))
+    candidates = _candidates(request, state)
+    possible = sum(1 for g in candidates if g.could_ever_fit(request, policy))
     if possible < request.gpus:
-        usable = sum(1 for g in state.values() if g.view.available)
+        usable = sum(1 for g in candidates if g.view.available)
         return (
             f"waiting for {_need(request)}: only {possible} of {usable} usable GPUs could ever have that "
             "beside what processes outside gpuq hold"
         )
-    now_fit = sum(1 for g in state.values() if g.fits(request, policy))
+    now_fit = sum(1 for g in candidates if g.fits(request, policy))
     if claim is not None and now_fit >= request.gpus:
         return f"held back for job {claim.head.job_id}, first in the queue, which needs GPU(s) this one fits"
     have = f" ({now_fit} has it now)" if now_fit == 1 else f" ({now_fit} have it now)" if now_fit else ""

@@ -155,7 +155,9 @@ def gpu_detail(line: GpuLine) -> str:
     )
 
 
-RUNNING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "RESERVED", "USES", "UTIL", "RUNTIME", "LEFT")
+# GPUS is how many GPUs a job asked for, ON the numbers of those it holds, as in `gpuq status`: one header,
+# one meaning, in every table (issue #39: GPUS read "0,1" in one table and "2" in the next).
+RUNNING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "ON", "RESERVED", "USES", "UTIL", "RUNTIME", "LEFT")
 WAITING_COLUMNS = ("ID", "USER", "NAME", "GPUS", "MEM", "WAITING", "WHY")
 SORTS = ("id", "user", "runtime", "gpus")
 
@@ -166,7 +168,7 @@ def running_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] |
     overhead = Policy().overhead
     return [
         (
-            str(r.id), r.user, _name(r, folded), ",".join(map(str, r.gpus)) or "cpu",
+            str(r.id), r.user, _name(r, folded), str(r.spec.gpus), ",".join(map(str, r.gpus)) or "-",
             "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu + overhead),
             format_size(picture.job_use.get(r.id, 0)) if r.gpus else "-",
             f"{picture.job_util[r.id]}%" if r.id in picture.job_util else "-",

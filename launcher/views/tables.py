@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
@@ -235,7 +236,7 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
         ("cwd", spec.cwd),
         ("mode", spec.mode.value),
         ("priority", str(spec.priority)),
-        ("gpus requested", str(spec.gpus)),
+        ("gpus requested", str(spec.gpus) + _pinned(spec)),
         ("memory per gpu", _memory(spec)),
         ("time limit", format_duration(spec.time_limit)),
         ("gpus", ",".join(map(str, record.gpus)) or "-"),
@@ -274,6 +275,11 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
     ]
     width = max(len(key) for key, _ in lines)
     return "\n".join(f"{key:<{width}}  {shown(value)}" for key, value in lines)
+
+
+def _pinned(spec: JobSpec) -> str:
+    gpu_ids = spec.value(GPU_IDS)
+    return f" (these: --gpu-ids {','.join(map(str, gpu_ids))})" if gpu_ids else ""
 
 
 def _memory(spec: JobSpec) -> str:

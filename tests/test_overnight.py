@@ -145,6 +145,23 @@ def test_an_array_failing_fast_is_held_then_released(gpuq: Gpuq) -> None:
     assert states.count("failed") in (3, 4) and states.count("succeeded") == 10 - states.count("failed")
 
 
+def test_an_array_whose_first_wave_fails_at_once_runs_no_second_wave(gpuq: Gpuq) -> None:
+    """Issue 39, friction 1: 8 members on 4 GPUs that all failed at once ran all 8 (the next wave was handed
+    to their shims, or placed, before the guard had seen enough failures). Now the guard decides first."""
+    started, go = gpuq.cwd / "started", gpuq.cwd / "go"
+    started.mkdir()
+    script = f'touch "{started}/{{index}}"; while [ ! -e "{go}" ]; do sleep 0.05; done; exit 1'
+    array_id, members = _array(gpuq, "--array", "0-7", "--gpus", "1", "sh", "-c", script)
+    wait_for(lambda: len(list(started.iterdir())) == 4, 30, "the first wave of 4 to start")
+    go.write_text("fail now")
+    settled = wait_for(lambda: (s := gpuq.status()) and all(r["state"] == "failed" or r["held"] for r in s) and s,
+                       60, "every member to have failed or be held")  # fmt: skip
+    assert sorted(r["state"] for r in settled) == ["failed"] * 4 + ["pending"] * 4
+    assert all(r["held"] and "the first 3 members failed" in r["reason"] for r in settled if r["state"] == "pending")
+    assert len(list(started.iterdir())) == 4
+    gpuq.run("cancel", str(array_id))
+
+
 def test_hold_release_and_update_priority(gpuq: Gpuq) -> None:
     report, go = gpuq.cwd / "seen.jsonl", gpuq.cwd / "go"
     # The blocker holds every GPU until the hold and the update are in (a fixed sleep raced them on a busy machine).

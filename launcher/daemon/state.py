@@ -71,6 +71,10 @@ class SchedulerState:
     drained = SetField[int]()
     stopped_for = DictField[int, Outcome]()
     fence_waits = DictField[int, tuple[tuple[int, ...], tuple[str, ...]]]()
+    # The fail-fast guard's word on active arrays (``endings.judge_arrays``): why an array's pending members
+    # wait for it, and until when at the latest; the arrays it has decided (their members may be handed off).
+    guard_waits = DictField[int, tuple[str, float]]()
+    guard_open = SetField[int]()
 
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
@@ -114,6 +118,7 @@ class SchedulerState:
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays = self.table.arrays(active_only=True)
+        self.guard_waits, self.guard_open = {}, set()  # judged by the scheduler once it is built
         self.not_before = self.table.not_before()
         settings = self.table.settings()
         self.drained = set(settings.get("drained", []))

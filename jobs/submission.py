@@ -17,6 +17,7 @@ from gpuq_scheduler.jobs.rules import (
     MODES,
     check_array,
     check_bounds,
+    check_placeholders,
     check_spec,
     check_sweep,
     check_texts,
@@ -110,6 +111,7 @@ def capture_spec(
     environ: Mapping[str, str],
     python: str | None = None,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
+    array: bool = False,
     **given: Any,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
@@ -117,7 +119,8 @@ def capture_spec(
     environment points at), and parsed limits. ``given`` are submit's options (``jobs.options``) by their
     ``dest``, of the kinds the CLI or the API gives (``mem``: a size, "auto" or bytes; ``time_limit``: a
     duration or seconds; ``env``: K=V words or a mapping; ``after``: ids); the rest have their defaults.
-    Raises BadInput with a one-line message on anything wrong."""
+    ``array``: it is an array's (``sweep`` is a named one's), whose placeholders are checked. Raises
+    BadInput with a one-line message on anything wrong."""
     values = {option.dest: option.default for option in options.SUBMIT if option.spec}
     for key in given:
         if key not in values:
@@ -165,8 +168,10 @@ def capture_spec(
         time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
         preempt_signal=kept["preempt_signal"],
     )  # fmt: skip
+    if array or sweep:  # no {word} reaches a member as text, and each {name} is where its value goes
+        check_placeholders(command, values["name"], [name for name, _ in sweep])
     if sweep:
-        check_sweep(sweep, command)  # each {name} where its value goes
+        check_sweep(sweep, command)
     check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
     check_texts(command=command, cwd=workdir, env=captured, name=values["name"], notify=values["notify"],
                 python=interpreter)  # fmt: skip
@@ -329,10 +334,37 @@ def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tup
             if int(tail) < 1:
                 raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
             throttle, rest = int(tail), body
-        values = tuple(value.strip() for value in rest.split(","))
-        sweep.append((name.strip(), values))
+        values: list[str] = []
+        for value in rest.split(","):
+            values += sweep_range(value.strip(), text)
+            if len(values) > MAX_ARRAY:  # before ranges past it are spelt out
+                raise BadInput(f"--array {text[:60]!r}: more than {MAX_ARRAY} values; at most {MAX_ARRAY}")
+        sweep.append((name.strip(), tuple(values)))
     check_sweep(sweep)
     return tuple(range(sweep_size(sweep))), throttle, tuple(sweep)
+
+
+def sweep_range(value: str, text: str) -> list[str]:
+    """One of a named sweep's comma-separated values: a range of whole numbers ``A-B`` or ``A-B:STEP``
+    (``seed=0-7``, ``seed=0-20:5``) is its numbers, as indices are; anything else (``1e-4``, ``-1``,
+    ``a-b``, ``2024-01-05``) is one value, as written. Conservative on purpose: a range is digits, one dash,
+    digits, from the smaller to the larger (``7-0`` is refused, not read as text); leading zeros set the
+    width (``01-12``: 01, 02, ... 12)."""
+    span, colon, step_text = value.partition(":")
+    first, dash, last = span.partition("-")
+    digits = "0123456789"
+    if not (dash and first and last and all(c in digits for c in first + last + step_text)) or colon and not step_text:
+        return [value]
+    if colon and int(step_text) == 0:
+        raise BadInput(f"--array {text[:60]!r}: {value}'s step after : is a whole number of 1 or more, like 0-20:5")
+    start, stop, step = int(first), int(last), int(step_text) if colon else 1
+    if stop < start:
+        raise BadInput(f"--array {text[:60]!r}: the range {value} goes down; write it from the smaller number, "
+                       f"like {last}-{first}")  # fmt: skip
+    if (stop - start) // step >= MAX_ARRAY:
+        raise BadInput(f"--array {text[:60]!r}: {value} is more than {MAX_ARRAY} values; at most {MAX_ARRAY}")
+    width = len(first) if first[0] == "0" and len(first) > 1 else 0
+    return [str(number).zfill(width) for number in range(start, stop + 1, step)]
 
 
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:

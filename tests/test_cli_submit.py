@@ -180,6 +180,7 @@ SAME = [
     ["sh", "-c", "echo --gpus 3 $1", "--gpus", "0", "--", "--name"],
     ["true", "-h", "--json"],
     ["--array", "lr=1e-4,1e-3%1", "echo", "{lr}", "{seed}", "--array", "seed=1,2", "--name", "s{seed}"],
+    ["--array", "seed=0-20:5", "--array", "lr=-1,1e-3", "sh", "-c", "echo ${HOME} {seed} {lr}"],
 ]
 
 

@@ -51,6 +51,19 @@ def test_index_in_the_command_and_the_environment(gpuq: Gpuq) -> None:
     assert sorted(out.read_text().split("\n")[:-1]) == [f"{i} {i} {array_id}" for i in (1, 3, 7)]
 
 
+def test_a_range_in_a_named_sweep_is_its_values(gpuq: Gpuq) -> None:
+    """Issue 39, friction 2: `--array seed=0-7` ran one job with `0-7`. A value that is no range stays one."""
+    out = gpuq.cwd / "seen"
+    array_id, members = _array(gpuq, "--array", "seed=0-7", "--array", "lr=1e-4,-1,a-b", "--gpus", "0",
+                               "sh", "-c", f'echo "{{seed}} {{lr}}" >> "{out}"')  # fmt: skip
+    assert len(members) == 24
+    gpuq.run("wait", str(array_id))
+    assert sorted(out.read_text().splitlines()) == sorted(f"{s} {v}" for s in range(8) for v in ("1e-4", "-1", "a-b"))
+    array_id, members = _array(gpuq, "--array", "seed=0-20:5", "--gpus", "0", "echo", "{seed}")
+    gpuq.run("wait", str(array_id))
+    assert [gpuq.job(m)["command"][-1] for m in members] == ["0", "5", "10", "15", "20"]
+
+
 def test_cancel_an_array_by_its_id(gpuq: Gpuq) -> None:
     array_id, members = _array(gpuq, "--array", "0-5%2", "--gpus", "0", "sleep", "30")
     wait_for(lambda: sum(r["state"] == "running" for r in gpuq.status()) == 2, 20, "two members running")

@@ -67,7 +67,7 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
     after, after_any, like, on = options["after"], options["after_any"], options["like"], options["on"]
     given["after"] = parse_ids(after) if after else ()
-    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, **given))
+    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None, **given))
     if like is not None and on is None:
         try:
             ctx.queue.get(like)

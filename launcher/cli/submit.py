@@ -132,7 +132,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     indices, throttle, sweep = parse_arrays(options["array_spec"])
     array = (indices, throttle) if indices else None
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
-    spec = capture_spec(command, environ=os.environ, sweep=sweep, **given)
+    spec = capture_spec(command, environ=os.environ, sweep=sweep, array=array is not None, **given)
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     if spec["cpus"] is not None or spec["ram"] is not None:

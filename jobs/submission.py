@@ -139,6 +139,7 @@ def capture_spec(
     if not command or not command[0]:
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     program = command[0]
+    _refuse_a_quoted_command(command, workdir, captured.get("PATH", os.defpath))
     interpreter = None
     if program.endswith(".py"):
         if "{" not in program:  # a per-member script ({index}, {name}) is checked when that member starts
@@ -289,6 +290,21 @@ def env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
             raise BadInput(f"--env {item!r}: write it as KEY=VALUE")
         pairs[key] = value
     return pairs
+
+
+def _refuse_a_quoted_command(command: Sequence[str], workdir: str, path: str) -> None:
+    """``gpuq submit "python train.py --lr 1"``: a whole command in one quoted word names no program. Said
+    so, with the command unquoted, where its first word is a program or script (a file whose name holds a
+    space is run as it is)."""
+    program = command[0]
+    words = program.split()
+    if len(words) < 2 or os.path.exists(os.path.join(workdir, program)):
+        return
+    first = words[0]
+    if os.path.isfile(os.path.join(workdir, first)) or ("/" not in first and _which(first, path) is not None):
+        unquoted = " ".join([*words, *command[1:]])
+        raise BadInput(f"no program named {program!r}: the whole command is one quoted word; unquote it: "
+                       f"{unquoted} (a shell line runs as bash -c '...')")  # fmt: skip
 
 
 def _require_file(script: str, workdir: str) -> None:

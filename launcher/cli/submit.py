@@ -59,6 +59,8 @@ def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[st
             break
         value = takes_value.get(arg.partition("=")[0]) if arg[:1] == "-" else None
         if value is None:
+            if command and arg[:2] == "--":
+                _refuse_a_stray(arg, command[0], takes_value)
             (command if command or arg[:1] != "-" or arg == "-" else own).append(arg)
             continue
         own.append(arg)
@@ -68,6 +70,24 @@ def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[st
             own.append(args[at])  # whatever it looks like, as click takes it: --name --json names the job "--json"
             at += 1
     return own, command
+
+
+def _refuse_a_stray(arg: str, program: str, takes_value: Mapping[str, bool]) -> None:
+    """An option after the command, before ``--``, that is the start of exactly one of gpuq's (``--gpu``
+    for ``--gpus``, ``--prio`` for ``--priority``) is a typo that would go to the job unseen: refused,
+    saying how to give it to the job on purpose. Only a start of a name: a job's ``--model`` is not
+    ``--mode``'s typo."""
+    flag = arg.partition("=")[0]
+    if len(flag) < 3:  # "--" alone is the separator, handled before this
+        return
+    near = [known for known in takes_value if known[:2] == "--" and known != "--help" and known.startswith(flag)]
+    if len(near) == 1:
+        from gpuq_scheduler.jobs.errors import BadInput
+
+        raise BadInput(
+            f"{flag} is no option of gpuq's: did you mean {near[0]}? If {flag} is {program}'s own, give it after "
+            f"--, as in `{program} -- {arg} ...`"
+        )
 
 
 def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:

@@ -77,6 +77,8 @@ class JobSpec:
     preemptible: bool = False
     # The signal a --preemptible job gets before it is requeued where it cannot be suspended (None: SIGUSR1).
     preempt_signal: str | None = None
+    # The options its script's #GPUQ lines gave (``jobs.directives``), as words: `gpuq show` says so.
+    from_script: tuple[str, ...] = ()
     # What the job was given for the options jobs.options declares as kept that have no field of their own
     # here, by their JSON keys (``value`` reads them, typed).
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -151,6 +153,7 @@ class JobSpec:
             "values": [list(pair) for pair in self.values],
             "cpus": self.cpus,
             "ram": self.ram,
+            "from_script": list(self.from_script),
         }
         for option, _ in _KEPT:
             data[option.field] = self.value(option)
@@ -185,6 +188,8 @@ class JobSpec:
                 values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
+                from_script=tuple(_typed(word, str, "from_script")
+                                  for word in _typed(data.get("from_script", []), list, "from_script")),
                 **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
                 options={key: value for key, value in kept.items() if key not in _OWN_FIELDS},
             )

@@ -112,6 +112,7 @@ def capture_spec(
     python: str | None = None,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
     array: bool = False,
+    from_script: Sequence[str] = (),
     **given: Any,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
@@ -119,7 +120,8 @@ def capture_spec(
     environment points at), and parsed limits. ``given`` are submit's options (``jobs.options``) by their
     ``dest``, of the kinds the CLI or the API gives (``mem``: a size, "auto" or bytes; ``time_limit``: a
     duration or seconds; ``env``: K=V words or a mapping; ``after``: ids); the rest have their defaults.
-    ``array``: it is an array's (``sweep`` is a named one's), whose placeholders are checked. Raises
+    ``array``: it is an array's (``sweep`` is a named one's), whose placeholders are checked;
+    ``from_script``: the option words its script's ``#GPUQ`` lines gave (``jobs.directives``). Raises
     BadInput with a one-line message on anything wrong."""
     values = {option.dest: option.default for option in options.SUBMIT if option.spec}
     for key in given:
@@ -194,6 +196,7 @@ def capture_spec(
         "values": [],
         "cpus": cpu_share,
         "ram": ram_bytes,
+        "from_script": list(from_script),
         **kept,  # the options kept as given, in their declared order
     }
 

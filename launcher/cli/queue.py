@@ -18,7 +18,7 @@ from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.rules import MODES
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
+from gpuq_scheduler.launcher.cli.context import FROM_SCRIPT, NUMBER, Context, SubmitCommand, pass_ctx
 
 
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,7 +38,7 @@ def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
+@click.command(cls=SubmitCommand, context_settings={"allow_interspersed_args": False})
 @submit_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -67,7 +67,9 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
     after, after_any, like, on = options["after"], options["after_any"], options["like"], options["on"]
     given["after"] = parse_ids(after) if after else ()
-    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None, **given))
+    from_script = click.get_current_context().meta.get(FROM_SCRIPT, [])
+    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None,
+                                          from_script=from_script, **given))  # fmt: skip
     if like is not None and on is None:
         try:
             ctx.queue.get(like)

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from gpuq_scheduler.jobs import directives
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.rules import MODES
 
@@ -35,6 +36,8 @@ OPTIONS: dict[str, tuple[str, str, object]] = {opt.flag: (opt.dest, opt.kind, op
 # Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
 FOR_CLICK = tuple(option.flag for option in SUBMIT if not option.quick)
 
+
+FROM_SCRIPT = "from_script"  # parse()'s key for the words the script's #GPUQ lines gave (no option's dest)
 
 # Whether each of submit's options takes a value: what ``split`` needs to tell gpuq's words from the job's.
 TAKES_VALUE = {flag: kind != "flag" for flag, (_, kind, _) in OPTIONS.items()}
@@ -96,7 +99,9 @@ def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
     own, command = split(args, TAKES_VALUE)
     if not command:
         return None  # no command (click's "Missing argument"), or an option without its value
+    own, from_script = directives.merged(own, command, TAKES_VALUE)  # the script's #GPUQ lines, then ours
     values: dict[str, Any] = {dest: default for dest, _, default in OPTIONS.values()}
+    values[FROM_SCRIPT] = from_script
     at = 0
     while at < len(own):
         flag, has_value, value = own[at].partition("=")
@@ -152,7 +157,8 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     indices, throttle, sweep = parse_arrays(options["array_spec"])
     array = (indices, throttle) if indices else None
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
-    spec = capture_spec(command, environ=os.environ, sweep=sweep, array=array is not None, **given)
+    spec = capture_spec(command, environ=os.environ, sweep=sweep, array=array is not None,
+                        from_script=options[FROM_SCRIPT], **given)  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     if spec["cpus"] is not None or spec["ram"] is not None:

@@ -238,6 +238,7 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
         ("gpus requested", str(spec.gpus)),
         ("memory per gpu", _memory(spec)),
         ("time limit", format_duration(spec.time_limit)),
+        *([("from the script", shlex.join(spec.from_script) + " (its #GPUQ lines)")] if spec.from_script else []),
         ("gpus", ",".join(map(str, record.gpus)) or "-"),
         ("gpu uuids", ",".join(record.gpu_uuids) or "-"),
         ("submitted", _when(record.submitted_at)),

@@ -34,6 +34,7 @@ NOT_IN_SCRIPTS = ("--cwd", "--json", "--wait", "--on")
 # Programs that run the script named after them (and their options): their script's directives count.
 INTERPRETERS = ("python", "python3", "bash", "sh", "zsh")
 _KINDS = {option.flag: option.kind for option in SUBMIT if option.flag not in NOT_IN_SCRIPTS}
+_CAPTURES = {option.flag: option.capture for option in SUBMIT}  # a kept option's own check (--output's)
 
 
 def script_of(command: Sequence[str], workdir: str) -> str | None:
@@ -115,7 +116,7 @@ def words(script: str, lines: Sequence[tuple[int, str]], takes_value: dict[str, 
 
 def _check(where: str, flag: str, kind: str, value: str) -> None:
     """A directive's value, held to what the command line's parsers hold it to, saying where it was."""
-    from gpuq_scheduler.jobs import submission
+    from gpuq_scheduler.jobs import arrays, submission
     from gpuq_scheduler.jobs.rules import MODES
     from gpuq_scheduler.jobs.units import parse_duration, parse_size
 
@@ -131,9 +132,9 @@ def _check(where: str, flag: str, kind: str, value: str) -> None:
         elif flag == "--env":
             submission.env_pairs([value])
         elif flag == "--array":
-            submission.parse_arrays([value])
-        elif flag == "--output":
-            submission.check_output(value)
+            arrays.parse_arrays([value])
+        elif (capture := _CAPTURES.get(flag)) is not None:
+            capture(value)
     except BadInput as err:
         raise BadInput(f"{where}: {flag}: {err}") from None
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar, cast
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.naming import program_name
-from gpuq_scheduler.jobs.options import Option, kept_options
+from gpuq_scheduler.jobs.naming import output_path, program_name
+from gpuq_scheduler.jobs.options import OUTPUT, Option, kept_options
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.rules import check_spec, sweep_values
 
@@ -191,7 +191,8 @@ class JobSpec:
                 from_script=tuple(_typed(word, str, "from_script")
                                   for word in _typed(data.get("from_script", []), list, "from_script")),
                 **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
-                options={key: value for key, value in kept.items() if key not in _OWN_FIELDS},
+                # Only what differs from the option's default: a spec made without it equals its round trip.
+                options={k: v for k, v in kept.items() if k not in _OWN_FIELDS and v != _DEFAULTS[k]},
             )
         except KeyError as missing:
             raise BadInput(f"job spec lacks {missing}") from None
@@ -223,6 +224,7 @@ def _kept(option: Option[Any], default: Any, data: Mapping[str, Any]) -> Any:
 
 _OWN_FIELDS = frozenset(spec_field.name for spec_field in dataclasses.fields(JobSpec)) - {"options"}
 _KEPT = tuple((option, option.kept_default) for option in kept_options())  # with what each keeps when not given
+_DEFAULTS = {option.field: default for option, default in _KEPT}
 
 
 def _sweep(data: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -282,6 +284,14 @@ class JobRecord:
     host_bytes: int | None = None
     suspended_at: float | None = None
     suspended_for: float = 0.0
+
+    @property
+    def output_file(self) -> str:
+        """Where its ``--output`` copy of its log goes ("" for none): the pattern filled for this job."""
+        pattern = self.spec.value(OUTPUT)
+        if not pattern:
+            return ""
+        return output_path(pattern, self.spec.cwd, self.id, self.array_id, self.array_index, self.spec.display_name)
 
     def gpu_hours(self, now: float | None = None) -> float | None:
         """The GPUs it was given times the hours it held them (up to ``now`` while it runs), as fair share

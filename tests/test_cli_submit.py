@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 import pytest
 
-from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import Mode
 from gpuq_scheduler.jobs.rules import MODES
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -290,7 +289,7 @@ def test_the_inventory_written_by_an_older_daemon_is_read_in_full(queue: Queue) 
 FALLBACKS = [
     (["--help"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
     (["-h", "true"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
-    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpus'?)"),
+    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpus'"),  # and others alike
     (["--gpus", "x", "true"], 2, "'x' is not a valid integer"),
     (["--gpus"], 2, "Option '--gpus' requires an argument"),
     (["--json=yes", "true"], 2, "Option '--json' does not take a value"),
@@ -360,11 +359,7 @@ BAD = [args for args, _ in BAD_SUBMITS]  # tests/test_cli_errors.py checks each 
 @pytest.mark.parametrize("args", BAD, ids=[" ".join(a) for a in BAD])
 def test_bad_input_is_refused_in_the_same_words_by_both_and_writes_nothing(queue: Queue, args: list[str]) -> None:
     quick = queue.gpuq(QUICK, "submit", *args)
-    try:
-        to_click = cli_submit.parse(args) is None  # a usage error is click's to word
-    except BadInput:  # split's own refusal (a typo of gpuq's option after the command), worded alike
-        to_click = False
-    assert ("click" in quick.modules) is to_click
+    assert ("click" in quick.modules) is (cli_submit.parse(args) is None)  # a usage error is click's to word
     clicked = queue.gpuq(CLICK, "submit", *args)
     assert quick.returncode == 2 and quick.stdout == "" and quick.stderr.startswith("gpuq: ")
     assert len(quick.stderr.splitlines()) == 1 and "\x1b" not in quick.stderr  # escapes only for a terminal

@@ -164,7 +164,7 @@ def test_an_array_whose_first_wave_fails_at_once_runs_no_second_wave(gpuq: Gpuq)
     started, go = gpuq.cwd / "started", gpuq.cwd / "go"
     started.mkdir()
     script = f'touch "{started}/{{index}}"; while [ ! -e "{go}" ]; do sleep 0.05; done; exit 1'
-    array_id, members = _array(gpuq, "--array", "0-7", "--gpus", "1", "sh", "-c", script)
+    array_id, _ = _array(gpuq, "--array", "0-7", "--gpus", "1", "sh", "-c", script)
     wait_for(lambda: len(list(started.iterdir())) == 4, 30, "the first wave of 4 to start")
     go.write_text("fail now")
     settled = wait_for(lambda: (s := gpuq.status()) and all(r["state"] == "failed" or r["held"] for r in s) and s,

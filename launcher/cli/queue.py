@@ -56,10 +56,11 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """
     from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
+    from gpuq_scheduler.jobs.arrays import parse_arrays
     from gpuq_scheduler.jobs.errors import NoIdYet
     from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
-    from gpuq_scheduler.jobs.submission import capture_spec, parse_arrays, parse_ids
+    from gpuq_scheduler.jobs.submission import capture_spec, parse_ids
 
     # launcher.cli.submit runs most submits without click, through the same capture_spec.
     indices, throttle, sweep = parse_arrays(options["array_spec"])

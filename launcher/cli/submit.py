@@ -22,6 +22,7 @@ import sys
 import time
 
 from gpuq_scheduler.jobs import directives
+from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.rules import MODES
 
@@ -96,7 +97,10 @@ def _refuse_a_stray(arg: str, program: str, takes_value: Mapping[str, bool]) -> 
 def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
     """``gpuq submit ARGS`` read as click's submit reads them: (options by dest, command), or None for
     anything left to click. Which words are gpuq's and which the job's is ``split``'s rule."""
-    own, command = split(args, TAKES_VALUE)
+    try:
+        own, command = split(args, TAKES_VALUE)
+    except GpuqError:
+        return None  # a typo of one of gpuq's options after the command: click's split says which
     if not command:
         return None  # no command (click's "Missing argument"), or an option without its value
     own, from_script = directives.merged(own, command, TAKES_VALUE)  # the script's #GPUQ lines, then ours
@@ -143,9 +147,10 @@ def needs_click(values: dict[str, Any]) -> bool:
 def submit(options: dict[str, Any], command: list[str]) -> bool:
     """Queue the job and print what click's submit prints. False, having written nothing, where it must be
     click's: a shared queue, or no GPU inventory recorded yet."""
+    from gpuq_scheduler.jobs.arrays import parse_arrays
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
     from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
-    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_arrays
+    from gpuq_scheduler.jobs.submission import Inventory, capture_spec
 
     state = StateDir.from_env()
     if state.is_shared():  # its daemon gives the id, which click's path waits for

@@ -16,7 +16,8 @@ a shim whose daemon died (its pipe at end of file) starts nothing staged.
 
 What is staged, kept narrow on purpose: a personal queue's whole-GPU jobs on the GPUs of a whole-GPU job of
 the same size, in queue order, never past a job that does not qualify. Packed jobs, ``--mem auto``, torchrun,
-throttled arrays, arrays none of whose members has succeeded yet (the fail-fast guard sees each end first), interactive jobs and a shared queue's fair share go the usual way.
+throttled arrays, arrays whose fail-fast guard has not decided (``lifecycle.guard``: it must see each end
+first), interactive jobs and a shared queue's fair share go the usual way.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
             continue
         if record.held:
             waiting[record.id] = record.reason or "held"
-        elif record.array_id in guard_waits:  # the fail-fast guard decides before the next wave starts
+        elif record.array_id is not None and record.array_id in guard_waits:  # the guard decides first
             waiting[record.id] = guard_waits[record.array_id][0]
         elif not_before.get(record.id, 0) > now:
             waiting[record.id] = f"{record.reason} (in {not_before[record.id] - now:.0f}s)"

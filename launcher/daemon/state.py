@@ -212,7 +212,7 @@ class SchedulerState:
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.wake, time_limit=record.spec.time_limit,
             grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
-            pause_file=self.state.pause_file(record.id),
+            pause_file=self.state.pause_file(record.id), output=record.output_file,
         )  # fmt: skip
 
     def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None]:

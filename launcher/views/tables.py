@@ -272,6 +272,7 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
         ("host cpu time", "-" if record.cpu_seconds is None else format_duration(record.cpu_seconds)),
         ("peak host memory", format_size(record.peak_ram)),
         ("log", record.log),
+        *([("output", record.output_file)] if record.output_file else []),
     ]
     width = max(len(key) for key, _ in lines)
     return "\n".join(f"{key:<{width}}  {shown(value)}" for key, value in lines)

@@ -162,6 +162,10 @@ def capture_spec(
     except BadInput as err:
         raise BadInput(f"--ram: {err}") from None
     kept = {option.field: option.kept(values[option.dest]) for option in options.kept_options()}
+    output = kept["output"]
+    if output and os.path.isdir(os.path.join(workdir, output)):  # most likely the job's own --output DIR
+        raise BadInput(f"--output {output}: is a directory; name a file (out/%j.log), or if --output is "
+                       f"{program}'s own, give it after --")  # fmt: skip
     retries, priority = values["retries"], values["priority"]
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,

@@ -40,6 +40,12 @@ def test_an_output_that_cannot_be_written_is_said_in_the_log_and_the_job_runs(gp
 
 
 def test_a_bad_output_pattern_is_refused(gpuq: Gpuq) -> None:
+    (gpuq.cwd / "results").mkdir()  # `train.py --output results`: the job's own option, most likely
+    result = gpuq.run("submit", "echo", "--output", "results", check=False)
+    assert result.returncode == 2 and result.stderr == (
+        "gpuq: --output results: is a directory; name a file (out/%j.log), or if --output is echo's own, give it "
+        "after --\n"
+    )
     result = gpuq.run("submit", "--output", "x_%q.log", "true", check=False)
     assert result.returncode == 2
     assert result.stderr == "gpuq: --output 'x_%q.log': %q is not one of %j (job id), %A (array id), %a (array " \

@@ -70,13 +70,13 @@ submit.__doc__ = (submit.__doc__ or "").rstrip() + "\n\n    Options (``jobs.opti
 )
 
 
-def _capture(words: list[str], options: dict[str, Any]) -> dict[str, Any]:
+def _capture(words: list[str], options: dict[str, Any], *, array: bool = False) -> dict[str, Any]:
     """``capture_spec`` for the API: its ``cwd`` may be a path, and its ``python`` is this process's."""
     cwd = options.pop("cwd", None)
     options.setdefault("python", sys.executable)
     return capture_spec(
         words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=options.pop("env", None) or {},
-        **options,
+        array=array, **options,
     )  # fmt: skip
 
 
@@ -161,7 +161,7 @@ def array(
         raise BadInput("an array needs at least one index")
     check_array(plan.indices, plan.throttle)
     on = options.pop("on", None)
-    spec = JobSpec.from_json(_capture(words, options))
+    spec = JobSpec.from_json(_capture(words, options, array=True))
     state = _state(home)
     array_id = queue_job(state, spec, plan, on=on)
     if on is None:

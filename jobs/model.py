@@ -13,8 +13,8 @@ from typing import Any, TypeVar, cast
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.naming import program_name
-from gpuq_scheduler.jobs.options import Option, kept_options
+from gpuq_scheduler.jobs.naming import output_path, program_name
+from gpuq_scheduler.jobs.options import OUTPUT, Option, kept_options
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.rules import check_spec, sweep_values
 
@@ -77,6 +77,8 @@ class JobSpec:
     preemptible: bool = False
     # The signal a --preemptible job gets before it is requeued where it cannot be suspended (None: SIGUSR1).
     preempt_signal: str | None = None
+    # The options its script's #GPUQ lines gave (``jobs.directives``), as words: `gpuq show` says so.
+    from_script: tuple[str, ...] = ()
     # What the job was given for the options jobs.options declares as kept that have no field of their own
     # here, by their JSON keys (``value`` reads them, typed).
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -151,6 +153,7 @@ class JobSpec:
             "values": [list(pair) for pair in self.values],
             "cpus": self.cpus,
             "ram": self.ram,
+            "from_script": list(self.from_script),
         }
         for option, _ in _KEPT:
             data[option.field] = self.value(option)
@@ -185,6 +188,8 @@ class JobSpec:
                 values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
                 cpus=_optional(data.get("cpus"), float, "cpus"),
                 ram=_optional(data.get("ram"), int, "ram"),
+                from_script=tuple(_typed(word, str, "from_script")
+                                  for word in _typed(data.get("from_script", []), list, "from_script")),
                 **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
                 # An option left at its default is not kept: a spec built without it is the same spec.
                 options={k: v for k, v in kept.items() if k not in _OWN_FIELDS and v != _DEFAULTS[k]},
@@ -279,6 +284,14 @@ class JobRecord:
     host_bytes: int | None = None
     suspended_at: float | None = None
     suspended_for: float = 0.0
+
+    @property
+    def output_file(self) -> str:
+        """Where its ``--output`` copy of its log goes ("" for none): the pattern filled for this job."""
+        pattern = self.spec.value(OUTPUT)
+        if not pattern:
+            return ""
+        return output_path(pattern, self.spec.cwd, self.id, self.array_id, self.array_index, self.spec.display_name)
 
     def gpu_hours(self, now: float | None = None) -> float | None:
         """The GPUs it was given times the hours it held them (up to ``now`` while it runs), as fair share

@@ -35,3 +35,21 @@ def program_name(command: Sequence[str]) -> str:
         elif word == "-" or not word.startswith("-"):
             return _basename(word) if word != "-" else program
     return program
+
+
+def output_path(pattern: str, cwd: str, job_id: int, array_id: int | None, index: int | None, name: str) -> str:
+    """Where a job's ``--output PATTERN`` goes: its % codes filled as Slurm's -o fills them (%j the job's id,
+    %A its array's id, or its own outside an array, %a its index, empty outside an array, %x its name with
+    "/" as "_", %% a %), relative to the job's cwd. The pattern was checked at submit (``options._output``)."""
+    codes = {"j": str(job_id), "A": str(job_id if array_id is None else array_id),
+             "a": "" if index is None else str(index), "x": name.replace("/", "_"), "%": "%"}  # fmt: skip
+    parts, at = [], 0
+    while True:
+        found = pattern.find("%", at)
+        if found < 0 or found + 1 >= len(pattern):
+            parts.append(pattern[at:])
+            break
+        parts += [pattern[at:found], codes.get(pattern[found + 1], "%" + pattern[found + 1])]
+        at = found + 2
+    filled = "".join(parts)
+    return filled if filled.startswith("/") else cwd.rstrip("/") + "/" + filled

@@ -89,6 +89,27 @@ def _notify(value: str | None) -> str | None:
     return value or None  # --notify '' is no notification
 
 
+OUTPUT_CODES = "jAax%"  # --output's %j (job id), %A (array id), %a (index), %x (name), %% (a %)
+
+
+def _output(value: str | None) -> str | None:
+    """--output's pattern as kept: checked (its % codes, no NUL); '' is none. ``jobs.naming.output_path``
+    expands it for each job when it starts."""
+    if not value:
+        return None
+    from gpuq_scheduler.jobs.errors import BadInput
+
+    if "\0" in value or len(value) > 4096:
+        raise BadInput("--output: give a file name (no NUL, at most 4096 characters)")
+    at = value.find("%")
+    while at >= 0:
+        if value[at + 1 : at + 2] not in tuple(OUTPUT_CODES):
+            raise BadInput(f"--output {value!r}: %{value[at + 1 : at + 2]} is not one of %j (job id), %A (array id), "
+                           "%a (array index), %x (job name), %% (a %)")  # fmt: skip
+        at = value.find("%", at + 2)
+    return value
+
+
 def _signal(value: str | None) -> str | None:
     """--preempt-signal's name as kept: USR1 for usr1, SIGUSR1 or USR1 (rules.check_spec holds it to the list)."""
     return value.upper().removeprefix("SIG") if value else None
@@ -120,6 +141,12 @@ def _gpu_ids(value: str | list[int] | None) -> list[int]:
 GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not given)
     "--gpu-ids", "str", None, "Run on these GPUs (2,3), as `gpuq gpus` numbers them; --gpus is their count.",
     metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
+)  # fmt: skip
+
+OUTPUT: Option[str | None] = Option(
+    "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
+    "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
+    capture=_output,
 )  # fmt: skip
 
 SUBMIT: tuple[Option[Any], ...] = (
@@ -154,6 +181,7 @@ SUBMIT: tuple[Option[Any], ...] = (
            "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
     Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
            field="notify", capture=_notify),
+    OUTPUT,
     Option("--wait", "flag", False, "Block until the job ends; exit with its exit code.", dest="wait_", spec=False,
            quick=False),
     Option("--json", "flag", False, 'Print {"id": N} (and "jobs" for an array).', dest="as_json", spec=False),

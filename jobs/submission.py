@@ -13,14 +13,12 @@ import os
 from gpuq_scheduler.jobs import jsontext, options
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.rules import (
-    MAX_ARRAY,
     MODES,
-    check_array,
     check_bounds,
+    check_placeholders,
     check_spec,
     check_sweep,
     check_texts,
-    sweep_size,
 )
 from gpuq_scheduler.jobs.units import format_size, parse_duration, parse_size
 
@@ -121,6 +119,8 @@ def capture_spec(
     environ: Mapping[str, str],
     python: str | None = None,
     sweep: Sequence[tuple[str, Sequence[str]]] = (),
+    array: bool = False,
+    from_script: Sequence[str] = (),
     **given: Any,
 ) -> dict[str, Any]:
     """Capture a submission as ``JobSpec.to_json()`` would write it: the caller's cwd and environment
@@ -128,7 +128,9 @@ def capture_spec(
     environment points at), and parsed limits. ``given`` are submit's options (``jobs.options``) by their
     ``dest``, of the kinds the CLI or the API gives (``mem``: a size, "auto" or bytes; ``time_limit``: a
     duration or seconds; ``env``: K=V words or a mapping; ``after``: ids); the rest have their defaults.
-    Raises BadInput with a one-line message on anything wrong."""
+    ``array``: it is an array's (``sweep`` is a named one's), whose placeholders are checked;
+    ``from_script``: the option words its script's ``#GPUQ`` lines gave (``jobs.directives``). Raises
+    BadInput with a one-line message on anything wrong."""
     values = {option.dest: option.default for option in options.SUBMIT if option.spec}
     for key in given:
         if key not in values:
@@ -147,6 +149,7 @@ def capture_spec(
     if not command or not command[0]:
         raise BadInput("no command given: `gpuq submit [OPTIONS] COMMAND [ARGS]...`")
     program = command[0]
+    _refuse_a_quoted_command(command, workdir, captured.get("PATH", os.defpath))
     interpreter = None
     if program.endswith(".py"):
         if "{" not in program:  # a per-member script ({index}, {name}) is checked when that member starts
@@ -178,14 +181,20 @@ def capture_spec(
                 f"--gpus {gpus} --gpu-ids {listed}: the job runs on the {len(pinned)} GPU(s) listed; leave --gpus out"
             )
         gpus = kept["gpus"] = len(pinned)
+    output = kept["output"]
+    if output and os.path.isdir(os.path.join(workdir, output)):  # most likely the job's own --output DIR
+        raise BadInput(f"--output {output}: is a directory; name a file (out/%j.log), or if --output is "
+                       f"{program}'s own, give it after --")  # fmt: skip
     retries, priority = values["retries"], values["priority"]
     check_spec(
         command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
         time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
         preempt_signal=kept["preempt_signal"],
     )  # fmt: skip
+    if array or sweep:  # no {word} reaches a member as text, and each {name} is where its value goes
+        check_placeholders(command, values["name"], [name for name, _ in sweep])
     if sweep:
-        check_sweep(sweep, command)  # each {name} where its value goes
+        check_sweep(sweep, command)
     check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
     check_texts(command=command, cwd=workdir, env=captured, name=values["name"], notify=values["notify"],
                 python=interpreter)  # fmt: skip
@@ -207,6 +216,7 @@ def capture_spec(
         "values": [],
         "cpus": cpu_share,
         "ram": ram_bytes,
+        "from_script": list(from_script),
         **kept,  # the options kept as given, in their declared order
     }
 
@@ -305,6 +315,21 @@ def env_pairs(env: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
     return pairs
 
 
+def _refuse_a_quoted_command(command: Sequence[str], workdir: str, path: str) -> None:
+    """``gpuq submit "python train.py --lr 1"``: a whole command in one quoted word names no program. Said
+    so, with the command unquoted, where its first word is a program or script (a file whose name holds a
+    space is run as it is)."""
+    program = command[0]
+    words = program.split()
+    if len(words) < 2 or os.path.exists(os.path.join(workdir, program)):
+        return
+    first = words[0]
+    if os.path.isfile(os.path.join(workdir, first)) or ("/" not in first and _which(first, path) is not None):
+        unquoted = " ".join([*words, *command[1:]])
+        raise BadInput(f"no program named {program!r}: the whole command is one quoted word; unquote it: "
+                       f"{unquoted} (a shell line runs as bash -c '...')")  # fmt: skip
+
+
 def _require_file(script: str, workdir: str) -> None:
     path = os.path.join(workdir, script)
     if not os.path.isfile(path):
@@ -318,73 +343,6 @@ def _require_program(program: str, workdir: str, path: str) -> None:
             raise BadInput(f"{program} is not an executable file (looked in {workdir}); check the path or chmod +x it")
     elif _which(program, path) is None:
         raise BadInput(f"command not found: {program}; check the name or give its full path")
-
-
-def parse_arrays(texts: Sequence[str]) -> tuple[tuple[int, ...], int | None, tuple[tuple[str, tuple[str, ...]], ...]]:
-    """Every ``--array`` given: (member indices, how many run at once, the sweep). Indices once (``0-49%8``),
-    or named values, one name each time (``lr=1e-4,3e-4,1e-3``, ``seed=1,2,3%4``): their product, one member
-    per combination, indexed 0, 1, ... in itertools.product's order. Nothing given: no array; an empty one is
-    refused (``--array ''`` once queued a plain job)."""
-    given = list(texts)
-    for text in given:
-        if not text.strip():
-            parse_array(text)  # raises, saying how indices are written
-    named = [text for text in given if "=" in text]
-    if not named:
-        if len(given) > 1:
-            raise BadInput(f"--array {given[1]!r}: give the indices once, like --array 0-49 or --array 1,3,7")
-        if not given:
-            return (), None, ()
-        indices, throttle = parse_array(given[0])
-        return indices, throttle, ()
-    if len(named) < len(given):
-        hint = "give indices (--array 0-9) or named values (--array lr=1e-4,3e-4), not both"
-        raise BadInput(f"--array {next(t for t in given if '=' not in t)!r}: {hint}")
-    sweep, throttle = [], None
-    for text in named:
-        name, _, rest = text.partition("=")
-        body, percent, tail = rest.rpartition("%")
-        if percent and tail.isdigit():
-            if int(tail) < 1:
-                raise BadInput(f"--array {text!r}: the part after % is how many run at once, a number >= 1")
-            throttle, rest = int(tail), body
-        values = tuple(value.strip() for value in rest.split(","))
-        sweep.append((name.strip(), values))
-    check_sweep(sweep)
-    return tuple(range(sweep_size(sweep))), throttle, tuple(sweep)
-
-
-def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
-    """``0-49%8`` -> (0..49, 8); ``1,3,7`` -> (1, 3, 7); ``0-20:5`` -> (0, 5, 10, 15, 20). Sorted, unique."""
-    hint = "write indices like 0-49, 1,3,7 or 0-20:5, and %N to run N at once"
-    if not text.strip() or not text.isascii():  # int() reads Unicode's digits too: only 0-9 are indices here
-        raise BadInput(f"--array {text[:40]!r}: {hint}")
-    body, _, throttle_text = text.partition("%")
-    throttle = None
-    if throttle_text:
-        if not throttle_text.isdigit() or not 0 < int(throttle_text) <= MAX_ARRAY:
-            raise BadInput(
-                f"--array {text[:40]!r}: the part after % is how many run at once, a number from 1 to {MAX_ARRAY}"
-            )
-        throttle = int(throttle_text)
-    indices: set[int] = set()
-    for part in body.split(","):
-        span, _, step_text = part.strip().partition(":")
-        first, dash, last = span.partition("-")
-        try:
-            start = int(first)
-            stop = int(last) if dash else start
-            step = int(step_text) if step_text else 1
-        except ValueError:
-            raise BadInput(f"--array {text[:40]!r}: {hint}") from None
-        if start < 0 or stop < start or step < 1:
-            raise BadInput(f"--array {text[:40]!r}: ranges go from a smaller to a larger index, both 0 or more")
-        if (stop - start) // step + len(indices) >= MAX_ARRAY:
-            raise BadInput(f"--array {text[:40]!r}: at most {MAX_ARRAY} members in one array")
-        indices.update(range(start, stop + 1, step))
-    found = tuple(sorted(indices))
-    check_array(found, throttle)
-    return found, throttle
 
 
 def parse_ids(text: str, option: str = "--after") -> tuple[int, ...]:

@@ -56,6 +56,19 @@ BAD_SUBMITS = [
     (["--name", "\udcff\udcfe", "true"], "--name holds bytes that are not UTF-8 text"),  # $'\xff\xfe' from a shell
     (["--env", "K=\udcff", "true"], "the environment variable K holds bytes that are not UTF-8"),
     (["true", "\udcff"], "argument 1 of the command holds bytes that are not UTF-8"),
+    # Issue 39, friction 3: a placeholder an array does not fill reached each member as text.
+    (["--array", "0-3", "echo", "{idx}"], "{idx} in the command is no placeholder of this array; it fills {index}"),
+    (["--array", "0-3", "echo", "{Index}"], "did you mean {index}? (names are case-sensitive)"),
+    (["--array", "0-1", "--name", "s{i}", "echo", "{index}"], "{i} in --name is no placeholder of this array"),
+    (["--array", "lr=1,2", "echo", "{LR}"], "{LR} in the command is no placeholder of this array; did you mean {lr}?"),
+    (["--array", "seed=7-0", "echo", "{seed}"], "the range 7-0 goes down; write it from the smaller number, like 0-7"),
+    # Issue 39, friction 9: a typo of gpuq's option after the command went to the job; a quoted command
+    # was "command not found".
+    (["echo", "--gpu", "2"], "--gpu is no option of gpuq's: did you mean --gpus? If --gpu is echo's own, give it "
+                             "after --, as in `echo -- --gpu ...`"),
+    (["echo", "x", "--prio=3"], "--prio is no option of gpuq's: did you mean --priority?"),
+    (["echo 1 --lr 2", "--gpus", "0"], "no program named 'echo 1 --lr 2': the whole command is one quoted word; "
+                                       "unquote it: echo 1 --lr 2"),
 ]
 
 

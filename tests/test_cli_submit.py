@@ -180,6 +180,8 @@ SAME = [
     ["sh", "-c", "echo --gpus 3 $1", "--gpus", "0", "--", "--name"],
     ["true", "-h", "--json"],
     ["--array", "lr=1e-4,1e-3%1", "echo", "{lr}", "{seed}", "--array", "seed=1,2", "--name", "s{seed}"],
+    ["--array", "seed=0-20:5", "--array", "lr=-1,1e-3", "sh", "-c", "echo ${HOME} {seed} {lr}"],
+    ["echo", "--model", "x", "--", "--gpu", "2"],  # not --mode's typo; after -- it is the job's on purpose
 ]
 
 
@@ -287,7 +289,7 @@ def test_the_inventory_written_by_an_older_daemon_is_read_in_full(queue: Queue) 
 FALLBACKS = [
     (["--help"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
     (["-h", "true"], 0, "Usage: gpuq submit [OPTIONS] COMMAND..."),
-    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpu-ids', '--gpus'?)"),
+    (["--gpu", "2", "true"], 2, "No such option '--gpu'. (Did you mean one of: '--cpus', '--gpu-ids', '--gpus'"),
     (["--gpus", "x", "true"], 2, "'x' is not a valid integer"),
     (["--gpus"], 2, "Option '--gpus' requires an argument"),
     (["--json=yes", "true"], 2, "Option '--json' does not take a value"),

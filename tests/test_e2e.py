@@ -114,6 +114,35 @@ def test_cuda_oom_in_the_log_becomes_the_reason(gpuq: Gpuq) -> None:
     assert record["reason"] == "CUDA out of memory (exit code 1)"
 
 
+def test_a_usage_error_is_the_reason_not_exit_code_2(gpuq: Gpuq) -> None:
+    """Issue 39, friction 5: a job refused by its own argument parser failed with "exit code 2" alone."""
+    (gpuq.cwd / "train.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--seed')\nparser.parse_args()\n"
+    )
+    (gpuq.cwd / "cli.py").write_text(
+        "import click\n@click.command()\n@click.option('--seed', type=int)\ndef main(seed): pass\nmain()\n"
+    )
+    job_id = gpuq.submit("--gpus", "0", "train.py", "--sed", "4")
+    record = gpuq.wait_state(job_id, "failed")
+    assert record["reason"] == "train.py: error: unrecognized arguments: --sed 4 (exit code 2)"
+    job_id = gpuq.submit("--gpus", "0", "cli.py", "--seed", "x")
+    record = gpuq.wait_state(job_id, "failed")
+    assert record["reason"] == "Error: Invalid value for '--seed': 'x' is not a valid integer. (exit code 2)"
+
+
+def test_usage_errors_of_typer_and_of_other_exit_codes() -> None:
+    """typer with rich boxes its error, maybe wrapped; an "error:" line of a job that did not exit 2 is its own."""
+    boxed = (
+        "Usage: main.py [OPTIONS]\nTry 'main.py --help' for help.\n\u256d\u2500 Error \u2500\u2500\u2500\u256e\n"
+        "\u2502 No such option: --sed Did you mean    \u2502\n\u2502 --seed?   \u2502\n\u2570\u2500\u2500\u2500\u256f\n"
+    ).encode()
+    assert tail_reason(boxed, 2) == "Error: No such option: --sed Did you mean --seed?"
+    argparse = b"usage: t.py [-h]\nt.py: error: the following arguments are required: --data\n"
+    assert tail_reason(argparse, 2) == "t.py: error: the following arguments are required: --data"
+    assert tail_reason(argparse, 1) == ""
+    assert tail_reason(b"Traceback (most recent call last):\nValueError: bad lr\n", 2) == "ValueError: bad lr"
+
+
 def test_missing_program_at_launch_time_fails_to_spawn(gpuq: Gpuq) -> None:
     program = gpuq.cwd / "vanishing"
     program.write_text("#!/bin/sh\nexit 0\n")

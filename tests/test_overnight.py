@@ -51,6 +51,19 @@ def test_index_in_the_command_and_the_environment(gpuq: Gpuq) -> None:
     assert sorted(out.read_text().split("\n")[:-1]) == [f"{i} {i} {array_id}" for i in (1, 3, 7)]
 
 
+def test_a_range_in_a_named_sweep_is_its_values(gpuq: Gpuq) -> None:
+    """Issue 39, friction 2: `--array seed=0-7` ran one job with `0-7`. A value that is no range stays one."""
+    out = gpuq.cwd / "seen"
+    array_id, members = _array(gpuq, "--array", "seed=0-7", "--array", "lr=1e-4,-1,a-b", "--gpus", "0",
+                               "sh", "-c", f'echo "{{seed}} {{lr}}" >> "{out}"')  # fmt: skip
+    assert len(members) == 24
+    gpuq.run("wait", str(array_id))
+    assert sorted(out.read_text().splitlines()) == sorted(f"{s} {v}" for s in range(8) for v in ("1e-4", "-1", "a-b"))
+    array_id, members = _array(gpuq, "--array", "seed=0-20:5", "--gpus", "0", "echo", "{seed}")
+    gpuq.run("wait", str(array_id))
+    assert [gpuq.job(m)["command"][-1] for m in members] == ["0", "5", "10", "15", "20"]
+
+
 def test_cancel_an_array_by_its_id(gpuq: Gpuq) -> None:
     array_id, members = _array(gpuq, "--array", "0-5%2", "--gpus", "0", "sleep", "30")
     wait_for(lambda: sum(r["state"] == "running" for r in gpuq.status()) == 2, 20, "two members running")
@@ -143,6 +156,23 @@ def test_an_array_failing_fast_is_held_then_released(gpuq: Gpuq) -> None:
     states = [r["state"] for r in gpuq.status() if r["array_id"] == array_id]
     # Three failed before the hold; with two at a time, a fourth may have been running already.
     assert states.count("failed") in (3, 4) and states.count("succeeded") == 10 - states.count("failed")
+
+
+def test_an_array_whose_first_wave_fails_at_once_runs_no_second_wave(gpuq: Gpuq) -> None:
+    """Issue 39, friction 1: 8 members on 4 GPUs that all failed at once ran all 8 (the next wave was handed
+    to their shims, or placed, before the guard had seen enough failures). Now the guard decides first."""
+    started, go = gpuq.cwd / "started", gpuq.cwd / "go"
+    started.mkdir()
+    script = f'touch "{started}/{{index}}"; while [ ! -e "{go}" ]; do sleep 0.05; done; exit 1'
+    array_id, _ = _array(gpuq, "--array", "0-7", "--gpus", "1", "sh", "-c", script)
+    wait_for(lambda: len(list(started.iterdir())) == 4, 30, "the first wave of 4 to start")
+    go.write_text("fail now")
+    settled = wait_for(lambda: (s := gpuq.status()) and all(r["state"] == "failed" or r["held"] for r in s) and s,
+                       60, "every member to have failed or be held")  # fmt: skip
+    assert sorted(r["state"] for r in settled) == ["failed"] * 4 + ["pending"] * 4
+    assert all(r["held"] and "the first 3 members failed" in r["reason"] for r in settled if r["state"] == "pending")
+    assert len(list(started.iterdir())) == 4
+    gpuq.run("cancel", str(array_id))
 
 
 def test_hold_release_and_update_priority(gpuq: Gpuq) -> None:

@@ -112,6 +112,8 @@ def test_array_lists_compress_to_runs() -> None:
         ({"notify": "mail me"}, "--mail-type=END"),
         ({"priority": 10}, "only admins can raise a job's priority"),
         ({"options": {"colour": "red"}}, "--colour: nothing translates it to Slurm yet, so it would be lost on"),
+        # gpuq's %j is its own job id, not Slurm's: refused rather than named after the wrong id (issue 39)
+        ({"options": {"output": "%A_%a.out"}}, "--output: nothing translates it to Slurm yet"),
     ],
 )
 def test_what_slurm_cannot_do_is_refused_in_one_line(options: dict[str, object], message: str) -> None:

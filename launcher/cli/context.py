@@ -29,13 +29,20 @@ pass_ctx = click.make_pass_decorator(Context)
 class JobCommand(click.Command):
     """A command that ends in a job's COMMAND [ARGS]... (`gpuq submit`, `gpuq run`): gpuq's own options are
     gpuq's wherever they stand before ``--``, after the command too; everything after ``--`` is the job's.
-    The rule is ``launcher.cli.submit.split``'s, which the quick `gpuq submit` parser follows too."""
+    The rule is ``launcher.cli.submit.split``'s, which the quick `gpuq submit` parser follows too.
+    ``directives``: the script's ``#GPUQ`` lines count (``jobs.directives``), as `gpuq submit`'s do."""
+
+    directives = False
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         from gpuq_scheduler.launcher.cli.submit import split
 
         takes_value = {flag: not p.is_flag for p in self.params if isinstance(p, click.Option) for flag in p.opts}
         own, command = split(args, takes_value)
+        if self.directives and command:
+            from gpuq_scheduler.jobs.directives import merged
+
+            own, ctx.meta[FROM_SCRIPT] = merged(own, command, takes_value)
         try:
             return super().parse_args(ctx, [*own, "--", *command] if command else own)
         except click.BadParameter as err:
@@ -45,6 +52,16 @@ class JobCommand(click.Command):
                 hint = f"{err.message.rstrip('.')}; if {flag} is {command[0]}'s own, give it after --"
                 raise click.BadParameter(hint, ctx=err.ctx, param=err.param) from None
             raise
+
+
+class SubmitCommand(JobCommand):
+    """`gpuq submit`: a JobCommand that reads its script's ``#GPUQ`` lines; the words they gave are in
+    ``ctx.meta[FROM_SCRIPT]``."""
+
+    directives = True
+
+
+FROM_SCRIPT = "gpuq.from_script"
 
 
 class _Number(click.types.IntParamType):

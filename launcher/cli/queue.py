@@ -20,7 +20,7 @@ from gpuq_scheduler.jobs.rules import MODES
 from gpuq_scheduler.jobs.selection import Selection
 from gpuq_scheduler.jobs.selection import parse as parse_selection
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.launcher.cli.context import NUMBER, Context, JobCommand, pass_ctx
+from gpuq_scheduler.launcher.cli.context import FROM_SCRIPT, NUMBER, Context, SubmitCommand, pass_ctx
 from gpuq_scheduler.launcher.cli.select import selection_options
 
 
@@ -41,7 +41,7 @@ def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-@click.command(cls=JobCommand, context_settings={"allow_interspersed_args": False})
+@click.command(cls=SubmitCommand, context_settings={"allow_interspersed_args": False})
 @submit_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -59,10 +59,11 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     In an array, {index} in the command becomes each member's index (also in $GPUQ_ARRAY_INDEX).
     """
     from gpuq_scheduler.jobs.api import ensure_daemon, queue_job
+    from gpuq_scheduler.jobs.arrays import parse_arrays
     from gpuq_scheduler.jobs.errors import NoIdYet
     from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
     from gpuq_scheduler.jobs.store.spool import ArrayPlan
-    from gpuq_scheduler.jobs.submission import capture_spec, parse_arrays, parse_ids
+    from gpuq_scheduler.jobs.submission import capture_spec, parse_ids
 
     # launcher.cli.submit runs most submits without click, through the same capture_spec.
     indices, throttle, sweep = parse_arrays(options["array_spec"])
@@ -70,7 +71,9 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
     after, after_any, like, on = options["after"], options["after_any"], options["like"], options["on"]
     given["after"] = parse_ids(after) if after else ()
-    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, **given))
+    from_script = click.get_current_context().meta.get(FROM_SCRIPT, [])
+    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None,
+                                          from_script=from_script, **given))  # fmt: skip
     if like is not None and on is None:
         try:
             ctx.queue.get(like)

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from gpuq_scheduler.jobs import directives
+from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.options import SUBMIT
 from gpuq_scheduler.jobs.rules import MODES
 
@@ -35,6 +37,8 @@ OPTIONS: dict[str, tuple[str, str, object]] = {opt.flag: (opt.dest, opt.kind, op
 # Given at all, these send a submit to click: they need the job table, Slurm, or a loop that waits.
 FOR_CLICK = tuple(option.flag for option in SUBMIT if not option.quick)
 
+
+FROM_SCRIPT = "from_script"  # parse()'s key for the words the script's #GPUQ lines gave (no option's dest)
 
 # Whether each of submit's options takes a value: what ``split`` needs to tell gpuq's words from the job's.
 TAKES_VALUE = {flag: kind != "flag" for flag, (_, kind, _) in OPTIONS.items()}
@@ -59,6 +63,8 @@ def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[st
             break
         value = takes_value.get(arg.partition("=")[0]) if arg[:1] == "-" else None
         if value is None:
+            if command and arg[:2] == "--":
+                _refuse_a_stray(arg, command[0], takes_value)
             (command if command or arg[:1] != "-" or arg == "-" else own).append(arg)
             continue
         own.append(arg)
@@ -70,13 +76,38 @@ def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[st
     return own, command
 
 
+def _refuse_a_stray(arg: str, program: str, takes_value: Mapping[str, bool]) -> None:
+    """An option after the command, before ``--``, that is the start of exactly one of gpuq's (``--gpu``
+    for ``--gpus``, ``--prio`` for ``--priority``), or one letter short of one, is a typo that would go to the job unseen: refused,
+    saying how to give it to the job on purpose. Only a start of a name: a job's ``--model`` is not
+    ``--mode``'s typo."""
+    flag = arg.partition("=")[0]
+    if len(flag) < 3:  # "--" alone is the separator, handled before this
+        return
+    near = [known for known in takes_value if known[:2] == "--" and known != "--help" and known.startswith(flag)]
+    if len(near) > 1:  # --gpu starts --gpus and --gpu-ids: one letter short of a name is still a typo of it
+        near = [known for known in near if len(known) == len(flag) + 1]
+    if len(near) == 1:
+        from gpuq_scheduler.jobs.errors import BadInput
+
+        raise BadInput(
+            f"{flag} is no option of gpuq's: did you mean {near[0]}? If {flag} is {program}'s own, give it after "
+            f"--, as in `{program} -- {arg} ...`"
+        )
+
+
 def parse(args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | None:
     """``gpuq submit ARGS`` read as click's submit reads them: (options by dest, command), or None for
     anything left to click. Which words are gpuq's and which the job's is ``split``'s rule."""
-    own, command = split(args, TAKES_VALUE)
+    try:
+        own, command = split(args, TAKES_VALUE)
+    except GpuqError:
+        return None  # a typo of one of gpuq's options after the command: click's split says which
     if not command:
         return None  # no command (click's "Missing argument"), or an option without its value
+    own, from_script = directives.merged(own, command, TAKES_VALUE)  # the script's #GPUQ lines, then ours
     values: dict[str, Any] = {dest: default for dest, _, default in OPTIONS.values()}
+    values[FROM_SCRIPT] = from_script
     at = 0
     while at < len(own):
         flag, has_value, value = own[at].partition("=")
@@ -118,9 +149,10 @@ def needs_click(values: dict[str, Any]) -> bool:
 def submit(options: dict[str, Any], command: list[str]) -> bool:
     """Queue the job and print what click's submit prints. False, having written nothing, where it must be
     click's: a shared queue, or no GPU inventory recorded yet."""
+    from gpuq_scheduler.jobs.arrays import parse_arrays
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon, post_submit
     from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
-    from gpuq_scheduler.jobs.submission import Inventory, capture_spec, parse_arrays
+    from gpuq_scheduler.jobs.submission import Inventory, capture_spec
 
     state = StateDir.from_env()
     if state.is_shared():  # its daemon gives the id, which click's path waits for
@@ -132,7 +164,8 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     indices, throttle, sweep = parse_arrays(options["array_spec"])
     array = (indices, throttle) if indices else None
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
-    spec = capture_spec(command, environ=os.environ, sweep=sweep, **given)
+    spec = capture_spec(command, environ=os.environ, sweep=sweep, array=array is not None,
+                        from_script=options[FROM_SCRIPT], **given)  # fmt: skip
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     inventory.check_pinned(spec["gpu_ids"])

@@ -123,12 +123,36 @@ def _ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> No
 
 
 def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
-    """For each array a member of which ended this tick: hold it if it fails fast, notify when done."""
+    """For each array a member of which ended this tick: hold it if it fails fast, notify when done. An
+    array whose members waited for the guard past the time its running members could still fail fast
+    starts its next wave."""
     events: list[dict[str, Any]] = []
     touched, scheduler.touched_arrays = scheduler.touched_arrays, {}
     for array_id, failed in touched.items():
         _array_member_ended(scheduler, array_id, failed, now, events)
+    for array_id, (_, until) in list(scheduler.guard_waits.items()):
+        if now >= until:
+            del scheduler.guard_waits[array_id]
     scheduler.journal.extend(events)
+
+
+def judge_arrays(scheduler: SchedulerState, array_ids: list[int], now: float) -> None:
+    """The fail-fast guard's word on these arrays (``lifecycle.guard``), as the daemon starts: whether their
+    pending members wait for it, and whether they may be handed off."""
+    for array_id in array_ids:
+        _judge(scheduler, array_id, scheduler.table.members(array_id), now)
+
+
+def _judge(scheduler: SchedulerState, array_id: int, members: list[JobRecord], now: float) -> lifecycle.Guard:
+    verdict = lifecycle.guard(members)
+    scheduler.guard_waits.pop(array_id, None)
+    if isinstance(verdict, lifecycle.Undecided):
+        scheduler.guard_open.discard(array_id)
+        if verdict.wait is not None and now < verdict.until:
+            scheduler.guard_waits[array_id] = (verdict.wait, verdict.until)
+    else:
+        scheduler.guard_open.add(array_id)
+    return verdict
 
 
 def _run_files(scheduler: SchedulerState, job_id: int) -> tuple[str, str]:
@@ -172,10 +196,11 @@ def _array_member_ended(
     if info is None:
         return
     members = scheduler.table.members(array_id)
-    if failed:
-        why = lifecycle.fail_fast(members)
+    verdict = _judge(scheduler, array_id, members, now)
+    if failed and isinstance(verdict, lifecycle.Hold):  # a failure holds it (again, after a release)
+        why = verdict.reason
         unheld = [m.id for m in members if m.state is JobState.PENDING and not m.held]
-        if why and unheld:
+        if unheld:
             scheduler.table.set_held(unheld, True, why)
             for job_id in unheld:
                 if job_id in scheduler.pending:
@@ -195,6 +220,8 @@ def _array_member_ended(
         scheduler.table.set_notified(array_id)
     if done:  # nothing more can happen to it (ended jobs never start again); the table keeps it
         del scheduler.arrays[array_id]
+        scheduler.guard_waits.pop(array_id, None)
+        scheduler.guard_open.discard(array_id)
         if scheduler.private is not None:
             scheduler.private.forget(array_id)
 

@@ -16,7 +16,8 @@ a shim whose daemon died (its pipe at end of file) starts nothing staged.
 
 What is staged, kept narrow on purpose: a personal queue's whole-GPU jobs on the GPUs of a whole-GPU job of
 the same size, in queue order, never past a job that does not qualify. Packed jobs, ``--mem auto``, torchrun,
-throttled arrays, interactive jobs and a shared queue's fair share go the usual way.
+throttled arrays, arrays whose fail-fast guard has not decided (``lifecycle.guard``: it must see each end
+first), interactive jobs and a shared queue's fair share go the usual way.
 """
 
 from __future__ import annotations
@@ -119,10 +120,13 @@ def _may_hand_off(scheduler: SchedulerState, job: Running) -> bool:
 def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> bool:
     spec = record.spec
     throttled = record.array_id is not None and (info := scheduler.arrays.get(record.array_id)) and info.throttle
+    # A member of an array whose fail-fast guard has not decided: handed off, it would start the moment the
+    # member ahead fails, before the guard has seen that failure (and all of an array that fails would run).
+    unproven = record.array_id is not None and record.array_id not in scheduler.guard_open
     return (
         record.id not in scheduler.preemption.no_handoff  # it preempts instead (launcher.daemon.preempting)
         and spec.gpus == len(job.record.gpus) and spec.mem_per_gpu is None and not spec.mem_auto
-        and spec.mode is not Mode.TORCHRUN and spec.client is None and not throttled
+        and spec.mode is not Mode.TORCHRUN and spec.client is None and not throttled and not unproven
     )  # fmt: skip
 
 

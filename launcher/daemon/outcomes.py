@@ -25,6 +25,13 @@ _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*
 _ROOT_CAUSE = re.compile(rb"^Root Cause \(first observed failure\):\n\[\d+\]:\n(.*?)^=+$", re.MULTILINE | re.DOTALL)
 _INDENTED_EXCEPTION = re.compile(rb"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(.*)$", re.MULTILINE)
 _ROOT_FIELD = re.compile(rb"^\s*(rank|exitcode)\s*: (-?\d+)", re.MULTILINE)
+# A command line parser's refusal, as it ends the log of a program that exits 2: argparse's "PROG: error:
+# MESSAGE" under its usage, click's (and typer's without rich) "Error: MESSAGE", typer's boxed "Error".
+USAGE_EXIT = 2
+_USAGE_LINES = 12  # a parser's refusal is the last thing its program says
+_ARGPARSE = re.compile(rb"^\S+: error: \S.*$")
+_CLICK = re.compile(rb"^Error: \S.*$")
+_BOX_TOP, _BOX_SIDE, _BOX_BOTTOM = "\u256d\u2500 Error ".encode(), "\u2502".encode(), "\u2570".encode()
 
 
 def exit_files(run: Path) -> set[str] | None:
@@ -51,9 +58,10 @@ def unreadable(err: BadExitFile) -> Outcome:
     return Outcome.lost(f"its supervisor's exit file is not one gpuq reads: {err}")
 
 
-def log_reason(log: str) -> str | None:
+def log_reason(log: str, exit_code: int | None = None) -> str | None:
     """A short diagnosis from the end of a failed job's log: None for CUDA out of memory (the daemon then
-    works out which kind), else its last exception, or nothing."""
+    works out which kind), else its last exception (or, for ``exit_code`` 2, its parser's usage error), or
+    nothing."""
     try:
         with open(log, "rb") as handle:
             handle.seek(0, 2)
@@ -62,10 +70,10 @@ def log_reason(log: str) -> str | None:
             tail = handle.read()
     except OSError:
         return ""
-    return tail_reason(tail)
+    return tail_reason(tail, exit_code)
 
 
-def tail_reason(tail: bytes) -> str | None:
+def tail_reason(tail: bytes, exit_code: int | None = None) -> str | None:
     """The diagnosis from the end of a log: None for CUDA OOM, else the failing torchrun rank's own exception, else
     the last exception. torchrun ends its log with its own ``ChildFailedError``, which says only that a
     rank failed: the rank's own error is the one a person needs."""
@@ -74,7 +82,28 @@ def tail_reason(tail: bytes) -> str | None:
     root = _ROOT_CAUSE.search(tail)
     if root:
         return _rank_reason(tail, root.group(1))
-    return _last_exception(tail)
+    usage = usage_error(tail) if exit_code == USAGE_EXIT else None
+    return usage or _last_exception(tail)
+
+
+def usage_error(tail: bytes) -> str | None:
+    """The usage error a command line parser ended the log with (argparse, click, typer), as it said it:
+    ``train.py: error: unrecognized arguments: --sed 4``. Read only in the last lines, and only for a job
+    that exited 2, as they do: an "error:" line earlier in a log is the program's own business."""
+    lines = [line.rstrip() for line in tail.rstrip().splitlines()[-_USAGE_LINES:]]
+    for at in range(len(lines) - 1, -1, -1):
+        line = lines[at]
+        if _ARGPARSE.match(line) or _CLICK.match(line):
+            return line.decode(errors="replace")[:200]
+        if line.startswith(_BOX_TOP):  # typer with rich: the message is the box's inside, maybe wrapped
+            inside = []
+            for row in lines[at + 1 :]:
+                if not row.startswith(_BOX_SIDE):
+                    break
+                inside.append(row.strip(_BOX_SIDE + b" ").decode(errors="replace"))
+            text = " ".join(part for part in inside if part)
+            return f"Error: {text}"[:200] if text else None
+    return None
 
 
 def _last_exception(text: bytes, pattern: re.Pattern[bytes] = _EXCEPTION) -> str:
@@ -148,7 +177,7 @@ def classify(
         return Outcome.cancelled(launch.cancel_by or "a signal to its supervisor", signum)
     if code == 0:
         return Outcome.succeeded()
-    diagnosis = log_reason(record.log)
+    diagnosis = log_reason(record.log, code)
     if diagnosis is None and (signum is not None or code is not None):
         return Outcome.out_of_memory(oom(), code, signum)
     diagnosis = diagnosis or ""

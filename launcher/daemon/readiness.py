@@ -1,4 +1,5 @@
-"""Which pending jobs may be placed now, and why each of the others waits: paused, held, in backoff, behind
+"""Which pending jobs may be placed now, and why each of the others waits: paused, held, its array's fail-fast
+guard still deciding (``lifecycle.guard``), in backoff, behind
 its dependencies, or waiting for its kind's ``--mem auto`` probe (``launcher.daemon.learning``). A job whose
 dependency failed never will run: it is cancelled here, saying why.
 """
@@ -25,6 +26,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     # Read once: the state's tracked fields are data descriptors, which Python reads a third slower than a
     # plain attribute, and this loop runs over every pending job on every pass (10,000 in the harness's D).
     staged, fence_waits, not_before = scheduler.staged, scheduler.fence_waits, scheduler.not_before
+    guard_waits = scheduler.guard_waits
     for record in list(scheduler.pending.values()):
         if record.id in staged:
             continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
@@ -33,6 +35,8 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
             continue
         if record.held:
             waiting[record.id] = record.reason or "held"
+        elif record.array_id is not None and record.array_id in guard_waits:  # the guard decides first
+            waiting[record.id] = guard_waits[record.array_id][0]
         elif not_before.get(record.id, 0) > now:
             waiting[record.id] = f"{record.reason} (in {not_before[record.id] - now:.0f}s)"
         elif record.spec.after:

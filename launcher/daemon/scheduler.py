@@ -17,6 +17,7 @@ import functools
 import logging
 import operator
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -62,6 +63,7 @@ class Scheduler(SchedulerState):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        endings.judge_arrays(self, list(self.arrays), time.time())
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
@@ -159,6 +161,8 @@ class Scheduler(SchedulerState):
             self.running[job_id] = self.suspended.pop(job_id)
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
+        self.guard_waits, self.guard_open = {}, set()
+        endings.judge_arrays(self, list(self.arrays), time.time())
         handoff.load(self)
 
     def wants_spares(self) -> bool:

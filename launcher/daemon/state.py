@@ -71,6 +71,10 @@ class SchedulerState:
     drained = SetField[int]()
     stopped_for = DictField[int, Outcome]()
     fence_waits = DictField[int, tuple[tuple[int, ...], tuple[str, ...]]]()
+    # The fail-fast guard's word on active arrays (``endings.judge_arrays``): why an array's pending members
+    # wait for it, and until when at the latest; the arrays it has decided (their members may be handed off).
+    guard_waits = DictField[int, tuple[str, float]]()
+    guard_open = SetField[int]()
 
     def __init__(
         self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
@@ -114,6 +118,7 @@ class SchedulerState:
         # Arrays with a member pending or running, no others (ingest adds new ones; endings forget those whose
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays = self.table.arrays(active_only=True)
+        self.guard_waits, self.guard_open = {}, set()  # judged by the scheduler once it is built
         self.not_before = self.table.not_before()
         settings = self.table.settings()
         self.drained = set(settings.get("drained", []))
@@ -208,7 +213,7 @@ class SchedulerState:
             log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
             pid_file=self.state.pid_file(record.id), wake=self.state.inner_wake, time_limit=record.spec.time_limit,
             grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
-            pause_file=self.state.pause_file(record.id),
+            pause_file=self.state.pause_file(record.id), output=record.output_file,
         )  # fmt: skip
 
     def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None]:

@@ -99,6 +99,62 @@ def requeue_delay(cause: Cause, backoff: float) -> float:
     return 0.0 if cause is Cause.PREEMPTED else backoff
 
 
+@dataclass(frozen=True)
+class Decided:
+    """The guard has decided for good (a member succeeded, or it can no longer hold the array), or it held
+    the array already: its members start as any job does, and may be handed off (``daemon.handoff``)."""
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """No member has succeeded and the guard may still hold the array: its members are not handed off (a
+    hand-off starts the next member the moment one ends, before the guard has seen that end). ``wait``: why
+    its pending members do not start now, until ``until`` at the latest; None where they may."""
+
+    wait: str | None = None
+    until: float = 0.0
+
+
+@dataclass(frozen=True)
+class Hold:
+    reason: str
+
+
+Guard = Decided | Undecided | Hold
+
+
+def guard(members: Sequence[JobRecord]) -> Guard:
+    """The fail-fast guard over an array's members (``fail_fast`` says when it holds one), decided before
+    its next wave starts. Once some of its first members failed fast and none succeeded, the members still
+    running may be the failures that make up its mind: the pending ones wait for those, so that 8 members
+    on 4 GPUs that all fail at once never run more than 4. A member that has run past FAIL_FAST_SECONDS
+    can no longer fail fast, and is not waited for."""
+    why = fail_fast(members)
+    if why is not None:
+        return Hold(why)
+    ended = [m for m in members if m.state.finished and m.ended_at is not None]
+    if len(members) <= 1 or any(m.state is JobState.SUCCEEDED for m in ended):
+        return Decided()
+    failed = [m for m in ended if m.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)]
+    if len(failed) >= min(FAIL_FAST_MEMBERS, len(members)) or any(not _fast(m) for m in failed):
+        return Decided()  # its first failures did not all come fast: it will never be held
+    if not failed:
+        return Undecided()
+    young = [m.started_at for m in members
+             if m.state is not JobState.PENDING and not m.state.finished and m.started_at is not None]  # fmt: skip
+    if not young:
+        return Undecided()  # nothing runs that could decide: the next member starts and shows
+    return Undecided(
+        f"waiting for the array's running members: {len(failed)} failed within {FAIL_FAST_SECONDS:.0f}s of starting "
+        f"and none succeeded yet, so it may be held (`gpuq status {members[0].array_id}`)",
+        max(young) + FAIL_FAST_SECONDS,
+    )
+
+
+def _fast(member: JobRecord) -> bool:
+    return member.started_at is not None and (member.ended_at or 0) - member.started_at <= FAIL_FAST_SECONDS
+
+
 def fail_fast(members: Sequence[JobRecord]) -> str | None:
     """Why an array should be held: its first members to end all failed quickly and none succeeded."""
     ended = sorted((m for m in members if m.state.finished and m.ended_at is not None), key=lambda m: m.ended_at or 0)

@@ -35,8 +35,9 @@ def log_limit(environ: Mapping[str, str] | None = None) -> int:
 class JobLog:
     """A job's output on its way from the pipe to the log file: kept up to a limit, then discarded."""
 
-    def __init__(self, fd: int, limit: int) -> None:
+    def __init__(self, fd: int, limit: int, copy: int | None = None) -> None:
         self.fd = fd
+        self.copy = copy  # --output's file, the user's: written alike; a failure there only ends the copy
         self.limit = limit
         self.room = limit
         self.full = False
@@ -72,6 +73,14 @@ class JobLog:
             self._write(marker if self.ends_line else b"\n" + marker)
 
     def _write(self, data: bytes) -> None:
+        if self.copy is not None:
+            copied = memoryview(data)
+            try:
+                while copied:
+                    copied = copied[os.write(self.copy, copied) :]
+            except OSError:  # the log keeps it all; the user's file stops here
+                os.close(self.copy)
+                self.copy = None
         view = memoryview(data)
         while view and not self.broken:
             try:

@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
+from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.supervisor import intocgroup, spawncg
 
 # CPython's subprocess enters ``cwd`` *before* it drops privileges, so a root daemon would open a directory
@@ -198,6 +200,66 @@ def open_log(path: str, account: Account | None, group: int | None) -> int:
     if account is not None and account.uid != os.geteuid():
         os.fchown(fd, account.uid, account.gid if group is None else group)
         os.fchmod(fd, 0o600 if group is None else 0o640)
+    return fd
+
+
+def open_output(path: str, account: Account | None, log_fd: int) -> int | None:
+    """A job's --output file ("": none), opened as its user (``open_as``); where that fails, one line in its log
+    (``log_fd``) says why, and the job runs all the same, its output in `gpuq logs` alone."""
+    if not path:
+        return None
+    opened = open_as(path, account)
+    if isinstance(opened, str):
+        os.write(log_fd, f"gpuq: --output {shown(path)}: {opened}; the output is in `gpuq logs` only\n".encode())
+        return None
+    return opened
+
+
+def open_as(path: str, account: Account | None) -> int | str:
+    """``path`` opened to write (created 0644, or emptied) by ``account``'s user, as that user would open it:
+    a shared queue's root shim forks a child that drops to the user, opens it and hands the descriptor back,
+    so a link or a directory the user cannot write gets the user's rights, never root's. Only a regular file:
+    a FIFO or a device could stall the shim that copies the job's output. The descriptor, or why not."""
+    if account is None or account.uid == os.geteuid():
+        return _open_regular(path)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # the child's end closing is an EOF
+    pid = os.fork()
+    if pid == 0:  # the child: the user's rights, then the file
+        code = 1
+        try:
+            ours.close()
+            os.setgroups(list(account.groups))
+            os.setgid(account.gid)
+            os.setuid(account.uid)
+            opened = _open_regular(path)
+            if isinstance(opened, int):
+                socket.send_fds(theirs, [b"fd"], [opened])
+            else:
+                theirs.send(opened.encode(errors="replace")[:1000])
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        message, fds, _, _ = socket.recv_fds(ours, 1024, 1)
+    except OSError as err:
+        return f"could not be opened as its user ({err.strerror})"
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    return fds[0] if fds else (message.decode(errors="replace") or "could not be opened as its user")
+
+
+def _open_regular(path: str) -> int | str:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return "not a regular file"
+    os.set_blocking(fd, True)
     return fd
 
 

@@ -50,7 +50,7 @@ from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.launcher.supervisor import ahead, containment, starting
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
-from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log
+from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, open_output
 
 # SIGPIPE stays ignored: a write to a waiter that died must fail (EPIPE, handled), not end the shim, which
 # requeued its job as interrupted. Every way a job is started gives it SIGPIPE's default back.
@@ -86,6 +86,7 @@ class Launch:
     log_group: int | None = None  # the admin group, which may read every job's log
     box: containment.Box | None = None  # what holds the job's processes together (its cgroup); None: its group
     pause_file: str = ""  # where the daemon says how long the job was suspended (its time limit does not run)
+    output: str = ""  # --output: a file of the user's that gets a copy of the log, opened as the job's user
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _supervise(
         if launch.box is not None and launch.box.cgroup is not None:
             containment.end(launch.box, -1)  # nothing started in it; the cgroup goes
         return ExitFile(launch.job_id, 0.0, started=True, spawn_error=f"{failed.what}: {failed.why}"), None
-    output = JobLog(log_fd, log_limit())
+    output = JobLog(log_fd, log_limit(), open_output(launch.output, launch.account, log_fd))
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
@@ -279,10 +280,10 @@ def _supervise(
     # cgroup goes once what follows it here has started: the rmdir need not stand between them.
     contained = containment.end(launch.box, pid, _SETTLE if reason is not Stop.NONE else 0.0, remove=False)
     if launch.box is None:
-        _signal_group(pid, signal.SIGKILL)
+        containment.signal_all(None, pid, signal.SIGKILL)  # its group, as nothing else holds its processes
     if out_read in watched:
         output.drain(out_read)  # what the job wrote just before it ended is still in the pipe
-    for fd in (pidfd, out_read, log_fd):
+    for fd in (pidfd, out_read, log_fd, *([] if output.copy is None else [output.copy])):
         os.close(fd)
     # What the daemon sent while the job was ending (a successor, or its drop) decides what follows it.
     while pipe in watched and select.select([pipe], [], [], 0)[0]:
@@ -350,11 +351,6 @@ def suspended_for(pause_file: str, now: float) -> tuple[float, bool]:
         return float(paused.get("total") or 0.0) + ongoing, since is not None
     except (OSError, ValueError, TypeError, AttributeError):
         return 0.0, False
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
 
 
 def _give_back(staged: Launch | None) -> None:

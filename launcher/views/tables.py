@@ -239,6 +239,7 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
         ("gpus requested", str(spec.gpus) + _pinned(spec)),
         ("memory per gpu", _memory(spec)),
         ("time limit", format_duration(spec.time_limit)),
+        *([("from the script", shlex.join(spec.from_script) + " (its #GPUQ lines)")] if spec.from_script else []),
         ("gpus", ",".join(map(str, record.gpus)) or "-"),
         ("gpu uuids", ",".join(record.gpu_uuids) or "-"),
         ("submitted", _when(record.submitted_at)),
@@ -272,6 +273,7 @@ def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
         ("host cpu time", "-" if record.cpu_seconds is None else format_duration(record.cpu_seconds)),
         ("peak host memory", format_size(record.peak_ram)),
         ("log", record.log),
+        *([("output", record.output_file)] if record.output_file else []),
     ]
     width = max(len(key) for key, _ in lines)
     return "\n".join(f"{key:<{width}}  {shown(value)}" for key, value in lines)

@@ -238,6 +238,24 @@ def ensure_daemon(state: StateDir) -> bool:
     return start_daemon(state)
 
 
+def keep_daemon(state: StateDir, said: bool) -> bool:
+    """For a wait: wake the daemon, starting a personal queue's as a submit does (and saying so: it had died
+    or been stopped). A shared queue's that is down is said once (``said``: already said), and the wait goes
+    on: its admin starts it, and the jobs are safe meanwhile. Returns whether that has been said."""
+    if poke(state):
+        return said
+    if state.is_foreign():
+        if not said:
+            sys.stderr.write(
+                f"gpuq: the daemon of the shared queue in {state.root} is not running; still waiting: jobs "
+                "end and start once it is back (ask its admin: `sudo systemctl start gpuq`)\n"
+            )
+        return True
+    if start_daemon(state):
+        sys.stderr.write(f"gpuq: the daemon of the queue in {state.root} was not running; started it\n")
+    return said
+
+
 def start_daemon(state: StateDir, *, shared: bool = False) -> bool:
     """Start a daemon for ``state`` in its own session, detached from this process. False if one already
     holds the lock (it runs, or is starting and will read the spool on its first pass).

@@ -125,10 +125,14 @@ def status(
     (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only."""
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
+    from gpuq_scheduler.launcher.views import notices
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
     wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
+    down = notices.daemon_down(ctx.state)
+    if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
+        click.echo(notices.queue_line(ctx.state, down), err=True)
     with many_rows():
         chosen = queue.resolve(wanted) if wanted else None
         if as_json:
@@ -141,7 +145,8 @@ def status(
             else:
                 lines = queue.lines() if show_all else [Line.of(r) for r in _active_and_recent(queue)]
             if lines:
-                click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
+                names = queue.array_names()
+                click.echo(status_table(lines, down=down) if expand else fold_arrays(lines, names, down=down))
             else:
                 click.echo("no jobs" + ("" if show_all else " active or recent (`gpuq status --all` shows every job)"))
     rejected = ctx.queue.rejected()
@@ -154,8 +159,6 @@ def status(
     for note in getattr(queue, "notes", []):  # a cluster that did not answer
         click.echo(f"note: {note}", err=True)
     if not as_json:
-        from gpuq_scheduler.launcher.views import notices
-
         failing = notices.failing_pass(ctx.state)
         for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
             click.echo(f"note: {note}", err=True)
@@ -177,10 +180,14 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job; for an array, its members, one line each."""
+    from gpuq_scheduler.launcher.views import notices
     from gpuq_scheduler.launcher.views.live import with_host_usage
     from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
+    down = notices.daemon_down(ctx.state)
+    if not as_json:
+        click.echo(notices.queue_line(ctx.state, down), err=True)
     queue = ctx.jobs()
     members = _members(queue, job_id)
     if members:
@@ -199,7 +206,7 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
                   "bytes_moved": moved.bytes}  # fmt: skip
         click.echo(json.dumps({**record.to_json(), **counts}, indent=1))
     else:
-        click.echo(show_view(record, moved=moved.text()))
+        click.echo(show_view(record, moved=moved.text(), down=down))
 
 
 def _members(queue: Queue, job_id: int) -> list[JobRecord]:

@@ -225,6 +225,18 @@ def poke(state: StateDir) -> bool:
     return True
 
 
+def listening(state: StateDir) -> bool:
+    """Whether a daemon reads the queue's wake FIFO: a reader's probe, light enough for `gpuq status` (the
+    daemon's own lifetime module costs 30 ms to import), and unlike a probe of ``daemon.lock`` it never
+    holds the lock, not even for a moment in which a client starting a daemon would find it taken."""
+    try:
+        fd = os.open(state.at(WAKE), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False  # ENXIO: nobody reads it; ENOENT: no queue yet; EACCES: not ours to reach
+    os.close(fd)
+    return True
+
+
 def ensure_daemon(state: StateDir) -> bool:
     """Wake the daemon, starting one if none runs. True if one was started."""
     if poke(state):

@@ -131,10 +131,10 @@ def status(
     wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
     down = notices.daemon_down(ctx.state)
-    if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
-        click.echo(notices.queue_line(ctx.state, down), err=True)
     with many_rows():
-        chosen = queue.resolve(wanted) if wanted else None
+        chosen = queue.resolve(wanted) if wanted else None  # an unknown id's error is one line: before ours
+        if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
+            click.echo(notices.queue_line(ctx.state, down), err=True)
         if as_json:
             records = chosen if chosen is not None else queue.records() if show_all else _active_and_recent(queue)
             click.echo(json.dumps([r.to_json() for r in records], indent=1))
@@ -186,8 +186,7 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
     down = notices.daemon_down(ctx.state)
-    if not as_json:
-        click.echo(notices.queue_line(ctx.state, down), err=True)
+    said = "" if as_json else notices.queue_line(ctx.state, down)  # said once the job is found: an error is one line
     queue = ctx.jobs()
     members = _members(queue, job_id)
     if members:
@@ -195,11 +194,14 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps({"array": job_id, "name": name, "jobs": [r.to_json() for r in members]}, indent=1))
         else:
-            click.echo(array_view(job_id, name, members))
+            click.echo(said, err=True)
+            click.echo(array_view(job_id, name, members, down=down))
         return
     from gpuq_scheduler.launcher.views import suspensions
 
     record = with_host_usage(ctx.state, queue.details(job_id))
+    if said:
+        click.echo(said, err=True)
     moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
     if as_json:
         counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,

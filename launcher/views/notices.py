@@ -41,10 +41,10 @@ _VERBS = {"is", "has", "asks", "names", "gives", "updates", "made", "claims", "l
 
 
 def daemon_down(state: StateDir) -> bool:
-    """True when the queue exists and no daemon holds its lock (``daemon.lock``; readers never need one)."""
-    from gpuq_scheduler.launcher.daemon.lifetime import running_pid
+    """True when the queue exists and no daemon listens for it (``outbox.listening``); readers never need one."""
+    from gpuq_scheduler.jobs.store.outbox import listening
 
-    return state.exists() and running_pid(state) is None
+    return state.exists() and not listening(state)
 
 
 def queue_line(state: StateDir, down: bool) -> str:

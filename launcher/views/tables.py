@@ -174,18 +174,22 @@ def _held_why(reason: str) -> str:
     return reason if reason.startswith("held") else f"held: {reason}"
 
 
-def array_view(array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None) -> str:
+def array_view(
+    array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None, down: bool = False
+) -> str:
     """`gpuq show ARRAY`: the array in a line (its name, counts, first failure), then one line per member with
-    its own arguments (its values in a sweep, else its command's arguments), failures first."""
+    its own arguments (its values in a sweep, else its command's arguments), failures first. ``down``: the
+    daemon is not running (``status_table``)."""
     now = time.time() if now is None else now
+    states = _DOWN_TEXT if down else _STATE_TEXT
     counts: dict[str, int] = {}
     for member in members:
-        counts[member.state.value] = counts.get(member.state.value, 0) + 1
+        counts[states[member.state]] = counts.get(states[member.state], 0) + 1
     head = f"array {array_id}: {name}, {len(members)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     ordered = sorted(members, key=lambda m: (m.state not in _FAILURES, m.id))
     rows = [
         (
-            str(m.id), str(m.array_index), _STATE_TEXT[m.state], str(m.spec.gpus), _on(m.gpus),
+            str(m.id), str(m.array_index), states[m.state], str(m.spec.gpus), _on(m.gpus),
             format_duration(runtime(m, now)), _ending(Line.of(m)) or "-", member_arguments(m.spec),
         )
         for m in ordered

@@ -31,3 +31,13 @@ def test_an_array_folds_to_its_first_member_and_says_how_many_it_stands_for() ->
     records = [_member(1, None), _member(3, 2), _member(4, 2), _member(5, 2), _member(9, 8)]
     kept, counts = live.fold(records)
     assert [r.id for r in kept] == [1, 3, 9] and counts == {2: 3}  # a one-member line needs no count
+
+
+def test_a_running_jobs_runtime_and_time_left_leave_out_its_time_suspended() -> None:
+    """Started 200 s ago, 50 s of them suspended, under a limit of 3 minutes: it ran 2m30s and has 30 s left
+    (the limit does not run while a job is suspended); top and the dashboard said 3m20s and 0 s."""
+    spec = JobSpec(command=("train.py",), cwd="/", time_limit=180)
+    record = JobRecord(1, spec, 0, "me", JobState.RUNNING, 0.0, gpus=(0,), started_at=100.0, suspended_for=50.0)
+    picture = live.Picture(300.0, [], [record], [], {}, paused=False)
+    (row,) = live.running_rows(picture)
+    assert row[-2:] == ("2m30s", "30.0s")

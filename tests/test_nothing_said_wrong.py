@@ -80,6 +80,23 @@ def test_a_shared_queues_daemon_that_is_down_is_said_once_by_a_wait(
     assert not (state.root / "daemon.pid").exists()
 
 
+def test_status_names_a_shared_queue_and_who_starts_its_daemon(tmp_path: Path) -> None:
+    """``notices.queue_line`` for a shared queue (a state directory another uid owns) whose daemon is down: its
+    admin starts it, not `gpuq daemon start`. The end-to-end shared queue is test_shared*.py's."""
+    from gpuq_scheduler.launcher.views import notices
+
+    if os.geteuid() != 0:
+        pytest.skip("makes a directory owned by another user: needs root, as CI runs")
+    state = StateDir(tmp_path / "shared queue")
+    state.ensure()
+    os.chown(state.root, 4242, 4242)
+    assert notices.daemon_down(state)
+    said = notices.queue_line(state, down=True)
+    assert said.startswith(f"shared queue in {state.root}: its daemon is not running")
+    assert said.endswith("(ask its admin: `sudo systemctl start gpuq`)")
+    assert notices.queue_line(state, down=False) == f"shared queue in {state.root}"
+
+
 # -- friction 6: the right noun -------------------------------------------------------------------------
 
 
@@ -171,8 +188,10 @@ def test_the_wait_progress_line_clears_what_a_longer_one_left() -> None:
     records = [JobRecord(i, spec, 0, "me", JobState.PENDING, 0.0) for i in (1, 2)]
     progress(records)
     progress([records[0], JobRecord(2, spec, 0, "me", JobState.SUCCEEDED, 0.0)])
+    progress([records[0], JobRecord(2, spec, 0, "me", JobState.SUSPENDED, 0.0)])
     drawn = out.getvalue().split("\r")[1:]
-    assert len(drawn) == 2 and all(line.endswith("\x1b[K") for line in drawn)
+    assert len(drawn) == 3 and all(line.endswith("\x1b[K") for line in drawn)
+    assert "0 running, 1 suspended, 1 pending" in drawn[2]  # a suspended job is not pending
 
 
 def test_tops_log_view_shows_a_redrawn_line_as_a_terminal_leaves_it() -> None:

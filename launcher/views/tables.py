@@ -217,13 +217,15 @@ class Progress:
         done = sum(1 for r in records if r.state.finished)
         failed = sum(1 for r in records if r.state.finished and r.state is not JobState.SUCCEEDED)
         running = sum(1 for r in records if r.state is JobState.RUNNING)
+        away = sum(1 for r in records if r.state is JobState.SUSPENDED)  # neither running nor waiting to start
         filled = int(self.width * done / total)
         elapsed = time.monotonic() - self.started
         eta = format_duration(elapsed * (total - done) / done) if 0 < done < total else "-"
         bar = "#" * filled + "-" * (self.width - filled)
         self.out.write(
             f"\r[{bar}] {done}/{total} done, {failed} failed, {running} running, "
-            f"{total - done - running} pending, ETA {eta}\x1b[K"  # clear what a longer line left
+            + (f"{away} suspended, " if away else "")
+            + f"{total - done - running - away} pending, ETA {eta}\x1b[K"  # clear what a longer line left
         )
         self.out.flush()
 

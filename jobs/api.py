@@ -23,7 +23,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import SUBMIT, check_keywords
 from gpuq_scheduler.jobs.rules import MODES, check_array
-from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE
+from gpuq_scheduler.jobs.store.outbox import ANSWER_PATIENCE, keep_daemon
 from gpuq_scheduler.jobs.store.outbox import ensure_daemon as ensure_daemon
 from gpuq_scheduler.jobs.store.outbox import start_daemon as start_daemon
 from gpuq_scheduler.jobs.store.queue import Queue
@@ -189,6 +189,7 @@ def wait(
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.01
     wanted = set(ids)
+    said = False  # that a shared queue's daemon is down, said once
     while True:
         records = [r for r in queue.records() if r.id in wanted]
         if len(records) < len(wanted):  # not in the table yet, and a shared queue's spool cannot be listed:
@@ -201,6 +202,6 @@ def wait(
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"jobs still active after {timeout}s")
         if any(r.cluster is None and not r.state.finished for r in records):
-            ensure_daemon(state)  # not for cluster jobs alone: a login node needs no gpuq daemon
+            said = keep_daemon(state, said)  # not for cluster jobs alone: a login node needs no gpuq daemon
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)

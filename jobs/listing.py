@@ -33,6 +33,16 @@ class Line(NamedTuple):
     held: bool
     cluster: str | None = None
     external_id: str | None = None
+    attempt: int = 1  # a job retried after a failure runs as attempt 2, 3...
+    suspended_for: float = 0.0  # seconds spent suspended, not counting a suspension in progress
+    suspended_at: float | None = None  # when its suspension in progress began
+
+    def runtime(self, now: float) -> float | None:
+        """Seconds it ran: from its start to its end (or now), less the time it spent suspended."""
+        if self.started_at is None:
+            return None
+        away = self.suspended_for + (now - self.suspended_at if self.suspended_at is not None else 0.0)
+        return max(0.0, (self.ended_at or now) - self.started_at - away)
 
     @classmethod
     def of(cls, r: JobRecord) -> Line:
@@ -40,7 +50,7 @@ class Line(NamedTuple):
         return cls(
             r.id, spec.display_name, r.user, r.state, r.gpus, spec.gpus, spec.mem_per_gpu, spec.mem_auto,
             spec.mem_from, r.started_at, r.ended_at, r.reason, r.exit_code, r.array_id, r.held, r.cluster,
-            r.external_id,
+            r.external_id, r.attempt, r.suspended_for, r.suspended_at if r.state is JobState.SUSPENDED else None,
         )  # fmt: skip
 
 
@@ -71,5 +81,6 @@ def line_from(row: Sequence[Any]) -> Line:
     auto_from = row[8]  # None: not --mem auto
     return Line(
         row[0], name, row[3], _STATES[row[4]], gpus, 1 if row[6] is None else row[6], row[7], auto_from is not None,
-        auto_from or "", row[9], row[10], row[11], row[12], row[13], bool(row[14]),
+        auto_from or "", row[9], row[10], row[11], row[12], row[13], bool(row[14]), None, None, row[15], row[16],
+        row[17] if row[4] == "suspended" else None,
     )  # fmt: skip

@@ -111,7 +111,7 @@ PLAIN = [
     (["suspend", "4", "6"], None, "job 6 is pending; `gpuq suspend` can only suspend a running one"),
     (["suspend", "3"], None, "job 3 is pending; `gpuq suspend` can only suspend a running one"),
     (["suspend", "1", "2"], None, "job 2 is suspended; `gpuq suspend` can only suspend a running one"),
-    (["suspend", "8"], None, "job 8 is succeeded; `gpuq suspend` can only suspend a running one"),
+    (["suspend", "8"], None, "job 8 has ended (succeeded); `gpuq suspend` can only suspend a running one"),
     (["suspend", "7"], None, "job 7 runs as a client of an MPS server"),
     (["suspend", "10"], None, "job 10 is pending; `gpuq suspend` can only suspend a running one"),  # spooled
     (["suspend", "999"], None, "no job 999 in this queue"),
@@ -120,8 +120,9 @@ PLAIN = [
     (["resume", "2"], [2], ""),
     (["resume", "2", "4"], [2], ""),  # the array has none suspended: nothing to say of it
     (["resume", "4"], None, "no suspended job among 4; nothing to resume"),
-    (["resume", "1"], None, "type `gpuq undrain 1`"),  # the old spelling: GPU 1 is a GPU here
-    (["resume", "0"], None, "type `gpuq undrain 0`"),
+    (["resume", "1"], None, "job 1 is running; `gpuq resume` can only resume a suspended one"),  # a job first
+    (["resume", "8"], None, "job 8 has ended (succeeded); `gpuq resume` can only resume a suspended one"),
+    (["resume", "0"], None, "type `gpuq undrain 0`"),  # the old spelling: no job 0, and GPU 0 is a GPU here
     (["resume", "9"], None, "job 9 is running; `gpuq resume` can only resume a suspended one"),
     (["resume", "999"], None, "no job 999 in this queue"),
 ]

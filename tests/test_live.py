@@ -64,3 +64,13 @@ def test_gpus_is_a_count_in_every_table_and_on_says_which_gpus(gpuq: Gpuq) -> No
     header = status[0].split()
     assert header[4:6] == ["GPUS", "ON"]
     assert next(line.split() for line in status if line.split()[0] == str(pair))[4] == "2"
+
+
+def test_a_running_jobs_runtime_and_time_left_leave_out_its_time_suspended() -> None:
+    """Started 200 s ago, 50 s of them suspended, under a limit of 3 minutes: it ran 2m30s and has 30 s left
+    (the limit does not run while a job is suspended); top and the dashboard said 3m20s and 0 s."""
+    spec = JobSpec(command=("train.py",), cwd="/", time_limit=180)
+    record = JobRecord(1, spec, 0, "me", JobState.RUNNING, 0.0, gpus=(0,), started_at=100.0, suspended_for=50.0)
+    picture = live.Picture(300.0, [], [record], [], {}, paused=False)
+    (row,) = live.running_rows(picture)
+    assert row[-2:] == ("2m30s", "30.0s")

@@ -46,6 +46,8 @@ out.textContent = JSON.stringify({
   lanes: [...document.querySelectorAll("#timeline .lane")].map(g => [g.textContent.trim(), box(g)]),
   jobs: [...document.querySelectorAll("#timeline rect.job")].map(r => [r.dataset.job, r.dataset.gpu, box(r)]),
   labels: [...document.querySelectorAll("#timeline .job-label")].map(t => [t.textContent, box(t)]),
+  suspended: [...document.querySelectorAll("#timeline rect.suspended")].map(r => [r.dataset.job, box(r)]),
+  legend: document.getElementById("legend") ? box(document.getElementById("legend")) : null,
 });
 document.body.appendChild(out);
 </script>"""

@@ -323,3 +323,83 @@ def test_a_client_holding_half_sent_requests_locks_nobody_out(gpuq: Gpuq) -> Non
         for connection in slow:
             connection.close()
         served.close()
+
+
+SUSPENDED_AMBER, CANCELLED_GREY, FAILED_RED = (0xF9, 0xA8, 0x25), (0x75, 0x75, 0x75), (0xC6, 0x28, 0x28)
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="needs Debian's chromium (CI installs it)")
+def test_the_dashboard_at_1400x900_shows_the_timeline_its_legend_failures_and_time_suspended(tmp_path: Path) -> None:
+    """Issue #39, friction 10, as a person sees it in a 1400x900 window: the timeline was below the fold, had
+    no legend, drew a failed and a cancelled job as unlabelled slivers, said "last 6 h" over an axis of a
+    few minutes, and did not mark the time a job spent suspended."""
+    import re  # here, and FIXTURES: this module's imports are shared with other work on it
+
+    from tests.conftest import FIXTURES
+
+    gpuq = fake_cuda_queue(tmp_path, "4x80GiB", GPUQ_FAKE_HOST_MEMORY="256GiB")
+    shutil.copy(FIXTURES / "fake_counter.py", gpuq.cwd / "fake_counter.py")
+    try:
+        long = gpuq.submit("--gpus", "1", "--name", "pretrain", "sleep", "300")
+        counter = gpuq.submit("--gpus", "1", "--name", "sweep", "fake_counter.py", "10", str(tmp_path / "n"), "1000000")
+        gpuq.wait_state(counter, "running")
+        wait_for(lambda: gpuq.job(counter)["peak_mem"], 30, "the counter's memory to be seen")
+        gpuq.run("suspend", str(counter))
+        gpuq.wait_state(counter, "suspended")
+        failed = gpuq.submit("--gpus", "1", "--name", "diverged", "sh", "-c", "exit 3")
+        gpuq.wait_state(failed, "failed")
+        cancelled = gpuq.submit("--gpus", "1", "--name", "typo", "sleep", "300")
+        gpuq.wait_state(cancelled, "running")
+        gpuq.run("cancel", str(cancelled))
+        gpuq.wait_state(cancelled, "cancelled")
+        gpuq.run("resume", str(counter))
+        gpuq.wait_state(counter, "running")
+        resumed = time.monotonic()  # a stretch running again after the stripes, worth a look
+        wait_for(lambda: time.monotonic() > resumed + 3, 30, "the counter to run on")
+        server = Served(gpuq)
+        try:
+            status, page = server.get("/")
+            assert status == 200
+        finally:
+            server.close()
+        assert gpuq.job(long)["state"] == "running"
+        # The page as served, shot and measured as one (served twice, its axis would have moved on between).
+        served = tmp_path / "dashboard.html"
+        served.write_text(re.sub(r'<meta http-equiv="refresh"[^>]*>', "", page))
+        shot = tmp_path / "dashboard.png"
+        chromium(tmp_path, f"--screenshot={shot}", served.as_uri())
+    finally:
+        gpuq.cleanup()
+    if os.environ.get("GPUQ_SCREENSHOT_DIR"):
+        keep = Path(os.environ["GPUQ_SCREENSHOT_DIR"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, keep / "gpuq-serve-1400x900.png")
+    width, height, pixels = read_png(shot)
+    assert (width, height) == (1400, 900)
+    layout = measure(tmp_path, page)
+    left, top, svg_w, svg_h = layout["svg"]
+    assert top + svg_h <= height and left + svg_w <= width, "the timeline is below the fold"
+    legend = layout["legend"]
+    assert legend is not None and legend[1] + legend[3] <= height, "no legend on screen"
+    assert "time suspended" in page and "cancelled" in page
+
+    # The axis is the span drawn, not the window the GPU-hours are summed over.
+    heading = re.search(r"<h2>Timeline, last ([^<]*)</h2>", page)
+    assert heading and not heading.group(1).startswith("6 h"), heading
+
+    def drawn(colour: tuple[int, int, int], box: list[float]) -> int:
+        x, y, w, h = (int(v) for v in box)
+        return sum(near(pixels[py * width + px], colour) for py in range(y, y + h) for px in range(x, x + w))
+
+    bars = {int(job): box for job, _, box in layout["jobs"]}
+    # A failed and a cancelled job: bars wide enough to see in their colours, named beside them if not inside.
+    for job, colour, state in ((failed, FAILED_RED, "failed"), (cancelled, CANCELLED_GREY, "cancelled")):
+        assert bars[job][2] >= 5 and drawn(colour, bars[job]) >= 0.5 * bars[job][2] * bars[job][3], state
+        labels = [box for text, box in layout["labels"] if text in (str(job), f"{job} {state}")]
+        assert labels and all(b[0] + b[2] <= left + svg_w for b in labels), f"job {job} is not named"
+    # The counter's time suspended: amber stripes inside its own bar, and not all of it (it ran before and after).
+    stripes = [box for job, box in layout["suspended"] if int(job) == counter]
+    assert stripes, "its time suspended is not marked"
+    x, _, w, _ = bars[counter]
+    assert x <= stripes[0][0] and stripes[0][0] + stripes[0][2] < x + w
+    assert drawn(SUSPENDED_AMBER, stripes[0]) > 0.3 * stripes[0][2] * stripes[0][3]

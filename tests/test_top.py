@@ -165,3 +165,22 @@ def test_top_without_a_terminal_says_what_to_use_instead(gpuq: Gpuq) -> None:
     assert result.stderr.strip() == (
         "gpuq: gpuq top needs a terminal; `gpuq status` and `gpuq gpus --json` print the same for scripts"
     )
+
+
+def test_tops_log_view_shows_a_redrawn_progress_line_without_leftovers(gpuq: Gpuq, tmp_path: Path) -> None:
+    """A job's progress line redrawn with a carriage return (as tqdm does) showed what the longer drawing
+    before it left behind (issue #39)."""
+    gpuq.env.update(TERM="xterm-256color", COLUMNS="80", LINES="24")
+    draws = r"printf 'epoch 1/9 loss 0.912345678\rep 2/9\nready\n'; sleep 300"
+    job = gpuq.submit("--gpus", "1", "--name", "progress", "sh", "-c", draws)
+    gpuq.wait_state(job, "running")
+    wait_for(lambda: "ready" in gpuq.run("logs", str(job)).stdout, 20, "the job's lines")
+    term = _top(gpuq, tmp_path)
+    try:
+        term.shows(r"USES\s+UTIL\s+RUNTIME")
+        term.keys("l")  # the cursor starts on the first running job: the only one
+        screen = term.shows(r"(?s)log of job \d+ \(progress\).*ready")
+        assert re.search(r"^\s*ep 2/9\s*$", screen, re.M), screen
+        assert "0.912345678" not in screen and "loss" not in screen, screen
+    finally:
+        term.close()

@@ -225,6 +225,18 @@ def poke(state: StateDir) -> bool:
     return True
 
 
+def listening(state: StateDir) -> bool:
+    """Whether a daemon reads the queue's wake FIFO: a reader's probe, light enough for `gpuq status` (the
+    daemon's own lifetime module costs 30 ms to import), and unlike a probe of ``daemon.lock`` it never
+    holds the lock, not even for a moment in which a client starting a daemon would find it taken."""
+    try:
+        fd = os.open(state.at(WAKE), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False  # ENXIO: nobody reads it; ENOENT: no queue yet; EACCES: not ours to reach
+    os.close(fd)
+    return True
+
+
 def ensure_daemon(state: StateDir) -> bool:
     """Wake the daemon, starting one if none runs. True if one was started."""
     if poke(state):
@@ -236,6 +248,24 @@ def ensure_daemon(state: StateDir) -> bool:
         )
         return False
     return start_daemon(state)
+
+
+def keep_daemon(state: StateDir, said: bool) -> bool:
+    """For a wait: wake the daemon, starting a personal queue's as a submit does (and saying so: it had died
+    or been stopped). A shared queue's that is down is said once (``said``: already said), and the wait goes
+    on: its admin starts it, and the jobs are safe meanwhile. Returns whether that has been said."""
+    if poke(state):
+        return said
+    if state.is_foreign():
+        if not said:
+            sys.stderr.write(
+                f"gpuq: the daemon of the shared queue in {state.root} is not running; still waiting: jobs "
+                "end and start once it is back (ask its admin: `sudo systemctl start gpuq`)\n"
+            )
+        return True
+    if start_daemon(state):
+        sys.stderr.write(f"gpuq: the daemon of the queue in {state.root} was not running; started it\n")
+    return said
 
 
 def start_daemon(state: StateDir, *, shared: bool = False) -> bool:

@@ -84,7 +84,9 @@ def ask(
         found = by_id.get(job_id)
         if found is not None and found.state != source:
             how = "suspend a running one" if action == "suspend" else "resume a suspended one"
-            raise BadInput(f"job {job_id} is {found.state}; `gpuq {action}` can only {how}")
+            live = found.state in ("pending", "running", "suspended")  # the rest are the ways a job ends
+            said = f"is {found.state}" if live else f"has ended ({found.state})"
+            raise BadInput(f"job {job_id} {said}; `gpuq {action}` can only {how}")
     if not chosen:
         raise BadInput(f"no {source} job among {', '.join(map(str, wanted))}; nothing to {action}")
     if refuse is not None:

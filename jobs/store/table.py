@@ -62,6 +62,8 @@ class JobTable:
         self.private = private
         self._db, version = schema.connect(path, create=create)
         self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
+        # A line's attempt and time suspended (``jobs.listing.Line``): none suspended before version 4.
+        self._suspension = ", attempt, " + ("COALESCE(suspended_for, 0), suspended_at" if version >= 4 else "0, NULL")
         # A table no daemon of this version opened yet: no causes recorded (before 3), nothing suspended (4).
         self._columns = (
             schema.COLUMNS if version >= 4 else schema.COLUMNS_V3 if version == 3 else schema.COLUMNS_V2
@@ -314,7 +316,8 @@ class JobTable:
     def lines(self) -> list[Line]:
         """Every job as a listing's line (``jobs.listing``), in id order: no record is built."""
         columns = listing.COLUMNS if self._listed else listing.FROM_SPEC
-        return [listing.line_from(row) for row in self._db.execute(f"SELECT {columns} FROM jobs ORDER BY id")]
+        query = f"SELECT {columns}{self._suspension} FROM jobs ORDER BY id"
+        return [listing.line_from(row) for row in self._db.execute(query)]
 
     @_reading
     def pending(self) -> list[JobRecord]:

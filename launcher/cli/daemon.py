@@ -73,7 +73,9 @@ def daemon_status(ctx: Context, as_json: bool) -> None:
     if pid is not None and pid < 0:
         pid = None
     running = lifetime.running_pid(ctx.state) is not None
+    kind = "shared" if ctx.state.is_shared() else "personal"  # which queue this is: nothing else said it
     if as_json:
-        click.echo(json.dumps({"running": running, "pid": pid}))
+        click.echo(json.dumps({"running": running, "pid": pid, "queue": kind, "home": str(ctx.state.root)}))
     else:
-        click.echo(f"daemon running, pid {pid}, for {ctx.state.root}" if running else "no daemon running")
+        where = f"the {kind} queue in {ctx.state.root}"
+        click.echo(f"daemon running, pid {pid}, for {where}" if running else f"no daemon running for {where}")

@@ -143,6 +143,7 @@ def status(
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
     from gpuq_scheduler.launcher.cli.select import me as my_name
+    from gpuq_scheduler.launcher.views import notices
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
     if me and user is not None:
@@ -151,8 +152,11 @@ def status(
     picked = None if as_json else _columns(columns)
     wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
+    down = notices.daemon_down(ctx.state)
     with many_rows():
-        chosen_records = queue.resolve(wanted) if wanted else None
+        chosen_records = queue.resolve(wanted) if wanted else None  # an unknown id's error is one line: first
+        if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
+            click.echo(notices.queue_line(ctx.state, down), err=True)
         if as_json or picked is not None:
             records = (
                 chosen_records if chosen_records is not None
@@ -177,7 +181,8 @@ def status(
             if selection.given:
                 lines = [line for line in lines if selection.matches(line.name, line.user, line.state)]
             if lines:
-                click.echo(status_table(lines) if expand else fold_arrays(lines, queue.array_names()))
+                names = queue.array_names()
+                click.echo(status_table(lines, down=down) if expand else fold_arrays(lines, names, down=down))
             else:
                 click.echo(_none(selection, show_all or bool(wanted)))
     rejected = ctx.queue.rejected()
@@ -190,8 +195,6 @@ def status(
     for note in getattr(queue, "notes", []):  # a cluster that did not answer
         click.echo(f"note: {note}", err=True)
     if not as_json:
-        from gpuq_scheduler.launcher.views import notices
-
         failing = notices.failing_pass(ctx.state)
         for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
             click.echo(f"note: {note}", err=True)
@@ -238,10 +241,13 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job; for an array, its members, one line each."""
+    from gpuq_scheduler.launcher.views import notices
     from gpuq_scheduler.launcher.views.live import with_host_usage
     from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
+    down = notices.daemon_down(ctx.state)
+    said = "" if as_json else notices.queue_line(ctx.state, down)  # said once the job is found: an error is one line
     queue = ctx.jobs()
     members = _members(queue, job_id)
     if members:
@@ -249,18 +255,21 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps({"array": job_id, "name": name, "jobs": [r.to_json() for r in members]}, indent=1))
         else:
-            click.echo(array_view(job_id, name, members))
+            click.echo(said, err=True)
+            click.echo(array_view(job_id, name, members, down=down))
         return
     from gpuq_scheduler.launcher.views import suspensions
 
     record = with_host_usage(ctx.state, queue.details(job_id))
+    if said:
+        click.echo(said, err=True)
     moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
     if as_json:
         counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
                   "bytes_moved": moved.bytes}  # fmt: skip
         click.echo(json.dumps({**record.to_json(), **counts}, indent=1))
     else:
-        click.echo(show_view(record, moved=moved.text()))
+        click.echo(show_view(record, moved=moved.text(), down=down))
 
 
 def _members(queue: Queue, job_id: int) -> list[JobRecord]:

@@ -77,9 +77,9 @@ def split(args: Sequence[str], takes_value: Mapping[str, bool]) -> tuple[list[st
 
 
 def _refuse_a_stray(arg: str, program: str, takes_value: Mapping[str, bool]) -> None:
-    """An option after the command, before ``--``, that is the start of exactly one of gpuq's (``--gpu``
-    for ``--gpus``, ``--prio`` for ``--priority``), or one letter short of one, is a typo that would go to the job unseen: refused,
-    saying how to give it to the job on purpose. Only a start of a name: a job's ``--model`` is not
+    """An option after the command, before ``--``, that is the start of exactly one of gpuq's (``--prio``
+    for ``--priority``), or one letter short of one (``--gpu`` for ``--gpus``), is a typo that would go to the
+    job unseen: refused, saying how to give it to the job on purpose. Only a start of a name: a job's ``--model`` is not
     ``--mode``'s typo."""
     flag = arg.partition("=")[0]
     if len(flag) < 3:  # "--" alone is the separator, handled before this

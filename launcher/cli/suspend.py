@@ -53,7 +53,7 @@ def act(state: StateDir, action: str, job_ids: Sequence[int]) -> None:
     try:
         refuse = (lambda chosen: refuse_mps_clients(state, chosen)) if action == "suspend" else None
         chosen = suspension.ask(state, action, job_ids, resolve=lambda ids: _resolve(state, ids), refuse=refuse)
-    except (BadInput, UnknownJob):
+    except UnknownJob:  # ids that name jobs are jobs, whatever their state: only unknown ones may be GPUs
         if action == "resume":
             old_spelling(state, job_ids)
         raise
@@ -93,8 +93,9 @@ def refuse_mps_clients(state: StateDir, chosen: Sequence[Named]) -> None:
 
 
 def old_spelling(state: StateDir, job_ids: Sequence[int]) -> None:
-    """`gpuq resume GPU...` undrained GPUs before `resume` was a job's word: ids that name no suspended job
-    but are all GPUs here are taken for that, and the error says what to type."""
+    """`gpuq resume GPU...` undrained GPUs before `resume` was a job's word: ids that name no job but are all
+    GPUs here are taken for that, and the error says what to type. An id that names a job, ended or not, is
+    that job's (issue #39: an ended job 1 was answered with `gpuq undrain 1`)."""
     from gpuq_scheduler.jobs.submission import Inventory
 
     inventory = Inventory.read(state.at(INVENTORY))

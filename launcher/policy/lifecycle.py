@@ -170,5 +170,5 @@ def fail_fast(members: Sequence[JobRecord]) -> str | None:
     why = first[-1].reason or first[-1].state.value
     return (
         f"held: the first {needed} members failed within {FAIL_FAST_SECONDS:.0f}s ({why}); "
-        "fix the cause, then `gpuq release ARRAY_ID`"
+        f"fix the cause, then `gpuq release {members[0].array_id}`"
     )

@@ -258,7 +258,9 @@ def place(
             continue
         if claim is None:
             claim = _claim(request, state, policy, now)
-            plan.waiting[request.job_id] = _why(request, state, policy, head=True)
+            # Jobs ahead of it in queue order that wait on their own limits (a throttle, a user's cap)
+            ahead = len(plan.waiting)
+            plan.waiting[request.job_id] = _why(request, state, policy, head=True, ahead=ahead)
         failed[shape] = _why(request, state, policy, head=False, claim=claim)
         plan.waiting.setdefault(request.job_id, failed[shape])
     return plan
@@ -323,6 +325,7 @@ def _why(
     *,
     head: bool,
     claim: _Claim | None = None,
+    ahead: int = 0,
 ) -> str:
     candidates = _candidates(request, state)
     possible = sum(1 for g in candidates if g.could_ever_fit(request, policy))
@@ -336,4 +339,6 @@ def _why(
     if claim is not None and now_fit >= request.gpus:
         return f"held back for job {claim.head.job_id}, first in the queue, which needs GPU(s) this one fits"
     have = f" ({now_fit} has it now)" if now_fit == 1 else f" ({now_fit} have it now)" if now_fit else ""
+    if head and ahead:  # "first in line" under jobs listed ahead of it read as wrong (issue #39)
+        return f"waiting for {_need(request)}{have} - first in line for GPUs; {ahead} ahead wait on their own limits"
     return f"waiting for {_need(request)}{have}" + (" - first in line" if head else "")

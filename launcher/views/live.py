@@ -26,7 +26,7 @@ from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
 from gpuq_scheduler.launcher.supervisor import containment, processes
-from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows
+from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows, runtime
 
 JOBS, RESERVED, OUTSIDE, FREE = "█", "▒", "░", " "
 
@@ -172,7 +172,7 @@ def running_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] |
             "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu + overhead),
             format_size(picture.job_use.get(r.id, 0)) if r.gpus else "-",
             f"{picture.job_util[r.id]}%" if r.id in picture.job_util else "-",
-            format_duration(picture.taken - (r.started_at or picture.taken)), _left(r, picture.taken),
+            format_duration(runtime(r, picture.taken) or 0.0), _left(r, picture.taken),
         )
         for r in records
     ]  # fmt: skip
@@ -202,7 +202,8 @@ def only(picture: Picture, user: str) -> Picture:
 def _left(record: JobRecord, now: float) -> str:
     if record.spec.time_limit is None or record.started_at is None:
         return "-"
-    return format_duration(max(0.0, record.started_at + record.spec.time_limit - now))
+    # The limit does not run while the job is suspended: it is owed the time it spent so.
+    return format_duration(max(0.0, record.started_at + record.suspended_for + record.spec.time_limit - now))
 
 
 def _sort_key(sort: str, now: float) -> Callable[[JobRecord], tuple[Any, ...]]:

@@ -38,3 +38,22 @@ def set_aside(state: StateDir, uid: int, now: float | None = None) -> list[str]:
 # A reason as the spool words one ("is not JSON", "has an id that...") reads after "it"; a rule's words
 # ("--name holds...") read alone.
 _VERBS = {"is", "has", "asks", "names", "gives", "updates", "made", "claims", "lacks", "cannot", "holds"}
+
+
+def daemon_down(state: StateDir) -> bool:
+    """True when the queue exists and no daemon listens for it (``outbox.listening``); readers never need one."""
+    from gpuq_scheduler.jobs.store.outbox import listening
+
+    return state.exists() and not listening(state)
+
+
+def queue_line(state: StateDir, down: bool) -> str:
+    """Which queue this is (personal or shared) and, when ``down``, that its daemon is not running: a job it
+    last saw running may have ended since, and nothing new starts until it is back."""
+    where = f"{'shared' if state.is_shared() else 'personal'} queue in {state.root}"
+    if not state.exists():
+        return f"{where}: nothing submitted yet"
+    if not down:
+        return where
+    start = "ask its admin: `sudo systemctl start gpuq`" if state.is_foreign() else "`gpuq daemon start`"
+    return f"{where}: its daemon is not running; jobs it saw running show as unknown until it is back ({start})"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
@@ -40,8 +40,29 @@ _TIMELINE_CSS = (
     "#timeline .grid{stroke:#d0d0d0;stroke-width:1}#timeline .lane-bg{fill:#f5f5f5}"
     '#timeline .lane-label{font:bold 13px "DejaVu Sans",Arial,sans-serif;fill:#424242}'
     '#timeline .tick{font:12px "DejaVu Sans",Arial,sans-serif;fill:#616161}'
-    '#timeline .job-label{font:bold 12px "DejaVu Sans",Arial,sans-serif;fill:#fff;pointer-events:none}'
+    '#timeline .job-label{font:bold 12px "DejaVu Sans",Arial,sans-serif;fill:#fff;pointer-events:none;'
+    "stroke-width:3px;paint-order:stroke}"
+    '#timeline .job-label.beside{fill:#212121;stroke:#fff;stroke-width:3px;paint-order:stroke}'
 )
+# A job that ended badly within a pixel or two still shows: wide enough to see, and named beside itself.
+_ENDED_BADLY = (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.LOST)
+_MIN_BAD_W = 6.0
+# Time suspended is striped over the job's bar in the suspended colour (the stripes' own pattern).
+_HATCH = (
+    '<defs><pattern id="suspended-stripes" width="8" height="8" patternUnits="userSpaceOnUse" '
+    f'patternTransform="rotate(45)"><rect width="8" height="8" fill="#fff"/>'
+    f'<rect width="5" height="8" fill="{_COLOURS[JobState.SUSPENDED]}"/></pattern></defs>'
+)
+
+
+def legend_html(states: Sequence[JobState] = tuple(_COLOURS)) -> str:
+    """What the timeline's colours mean, and its stripes: a line under it."""
+    swatches = "".join(f'<span><i style="background:{_COLOURS[s]}"></i>{s.value}</span>' for s in states)
+    stripes = f"repeating-linear-gradient(45deg,{_COLOURS[JobState.SUSPENDED]} 0 4px,#fff 4px 6px)"
+    marked = f'<span><i style="background:{stripes}"></i>time suspended</span>'
+    return f'<p class="legend" id="legend">{swatches}{marked}</p>'
+
+
 _CSS = """
 body{font:14px/1.4 "DejaVu Sans","Liberation Sans",Arial,sans-serif;margin:24px;color:#212121;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px}.note{color:#616161;margin:0 0 8px}
@@ -64,7 +85,6 @@ def render_html(report: Report) -> str:
     summary += [(hours_text(report.gpu_hours), "GPU-hours held"), (hours_text(report.idle_gpu_hours), "idle GPU-hours")]
     summary += [(hours_text(sum(report.saved_by_user.values())), "GPU-hours saved by packing")]
     window = f"{when(report.start)} to {when(report.end)} ({format_duration(report.end - report.start)})"
-    legend = "".join(f'<span><i style="background:{c}"></i>{s.value}</span>' for s, c in _COLOURS.items())
     columns, users = user_table(report)
     arrays = [(str(a), report.array_names.get(a, "-"), hours_text(h)) for a, h in report.gpu_hours_by_array.items()]
     return "\n".join([
@@ -74,7 +94,7 @@ def render_html(report: Report) -> str:
         f'<h1>gpuq report</h1><p id="window">{e(window)}, {report.gpu_count} GPUs</p>',
         '<ul id="summary">' + "".join(f"<li><b>{e(n)}</b>{e(what)}</li>" for n, what in summary) + "</ul>",
         '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
-        " its job.</p>", timeline_svg(report), f'<p class="legend">{legend}</p>',
+        " its job.</p>", timeline_svg(report), legend_html(),
         "<h2>Outcomes</h2>",
         html_table("outcomes", *outcome_table(report, name_width=None)),
         "<h2>GPU-hours by user</h2>", html_table("by-user", columns, users),
@@ -117,8 +137,11 @@ def sub_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
     return chosen
 
 
-def timeline_svg(report: Report) -> str:
-    """Each GPU's lane holds one row per job it ran at once (packed jobs side by side, none hidden)."""
+def timeline_svg(report: Report, away: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> str:
+    """Each GPU's lane holds one row per job it ran at once (packed jobs side by side, none hidden).
+    ``away``: each job's stretches of time suspended (``views.suspensions.away``), striped over its bar. A
+    job that ended badly is never a sliver: at least a few pixels wide, named beside its bar where its id
+    does not fit inside."""
     t0, t1 = report.timeline_start, report.end
     span = max(t1 - t0, 1e-9)
     plot_w = _WIDTH - _LABEL_W - 32  # room for half of the last tick's label
@@ -126,7 +149,10 @@ def timeline_svg(report: Report) -> str:
     def x(t: float) -> float:
         return _LABEL_W + (t - t0) / span * plot_w
 
-    bars = [(x(seg.start), max(x(seg.end) - x(seg.start), 2.0)) for seg in report.segments]  # a 1 s job shows
+    bars = [
+        (x(seg.start), max(x(seg.end) - x(seg.start), _MIN_BAD_W if seg.state in _ENDED_BADLY else 2.0))
+        for seg in report.segments
+    ]  # a 1 s job shows
     row_of = [0] * len(bars)
     rows = [1] * report.gpu_count
     for gpu in range(report.gpu_count):
@@ -140,6 +166,7 @@ def timeline_svg(report: Report) -> str:
     parts = [
         f'<svg id="timeline" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img">',
         f"<style>{_TIMELINE_CSS}</style>",
+        _HATCH,
     ]
     for gpu in range(report.gpu_count):
         y, lane_h = lane_top[gpu], rows[gpu] * _LANE_H
@@ -159,6 +186,7 @@ def timeline_svg(report: Report) -> str:
         )
         tick += step
     clock = "%H:%M:%S" if span < 2 * HOUR else "%H:%M"
+    beside: list[str] = []  # labels beside their bars, drawn last: over any bar that follows
     for seg, (left, width), row in zip(report.segments, bars, row_of, strict=True):
         y = lane_top[seg.gpu] + row * _LANE_H
         tip = f"job {seg.job_id} {seg.name} ({seg.user}) {when(seg.start, clock)}-{when(seg.end, clock)} "
@@ -167,12 +195,26 @@ def timeline_svg(report: Report) -> str:
             f'data-row="{row}" x="{left:.1f}" y="{y + 2}" width="{width:.1f}" height="{_LANE_H - 4}" rx="3" '
             f'fill="{_COLOURS[seg.state]}"><title>{html.escape(tip + seg.state.value)}</title></rect>'
         )
+        for since, until in (away or {}).get(seg.job_id, ()):
+            a, b = x(max(since, seg.start)), x(min(until, seg.end))
+            if b > a:
+                parts.append(
+                    f'<rect class="suspended" data-job="{seg.job_id}" x="{a:.1f}" y="{y + 2}" width="{b - a:.1f}" '
+                    f'height="{_LANE_H - 4}" fill="url(#suspended-stripes)"><title>job {seg.job_id} suspended '
+                    f"{when(since, clock)}-{when(until, clock)}</title></rect>"
+                )
         label = str(seg.job_id)
         if width >= 8 * len(label) + 6:  # the id only where it fits; the tooltip always has it
             parts.append(
-                f'<text class="job-label" x="{left + width / 2:.1f}" y="{y + 20}" text-anchor="middle">{label}</text>'
+                f'<text class="job-label" x="{left + width / 2:.1f}" y="{y + 20}" text-anchor="middle" '
+                f'stroke="{_COLOURS[seg.state]}">{label}</text>'  # a halo of its bar's colour: legible on stripes
             )
-    parts.append("</svg>")
+        elif seg.state in _ENDED_BADLY:  # a failure is news: say which and how, beside the bar
+            beside.append(
+                f'<text class="job-label beside" x="{left + width + 3:.1f}" y="{y + 20}">'
+                f"{label} {seg.state.value}</text>"
+            )
+    parts += [*beside, "</svg>"]
     return "\n".join(parts)
 
 

@@ -28,10 +28,10 @@ from typing import Any
 from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.store.queue import Queue
-from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
 from gpuq_scheduler.launcher.views import live, report_html
-from gpuq_scheduler.launcher.views.report import build_report, hours_text
+from gpuq_scheduler.launcher.views.report import build_report, hours_text, when
 from gpuq_scheduler.launcher.views.report_html import html_table
 
 TIMELINE_HOURS = 6.0
@@ -41,7 +41,8 @@ body{font:14px/1.4 "DejaVu Sans",Arial,sans-serif;margin:20px;color:#212121}h1{f
 h2{font-size:16px;margin:20px 0 6px}table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;
 border-bottom:1px solid #eee}th{background:#fafafa}.bar{display:flex;width:240px;height:14px;border:1px solid #bbb}
 .jobs{background:#1565c0}.reserved{background:#90caf9}.outside{background:#ef6c00}.note{color:#616161}
-.empty{color:#616161}
+.empty{color:#616161}.legend span{margin-right:14px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}
 """
 
 
@@ -58,6 +59,18 @@ class Dashboard:
             picture = live.take(self.queue, self.source)
         running = [live.with_host_usage(self.queue.state, r) for r in picture.running]
         return dataclasses.replace(picture, running=running)
+
+    def away(self, records: list[JobRecord], now: float) -> dict[int, list[tuple[float, float]]]:
+        """Each job's time suspended, for the timeline (nothing where the journal cannot be read: a shared
+        queue's is root's)."""
+        from gpuq_scheduler.jobs.store import journal
+        from gpuq_scheduler.launcher.views import suspensions
+
+        try:
+            events = list(journal.read_kinds(self.queue.state.events, ("suspended", "resumed")))
+        except OSError:
+            events = []
+        return suspensions.away(events, records, now)
 
     def gpus(self, picture: live.Picture) -> list[dict[str, Any]]:
         return [
@@ -80,7 +93,8 @@ class Dashboard:
     def page(self, picture: live.Picture) -> str:
         e = html.escape
         now = picture.taken
-        report = build_report(self.queue.records(), len(picture.gpus), now=now, since=TIMELINE_HOURS * 3600)
+        records = self.queue.records()
+        report = build_report(records, len(picture.gpus), now=now, since=TIMELINE_HOURS * 3600)
         gpus = [
             (
                 f"GPU {g.row.index}", g.row.name, _bar(g), format_size(g.jobs_use), format_size(g.row.reserved),
@@ -91,6 +105,8 @@ class Dashboard:
             for g in picture.gpus
         ]  # fmt: skip
         users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
+        # The axis starts when the first job of the window was queued: say the span it shows, not the window.
+        shown = f"last {format_duration(now - report.timeline_start)}, since {when(report.timeline_start, '%H:%M')}"
         return "\n".join([
             "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
             f'<meta http-equiv="Content-Security-Policy" content="{report_html._CSP}">',
@@ -103,10 +119,12 @@ class Dashboard:
             '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
             '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
             '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
+            # The timeline next, above the fold of a laptop's screen; the tables of jobs under it.
+            f"<h2>Timeline, {e(shown)}</h2>", report_html.timeline_svg(report, self.away(records, now)),
+            report_html.legend_html(),
             "<h2>Running</h2>", html_table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
             "<h2>Waiting</h2>", html_table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
             f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", html_table("users", ("USER", "GPU-HOURS"), users),
-            f"<h2>Timeline, last {TIMELINE_HOURS:g} h</h2>", report_html.timeline_svg(report),
             "</body></html>",
         ])  # fmt: skip
 

@@ -109,3 +109,28 @@ def by_user(records: Iterable[JobRecord], moves: Mapping[int, Moves], now: float
         if found:
             users.setdefault(record.user, Moves()).add(found)
     return users
+
+
+def away(
+    events: Iterable[Mapping[str, Any]], records: Iterable[JobRecord], now: float
+) -> dict[int, list[tuple[float, float]]]:
+    """Each job's stretches of time suspended, (from, to), for the timeline to mark: from the journal's
+    ``suspended`` and ``resumed`` events, and, for a job suspended now, until ``now`` (from its record's
+    ``suspended_at`` where the journal could not be read)."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    since: dict[int, float] = {}
+    for event in events:
+        job, t = event.get("job"), event.get("t")
+        if not isinstance(job, int) or not isinstance(t, (int, float)):
+            continue
+        if event.get("event") == "suspended":
+            since[job] = float(t)
+        elif event.get("event") == "resumed" and job in since:
+            spans.setdefault(job, []).append((since.pop(job), float(t)))
+    for record in records:
+        if record.state is not JobState.SUSPENDED:
+            continue
+        start = since.get(record.id, record.suspended_at)
+        if start is not None:
+            spans.setdefault(record.id, []).append((start, now))
+    return spans

@@ -37,12 +37,18 @@ def many_rows() -> Iterator[None]:
 
 
 def runtime(record: JobRecord, now: float) -> float | None:
-    if record.started_at is None:
-        return None
-    return (record.ended_at or now) - record.started_at
+    """Seconds it ran, less the time it spent suspended (``Line.runtime``)."""
+    return Line.of(record).runtime(now)
 
 
 def _ending(line: Line) -> str:
+    ending = _how_ended(line)
+    if line.attempt > 1:  # it needed retries: say so, a success after two failures is not a clean run
+        return f"{ending} (attempt {line.attempt})" if ending else f"attempt {line.attempt}"
+    return ending
+
+
+def _how_ended(line: Line) -> str:
     if line.state is JobState.SUCCEEDED:
         return "0"
     if line.state is JobState.PENDING:
@@ -53,23 +59,27 @@ def _ending(line: Line) -> str:
 
 
 _STATE_TEXT = {state: state.value for state in JobState}  # .value is a descriptor call: 0.04 s per 100,000 rows
+# With the daemon down, a job it last saw running may have ended since: what it is now is unknown.
+_DOWN_TEXT = {**_STATE_TEXT, JobState.RUNNING: "unknown"}
 # GPUS is how many a job asked for, ON the indices of those it holds: one column of both read "0" (GPU 0)
 # as no GPUs at all.
 _HEADER = ("ID", "NAME", "USER", "STATE", "GPUS", "ON", "MEM", "RUNTIME", "EXIT / REASON")
 
 
-def _cells(lines: Sequence[Line], now: float) -> list[list[str]]:
+def _cells(lines: Sequence[Line], now: float, down: bool = False) -> list[list[str]]:
     """The status table's cells, a list per column: one comprehension per column costs 40 ms less over
-    100,000 jobs than a function call per row, and the table needs the columns for their widths anyway."""
+    100,000 jobs than a function call per row, and the table needs the columns for their widths anyway.
+    ``down``: the daemon is not running (``_DOWN_TEXT``)."""
+    states = _DOWN_TEXT if down else _STATE_TEXT
     return [
         [str(r.id) for r in lines],
         _shown([r.name[:24] for r in lines]),
         _shown([r.user for r in lines]),
-        [_STATE_TEXT[r.state] for r in lines],
+        [states[r.state] for r in lines],
         [str(r.want_gpus) for r in lines],
         [_on(r.gpus) for r in lines],
         [_mem(r.mem_per_gpu, r.want_gpus, r.mem_auto, r.mem_from) for r in lines],
-        ["-" if r.started_at is None else format_duration((r.ended_at or now) - r.started_at) for r in lines],
+        ["-" if r.started_at is None else format_duration(r.runtime(now)) for r in lines],
         _shown([_ending(r) for r in lines]),
     ]
 
@@ -93,9 +103,9 @@ def _mem(mem_per_gpu: int | None, wanted: int, auto: bool, chosen_from: str) -> 
     return size
 
 
-def status_table(lines: Sequence[Line], now: float | None = None) -> str:
+def status_table(lines: Sequence[Line], now: float | None = None, down: bool = False) -> str:
     now = time.time() if now is None else now
-    columns = _cells(lines, now)
+    columns = _cells(lines, now, down)
     if not any(line.cluster for line in lines):
         return _column_table(_HEADER, columns)
     return _table(*_where(_HEADER, list(zip(lines, zip(*columns, strict=True), strict=True))))
@@ -118,28 +128,35 @@ def _place(r: Line) -> str:
     return f"{r.cluster}:{slurm_id}"
 
 
-def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | None = None) -> str:
-    """The status table with each array folded into one line of counts by state (``names``: array names)."""
+def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | None = None, down: bool = False) -> str:
+    """The status table with each array folded into one line of counts by state (``names``: array names;
+    ``down``: the daemon is not running, as ``status_table``)."""
     now = time.time() if now is None else now
     groups: dict[int, list[Line]] = {}
     for line in lines:
         if line.array_id is not None:
             groups.setdefault(line.array_id, []).append(line)
     if not groups:
-        return status_table(lines, now)  # nothing to fold: no pairs of line and row to keep for sorting
+        return status_table(lines, now, down)  # nothing to fold: no pairs of line and row to keep for sorting
     alone = [r for r in lines if r.array_id is None]
-    rows: list[tuple[Line, tuple[str, ...]]] = list(zip(alone, zip(*_cells(alone, now), strict=True), strict=True))
-    order = ("running", "pending", "succeeded", "failed", "cancelled", "timeout", "lost")
+    cells = zip(*_cells(alone, now, down), strict=True)
+    rows: list[tuple[Line, tuple[str, ...]]] = list(zip(alone, cells, strict=True))
+    states = _DOWN_TEXT if down else _STATE_TEXT
+    # Every state, the live ones first: the counts add up to the array's size.
+    order = [states[state] for state in (JobState.RUNNING, JobState.SUSPENDED, JobState.PENDING)]
+    order += [states[state] for state in JobState if states[state] not in order]
     for array_id, members in groups.items():
         counts: dict[str, int] = {}
         for member in members:
-            counts[member.state.value] = counts.get(member.state.value, 0) + 1
+            counts[states[member.state]] = counts.get(states[member.state], 0) + 1
         summary = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
-        held = sum(1 for m in members if m.held and m.state is JobState.PENDING)
+        held_ones = [m for m in members if m.held and m.state is JobState.PENDING]
+        held = len(held_ones)
         first = members[0]
         name = f"{shown((names.get(array_id) or first.name)[:18])} [{len(members)}]"
         held_gpus = sorted({g for m in members if m.state is JobState.RUNNING for g in m.gpus})
-        why = f"{held} held: {shown(first.reason)}" if held else ""
+        # Why they are held, and how to let them run (the hold's own reason: "held: ...; `gpuq release 3`").
+        why = f"{held} {shown(_held_why(held_ones[0].reason))}" if held else ""
         failed = next((m for m in members if m.state in _FAILURES), None)
         if failed is not None:  # what went wrong first says more than the counts
             why = f"job {failed.id}: {shown(_ending(failed))}" + (f"; {why}" if why else "")
@@ -154,18 +171,26 @@ def fold_arrays(lines: Sequence[Line], names: Mapping[int, str], now: float | No
 _FAILURES = (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
 
 
-def array_view(array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None) -> str:
+def _held_why(reason: str) -> str:
+    return reason if reason.startswith("held") else f"held: {reason}"
+
+
+def array_view(
+    array_id: int, name: str, members: Sequence[JobRecord], now: float | None = None, down: bool = False
+) -> str:
     """`gpuq show ARRAY`: the array in a line (its name, counts, first failure), then one line per member with
-    its own arguments (its values in a sweep, else its command's arguments), failures first."""
+    its own arguments (its values in a sweep, else its command's arguments), failures first. ``down``: the
+    daemon is not running (``status_table``)."""
     now = time.time() if now is None else now
+    states = _DOWN_TEXT if down else _STATE_TEXT
     counts: dict[str, int] = {}
     for member in members:
-        counts[member.state.value] = counts.get(member.state.value, 0) + 1
+        counts[states[member.state]] = counts.get(states[member.state], 0) + 1
     head = f"array {array_id}: {name}, {len(members)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     ordered = sorted(members, key=lambda m: (m.state not in _FAILURES, m.id))
     rows = [
         (
-            str(m.id), str(m.array_index), _STATE_TEXT[m.state], str(m.spec.gpus), _on(m.gpus),
+            str(m.id), str(m.array_index), states[m.state], str(m.spec.gpus), _on(m.gpus),
             format_duration(runtime(m, now)), _ending(Line.of(m)) or "-", member_arguments(m.spec),
         )
         for m in ordered
@@ -193,13 +218,15 @@ class Progress:
         done = sum(1 for r in records if r.state.finished)
         failed = sum(1 for r in records if r.state.finished and r.state is not JobState.SUCCEEDED)
         running = sum(1 for r in records if r.state is JobState.RUNNING)
+        away = sum(1 for r in records if r.state is JobState.SUSPENDED)  # neither running nor waiting to start
         filled = int(self.width * done / total)
         elapsed = time.monotonic() - self.started
         eta = format_duration(elapsed * (total - done) / done) if 0 < done < total else "-"
         bar = "#" * filled + "-" * (self.width - filled)
         self.out.write(
             f"\r[{bar}] {done}/{total} done, {failed} failed, {running} running, "
-            f"{total - done - running} pending, ETA {eta}  "
+            + (f"{away} suspended, " if away else "")
+            + f"{total - done - running - away} pending, ETA {eta}\x1b[K"  # clear what a longer line left
         )
         self.out.flush()
 
@@ -217,15 +244,19 @@ def _suspension(record: JobRecord, now: float) -> str:
     return f"{held}{since} (its GPUs are free; `gpuq resume {record.id}` brings it back)"
 
 
-def show(record: JobRecord, now: float | None = None, moved: str = "") -> str:
-    """``gpuq show``'s lines; ``moved``: what suspending and preemption cost it (``views.suspensions``)."""
+def show(record: JobRecord, now: float | None = None, moved: str = "", down: bool = False) -> str:
+    """``gpuq show``'s lines; ``moved``: what suspending and preemption cost it (``views.suspensions``);
+    ``down``: the daemon is not running, so a job it saw running may have ended since."""
     now = time.time() if now is None else now
     spec = record.spec
+    state = record.state.value
+    if down and record.state is JobState.RUNNING:
+        state = "unknown (running when the daemon last saw it; known again once it is back)"
     lines = [
         ("id", str(record.id)),
         ("name", spec.display_name),
         ("user", f"{record.user} (uid {record.uid})"),
-        ("state", record.state.value),
+        ("state", state),
         *(
             [("cluster", record.cluster), ("slurm job", record.external_id or "-"), ("node", record.node or "-")]
             if record.cluster

@@ -56,7 +56,7 @@ class LogView(ModalScreen[None]):
 
     def __init__(self, record: JobRecord) -> None:
         super().__init__()
-        self.job, self.read_from = record, 0
+        self.job, self.read_from, self.cut = record, 0, False
 
     def compose(self) -> ComposeResult:
         yield Label(f"log of job {self.job.id} ({self.job.spec.display_name}): {self.job.log}   [q: back]")
@@ -68,6 +68,7 @@ class LogView(ModalScreen[None]):
             self.read_from = max(0, path.stat().st_size - 64 * 1024)  # the last 64 KiB, then what follows
         except OSError:
             self.read_from = 0
+        self.cut = self.read_from > 0  # started mid-file: its first line is only a line's end
         self.follow()
         self.set_interval(0.5, self.follow)
 
@@ -81,7 +82,21 @@ class LogView(ModalScreen[None]):
             return
         if chunk:
             self.read_from += len(chunk)
-            self.query_one(RichLog).write(chunk.decode(errors="replace").rstrip("\n"))
+            text = chunk.decode(errors="replace")
+            if self.cut:
+                text, self.cut = text.partition("\n")[2], False
+            if text.rstrip("\n"):
+                self.query_one(RichLog).write(as_shown(text.rstrip("\n")))
+
+
+def as_shown(text: str) -> str:
+    """A log's lines as a terminal leaves them: a progress bar redrawn with carriage returns (tqdm's) is its
+    last drawing, without what longer earlier ones left behind; a line's escapes to clear are taken away."""
+    lines = []
+    for line in text.split("\n"):
+        drawn = [part for part in line.replace("\x1b[K", "").replace("\x1b[2K", "").split("\r") if part]
+        lines.append(drawn[-1] if drawn else "")
+    return "\n".join(lines)
 
 
 class Top(App[None]):

@@ -22,13 +22,14 @@ import contextlib
 import ctypes
 import json
 import os
+import pathlib
 import signal
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from enum import Enum
 from types import FrameType
 from typing import Any
 
@@ -41,6 +42,32 @@ STREAMS = 4
 THREADS = 12  # of the lent H200 host's 16 cores
 _PROT = 0x1 | 0x2  # PROT_READ | PROT_WRITE
 _MAP = 0x02 | 0x20 | 0x8000  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE: the pages faulted in by the thread
+
+
+class Path(str, Enum):
+    """Which way a suspend moved a job's GPU memory (``gpuq show``, the ``suspended`` event)."""
+
+    FAST = "fast"  # the job copied its pages out itself; the driver's checkpoint took the rest (the context)
+    IN_PLACE = "fast-in-place"  # the same for an MPS client, whose context stays: the driver cannot take it
+    DRIVER = "driver"  # the driver's checkpoint took it all, as before the fast path
+
+
+class Fallback(str, Enum):
+    """Why a suspend took the driver's path."""
+
+    NOT_ASKED = "not-asked"  # no process of the job answers gpuq's request (not --preemptible, not Python...)
+    NOT_APPLICABLE = "not-applicable"  # the job said why it cannot (no torch, no expandable segments...)
+    FAILED = "failed"  # the job tried and failed (nothing released); its sentence says how
+    NO_ANSWER = "no-answer"  # the job did not answer in time (busy in one long call, say)
+
+    def explain(self, detail: str) -> str:
+        said = {
+            Fallback.NOT_ASKED: "no process of the job answers the fast path's request",
+            Fallback.NOT_APPLICABLE: "the fast path does not apply",
+            Fallback.FAILED: "the fast path failed",
+            Fallback.NO_ANSWER: "the job did not answer the fast path's request in time",
+        }[self]
+        return f"{said}: {detail}" if detail else said
 
 
 class NotApplicable(Exception):
@@ -167,6 +194,16 @@ def _ranges(pieces: list[Piece]) -> list[tuple[int, int]]:
     return out
 
 
+def applicable() -> None:
+    """NotApplicable unless this process holds CUDA memory through PyTorch (checked before libcuda is opened)."""
+    if "torch" not in sys.modules:
+        raise NotApplicable("the process has not imported torch")
+    import torch
+
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        raise NotApplicable("the process holds no CUDA memory through PyTorch")
+
+
 class Mover:
     """Releases and restores this process's PyTorch memory; keeps host buffers pinned between suspends when
     asked (``keep``: the first suspend pins, later ones copy at the link's speed; costs the host memory)."""
@@ -220,12 +257,9 @@ class Mover:
     def release(self) -> int:
         """Copy out, unmap and release every page of PyTorch's memory; the bytes moved. NotApplicable when
         this process cannot take the fast path (nothing changed then)."""
-        if "torch" not in sys.modules:
-            raise NotApplicable("the process has not imported torch")
+        applicable()
         import torch
 
-        if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            raise NotApplicable("the process holds no CUDA memory through PyTorch")
         if self.held is not None:
             return self.held.bytes  # released already (a second request)
         if self.unpinning is not None:
@@ -330,7 +364,17 @@ def _keep_pages() -> None:
     torch.cuda.memory.empty_cache = lambda: None
 
 
-def _write(path: Path, fact: dict[str, Any]) -> None:
+def _order(where: pathlib.Path) -> dict[str, Any]:
+    """gpuq's order for this suspend (``keep``: hold the pinned host memory for the next one, a pool that
+    makes every later suspend run at the link's speed and costs that host memory meanwhile)."""
+    try:
+        found = json.loads((where / "order.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write(path: pathlib.Path, fact: dict[str, Any]) -> None:
     temp = path.with_name(f".{path.name}.{os.getpid()}")
     temp.write_text(json.dumps(fact))
     os.replace(temp, path)
@@ -340,7 +384,7 @@ def install(directory: str | os.PathLike[str]) -> None:
     """Answer gpuq's suspend and resume requests in this process (its main thread): on SUSPEND_SIGNAL,
     release and write ``<pid>.released`` (``ok``, ``bytes``, ``seconds``, ``steps`` or ``why``), then hold
     until RESUME_SIGNAL, restore and write ``<pid>.restored``."""
-    where = Path(directory)
+    where = pathlib.Path(directory)
     movers: list[Mover] = []
 
     def on_suspend(signum: int, frame: FrameType | None) -> None:
@@ -349,8 +393,13 @@ def install(directory: str | os.PathLike[str]) -> None:
             (where / f"{pid}.restored").unlink()
         at = time.monotonic()
         try:
+            applicable()
             if not movers:
-                movers.append(Mover(keep=os.environ.get("GPUQ_FASTSUSPEND_KEEP") == "1"))
+                movers.append(Mover())
+            keep = _order(where).get("keep") is True
+            if movers[0].pool and not keep:
+                movers[0].drop()
+            movers[0].keep = keep
             moved = movers[0].release()
         except NotApplicable as err:
             _write(where / f"{pid}.released", {"ok": False, "applies": False, "why": str(err)})

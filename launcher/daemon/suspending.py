@@ -178,7 +178,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     scheduler.suspensions.acting[record.id] = acting
-    order = {"action": action, **subject(scheduler, record.id)}
+    order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -217,9 +217,11 @@ def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     except (OSError, ValueError):
         info = {}
     fake = isinstance(scheduler.source, FakeGpus)
+    fast = scheduler.state.fast_dir(job_id)
     return {
         "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
         "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
+        "fast_dir": fast if os.path.isdir(fast) else None,
     }  # fmt: skip
 
 
@@ -316,8 +318,12 @@ def _settle(
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
+        path = {
+            key: result[key] for key in ("path", "fallback", "detail", "fast_bytes", "fast_seconds") if key in result
+        }
         events.append(
             {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
+            | path
         )
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"

@@ -30,7 +30,7 @@ os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 import pynvml
 import torch
 
-from gpuq_scheduler.jobs.fastsuspend import Mover
+from gpuq_scheduler.jobs.fastmove import Mover
 
 GIB = 1 << 30
 

@@ -56,6 +56,12 @@ def test_a_job_the_fast_path_cannot_take_is_suspended_by_the_driver_and_the_even
             at = len(stopped)
             wait_for(lambda at=at: len(_counts(counts)) > at + 5, 30, "the job to count on")
             assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        said = {"not-applicable": "last by the driver's checkpoint (the fast path does not apply: the process has "
+                "not imported torch)", "not-asked": "last by the driver's checkpoint (no process of the job answers "
+                "the fast path's request)"}[fallback]  # fmt: skip
+        assert said in queue.run("show", str(job)).stdout
+        shown = json.loads(queue.run("show", "--json", str(job)).stdout)
+        assert (shown["last_suspend_path"], shown["last_suspend_fallback"]) == ("driver", fallback)
         fast = queue.home / "run" / f"{job}.fast"
         assert fast.is_dir() == bool(more)  # only a --preemptible job is given the handler
         queue.run("cancel", str(job))

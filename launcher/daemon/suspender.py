@@ -139,7 +139,7 @@ def suspend(
     facts = released.facts()
     if in_place or released.released - set(found):
         facts["path"] = SuspendPath.IN_PLACE.value
-    return {"ok": True, "pids": sorted(found), "steps": steps, **facts}
+    return {"ok": True, "pids": sorted(found), "steps": steps, "path": facts}
 
 
 def resume(cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None) -> dict[str, Any]:

@@ -217,11 +217,10 @@ def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     except (OSError, ValueError):
         info = {}
     fake = isinstance(scheduler.source, FakeGpus)
-    fast = scheduler.state.fast_dir(job_id)
     return {
         "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
         "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
-        "fast_dir": fast if os.path.isdir(fast) else None,
+        "fast_dir": fast if os.path.isdir(fast := scheduler.state.fast_dir(job_id)) else None,
     }  # fmt: skip
 
 
@@ -318,13 +317,8 @@ def _settle(
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
-        path = {
-            key: result[key] for key in ("path", "fallback", "detail", "fast_bytes", "fast_seconds") if key in result
-        }
-        events.append(
-            {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
-            | path
-        )
+        event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
+        events.append(event | dict(result.get("path") or {}))  # the path it took, and why (daemon/fastpath.py)
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]

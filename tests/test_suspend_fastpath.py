@@ -7,7 +7,10 @@ path ran and why. The fast path itself needs a GPU: tests/test_suspend_gpu.py.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,48 @@ def test_a_job_the_fast_path_cannot_take_is_suspended_by_the_driver_and_the_even
         queue.wait_state(job, "cancelled")
     finally:
         queue.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("given", "conf"),
+    [
+        ({}, "expandable_segments:True"),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.25"},  # the cooperative fence's
+         "per_process_memory_fraction:0.25,expandable_segments:True"),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, None),  # the job chose: kept (no fast path)
+    ],
+)  # fmt: skip
+def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_it_chose(
+    tmp_path: Path, given: dict[str, str], conf: str | None
+) -> None:
+    """What ``fastpath.prepare`` adds to a --preemptible job's environment, and that the sitecustomize it
+    writes installs the handler in a real Python process, then still imports the job's own sitecustomize."""
+    from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL
+    from gpuq_scheduler.launcher.daemon import fastpath
+
+    own = tmp_path / "own site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['OWN_SITE'] = 'loaded'\n")
+    fast = str(tmp_path / "run" / "7.fast")
+    added = fastpath.prepare(fast, {**given, "PYTHONPATH": str(own)}, None)
+    assert added.get("PYTORCH_CUDA_ALLOC_CONF") == conf
+    assert added["GPUQ_FASTSUSPEND_DIR"] == fast and added["PYTHONPATH"].split(os.pathsep)[1] == str(own)
+    env = {**os.environ, **given, **added}
+    probe = "import os, signal; print(os.environ.get('OWN_SITE'), signal.getsignal({}) not in (signal.SIG_DFL, None))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe.format(int(SUSPEND_SIGNAL))], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["loaded", "True"]
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        wait_for(lambda: fastpath.catches(job.pid, SUSPEND_SIGNAL), 30, "the handler to be installed")
+        released = fastpath.release([job.pid], {job.pid}, fast, 0)  # a real request, answered by the real handler
+        assert (released.path.value, released.fallback, released.detail) == (
+            "driver",
+            fastpath.Fallback.NOT_APPLICABLE,
+            "the process has not imported torch",
+        )
+        assert job.poll() is None  # asked, not ended
+    finally:
+        job.kill()
+        job.wait()

@@ -68,7 +68,7 @@ COMMAND = os.environ.get("GPUQ_BENCH_COMMAND")  # the `gpuq` command as users ha
 
 
 def gpuq(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_") or k == "GPUQ_FAST_POOL"}
     env["GPUQ_HOME"] = str(home)
     if COMMAND:
         argv = [COMMAND, *args]
@@ -151,12 +151,12 @@ DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
 class Job:
     """A PyTorch job holding N GiB, run by a private gpuq queue on the real GPUs."""
 
-    def __init__(self, size: float, work: Path) -> None:
+    def __init__(self, size: float, work: Path, more: tuple[str, ...] = ()) -> None:
         self.size, self.home = size, work / f"queue-{size:g}"
         script = work / "job.py"
         script.write_text(JOB)
         self.counts, self.stop = work / f"counts-{size:g}", work / f"stop-{size:g}"
-        self.id = int(json.loads(gpuq(self.home, "submit", "--json", "--gpus", "1", sys.executable, str(script),
+        self.id = int(json.loads(gpuq(self.home, "submit", "--json", *more, "--gpus", "1", sys.executable, str(script),
                                       str(size), str(self.counts), str(self.stop)).stdout)["id"])  # fmt: skip
         until("the job to count", lambda: len(counts(self.counts)) > 5 and show(self.home, self.id)["peak_mem"])
         self.pid = int(json.loads((self.home / "run" / f"{self.id}.pid").read_text())["pid"])
@@ -182,6 +182,7 @@ class Job:
             "suspend_s": down["total_s"], "resume_s": up["total_s"], "host_bytes": suspended.get("bytes"),
             "phases": {"suspend": down, "resume": up},
             "helper_steps": {"suspend": suspended.get("steps"), "resume": done.get("steps")},
+            "path": {k: suspended.get(k) for k in ("path", "fallback", "detail", "fast_bytes", "fast_seconds")},
             "helper_times": {"suspend": suspended.get("helper"), "resume": done.get("helper")},
             **checks, **self._counting_on(checks),
         }  # fmt: skip
@@ -222,14 +223,19 @@ class Job:
         return {"intact_after": ended["state"] == "succeeded", "outcome": ended["state"]}
 
 
-def one_size(size: float, pairs: int, work: Path, cuda: DriverCheckpoint) -> dict[str, Any]:
+def one_size(
+    size: float, pairs: int, work: Path, cuda: DriverCheckpoint, more: tuple[str, ...] = (), again: int = 0
+) -> dict[str, Any]:
     """``pairs`` cycles through gpuq and as many bare, on one job, in the order gpuq, bare, bare, gpuq, ...
     (so that neither side keeps a drift of the host to itself), after a first cycle through gpuq, apart: a
     process's first checkpoint is the dearest (16.6 s, then 8.4-10.7 s for 16 GiB on an H200: the driver
     allocates its host memory then), and whichever side had it would lose by it."""
-    job = Job(size, work)
+    job = Job(size, work, more)
     cycles: list[dict[str, Any]] = [{"kind": "first", **job.through_gpuq()}]
     print(json.dumps({"size_gib": size, **cycles[-1]}), flush=True)
+    for _ in range(again):  # through gpuq only (a pool of 100 GiB kept leaves no room for the driver's copy)
+        cycles.append({"kind": "gpuq", **job.through_gpuq()})
+        print(json.dumps({"size_gib": size, **cycles[-1]}), flush=True)
     for index in range(2 * pairs):
         through = index % 4 in (0, 3)
         cycles.append({"kind": "gpuq", **job.through_gpuq()} if through else {"kind": "bare", **job.bare(cuda)})
@@ -240,7 +246,7 @@ def one_size(size: float, pairs: int, work: Path, cuda: DriverCheckpoint) -> dic
         cycle["suspend_gb_s"] = round(gb / cycle["suspend_s"], 2)
         cycle["resume_gb_s"] = round(gb / cycle["resume_s"], 2)
     return {"size_gib": size, "held_bytes": job.held, "daemon_threads": job.threads, "cycles": cycles, **ended,
-            "median": _medians(cycles, gb)}  # fmt: skip
+            "median": _medians(cycles, gb) if {"gpuq", "bare"} <= {c["kind"] for c in cycles} else {}}  # fmt: skip
 
 
 def main() -> None:
@@ -248,6 +254,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[4.0, 16.0, 40.0])
     parser.add_argument("--pairs", type=int, default=2, help="cycles through gpuq, and as many bare, per size")
+    parser.add_argument("--preemptible", action="store_true", help="the job --preemptible: the fast path (#40)")
+    parser.add_argument("--again", type=int, default=0, help="cycles through gpuq alone after the first")
     parser.add_argument("--root", type=Path, default=ROOT, help="run this gpuq source tree (default: this one)")
     args = parser.parse_args()
     GPUQ_ROOT[0] = args.root.resolve()
@@ -267,7 +275,8 @@ def main() -> None:
         for size in args.sizes:
             work = Path(tmp) / f"{size:g}"
             work.mkdir()
-            row = one_size(size, args.pairs, work, cuda)
+            more = ("--preemptible",) if args.preemptible else ()
+            row = one_size(size, args.pairs, work, cuda, more, args.again)
             results["sizes"].append(row)
             print(json.dumps({"size_gib": size, "median": row["median"]}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,76 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     wait_for(lambda: not (_named("gpuq-suspender") & spares), 10, "its spare to go with it")
 
 
+# A --preemptible job of SIZE GiB that replays a CUDA graph at each count (its addresses must survive) and
+# empties PyTorch's cache now and then (which the fast path's restore must not break).
+GRAPH_JOB = """
+import sys, time, torch
+from pathlib import Path
+size, counts, stop = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+row = 1 << 20
+pattern = torch.arange(row, device="cuda", dtype=torch.int32).remainder(251).to(torch.uint8)
+x = torch.empty((int(size * 1024), row), dtype=torch.uint8, device="cuda")
+x.copy_(pattern.expand_as(x))
+static = torch.zeros(1 << 20, device="cuda")
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):
+    out = static * 2 + 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = static * 2 + 1
+torch.cuda.synchronize()
+count, good = 0, True
+with counts.open("a") as log:
+    while not stop.exists():
+        count += 1
+        static.fill_(count)
+        graph.replay()
+        good = good and bool(out.eq(2 * count + 1).all().item())
+        if count % 20 == 0:
+            torch.cuda.empty_cache()
+        log.write(f"{count}\\n")
+        log.flush()
+        time.sleep(0.05)
+intact = all(bool(x[at : at + 1024].eq(pattern).all().item()) for at in range(0, x.shape[0], 1024))
+print("INTACT" if intact and good else f"CORRUPT intact={intact} graph={good}", flush=True)
+sys.exit(0 if intact and good else 1)
+"""
+
+
+def test_a_preemptible_torch_job_takes_the_fast_path_keeps_its_graph_and_outlives_a_daemon_killed_meanwhile(
+    real: Gpuq,
+) -> None:
+    """#40: its pages copied out by the job itself, the driver's checkpoint taking the rest; the GPU empty of
+    it; a daemon killed with kill -9 while it is suspended; the next daemon resumes it, and its tensor, its
+    CUDA graph and its counting are as they were."""
+    script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
+    script.write_text(GRAPH_JOB)
+    size = 16
+    job = real.submit(
+        "--preemptible", "--gpus", "1", sys.executable, str(script), str(size), str(count_file), str(stop)
+    )
+    wait_for(
+        lambda: len(counts(count_file)) > 25 and (real.job(job)["peak_mem"] or 0) >= size << 30, 180, "the job to count"
+    )
+    pid = json.loads((real.home / "run" / f"{job}.pid").read_text())["pid"]
+    real.run("suspend", str(job))
+    real.wait_state(job, "suspended", timeout=300)
+    suspended = [e for e in _events(real) if e.get("job") == job and e.get("event") == "suspended"][-1]
+    assert (suspended["path"], suspended["fallback"]) == ("fast", None), suspended
+    assert suspended["fast_bytes"] >= size << 30
+    assert pid not in gpu_processes()  # the context too: the driver's checkpoint took the rest
+    stopped = counts(count_file)
+    real.kill_daemon()
+    real.run("daemon", "start")
+    real.run("resume", str(job))
+    real.wait_state(job, "running", timeout=300)
+    wait_for(lambda: len(counts(count_file)) > len(stopped) + 25, 120, "the job to count on")
+    assert counts(count_file)[: len(stopped) + 25] == list(range(1, len(stopped) + 26))
+    assert gpu_processes().get(pid, 0) >= size << 30
+    stop.touch()
+    assert real.wait_state(job, "succeeded", "failed", timeout=300)["state"] == "succeeded"  # INTACT, graph right
+
+
 def _events(queue: Gpuq) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (queue.home / "events.jsonl").read_text().splitlines() if line.strip()]
 

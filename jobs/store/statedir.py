@@ -263,6 +263,10 @@ class StateDir:
     def next_file(self, job_id: int) -> str:
         return self.at(RUN, f"{job_id}.next")
 
+    def fast_dir(self, job_id: int) -> str:
+        """The job's own directory for the fast suspend's answers (``jobs.fastsuspend``): a --preemptible job's."""
+        return self.at(RUN, f"{job_id}.fast")
+
     def restarts_file(self, job_id: int) -> str:
         """How often a job was preempted and requeued (``GPUQ_RESTART_COUNT``), until it ends."""
         return self.at(RUN, f"{job_id}.restarts")

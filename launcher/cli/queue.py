@@ -266,7 +266,9 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
     moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
     if as_json:
         counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
-                  "bytes_moved": moved.bytes}  # fmt: skip
+                  "bytes_moved": moved.bytes,
+                  "last_suspend_path": moved.last[0].value if moved.last else None,
+                  "last_suspend_fallback": moved.last[1].value if moved.last and moved.last[1] else None}  # fmt: skip
         click.echo(json.dumps({**record.to_json(), **counts}, indent=1))
     else:
         click.echo(show_view(record, moved=moved.text(), down=down))

@@ -31,6 +31,7 @@ from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
     blanks,
     endings,
+    fastpath,
     fences,
     handoff,
     intake,
@@ -419,6 +420,11 @@ class Scheduler(SchedulerState):
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
         env.update(fence)
         env.update(processes.preemption_env(spec, self.state.restarts_file(record.id)))
+        if spec.preemptible and spec.mode.value != "torchrun":  # the fast suspend's handler (daemon/fastpath.py)
+            try:
+                env.update(fastpath.prepare(self.state.fast_dir(record.id), env, account))
+            except OSError as err:  # the driver's path stays: a suspend says why the fast one was not asked
+                log.warning("job %d: no fast suspend: %s", record.id, err)
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
             learning.launched(self, record)

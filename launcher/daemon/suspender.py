@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
+from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -94,35 +96,53 @@ def _until_frozen(cgroup: str, frozen: bool) -> None:
         os.close(fd)
 
 
-def suspend(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
+def suspend(
+    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0
+) -> dict[str, Any]:
+    """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
+    (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
+    at = time.monotonic()
+    members = {leader} | (containment.members(box, leader) if box is not None else set())
+    released = fastpath.release(sorted(members), set(found), fast, gpu_bytes)
+    steps["fast"] = time.monotonic() - at
+    in_place: set[int] = set()
     try:
         at = time.monotonic()
         for pid, state in found.items():
-            if state is CudaState.RUNNING:
+            if state is not CudaState.RUNNING:
+                continue
+            try:
                 cuda.lock(pid)
+            except CheckpointError as err:
+                if not (err.unsupported and pid in released.released):
+                    raise
+                in_place.add(pid)  # an MPS client, its memory out: it keeps only its context, frozen
         steps["lock"] = time.monotonic() - at
         at = time.monotonic()
         for pid in found:
-            if cuda.state(pid) is CudaState.LOCKED:
+            if pid not in in_place and cuda.state(pid) is CudaState.LOCKED:
                 cuda.checkpoint(pid)
         steps["checkpoint"] = time.monotonic() - at
         at = time.monotonic()
         freeze(box, leader, True)
         steps["freeze"] = time.monotonic() - at
     except (CheckpointError, OSError) as err:
-        undone = resume(cuda, box, leader)
+        undone = resume(cuda, box, leader, fast)
         why = (
             "it runs as a client of an MPS server, which the driver cannot checkpoint"
             if isinstance(err, CheckpointError) and err.unsupported
             else str(err)
         )
         return {"ok": False, "why": why, "undone": undone["ok"], "undo_why": undone.get("why", "")}
-    return {"ok": True, "pids": sorted(found), "steps": steps}
+    facts = released.facts()
+    if in_place or released.released - set(found):
+        facts["path"] = SuspendPath.IN_PLACE.value
+    return {"ok": True, "pids": sorted(found), "steps": steps, "path": facts}
 
 
-def resume(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
+def resume(cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None) -> dict[str, Any]:
     steps: dict[str, float] = {}
     try:
         at = time.monotonic()
@@ -139,6 +159,12 @@ def resume(cuda: Checkpointer, box: Box | None, leader: int) -> dict[str, Any]:
             if cuda.state(pid) is CudaState.LOCKED:
                 cuda.unlock(pid)
         steps["unlock"] = time.monotonic() - at
+        at = time.monotonic()
+        # Every process of the job, not only those the driver still knows: an MPS client suspended in place
+        # was never checkpointed, and its memory is the job's own to bring back.
+        members = {leader} | (containment.members(box, leader) if box is not None else set())
+        fastpath.restore(sorted(members), fast)
+        steps["fast"] = time.monotonic() - at
     except (CheckpointError, OSError) as err:
         return {"ok": False, "why": str(err)}
     return {"ok": True, "pids": sorted(found), "steps": steps}
@@ -158,7 +184,11 @@ def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
         took = 0.0  # opened ahead, while the helper waited for its order
     if isinstance(opened.cuda, str):
         return {"ok": False, "why": f"no CUDA checkpoint here: {opened.cuda}", "began": began, "ended": time.time()}
-    result = (suspend if order["action"] == "suspend" else resume)(opened.cuda, box, leader)
+    fast = order.get("fast_dir")
+    if order["action"] == "suspend":
+        result = suspend(opened.cuda, box, leader, fast, int(order.get("bytes") or 0))
+    else:
+        result = resume(opened.cuda, box, leader, fast)
     steps = {"open": took, **result.get("steps", {})}
     return {**result, "steps": steps, "began": began, "ended": time.time()}
 

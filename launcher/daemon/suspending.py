@@ -178,7 +178,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     scheduler.suspensions.acting[record.id] = acting
-    order = {"action": action, **subject(scheduler, record.id)}
+    order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -220,6 +220,7 @@ def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     return {
         "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
         "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
+        "fast_dir": fast if os.path.isdir(fast := scheduler.state.fast_dir(job_id)) else None,
     }  # fmt: skip
 
 
@@ -316,9 +317,8 @@ def _settle(
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
-        events.append(
-            {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
-        )
+        event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
+        events.append(event | dict(result.get("path") or {}))  # the path it took, and why (daemon/fastpath.py)
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]

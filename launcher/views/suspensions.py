@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuq_scheduler.jobs.fastsuspend import Fallback
+from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import journal
@@ -29,6 +31,9 @@ class Moves:
     suspends: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    # How the job's last suspend moved its memory, and why not the fast way (one job's, not summed for users):
+    # None before events said (gpuq older than #40).
+    last: tuple[SuspendPath, Fallback | None, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.preemptions or self.suspends or self.seconds)
@@ -53,6 +58,14 @@ class Moves:
             parts.append(f"{moved}, {spent}" if spent else moved)
         elif spent:  # the journal could not be read (a shared queue's is root's): the table's figure alone
             parts.append(spent)
+        if self.last is not None:
+            path, fallback, detail = self.last
+            if path is SuspendPath.DRIVER:
+                why = fallback.explain(detail) if fallback is not None else ""
+                parts.append(f"last by the driver's checkpoint ({why})" if why else "last by the driver's checkpoint")
+            else:
+                place = ", in place: its context kept on the GPU" if path is SuspendPath.IN_PLACE else ""
+                parts.append(f"last by the fast path{place}")
         return "; ".join(parts)
 
 
@@ -74,6 +87,7 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, Moves]:
             found.suspends += 1
             size = event.get("bytes")
             found.bytes += size if isinstance(size, int) else 0
+            found.last = _path(event)
             continue
         if (job, event.get("for")) not in seen:
             seen.add((job, event.get("for")))
@@ -81,6 +95,14 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, Moves]:
         if event.get("requeue"):
             found.requeues += 1
     return moves
+
+
+def _path(event: Mapping[str, Any]) -> tuple[SuspendPath, Fallback | None, str] | None:
+    """A ``suspended`` event's path (``launcher.daemon.fastpath``); None for an event written before it had one."""
+    if "path" not in event:
+        return None
+    fallback = event.get("fallback")
+    return SuspendPath(event["path"]), Fallback(fallback) if fallback else None, str(event.get("detail") or "")
 
 
 def read(events_path: Path, job: int | None = None) -> dict[int, Moves]:

@@ -1,0 +1,191 @@
+"""Moving a PyTorch job's GPU memory to host memory and back at the link's speed, from inside the job.
+
+PyTorch run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` backs its memory with the driver's
+virtual memory API: a reserved range of addresses per segment, physical pages (``cuMemCreate``) mapped into
+it. ``release`` copies every mapped page to pinned host memory (chunks of 256 MiB on several streams, the host
+memory pinned by several threads at once: pinning one buffer at a time runs at the driver checkpoint's own
+1.5-2 GB/s, bench/results/h200-fastsuspend-2026-11-29), then unmaps and releases the pages, so the GPU
+memory is free while the addresses stay reserved. ``restore`` creates pages of the same properties, maps them
+at the same addresses and copies the content back: the program's pointers, a captured CUDA graph's
+included, stay valid.
+
+The mechanism is ``fastmove``; this module is the job's side of gpuq's request, and the typed facts both
+ends read. Run in the job's main thread, between two of its Python steps (``install``: a signal handler), so that no
+kernel of the job runs on a page while it is away. The daemon's helper (``launcher.daemon.suspender``) sends
+``SUSPEND_SIGNAL`` and waits for ``<dir>/<pid>.released``; it freezes the job; at resume it thaws it, sends
+``RESUME_SIGNAL`` and waits for ``<dir>/<pid>.restored``. Standard library only at import; torch and libcuda
+are touched only when a request comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from enum import Enum
+from types import FrameType
+from typing import Any
+
+SUSPEND_SIGNAL = signal.SIGRTMIN + 4  # release and hold; one both ends import
+RESUME_SIGNAL = signal.SIGRTMIN + 5  # restore and go on
+DIR_ENV = "GPUQ_FASTSUSPEND_DIR"  # where the job says what it did (set by gpuq for a --preemptible job)
+
+
+class Path(str, Enum):
+    """Which way a suspend moved a job's GPU memory (``gpuq show``, the ``suspended`` event)."""
+
+    FAST = "fast"  # the job copied its pages out itself; the driver's checkpoint took the rest (the context)
+    IN_PLACE = "fast-in-place"  # the same for an MPS client, whose context stays: the driver cannot take it
+    DRIVER = "driver"  # the driver's checkpoint took it all, as before the fast path
+
+
+class Fallback(str, Enum):
+    """Why a suspend took the driver's path."""
+
+    NOT_ASKED = "not-asked"  # no process of the job answers gpuq's request (not --preemptible, not Python...)
+    NOT_APPLICABLE = "not-applicable"  # the job said why it cannot (no torch, no expandable segments...)
+    FAILED = "failed"  # the job tried and failed (nothing released); its sentence says how
+    NO_ANSWER = "no-answer"  # the job did not answer in time (busy in one long call, say)
+
+    def explain(self, detail: str) -> str:
+        said = {
+            Fallback.NOT_ASKED: "no process of the job answers the fast path's request",
+            Fallback.NOT_APPLICABLE: "the fast path does not apply",
+            Fallback.FAILED: "the fast path failed",
+            Fallback.NO_ANSWER: "the job did not answer the fast path's request in time",
+        }[self]
+        return f"{said}: {detail}" if detail else said
+
+
+def applicable() -> str:
+    """Why this process cannot take the fast path before libcuda is opened ("" if it may): it must hold CUDA
+    memory through PyTorch."""
+    if "torch" not in sys.modules:
+        return "the process has not imported torch"
+    import torch
+
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return "the process holds no CUDA memory through PyTorch"
+    return ""
+
+
+def _mechanism() -> Any:
+    """``fastmove``, the file beside this one, loaded by its path on the first request: this file itself was
+    loaded so (gpuq's sitecustomize), in an interpreter that need not have gpuq installed."""
+    found = sys.modules.get("gpuq_fastmove")
+    if found is None:
+        spec = importlib.util.spec_from_file_location("gpuq_fastmove", pathlib.Path(__file__).with_name("fastmove.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError("fastmove.py is not beside fastsuspend.py")
+        found = importlib.util.module_from_spec(spec)
+        sys.modules["gpuq_fastmove"] = found
+        spec.loader.exec_module(found)
+    return found
+
+
+def _keep_pages() -> None:
+    """PyTorch keeps the handles of the pages it mapped, to release them when it gives memory back; pages
+    that came back under other handles would make that release fail (and leave its allocator inconsistent:
+    an illegal address seen on the H200). So this process no longer gives cached memory back: empty_cache
+    does nothing. An out-of-memory retry inside PyTorch still would (docs/suspend.md)."""
+    import torch
+
+    torch.cuda.empty_cache = lambda: None
+    torch.cuda.memory.empty_cache = lambda: None
+
+
+def _order(where: pathlib.Path) -> dict[str, Any]:
+    """gpuq's order for this suspend (``keep``: hold the pinned host memory for the next one, a pool that
+    makes every later suspend run at the link's speed and costs that host memory meanwhile)."""
+    try:
+        found = json.loads((where / "order.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write(path: pathlib.Path, fact: dict[str, Any]) -> None:
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    temp.write_text(json.dumps(fact))
+    os.replace(temp, path)
+
+
+def install(directory: str | os.PathLike[str]) -> None:
+    """Answer gpuq's suspend and resume requests in this process (its main thread): on SUSPEND_SIGNAL,
+    release and write ``<pid>.released`` (``ok``, ``bytes``, ``seconds``, ``steps`` or ``why``), then hold
+    until RESUME_SIGNAL, restore and write ``<pid>.restored``."""
+    where = pathlib.Path(directory)
+    movers: list[Any] = []  # fastmove.Mover, made at the first request
+
+    def on_suspend(signum: int, frame: FrameType | None) -> None:
+        pid = os.getpid()
+        with contextlib.suppress(FileNotFoundError):
+            (where / f"{pid}.restored").unlink()
+        at = time.monotonic()
+        why = applicable()
+        if why:
+            _write(where / f"{pid}.released", {"ok": False, "applies": False, "why": why})
+            return
+        try:
+            move = _mechanism()
+            if not movers:
+                movers.append(move.Mover())
+            keep = _order(where).get("keep") is True
+            if movers[0].pool and not keep:
+                movers[0].drop()
+            movers[0].keep = keep
+            try:
+                moved = movers[0].release()
+            except move.NotApplicable as err:
+                _write(where / f"{pid}.released", {"ok": False, "applies": False, "why": str(err)})
+                return
+        except Exception as err:  # any failure is said, and the driver's path takes over
+            _write(where / f"{pid}.released", {"ok": False, "applies": True, "why": f"{type(err).__name__}: {err}"})
+            return
+        took = time.monotonic() - at
+        signal.pthread_sigmask(signal.SIG_BLOCK, {RESUME_SIGNAL})
+        _write(where / f"{pid}.released", {"ok": True, "bytes": moved, "seconds": took, "steps": movers[0].steps})
+        try:
+            signal.sigwait({RESUME_SIGNAL})
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {RESUME_SIGNAL})
+        at = time.monotonic()
+        try:
+            mover = movers[0]
+            back = mover.restore()
+            took = time.monotonic() - at
+            if mover.moved:
+                _keep_pages()
+            fact: dict[str, Any] = {
+                "ok": True,
+                "bytes": back,
+                "seconds": took,
+                "steps": mover.steps,
+                "moved": mover.moved,
+            }
+        except Exception as err:
+            _write(where / f"{pid}.restored", {"ok": False, "why": f"{type(err).__name__}: {err}"})
+            os._exit(75)
+        (where / f"{pid}.released").unlink(missing_ok=True)
+        _write(where / f"{pid}.restored", fact)
+
+    def on_stray_resume(signum: int, frame: FrameType | None) -> None:
+        _write(where / f"{os.getpid()}.restored", {"ok": True, "bytes": 0, "seconds": 0.0, "steps": {}})
+
+    signal.signal(SUSPEND_SIGNAL, on_suspend)
+    signal.signal(RESUME_SIGNAL, on_stray_resume)  # a resume with nothing held: said done, never fatal
+
+
+def install_from_env() -> bool:
+    """``install`` where gpuq asked for it (DIR_ENV set, main thread); whether it did."""
+    directory = os.environ.get(DIR_ENV)
+    if not directory or threading.current_thread() is not threading.main_thread():
+        return False
+    install(directory)
+    return True

@@ -1,0 +1,195 @@
+"""The suspend helper's side of the fast path (``jobs.fastsuspend``): ask a job's CUDA processes to move their
+PyTorch memory to host memory themselves, read what each says, and at resume ask them to bring it back.
+
+A process is asked only if it catches ``SUSPEND_SIGNAL`` (``SigCgt`` in /proc/PID/status): gpuq's handler,
+installed at its start for a ``--preemptible`` job; the signal would end any other. Each answer is a file in
+the job's fast directory (``run/<id>.fast``, the job's own): ``<pid>.released`` once its memory is out, then
+``<pid>.restored``. What a job writes there decides only how its own suspend goes; the driver's checkpoint of
+what is left runs after it either way (but for an MPS client, which it cannot take), so a job that claims
+more than it released still leaves its GPU empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq_scheduler.jobs import fastsuspend
+from gpuq_scheduler.jobs.accounts import Account
+from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Path
+
+POLL = 0.005  # seconds between looks for an answer
+ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
+POOL_ENV = "GPUQ_FAST_POOL"  # "on" in the daemon's environment: jobs keep their pinned host memory (below)
+ANSWER_RATE = 1e9  # bytes a second its copy is given: below the 2.5 GB/s of a copy that pins afresh (H200 VM)
+
+
+# Loaded first by every Python of a --preemptible job (PYTHONPATH): gpuq's handler, from the installed file
+# (the job's interpreter need not be gpuq's), then the job's own sitecustomize, if it has one.
+SITE = """import importlib.util as _u, sys as _s
+_spec = _u.spec_from_file_location("gpuq_fastsuspend", {module!r})
+_m = _u.module_from_spec(_spec); _s.modules["gpuq_fastsuspend"] = _m; _spec.loader.exec_module(_m)
+_m.install_from_env()
+_s.path[:] = [p for p in _s.path if p != {site!r}]
+del _s.modules["sitecustomize"]
+try:
+    import sitecustomize  # the job's own, found further on the path
+except ImportError:
+    pass
+"""
+
+
+def prepare(directory: str, env: dict[str, str], account: Account | None) -> dict[str, str]:
+    """Make the job's fast directory (its own: ``account``'s on a shared queue) with gpuq's sitecustomize in
+    it, and say what the job's environment gains: that directory, the site on PYTHONPATH, and PyTorch's
+    expandable segments (where the job did not choose itself), the memory the fast path can move."""
+    site = os.path.join(directory, "site")
+    os.makedirs(site, mode=0o700, exist_ok=True)
+    path = os.path.join(site, "sitecustomize.py")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(SITE.format(module=fastsuspend.__file__, site=site))
+    os.replace(path + ".tmp", path)
+    if account is not None:
+        for each in (directory, site, path):
+            os.chown(each, account.uid, account.gid)
+    added = {DIR_ENV: directory, "PYTHONPATH": os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)}
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" not in conf:
+        added["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(p for p in (conf, "expandable_segments:True") if p)
+    return added
+
+
+@dataclass(frozen=True)
+class Released:
+    """How a job's suspend went on the fast path: which path, why not the fast one, and what each said."""
+
+    path: Path
+    fallback: Fallback | None
+    detail: str
+    answers: dict[int, dict[str, Any]]
+
+    @property
+    def released(self) -> set[int]:
+        """The processes whose memory is in host memory now."""
+        return {pid for pid, answer in self.answers.items() if answer.get("ok")}
+
+    def facts(self) -> dict[str, Any]:
+        """For the helper's result (and the ``suspended`` event)."""
+        seconds = max((float(a.get("seconds") or 0.0) for a in self.answers.values() if a.get("ok")), default=0.0)
+        moved = sum(int(a.get("bytes") or 0) for a in self.answers.values() if a.get("ok"))
+        fallback = self.fallback.value if self.fallback is not None else None
+        return {"path": self.path.value, "fallback": fallback, "detail": self.detail, "fast_bytes": moved,
+                "fast_seconds": round(seconds, 3)}  # fmt: skip
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (else the signal's default would end it)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _answer(directory: str, pid: int, what: str) -> dict[str, Any] | None:
+    """A process's answer file, read without following a link (the directory is the job's), or None."""
+    try:
+        fd = os.open(os.path.join(directory, f"{pid}.{what}"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        found = json.loads(os.read(fd, 65536))
+    except ValueError:
+        return None  # written by a job that is not gpuq's handler: no answer
+    finally:
+        os.close(fd)
+    return found if isinstance(found, dict) else None
+
+
+def _wait(directory: str, pids: list[int], what: str, within: float) -> dict[int, dict[str, Any]]:
+    deadline = time.monotonic() + within
+    answers: dict[int, dict[str, Any]] = {}
+    while True:
+        for pid in pids:
+            if pid not in answers and (found := _answer(directory, pid, what)) is not None:
+                answers[pid] = found
+        if len(answers) == len(pids) or time.monotonic() > deadline:
+            return answers
+        time.sleep(POLL)
+
+
+def _order(directory: str, order: dict[str, Any]) -> None:
+    """What the job's handler reads before it releases (``order.json``), written in the job's directory
+    under a name nobody can predict, never through a link, then renamed into place."""
+    temp = os.path.join(directory, f".order.{secrets.token_hex(8)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, json.dumps(order).encode())
+    finally:
+        os.close(fd)
+    os.replace(temp, os.path.join(directory, "order.json"))
+
+
+def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:
+    """Ask every process of the job (``members``) that catches the request to release its memory, and wait for
+    each. The answers of the processes the driver knows as CUDA ones (``cuda``) decide: one that did not
+    release sends the job the driver's way; another process's "not applicable" (a launcher script with no
+    torch) does not, and an MPS client, which the driver may not list, counts by its own answer. A process
+    that released already (a helper run again after a crash) is not asked twice."""
+    asked = [pid for pid in members if directory and catches(pid, SUSPEND_SIGNAL)]
+    if not asked or directory is None:
+        return Released(Path.DRIVER, Fallback.NOT_ASKED, "", {})
+    for pid in asked:  # a refusal from an earlier suspend is no answer to this one (torch may be up now)
+        if (_answer(directory, pid, "released") or {"ok": True}).get("ok") is False:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, f"{pid}.released"))
+    waiting = [pid for pid in asked if _answer(directory, pid, "released") is None]
+    if waiting:
+        _order(directory, {"keep": os.environ.get(POOL_ENV) == "on"})
+    for pid in waiting:
+        try:
+            os.kill(pid, SUSPEND_SIGNAL)
+        except ProcessLookupError:
+            continue
+    answers = {pid: a for pid in asked if (a := _answer(directory, pid, "released")) is not None}
+    answers |= _wait(directory, waiting, "released", ANSWER_BASE + gpu_bytes / ANSWER_RATE)
+    unanswered = [pid for pid in asked if pid in cuda and pid not in answers]
+    if unanswered:
+        return Released(Path.DRIVER, Fallback.NO_ANSWER, f"process {unanswered[0]}", answers)
+    refused = [a for pid, a in answers.items() if not a.get("ok") and (pid in cuda or a.get("applies") is not False)]
+    released = [a for a in answers.values() if a.get("ok")]
+    if refused or not released:
+        said = (refused or [a for a in answers.values() if not a.get("ok")] or [{}])[0]
+        fallback = Fallback.NOT_APPLICABLE if said.get("applies") is False else Fallback.FAILED
+        if not said:
+            fallback = Fallback.NOT_ASKED
+        return Released(Path.DRIVER, fallback, str(said.get("why") or "")[:300], answers)
+    return Released(Path.FAST, None, "", answers)
+
+
+def restore(pids: list[int], directory: str | None) -> None:
+    """Ask every process that released its memory (its ``released`` file says so) to bring it back, and wait
+    for each; OSError if one says it could not or does not answer."""
+    if directory is None:
+        return
+    held = [pid for pid in pids if (_answer(directory, pid, "released") or {}).get("ok")]
+    for pid in held:
+        try:
+            os.kill(pid, RESUME_SIGNAL)
+        except ProcessLookupError:
+            continue
+    answers = _wait(directory, held, "restored", ANSWER_BASE + 600.0)
+    for pid in held:
+        answer = answers.get(pid)
+        if answer is None:
+            raise OSError(f"process {pid} did not say its memory is back")
+        if not answer.get("ok"):
+            raise OSError(f"process {pid} could not bring its memory back: {answer.get('why')}")

@@ -10,7 +10,7 @@ from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.gpus.sources import open_source
 from gpuq_scheduler.launcher.views import live
-from gpuq_scheduler.launcher.views.tables import GpuRow
+from gpuq_scheduler.launcher.views.gpu_rows import GpuRow
 from tests.conftest import Gpuq
 
 G = 1 << 30

@@ -89,7 +89,7 @@ def gpus(ctx: Context, as_json: bool) -> None:
     from gpuq_scheduler.launcher.gpus.sources import open_source
     from gpuq_scheduler.launcher.views import live
     from gpuq_scheduler.launcher.views.doctor import containment
-    from gpuq_scheduler.launcher.views.tables import gpu_table
+    from gpuq_scheduler.launcher.views.gpu_rows import gpu_table
 
     source = open_source()
     try:

@@ -26,7 +26,8 @@ from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
 from gpuq_scheduler.launcher.supervisor import containment, processes
-from gpuq_scheduler.launcher.views.tables import GpuRow, gpu_rows, runtime
+from gpuq_scheduler.launcher.views.gpu_rows import GpuRow, gpu_rows
+from gpuq_scheduler.launcher.views.tables import runtime
 
 JOBS, RESERVED, OUTSIDE, FREE = "█", "▒", "░", " "
 

@@ -112,7 +112,7 @@ class Gpuq:
 def contract() -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpus_contract.py",
-         "tests/test_allocation.py"], cwd=ROOT, capture_output=True, text=True,
+         "tests/test_allocation_torch.py"], cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     print(f"contract: {summary}", flush=True)

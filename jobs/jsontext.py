@@ -3,7 +3,7 @@
 ``import json`` loads ``re``, and ``re`` loads ``enum``: together a large part of a quick ``gpuq submit``,
 which must stay close to Python's own start (bench/cli_cost.py measures it). A request holds only
 dicts with string keys, lists, tuples, strings, ints, floats, booleans and None, which take a few lines to
-write. What is written reads back with ``json.loads`` to the same values (tests/test_jsontext.py checks it
+write. What is written reads back with ``json.loads`` to the same values (tests/unit/test_jsontext.py checks it
 against the json package over random values); the daemon and every reader still parse with ``json``.
 """
 

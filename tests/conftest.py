@@ -21,23 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CLICK = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]  # `gpuq` straight to click, no quick path
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPORT = FIXTURES / "report.py"
+UNIT = Path(__file__).resolve().parent / "unit"
 
 
-# The fast tier (`pytest -m "not slow"`, docs/development.md): modules that need no root, browser, Slurm,
-# tmux or GPU and run in seconds. Every other module is marked slow here, by name, so a new module joins the
-# fast tier only when someone puts it on this list; a heavy test inside one of these is marked
-# `@pytest.mark.slow` where it is written.
-FAST_MODULES = frozenset({
-    "test_allocation", "test_cli_submit", "test_cli_suspend", "test_doctor", "test_exits", "test_fairshare",
-    "test_jsontext", "test_layout", "test_lint", "test_listing", "test_live", "test_memory", "test_model",
-    "test_placement", "test_report", "test_preemption_policy", "test_slurm_translate", "test_spool", "test_store",
-    "test_suspension_counts", "test_units", "test_watchdog_policy", "test_changes",
-})  # fmt: skip
-
-
+# Two tiers, by folder (docs/development.md). tests/unit/ is the unit tier: no torch, root, browser, Slurm, tmux
+# or GPU, about a minute on a 2-core machine (`pytest tests/unit`). Every other module under tests/ is the system
+# tier (real daemons, Unix users, browsers, clusters, GPUs) and is marked `slow` here, so `pytest -m "not slow"`
+# selects the unit tier as well. A module's tier is the folder it is put in; no list to keep.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.stem not in FAST_MODULES or item.get_closest_marker("gpu") is not None:
+        if UNIT not in item.path.parents or item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.slow)
 
 

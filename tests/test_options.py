@@ -19,7 +19,7 @@ from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import outbox
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from tests.conftest import Gpuq, wait_for
-from tests.test_cli_submit import DRIVER, QUICK, Run
+from tests.unit.test_cli_submit import DRIVER, QUICK, Run
 
 DECLARED = """
 from gpuq_scheduler.jobs import options

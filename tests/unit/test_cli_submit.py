@@ -24,7 +24,7 @@ from gpuq_scheduler.jobs.submission import inventory_json
 from gpuq_scheduler.launcher.cli import queue as click_commands
 from gpuq_scheduler.launcher.cli import submit as cli_submit
 from gpuq_scheduler.launcher.cli.context import NUMBER
-from tests.conftest import Gpuq, make_env
+from tests.conftest import ROOT, Gpuq, make_env
 from tests.installed import installed_tree
 from tests.test_cli_errors import BAD_SUBMITS
 
@@ -263,7 +263,7 @@ def test_the_gpuq_script_loads_no_heavy_module(queue: Queue) -> None:
     """The installed command itself (launcher/cli/gpuq, not a console-script wrapper, which imports re),
     without site, as in test_a_quick_submit_loads_no_heavy_module. It ends with os._exit, so what it loaded
     is read from -X importtime."""
-    script = Path(__file__).resolve().parent.parent / "launcher" / "cli" / "gpuq"
+    script = ROOT / "launcher" / "cli" / "gpuq"
     done = subprocess.run(
         [sys.executable, "-S", "-X", "importtime", str(script), "submit", "--mem", "2G", "--time", "1h", "true"],
         env={**queue.env, "PYTHONPATH": str(installed_tree())}, cwd=queue.work, capture_output=True, text=True,

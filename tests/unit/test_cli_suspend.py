@@ -27,12 +27,12 @@ from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import inventory_json
 from gpuq_scheduler.launcher.cli import suspend as cli_suspend
-from tests.conftest import fake_cuda_queue, make_env, wait_for
-from tests.test_cli_submit import CLICK, HEAVY, QUICK, Run
-from tests.test_cli_submit import Queue as Runner
+from tests.conftest import FIXTURES, fake_cuda_queue, make_env, wait_for
+from tests.unit.test_cli_submit import CLICK, HEAVY, QUICK, Run
+from tests.unit.test_cli_submit import Queue as Runner
 
 GiB = 1 << 30
-COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
+COUNTER = FIXTURES / "fake_counter.py"
 ME, NOBODY = os.getuid(), 65534
 
 
@@ -178,7 +178,7 @@ def test_shell_completion_goes_to_click(queue: Suspends) -> None:
 
 
 def test_a_quick_suspend_and_resume_load_no_heavy_module(queue: Suspends) -> None:
-    """Without site and from the package laid out as it installs (as tests/test_cli_submit.py's quick submit):
+    """Without site and from the package laid out as it installs (as tests/unit/test_cli_submit.py's quick submit):
     sqlite3 (with collections, which it imports itself) is the one heavy module, to read the table."""
     runs = ((["suspend", "1", "4"], "suspending job 5\nsuspending job 1\n"), (["resume", "2"], "resuming job 2\n"))
     for args, out in runs:

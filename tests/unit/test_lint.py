@@ -6,14 +6,18 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 from tests.installed import installed_tree, source_path
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name, path=str(ROOT / ".venv" / "bin")) or shutil.which(name)
-    assert found, f"{name} is not installed: pip install -e '.[dev]'"
+    """The tool installed beside the interpreter running the tests (any venv, not only .venv), else on PATH."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    assert found, f"{name} is not installed beside {sys.executable} nor on PATH: pip install -e '.[dev]'"
     return found
 
 
@@ -42,3 +46,19 @@ def test_imports_follow_the_contract() -> None:
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, source_path(result.stdout + result.stderr)
+
+
+def test_tools_are_found_beside_the_interpreter_in_a_venv_not_named_dot_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The linters were looked for only in ROOT/.venv/bin and on PATH, so the suite failed in a venv of
+    another name (CI's, a developer's `venv/`) unless that venv's bin was on PATH."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("python", "ruff"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+
+    assert _tool("ruff") == str(bin_dir / "ruff")

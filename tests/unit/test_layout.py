@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import FAST_MODULES, ROOT
+from tests.conftest import ROOT, UNIT
 
 try:
     import tomllib
@@ -81,6 +81,27 @@ def test_a_module_past_400_lines_argues_for_itself_at_its_top() -> None:
     assert silent == []
 
 
-def test_the_fast_tier_lists_only_modules_that_exist() -> None:
-    """A renamed module left on the list would drop out of the fast tier without a word."""
-    assert sorted(name for name in FAST_MODULES if not (ROOT / "tests" / f"{name}.py").is_file()) == []
+def _imported(path: Path) -> set[str]:
+    """The top-level names ``path`` imports anywhere in it, in a function's body too."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_unit_tier_never_imports_torch() -> None:
+    """tests/test_allocation.py imported torch at its top, so the fast tier paid torch's import (seconds on
+    the 2-core machine) and could not run where torch is not installed. A unit module neither imports it
+    itself nor loads it through what it imports (checked in a fresh interpreter)."""
+    modules = sorted(UNIT.glob("test_*.py"))
+    assert [path.name for path in modules if "torch" in _imported(path)] == []
+    code = (
+        "import importlib, sys\n"
+        f"for name in {[f'tests.unit.{path.stem}' for path in modules]!r}: importlib.import_module(name)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch')[:3])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

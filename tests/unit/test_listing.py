@@ -32,7 +32,7 @@ specs = st.builds(
 fates = st.sampled_from(["pending", "running", "succeeded", "failed", "cancelled"])
 
 
-@pytest.mark.slow  # hundreds of generated cases against a real table: seconds, not the fast tier
+@pytest.mark.slow  # hundreds of generated cases against a real table: seconds, out of the everyday unit run
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(jobs=st.lists(st.tuples(specs, fates, st.booleans()), min_size=1, max_size=12))
 def test_lines_from_the_table_equal_lines_made_from_its_records(

@@ -21,6 +21,7 @@ from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.schema import TABLE_VERSION
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
+from tests.conftest import FIXTURES
 
 
 def _spec() -> JobSpec:
@@ -88,7 +89,7 @@ def test_a_34565a6_shared_table_upgrades_without_keeping_its_submit_tokens(tmp_p
     read a pending job's token and replay it). The frozen table it wrote (tests/fixtures/state-34565a6) is read
     as before until the daemon opens it; the daemon's migration keeps each token's digest and its job's uid
     instead, so a re-send by the same user still finds its id, and no byte of any token is left in any file."""
-    fixture = Path(__file__).parent / "fixtures" / "state-34565a6"
+    fixture = FIXTURES / "state-34565a6"
     tokens = {int(k): v for k, v in json.loads((fixture / "tokens.json").read_text()).items()}
     shutil.copy(fixture / "jobs.db", tmp_path / "jobs.db")
     assert all(t.encode() in (tmp_path / "jobs.db").read_bytes() for t in tokens.values())  # what 34565a6 kept

@@ -130,7 +130,7 @@ _gpus = st.integers(0, 3)
 _jobs = st.integers(1, 6)
 
 
-@pytest.mark.slow  # hundreds of generated findings: seconds, not the fast tier
+@pytest.mark.slow  # hundreds of generated findings: seconds, out of the everyday unit run
 @settings(max_examples=2000, deadline=None)
 @given(
     rows=st.lists(st.tuples(_gpus, st.integers(1, 40), st.integers(0, 30 * GiB)), max_size=20),

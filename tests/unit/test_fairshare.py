@@ -27,7 +27,7 @@ from gpuq_scheduler.launcher.policy.fairshare import (
     why_behind,
 )
 from gpuq_scheduler.launcher.policy.placement import GiB, GpuView, Holding, Policy, Request, place
-from tests.test_placement import SIM, check_no_overcommit, check_plan, start
+from tests.unit.test_placement import SIM, check_no_overcommit, check_plan, start
 
 DAY = 24 * HOUR
 
@@ -314,7 +314,7 @@ shared_requests = st.builds(
 )
 
 
-@pytest.mark.slow  # many simulated ticks: seconds, not the fast tier
+@pytest.mark.slow  # many simulated ticks: seconds, out of the everyday unit run
 @settings(SIM, max_examples=500)
 @given(st.data())
 def test_caps_hold_and_a_capped_user_never_blocks_the_others_tick_after_tick(data: st.DataObject) -> None:

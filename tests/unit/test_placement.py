@@ -270,7 +270,7 @@ def nvml_used(data: st.DataObject, view: GpuView, load: Load) -> int:
 # Properties over simulated time.
 
 
-@pytest.mark.slow  # many simulated ticks: seconds, not the fast tier
+@pytest.mark.slow  # many simulated ticks: seconds, out of the everyday unit run
 @settings(SIM, max_examples=1000)
 @given(st.data())
 def test_simulated_ticks_keep_every_placement_rule(data: st.DataObject) -> None:
@@ -450,7 +450,7 @@ def backfill_keeps_head_on_time(
     raise AssertionError(f"head {head} did not start by its shadow time {deadline}")
 
 
-@pytest.mark.slow  # many simulated ticks: seconds, not the fast tier
+@pytest.mark.slow  # many simulated ticks: seconds, out of the everyday unit run
 @SIM
 @given(st.data())
 def test_backfill_never_delays_a_whole_gpu_head_past_its_shadow_time(data: st.DataObject) -> None:

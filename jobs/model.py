@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from gpuq_scheduler.jobs import plain
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.naming import output_path, program_name
@@ -133,63 +134,25 @@ class JobSpec:
         return " ".join([program_name(self.command), *(f"{name}={value}" for name, value in self.values)])
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as JSON, in the order of the dict ``capture_spec`` makes: its own fields, then the kept
-        options in their declared order."""
-        data = {
-            "command": list(self.command),
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "mem_per_gpu": self.mem_per_gpu,
-            "time_limit": self.time_limit,
-            "mode": self.mode.value,
-            "python": self.python,
-            "after": list(self.after),
-            "mem_auto": self.mem_auto,
-            "like": self.like,
-            "kind": self.kind,
-            "mem_from": self.mem_from,
-            "client": self.client,
-            "sweep": [[name, list(values)] for name, values in self.sweep],
-            "values": [list(pair) for pair in self.values],
-            "cpus": self.cpus,
-            "ram": self.ram,
-            "from_script": list(self.from_script),
-        }
+        """The spec as JSON, in the order of the dict ``capture_spec`` makes: its own fields (``_STORED``, in
+        their declared order, written by their types: ``jobs.plain``), then the kept options in theirs."""
+        data = {name: write(getattr(self, name)) for name, write in _WRITE.items()}
         for option, _ in _KEPT:
             data[option.field] = self.value(option)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
-        """Rebuild a spec, refusing wrong types: request files come from users and may be anything."""
+        """Rebuild a spec, refusing wrong types: request files come from users and may be anything. A field
+        left out holds its default; one without a default (the command, the cwd) must be there."""
         try:
-            command = data["command"]
-            env = data.get("env") or {}
-            if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-                raise BadInput("command must be a list of strings")
-            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-                raise BadInput("env must map strings to strings")
-            kept = {option.field: _kept(option, default, data) for option, default in _KEPT}
+            own = {
+                name: read(data[name]) if name in data or name in _REQUIRED else plain.default(_FIELDS[name])
+                for name, read in _READ.items()
+            }
+            kept = {key: read(data.get(key, _DEFAULTS[key])) for key, read in _READ_KEPT.items()}
             return cls(
-                command=tuple(command),
-                cwd=_typed(data["cwd"], str, "cwd"),
-                env=env,
-                mem_per_gpu=_optional(data.get("mem_per_gpu"), int, "mem_per_gpu"),
-                time_limit=_optional(data.get("time_limit"), float, "time_limit"),
-                mode=Mode(data.get("mode", "single")),
-                python=_optional(data.get("python"), str, "python"),
-                after=tuple(_typed(dep, int, "after") for dep in _typed(data.get("after", []), list, "after")),
-                mem_auto=_typed(data.get("mem_auto", False), bool, "mem_auto"),
-                like=_optional(data.get("like"), int, "like"),
-                kind=_typed(data.get("kind", ""), str, "kind"),
-                mem_from=_typed(data.get("mem_from", ""), str, "mem_from"),
-                client=_optional(data.get("client"), int, "client"),
-                sweep=_sweep(data.get("sweep", [])),
-                values=tuple(_pair(item, "values") for item in _typed(data.get("values", []), list, "values")),
-                cpus=_optional(data.get("cpus"), float, "cpus"),
-                ram=_optional(data.get("ram"), int, "ram"),
-                from_script=tuple(_typed(word, str, "from_script")
-                                  for word in _typed(data.get("from_script", []), list, "from_script")),
+                **own,
                 **{key: value for key, value in kept.items() if key in _OWN_FIELDS},
                 # An option left at its default is not kept: a spec built without it is the same spec.
                 options={k: v for k, v in kept.items() if k not in _OWN_FIELDS and v != _DEFAULTS[k]},
@@ -200,48 +163,23 @@ class JobSpec:
             raise BadInput(f"job spec has a bad value: {bad}") from None
 
 
-def _typed(value: Any, kind: type, name: str) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise BadInput(f"{name} must be true or false, not {type(value).__name__}")
-        return value
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise BadInput(f"{name} must be {kind.__name__}, not {type(value).__name__}")
-    return value
-
-
-def _optional(value: Any, kind: type, name: str) -> Any:
-    return None if value is None else _typed(value, kind, name)
-
-
-def _kept(option: Option[Any], default: Any, data: Mapping[str, Any]) -> Any:
-    """A kept option's value in a spec's JSON, of the type it declares (``default`` where it is missing)."""
-    value = data.get(option.field, default)
-    return (_optional if default is None else _typed)(value, option.stores, option.field)
-
-
 _OWN_FIELDS = frozenset(spec_field.name for spec_field in dataclasses.fields(JobSpec)) - {"options"}
 _KEPT = tuple((option, option.kept_default) for option in kept_options())  # with what each keeps when not given
 _DEFAULTS = {option.field: default for option, default in _KEPT}
-
-
-def _sweep(data: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    sweep = []
-    for item in _typed(data, list, "sweep"):
-        if not isinstance(item, list) or len(item) != 2:
-            raise BadInput("sweep must be a list of [name, values] pairs")
-        values = _typed(item[1], list, "sweep")
-        sweep.append((_typed(item[0], str, "sweep"), tuple(_typed(value, str, "sweep") for value in values)))
-    return tuple(sweep)
-
-
-def _pair(item: Any, name: str) -> tuple[str, str]:
-    if not isinstance(item, list) or len(item) != 2:
-        raise BadInput(f"{name} must be a list of [name, value] pairs")
-    return _typed(item[0], str, name), _typed(item[1], str, name)
-
+# A kept option's value, read as the type it declares (``stores``; or None, where that is what it keeps unless given).
+_READ_KEPT = {
+    option.field: plain.reader(option.stores if default is not None else option.stores | None, option.field)
+    for option, default in _KEPT
+}
+# The spec's own fields its JSON holds by their types; the kept options (_KEPT) and ``options`` are written as
+# ``jobs.options`` declares them. A new field is written and read back with no more code than its declaration.
+_STORED = {
+    name: hint for name, hint in plain.hints(JobSpec).items() if name != "options" and name not in _DEFAULTS
+}
+_WRITE = {name: plain.writer(hint) for name, hint in _STORED.items()}
+_READ = {name: plain.reader(hint, name) for name, hint in _STORED.items()}
+_FIELDS = {spec_field.name: spec_field for spec_field in dataclasses.fields(JobSpec)}
+_REQUIRED = frozenset(name for name, spec_field in _FIELDS.items() if plain.default(spec_field) is dataclasses.MISSING)
 
 
 # Slots: past 30 fields (CPython's limit for keys its instances share), each record got a dict of its own, 1.3

@@ -11,6 +11,7 @@ Environments are not kept: they went to sbatch, and they may hold secrets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -21,7 +22,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
-from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store import rows as job_rows
 
 TABLE_VERSION = 1
 
@@ -64,10 +65,17 @@ CREATE TABLE IF NOT EXISTS arrays (
 );
 """
 
-_COLUMNS = (
-    "id, cluster, external_id, state, uid, user, spec, submitted_at, started_at, ended_at, gpus, exit_code, signal,"
-    " reason, log, node, array_id, array_index, attempt, held"
-)
+# A record is read from the columns named as JobRecord's fields that this table has (``_SCHEMA``), by name,
+# with the job table's readers (``jobs.store.rows``); a field it lacks holds its default.
+_FIELDS = (
+    "id", "cluster", "external_id", "state", "uid", "user", "submitted_at", "started_at", "ended_at", "gpus",
+    "exit_code", "signal", "reason", "log", "node", "array_id", "array_index", "attempt", "held",
+)  # fmt: skip
+_READERS = job_rows.record_readers(_FIELDS)
+_COLUMNS = ", ".join([*_FIELDS, "spec"])
+# What a submit records of each job (the rest is learnt from Slurm: ``update``), and what a refresh updates.
+_INSERTED = ("id", "cluster", "external_id", "state", "uid", "user", "submitted_at", "log", "array_id", "array_index")
+_UPDATED = ("state", "started_at", "ended_at", "gpus", "exit_code", "signal", "reason", "node", "attempt", "held")
 _ACTIVE = "state IN ('pending', 'running')"
 
 
@@ -108,22 +116,7 @@ class ClusterTable:
 
     def insert(self, records: Sequence[JobRecord], array: ClusterArray | None = None) -> None:
         """Record newly submitted jobs (and their array) in one transaction."""
-        rows = [
-            (
-                r.id,
-                r.cluster,
-                r.external_id,
-                r.state.value,
-                r.uid,
-                r.user,
-                _spec_json(r.spec),
-                r.submitted_at,
-                r.log,
-                r.array_id,
-                r.array_index,
-            )
-            for r in records
-        ]
+        rows = [(*(job_rows.to_column(getattr(r, name)) for name in _INSERTED), _spec_json(r.spec)) for r in records]
         with self._write(create=True) as db:
             if array is not None:
                 db.execute(
@@ -142,8 +135,7 @@ class ClusterTable:
                     ),
                 )
             db.executemany(
-                "INSERT INTO jobs (id, cluster, external_id, state, uid, user, spec, submitted_at, log, array_id,"
-                " array_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO jobs ({', '.join(_INSERTED)}, spec) VALUES ({', '.join('?' * (len(_INSERTED) + 1))})",
                 rows,
             )
 
@@ -154,24 +146,8 @@ class ClusterTable:
             return
         with self._write() as db:
             db.executemany(
-                "UPDATE jobs SET state=?, started_at=?, ended_at=?, gpus=?, exit_code=?, signal=?, reason=?, node=?,"
-                f" attempt=?, held=? WHERE id=? AND {_ACTIVE}",
-                [
-                    (
-                        r.state.value,
-                        r.started_at,
-                        r.ended_at,
-                        json.dumps(list(r.gpus)),
-                        r.exit_code,
-                        r.signal,
-                        r.reason,
-                        r.node,
-                        r.attempt,
-                        int(r.held),
-                        r.id,
-                    )
-                    for r in records
-                ],
+                f"UPDATE jobs SET {', '.join(f'{name}=?' for name in _UPDATED)} WHERE id=? AND {_ACTIVE}",
+                [(*(job_rows.to_column(getattr(r, name)) for name in _UPDATED), r.id) for r in records],
             )
 
     def set_cancel_by(self, job_ids: Iterable[int], who: str | None) -> None:
@@ -183,7 +159,7 @@ class ClusterTable:
 
     def get(self, job_id: int) -> JobRecord | None:
         rows = self._read(f"SELECT {_COLUMNS} FROM jobs WHERE id=?", (job_id,))
-        return _record(rows[0]) if rows else None
+        return _records(rows)[0] if rows else None
 
     def records(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
         """Jobs in id order; ``limit`` keeps the most recent ones."""
@@ -194,21 +170,19 @@ class ClusterTable:
             rows = self._read(
                 f"SELECT * FROM (SELECT {_COLUMNS} FROM jobs {where} ORDER BY id DESC LIMIT ?) ORDER BY id", (limit,)
             )
-        return [_record(row) for row in rows]
+        return _records(rows)
 
     def members(self, array_id: int) -> list[JobRecord]:
-        return [
-            _record(row) for row in self._read(f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,))
-        ]
+        return _records(self._read(f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,)))
 
     def arrays(self, ids: Iterable[int] | None = None) -> dict[int, ClusterArray]:
-        query = "SELECT id, cluster, external_id, uid, user, name, size, throttle, submitted_at FROM arrays"
+        query = f"SELECT {', '.join(field.name for field in dataclasses.fields(ClusterArray))} FROM arrays"
         if ids is None:
             rows = self._read(query)
         else:
             wanted = list(ids)
             rows = self._read(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted) if wanted else []
-        return {row[0]: ClusterArray(*row) for row in rows}
+        return {row["id"]: ClusterArray(**dict(zip(row.keys(), row, strict=True))) for row in rows}
 
     def cancel_by(self, job_ids: Iterable[int]) -> dict[int, str]:
         wanted = list(job_ids)
@@ -218,7 +192,7 @@ class ClusterTable:
             f"SELECT id, cancel_by FROM jobs WHERE cancel_by IS NOT NULL AND id IN ({','.join('?' * len(wanted))})",
             wanted,
         )
-        return {row[0]: row[1] for row in rows}
+        return {row["id"]: row["cancel_by"] for row in rows}
 
     def max_id(self) -> int:
         """The highest id recorded here: an array's members come after its own id."""
@@ -245,12 +219,14 @@ class ClusterTable:
         self._db = db
         return db
 
-    def _read(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _read(self, query: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         db = self._connect(create=False)
         if db is None:
             return []
         try:
-            return db.execute(query, args).fetchall()
+            cursor = db.cursor()
+            cursor.row_factory = sqlite3.Row  # read by column name
+            return cursor.execute(query, args).fetchall()
         except sqlite3.DatabaseError as err:
             raise StateDirError(f"cannot read {self.path}: {err}; move it aside to start a new record") from None
 
@@ -311,30 +287,12 @@ def _spec_json(spec: JobSpec) -> str:
     return json.dumps(data)
 
 
-def _record(row: Sequence[Any]) -> JobRecord:
+def _records(rows: Sequence[sqlite3.Row]) -> list[JobRecord]:
+    records: list[JobRecord] = []
     try:
-        spec = JobSpec.from_json({**json.loads(row[6]), "env": {}})
-        return JobRecord(
-            id=row[0],
-            cluster=row[1],
-            external_id=row[2],
-            state=JobState(row[3]),
-            uid=row[4],
-            user=row[5],
-            spec=spec,
-            submitted_at=row[7],
-            started_at=row[8],
-            ended_at=row[9],
-            gpus=tuple(json.loads(row[10])),
-            exit_code=row[11],
-            signal=row[12],
-            reason=row[13],
-            log=row[14],
-            node=row[15],
-            array_id=row[16],
-            array_index=row[17],
-            attempt=row[18],
-            held=bool(row[19]),
-        )
+        for row, fields in zip(rows, job_rows.read_fields(rows, _READERS), strict=True):
+            records.append(JobRecord(spec=JobSpec.from_json({**json.loads(row["spec"]), "env": {}}), **fields))
     except (BadInput, ValueError, TypeError, KeyError, RecursionError) as err:
-        raise StateDirError(f"a cluster job record (id {row[0]}) cannot be read ({err}); it was damaged") from None
+        damaged = rows[len(records)]["id"]  # the first one not read
+        raise StateDirError(f"a cluster job record (id {damaged}) cannot be read ({err}); it was damaged") from None
+    return records

@@ -1,20 +1,16 @@
-"""The job table's layout: its SQL schema and version, the columns a record is read from, and how a row
-becomes a ``JobRecord`` and a spec a row (``table`` does the reading and writing)."""
+"""The job table's layout: its SQL schema and version, and the migrations that bring an older table up to it
+(``rows``: how a ``JobRecord`` becomes a row and back; ``table`` does the reading and writing)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
-from gpuq_scheduler.jobs.model import JobRecord, JobSpec
-from gpuq_scheduler.jobs.outcome import JobState, Step
 from gpuq_scheduler.jobs.store.statedir import TABLE_VERSION as TABLE_VERSION
 
 # Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
@@ -149,17 +145,6 @@ CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending',
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
 
-COLUMNS = (
-    "jobs.id, state, jobs.uid, jobs.user, priority, spec, jobs.submitted_at, started_at, ended_at, gpus, gpu_uuids, "
-    "exit_code, signal, reason, peak_mem, log, array_id, array_index, attempt, held, cause, culprit, "
-    "step, host_bytes, suspended_at, suspended_for"
-)
-# The same from a table no daemon of version 4 (or 3) has opened yet (`gpuq status` before the upgraded
-# daemon ran): nothing was ever suspended there.
-COLUMNS_V3 = COLUMNS.replace("step, host_bytes, suspended_at, suspended_for", "NULL, NULL, NULL, NULL")
-COLUMNS_V2 = COLUMNS_V3.replace("cause, culprit", "NULL, NULL")
-
-
 def create_table(path: Path) -> None:
     """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -174,27 +159,48 @@ def create_table(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _listed_copies(db: sqlite3.Connection) -> None:
+    """Version 2: what a listing shows of a spec, copied into columns of their own (``LISTED``)."""
+    for column, kind, _ in LISTED:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+    copies = ", ".join(f"{column} = json_extract(spec, '{field}')" for column, _, field in LISTED)
+    db.execute(f"UPDATE jobs SET {copies}")
+
+
+def _typed_causes(db: sqlite3.Connection) -> None:
+    """Version 3: why each job ended, typed (``CAUSED``), found from what version 2 recorded."""
+    for column, kind in CAUSED:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+    db.execute(f"UPDATE jobs SET cause = {_CAUSE_OF_V2} WHERE state NOT IN ('pending', 'running')")
+
+
+def _suspension(db: sqlite3.Connection) -> None:
+    """Version 4: jobs suspended to host memory (``SUSPENSION``), and the index of live jobs."""
+    for column, kind in SUSPENSION:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+    db.execute(LIVE)
+
+
+# Each version's change, which brings a table of the version before it up to that version: ``migrate`` runs
+# those past a table's version in order, in one transaction. A change of the schema is a new entry here (and
+# its shape in SCHEMA, which makes new tables): tests/unit/test_stored_job.py checks that every version has one and
+# that a table brought up from an old version has the shape of a table made new.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    2: _listed_copies,
+    3: _typed_causes,
+    4: _suspension,
+    5: lambda db: _hide_tokens(db),  # defined below, beside ``token_digest``
+}
+
+
 def migrate(db: sqlite3.Connection, version: int) -> None:
     """Bring a table of an older version up to this one (the daemon does, on opening it), in one transaction."""
     if version >= TABLE_VERSION:
         return
     db.execute("BEGIN IMMEDIATE")
     try:
-        if version < 2:
-            for column, kind, _ in LISTED:
-                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
-            copies = ", ".join(f"{column} = json_extract(spec, '{field}')" for column, _, field in LISTED)
-            db.execute(f"UPDATE jobs SET {copies}")
-        if version < 3:
-            for column, kind in CAUSED:
-                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
-            db.execute(f"UPDATE jobs SET cause = {_CAUSE_OF_V2} WHERE state NOT IN ('pending', 'running')")
-        if version < 4:
-            for column, kind in SUSPENSION:
-                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
-            db.execute(LIVE)
-        if version < 5:
-            _hide_tokens(db)
+        for step in range(max(version, 1) + 1, TABLE_VERSION + 1):  # version 1 is the first
+            MIGRATIONS[step](db)
         db.execute(f"PRAGMA user_version={TABLE_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")
@@ -224,57 +230,6 @@ def _hide_tokens(db: sqlite3.Connection) -> None:
     db.executemany(
         "INSERT OR IGNORE INTO intake (digest, uid, id, at) VALUES (?, ?, ?, ?)",
         [(token_digest(str(token)), -1 if uid is None else uid, job_id, at) for token, job_id, at, uid in rows],
-    )
-
-
-def spec_row(spec: JobSpec) -> tuple[Any, ...]:
-    """The spec's column and its LISTED copies, in that order."""
-    data = spec.to_json()
-    del data["env"]  # kept in its own column: listings never parse environments
-    name = spec.default_name  # the "program" column holds what a job without a --name is called
-    return (json.dumps(data), spec.name, name, spec.gpus, spec.mem_per_gpu, spec.mem_auto, spec.mem_from)
-
-
-SPEC_COLUMNS = ", ".join(["spec", *(column for column, _, _ in LISTED)])  # spec_row's columns...
-SPEC_VALUES = ", ".join("?" * (1 + len(LISTED)))  # ...and a placeholder for each
-
-
-def record_from(
-    row: Sequence[Any], env: str | None = None, envs: dict[str, Mapping[str, str]] | None = None
-) -> JobRecord:
-    spec_data = json.loads(row[5])
-    if envs is not None and env:
-        if env not in envs:
-            envs[env] = json.loads(env)
-        spec_data["env"] = envs[env]
-    else:
-        spec_data["env"] = json.loads(env) if env else {}
-    return JobRecord(
-        id=row[0],
-        state=JobState(row[1]),
-        uid=row[2],
-        user=row[3],
-        spec=JobSpec.from_json(spec_data),
-        submitted_at=row[6],
-        started_at=row[7],
-        ended_at=row[8],
-        gpus=tuple(json.loads(row[9])),
-        gpu_uuids=tuple(json.loads(row[10])),
-        exit_code=row[11],
-        signal=row[12],
-        reason=row[13],
-        peak_mem=row[14],
-        log=row[15],
-        array_id=row[16],
-        array_index=row[17],
-        attempt=row[18],
-        held=bool(row[19]),
-        cause=None if row[20] is None else Cause(row[20]),
-        culprit=row[21],
-        step=None if row[22] is None else Step(row[22]),
-        host_bytes=row[23],
-        suspended_at=row[24],
-        suspended_for=row[25] or 0.0,
     )
 
 

@@ -28,6 +28,7 @@ from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step, in_host_memory
+from gpuq_scheduler.jobs.store import rows as job_rows
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
 
@@ -64,10 +65,9 @@ class JobTable:
         self._listed = version >= 2  # a table no daemon of this version opened yet: lines parse specs
         # A line's attempt and time suspended (``jobs.listing.Line``): none suspended before version 4.
         self._suspension = ", attempt, " + ("COALESCE(suspended_for, 0), suspended_at" if version >= 4 else "0, NULL")
-        # A table no daemon of this version opened yet: no causes recorded (before 3), nothing suspended (4).
-        self._columns = (
-            schema.COLUMNS if version >= 4 else schema.COLUMNS_V3 if version == 3 else schema.COLUMNS_V2
-        )
+        # A table no daemon of this version opened yet lacks the newer columns (no causes recorded before
+        # version 3, nothing suspended before 4): its records hold those fields' defaults.
+        self._columns = job_rows.record_select(job_rows.columns_of(self._db, "jobs"))
 
     def close(self, *, rollback_mode: bool = False) -> None:
         """``rollback_mode`` (the daemon's clean stop; the next one puts WAL back): readers who cannot write
@@ -127,9 +127,10 @@ class JobTable:
                   None if self.private else a.notify, a.submitted_at)
                  for a in arrays if a.id not in known_arrays],
             )  # fmt: skip
+            spec_columns, spec_values = job_rows.SPEC_COLUMNS, job_rows.SPEC_VALUES
             self._db.executemany(
                 f"INSERT INTO jobs (id, state, uid, user, priority, env, submitted_at, log, array_id, array_index,"
-                f" held, {schema.SPEC_COLUMNS}) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, {schema.SPEC_VALUES})",
+                f" held, {spec_columns}) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, {spec_values})",
                 [
                     (r.id, r.uid, r.user, r.spec.priority,
                      "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
@@ -291,12 +292,12 @@ class JobTable:
 
     @_reading
     def get(self, job_id: int, *, with_env: bool = False) -> JobRecord | None:
-        row = self._db.execute(
-            f"SELECT {self._columns}, {schema.ENV} FROM {schema.JOINED} WHERE jobs.id=?", (job_id,)
+        row = self._named(
+            f"SELECT {self._columns}, {schema.ENV} AS job_env FROM {schema.JOINED} WHERE jobs.id=?", (job_id,)
         ).fetchone()
         if row is None:
             return None
-        record = schema.record_from(row, env=row[-1] if with_env else None)
+        record = job_rows.records_from([row], with_env=with_env)[0]
         return self._whole(record) if with_env else record
 
     @_reading
@@ -304,13 +305,13 @@ class JobTable:
         """Jobs in id order; ``limit`` keeps the most recent ones."""
         where = f"WHERE {schema.LIVE_STATES}" if active_only else ""
         if limit is None:
-            rows = self._db.execute(f"SELECT {self._columns} FROM jobs {where} ORDER BY id").fetchall()
+            rows = self._named(f"SELECT {self._columns} FROM jobs {where} ORDER BY id").fetchall()
         else:
-            rows = self._db.execute(
+            rows = self._named(
                 f"SELECT * FROM (SELECT {self._columns} FROM jobs {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
                 (limit,),
             ).fetchall()
-        return [schema.record_from(row) for row in rows]
+        return job_rows.records_from(rows)
 
     @_reading
     def lines(self) -> list[Line]:
@@ -322,27 +323,27 @@ class JobTable:
     @_reading
     def pending(self) -> list[JobRecord]:
         """Pending jobs in queue order: priority first, then submission order."""
-        rows = self._db.execute(
-            f"SELECT {self._columns}, {schema.ENV} FROM {schema.JOINED} WHERE state='pending' "
+        rows = self._named(
+            f"SELECT {self._columns}, {schema.ENV} AS job_env FROM {schema.JOINED} WHERE state='pending' "
             "ORDER BY priority DESC, jobs.id"
         ).fetchall()
         envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
-        return [self._whole(schema.record_from(row, env=row[-1], envs=envs)) for row in rows]
+        return [self._whole(record) for record in job_rows.records_from(rows, with_env=True, envs=envs)]
 
     @_reading
     def arrays(self, ids: Iterable[int] | None = None, *, active_only: bool = False) -> dict[int, ArrayInfo]:
         """Arrays by id (without their environments); ``active_only``: those with a member pending or running."""
-        query = "SELECT id, uid, user, name, size, throttle, notify, submitted_at, notified FROM arrays"
+        query = f"SELECT {', '.join(_ARRAY)}, notified FROM arrays"  # all but its environment
         if active_only:
             active = f"SELECT array_id FROM jobs WHERE {schema.LIVE_STATES} AND array_id IS NOT NULL"
-            rows = self._db.execute(f"{query} WHERE id IN ({active})").fetchall()
+            rows = self._named(f"{query} WHERE id IN ({active})").fetchall()
         elif ids is None:
-            rows = self._db.execute(query).fetchall()
+            rows = self._named(query).fetchall()
         else:
             wanted = list(ids)
-            rows = self._db.execute(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
+            rows = self._named(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
         found = {
-            row[0]: ArrayInfo(row[0], row[1], row[2], row[3], row[4], row[5], {}, row[6], row[7], bool(row[8]))
+            row["id"]: ArrayInfo(**{name: row[name] for name in _ARRAY}, notified=bool(row["notified"]))
             for row in rows
         }
         if self.private is not None:
@@ -354,8 +355,8 @@ class JobTable:
     @_reading
     def members(self, array_id: int) -> list[JobRecord]:
         query = f"SELECT {self._columns} FROM jobs WHERE array_id=? ORDER BY id"
-        rows = self._db.execute(query, (array_id,)).fetchall()
-        return [schema.record_from(row) for row in rows]
+        rows = self._named(query, (array_id,)).fetchall()
+        return job_rows.records_from(rows)
 
     def set_notified(self, array_id: int) -> None:
         with self.batch():
@@ -380,19 +381,20 @@ class JobTable:
         """A pending job's new priority or time limit, or a retry's new memory (callers check the state)."""
         with self.batch():
             self._db.execute(
-                f"UPDATE jobs SET ({schema.SPEC_COLUMNS}) = ({schema.SPEC_VALUES}), priority=? WHERE id=?",
+                f"UPDATE jobs SET ({job_rows.SPEC_COLUMNS}) = ({job_rows.SPEC_VALUES}), priority=? WHERE id=?",
                 (*self._spec_row(spec), spec.priority, job_id),
             )
 
     @_reading
     def running(self, state: JobState = JobState.RUNNING) -> list[tuple[JobRecord, Launch]]:
         """Running jobs (or, ``state``, suspended ones: alive too) and how to find each one's shim again."""
-        rows = self._db.execute(
-            f"SELECT {self._columns}, shim_pid, shim_start, boot_id, port, cancel_by FROM jobs"
-            " WHERE state=? ORDER BY id",
-            (state.value,),
+        rows = self._named(
+            f"SELECT {self._columns}, {', '.join(_LAUNCH)} FROM jobs WHERE state=? ORDER BY id", (state.value,)
         ).fetchall()
-        return [(self._whole(schema.record_from(row[:-5])), Launch(*row[-5:])) for row in rows]
+        return [
+            (self._whole(record), Launch(**{name: row[name] for name in _LAUNCH}))
+            for record, row in zip(job_rows.records_from(rows), rows, strict=True)
+        ]
 
     @_reading
     def owners(self, job_ids: Iterable[int]) -> dict[int, tuple[int, str, JobState]]:
@@ -466,8 +468,14 @@ class JobTable:
             raise
         return {int(job_id): float(joules) for job_id, joules in rows}
 
+    def _named(self, query: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """``query``'s rows, read by column name (``sqlite3.Row``)."""
+        cursor = self._db.cursor()
+        cursor.row_factory = sqlite3.Row
+        return cursor.execute(query, args)
+
     def _spec_row(self, spec: JobSpec) -> tuple[Any, ...]:
-        return schema.spec_row(public(spec) if self.private is not None else spec)
+        return job_rows.spec_row(public(spec) if self.private is not None else spec)
 
     def _whole(self, record: JobRecord) -> JobRecord:
         """The record with its full spec, for the daemon of a shared queue (a no-op otherwise). A job whose
@@ -509,6 +517,12 @@ class _Transaction:
         if self._owner:
             self._db.execute("COMMIT" if kind is None else "ROLLBACK")
 
+
+# What finds a running job's shim again (``Launch``): its columns are its fields' names.
+_LAUNCH = tuple(field.name for field in dataclasses.fields(Launch))
+# An array's columns, read by its fields' names: all but its environment (read only where a job needs it) and
+# whether it was notified (a 0 or 1 read as a boolean).
+_ARRAY = tuple(field.name for field in dataclasses.fields(ArrayInfo) if field.name not in ("env", "notified"))
 
 # Each job's GPU energy (joules), charged at every sample while it runs. A table of its own, made by the first
 # charge, like ``learned`` added without a new table version: older daemons and readers never look at it.

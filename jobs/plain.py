@@ -3,8 +3,10 @@ how a typed field is written, so a record's JSON (``JobSpec.to_json``) and its S
 follow its fields instead of naming each one again.
 
 The types a stored field may have: str, int, float, bool, an Enum, ``X | None``, ``tuple[X, ...]``, a fixed
-``tuple[X, Y]``, ``Mapping[str, str]`` and ``Any`` (kept as it is). Reading checks every value against its
-type, since what is read may come from a user's request file: a wrong one raises ``BadInput`` naming it.
+``tuple[X, Y]``, ``Mapping[str, str]``, a list (a kept option's) and ``Any`` (kept as it is); any other is a
+TypeError when the module declaring the field is loaded, not a value written wrong. Reading checks every
+value against its type, since what is read may come from a user's request file: a wrong one raises
+``BadInput`` naming it.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def writer(hint: Any) -> Writer:
         return dict
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return lambda value: value.value
-    return lambda value: value
+    if hint in _SCALARS or hint is Any:
+        return lambda value: value
+    raise TypeError(f"jobs.plain cannot store a field of type {hint!r}: give it one of the types listed at its top")
 
 
 def reader(hint: Any, name: str) -> Reader:
@@ -100,7 +104,7 @@ def reader(hint: Any, name: str) -> Reader:
         return lambda value: members[value] if type(value) is str and value in members else hint(value)
     if hint is Any:
         return lambda value: value
-    return lambda value: scalar(value, hint, name)
+    raise TypeError(f"jobs.plain cannot store {name} of type {hint!r}: give it one of the types listed at its top")
 
 
 _SCALARS = (str, int, float, bool, list)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuq_scheduler.jobs import plain
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Mode
@@ -170,3 +171,17 @@ def test_the_34565a6_table_is_brought_to_the_shape_of_a_new_one(tmp_path: Path) 
     (tmp_path / "new").mkdir()
     JobTable(tmp_path / "new" / "jobs.db", create=True).close(rollback_mode=True)
     assert _shape(tmp_path / "jobs.db") == _shape(tmp_path / "new" / "jobs.db")
+
+
+def test_a_field_of_a_type_the_json_cannot_hold_is_refused_when_declared() -> None:
+    """An unknown type is an error where the field is declared, not a value written as it happens to be."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Stored:
+        seen: set[int]
+
+    hint = plain.hints(Stored)["seen"]
+    with pytest.raises(TypeError, match="cannot store"):
+        plain.writer(hint)
+    with pytest.raises(TypeError, match="cannot store seen"):
+        plain.reader(hint, "seen")

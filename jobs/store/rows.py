@@ -110,10 +110,14 @@ def records_from(
     """The records rows of one query by ``record_select``'s list hold (read by name; other columns are
     ignored). ``with_env``: each row's ``job_env`` column is its environment's JSON text (else none is read);
     ``envs``: environments parsed already, by their text (10,000 members of one array share one)."""
-    records = []
+    records: list[JobRecord] = []
+    if not rows:
+        return records
+    names = rows[0].keys()
+    spec_at, env_at = names.index("spec"), names.index("job_env") if with_env else None
     for row, fields in zip(rows, read_fields(rows, READERS), strict=True):
-        spec_data = json.loads(row["spec"])
-        env = row["job_env"] if with_env else None
+        spec_data = json.loads(row[spec_at])
+        env = None if env_at is None else row[env_at]
         if envs is not None and env:
             if env not in envs:
                 envs[env] = json.loads(env)

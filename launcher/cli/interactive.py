@@ -111,10 +111,14 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     too, should this process die of a kill -9)."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
     place, counted, said = 1, -float("inf"), False
-    for signum in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(signum, _withdraw)
+    # The handlers only note the signal; the loop acts on it between steps. An exception raised by a handler
+    # lands wherever the main thread happens to be (inside a read of the store, a lock's acquisition) and
+    # could leave that half-done under the withdrawal that follows.
+    asked: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, lambda received, _: asked.append(received))
     try:
-        while True:
+        while not asked:
             record = queue.get(job_id)
             if record.state is JobState.RUNNING:
                 if live:
@@ -140,8 +144,7 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 why = record.reason or "waiting for the daemon"
                 click.echo(f"gpuq: job {job_id} waits ({place} in line): {why}", err=True)
                 said = True
-            time.sleep(0.1)
-    except (KeyboardInterrupt, _Withdraw) as why:
+            time.sleep(0.1)  # a signal's handler returns into the sleep, which ends on time: 0.1 s at most
         for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)  # a second hang-up must not stop the withdrawal half-way
         queue.cancel([job_id])
@@ -149,21 +152,11 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
 
         ensure_daemon(ctx.state)
         click.echo(("\r\033[K" if live else "") + f"gpuq: withdrew job {job_id}", err=True)
-        sys.exit(128 + why.signum if isinstance(why, _Withdraw) else 130)
+        sys.exit(128 + asked[0])  # 130 for Ctrl-C, as a shell says
     finally:
         for signum in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _withdraw(signum: int, frame: object) -> None:
-    raise _Withdraw(signum)
 
 
 def _given(record: JobRecord, timeout: float = 30.0) -> dict[str, Any]:

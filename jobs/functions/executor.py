@@ -101,20 +101,27 @@ class Executor:
             job_id = api.submit(words, name=self.name or _name_of(fn), home=self.home, **self.options)
         return Job(job_id, home=self.home)
 
-    def map_array(
-        self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None
-    ) -> list[Job]:
+    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None) -> list[Job]:
         """Queue ``fn(*items)`` for each tuple of items, as ``map`` pairs them, as one gpuq array (at most
         ``throttle`` running at once); the Jobs come back in the order of the items."""
         calls = list(zip(*iterables, strict=False)) if iterables else []
         if not calls:
             raise BadInput("map_array needs at least one item to call the function with")
+        return self.submit_batch([(fn, items, {}) for items in calls], throttle=throttle)
+
+    def submit_batch(
+        self, calls: Sequence[tuple[Callable[..., Any], Sequence[Any], dict[str, Any]]], throttle: int | None = None
+    ) -> list[Job]:
+        """Queue each ``(fn, args, kwargs)`` as one member of one gpuq array (at most ``throttle`` running at
+        once), whatever its function: the runner reads each member's own call. Named after the first."""
+        if not calls:
+            raise BadInput("an array of calls needs at least one call")
         with self._new_folder() as folder:
-            for index, items in enumerate(calls):
-                _pickle_call(folder, str(index), fn, items, {})
+            for index, (fn, args, kwargs) in enumerate(calls):
+                _pickle_call(folder, str(index), fn, args, kwargs)
             words = runner.command(sys.executable, folder, "{index}")
             _, members = api.array(
-                words, range(len(calls)), throttle=throttle, name=self.name or _name_of(fn), home=self.home,
+                words, range(len(calls)), throttle=throttle, name=self.name or _name_of(calls[0][0]), home=self.home,
                 **self.options,
             )  # fmt: skip
         return [Job(job_id, home=self.home) for job_id in members]

@@ -176,6 +176,7 @@ class AutoExecutor:
         for key, why in unused.items():
             if key not in self._said:
                 self._said.add(key)
+                why = why.replace("{cluster}", self.on or "NAME")
                 warnings.warn(f"{key} does nothing here: {why}", IgnoredParameter, stacklevel=3)
 
 

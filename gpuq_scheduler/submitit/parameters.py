@@ -22,7 +22,7 @@ from gpuq_scheduler.jobs.options import SUBMIT
 
 GENERIC = ("name", "timeout_min", "mem_gb", "nodes", "cpus_per_task", "gpus_per_node", "tasks_per_node",
            "stderr_to_stdout")  # fmt: skip
-_SLURM_ONLY_GIVEN = "set it in the cluster's config: [clusters.NAME] partition, account or sbatch_flags"
+_SLURM_ONLY_GIVEN = "set it in the cluster's config: [clusters.{cluster}] partition, account or sbatch_flags"
 _NO_SIGNAL = "gpuq sends no signal before a time limit: checkpoint() is called on preemption alone"
 _SHAPE = "gpuq shapes a job by cpus_per_task, gpus_per_node and mem_gb"
 # Slurm's own parameters (submitit's SlurmExecutor) and why each does nothing when gpuq sends the job to Slurm;

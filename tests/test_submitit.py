@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import Gpuq
 from tests.test_preemption import _counts, _events, _requeue_queue
 
@@ -46,11 +48,18 @@ def test_the_readme_addition_runs_with_one_changed_import(gpuq: Gpuq) -> None:
         output = job.result()
         assert output == 12
         again = executor.submit(add, 1, 2).result()    # the same executor again: nothing said twice
+        import shutil
+        which = executor.submit(submitit.helpers.CommandFunction(["which", "python"])).result()
+        failed = executor.submit(submitit.helpers.CommandFunction(["ls", "no such file"])).exception()
         print(json.dumps({"job_id": job.job_id, "state": job.state, "cluster": executor.cluster, "done": job.done(),
-                          "paths": {k: str(v) for k, v in vars(job.paths).items()}, "again": again}))
+                          "paths": {k: str(v) for k, v in vars(job.paths).items()}, "again": again,
+                          "which": [which, shutil.which("python")], "failed": [type(failed).__name__, str(failed)]}))
     """,
     )
     assert found["state"] == "COMPLETED" and found["cluster"] == "local" and found["done"] and found["again"] == 3
+    which, here = found["which"]
+    assert which == here + "\n"  # a command as a function: the job runs the same interpreter as the script
+    assert found["failed"][0] == "CommandFailed" and "ls no such file exited 2:" in found["failed"][1]
     record = gpuq.job(int(found["job_id"]))
     assert record["name"] == "add" and record["time_limit"] == 60.0 and record["gpus_requested"] == 0
     # slurm_partition means nothing on the workstation: said once, as a warning, naming where the jobs went.
@@ -230,8 +239,8 @@ from gpuq_scheduler import submit
 
 
 class Trainer(submitit.helpers.Checkpointable):
-    \"\"\"Counts STEPS steps into a file, holding 60 GiB of its fake GPU. Its checkpoint saves where it is in a
-    file of its own and resubmits a fresh Trainer, which picks up from that file (submitit's training recipe).\"\"\"
+    \"\"\"Counts STEPS steps into a file, holding 60 GiB of its fake GPU. Its progress is its own attribute, so
+    the checkpoint it inherits (the callable as it is now, the same arguments) resumes it.\"\"\"
 
     def __init__(self):
         self.done = 0
@@ -239,56 +248,92 @@ class Trainer(submitit.helpers.Checkpointable):
     def __call__(self, counts, checkpoint, steps):
         usage = Path(os.environ["GPUQ_FAKE_USAGE"]) / f"{os.getpid()}.json"
         usage.write_text(json.dumps({os.environ["CUDA_VISIBLE_DEVICES"]: 61 << 30}))
-        start = self.done = int(Path(checkpoint).read_text()) if Path(checkpoint).exists() else 0
-        with open(counts, "a") as out:
-            while self.done < steps:
-                self.done += 1
-                out.write(f"{self.done}\\n")
-                out.flush()
-                time.sleep(0.02)
-        usage.unlink()
+        start = self.done = self.load(checkpoint)
+        try:
+            with open(counts, "a") as out:
+                while self.done < steps:
+                    self.done += 1
+                    out.write(f"{self.done}\\n")
+                    out.flush()
+                    time.sleep(0.02)
+        finally:  # preempted too: gpuq's runner ends the call with an exception once checkpoint() has run
+            usage.unlink(missing_ok=True)
         return {"started_at": start, "restarts": os.environ.get("GPUQ_RESTART_COUNT"),
                 "job": submitit.JobEnvironment().job_id}
 
+    def load(self, checkpoint):
+        return self.done
+
+
+class SavingTrainer(Trainer):
+    \"\"\"submitit's training recipe: the checkpoint saves to a file of its own and resubmits a fresh callable,
+    which picks up from that file.\"\"\"
+
+    def load(self, checkpoint):
+        return int(Path(checkpoint).read_text()) if Path(checkpoint).exists() else 0
+
     def checkpoint(self, counts, checkpoint, steps):
         Path(checkpoint).write_text(str(self.done))
-        Path(os.environ["GPUQ_FAKE_USAGE"], f"{os.getpid()}.json").unlink(missing_ok=True)
-        return submitit.helpers.DelayedSubmission(Trainer(), counts, checkpoint, steps)
+        return submitit.helpers.DelayedSubmission(SavingTrainer(), counts, checkpoint, steps)
 
 
-counts, saved = sys.argv[1], sys.argv[2]
+class Declining(Trainer):
+    \"\"\"A checkpoint that returns None: submitit does not requeue the job then.\"\"\"
+
+    def checkpoint(self, counts, checkpoint, steps):
+        Path(checkpoint).write_text(str(self.done))
+        return None
+
+
+counts, saved, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 executor = submitit.AutoExecutor(folder="log_test")
 executor.update_parameters(gpus_per_node=1)
-job = executor.submit(Trainer(), counts, saved, 400)
+trainer = {"inherited": Trainer, "saving": SavingTrainer, "declining": Declining}[kind]()
+job = executor.submit(trainer, counts, saved, 400)
 while len(Path(counts).read_text().split() if Path(counts).exists() else []) < 20:
     time.sleep(0.05)
 urgent = submit(["python3", "fake_cuda.py", "70", "1"], priority=10)
-print(json.dumps({"result": job.result(timeout=120), "id": job.job_id, "urgent": urgent,
-                  "resubmitted": type(job.submission().function).__name__}))
+error = job.exception(timeout=120)
+print(json.dumps({"result": None if error else job.result(), "error": repr(error), "id": job.job_id,
+                  "urgent": urgent, "resubmitted": type(job.submission().function).__name__}))
 """
 
 
-def test_a_preempted_checkpointable_resumes_from_its_own_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["inherited", "saving", "declining"])
+def test_a_preempted_checkpointable_resumes_from_its_own_checkpoint(tmp_path: Path, kind: str) -> None:
     """One GPU and a host too small to hold the job's GPU state: gpuq cannot suspend it, so it signals it, the
-    job's checkpoint() saves, the job is requeued and the call it returned goes on from the save."""
+    job's checkpoint() runs, the job is requeued and the call the checkpoint returned goes on where it left off:
+    from the callable's own state (inherited), or from the file its checkpoint wrote (saving). A checkpoint that
+    returns None (declining) ends the job there, as submitit requeues nothing then."""
     queue = _requeue_queue(tmp_path)
     try:
         counts, saved = queue.cwd / "counts", queue.cwd / "saved"
         (queue.cwd / "trainer.py").write_text(TRAINER)
         done = subprocess.run(
-            [sys.executable, "trainer.py", str(counts), str(saved)], cwd=queue.cwd, env=queue.env,
+            [sys.executable, "trainer.py", str(counts), str(saved), kind], cwd=queue.cwd, env=queue.env,
             capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         out = json.loads(done.stdout.strip().splitlines()[-1])
         job = int(out["id"])
-        assert out["result"]["job"] == out["id"] and out["result"]["restarts"] == "1"
-        assert out["result"]["started_at"] == int(saved.read_text()) >= 20  # from its own checkpoint file
-        assert _counts(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
-        assert out["resubmitted"] == "Trainer"  # the call the checkpoint returned, as the requeued run made it
+        assert "yes (SIGUSR1 where it cannot be suspended)" in queue.run("show", str(job)).stdout  # --preemptible
+        events = [e["event"] for e in _events(queue) if e.get("job") == job]
+        assert [e for e in events if e in ("preempted", "requeued")] == ["preempted", "requeued"]
         assert queue.job(out["urgent"])["state"] == "succeeded"
-        events = [e for e in _events(queue) if e.get("job") == job]
-        assert [e["event"] for e in events if e["event"] in ("preempted", "requeued")] == ["preempted", "requeued"]
+        checkpointed = int(saved.read_text()) if saved.exists() else None
+        if kind == "declining":
+            assert out["error"].startswith("NotRequeued(\"Declining's checkpoint() returned None when the job")
+            assert queue.job(job)["state"] == "failed" and _counts(counts) == list(range(1, checkpointed + 1))
+            return
+        assert out["result"]["job"] == out["id"] and out["result"]["restarts"] == "1"
+        assert out["resubmitted"] == type_name[kind]  # the call the checkpoint returned, as the requeued run made it
+        assert 20 <= out["result"]["started_at"] < 400
+        if kind == "saving":
+            assert out["result"]["started_at"] == checkpointed  # from its own checkpoint file
+        assert _counts(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
         assert queue.job(job)["state"] == "succeeded"
     finally:
         queue.cleanup()
+
+
+type_name = {"inherited": "Trainer", "saving": "SavingTrainer"}

@@ -37,14 +37,14 @@ SLURM: Mapping[str, str] = {
     "dependency": "use gpuq_after='ID,ID' (gpuq's --after)",
 }  # fmt: skip
 _SLURM_READ = {"job_name": "name", "time": "timeout_min", "ntasks_per_node": "tasks_per_node", "num_gpus":
-               "gpus_per_node", "mem": "mem", "array_parallelism": "array_parallelism"}  # fmt: skip
+               "gpus_per_node", "mem": "mem"}  # fmt: skip
 LOCAL: Mapping[str, str] = {
     "visible_gpus": "",  # read: gpuq's --gpu-ids
     "setup": "gpuq runs no shell lines before the function: put them in the function or the environment",
     "signal_delay_s": _NO_SIGNAL,
 }
 GPUQ = frozenset(option.dest for option in SUBMIT if option.api) - {"on"}  # the cluster is the executor's
-EXECUTORS = ("slurm", "local", "debug", "gpuq")
+_VALID = {"slurm": {*SLURM, *_SLURM_READ, "array_parallelism"}, "local": set(LOCAL), "debug": set(), "gpuq": set(GPUQ)}
 _INT = ("nodes", "cpus_per_task", "gpus_per_node", "tasks_per_node")
 
 
@@ -69,7 +69,7 @@ def check_names(given: Mapping[str, Any]) -> None:
         if key in GENERIC:
             continue
         prefix, _, arg = key.partition("_")
-        valid = {"slurm": {*SLURM, *_SLURM_READ}, "local": set(LOCAL), "debug": set(), "gpuq": set(GPUQ)}.get(prefix)
+        valid = _VALID.get(prefix)
         if valid is None or not arg or (arg not in valid and arg not in GENERIC):
             bad.append(key)
     if bad:
@@ -84,6 +84,7 @@ def read(given: Mapping[str, Any], where: str) -> Reading:
     params = {key: value for key, value in given.items() if value is not None}  # None: not set, as in submitit
     check_names(params)
     generic: dict[str, Any] = {key: params[key] for key in GENERIC if key in params}
+    given_as = {key: key for key in generic}  # a generic name -> the name it was given by (slurm_timeout_min)
     own: dict[str, Any] = {}  # gpuq_<option>: gpuq's options as given, over what the generic names say
     unused: dict[str, str] = {}
     throttle, visible = None, None
@@ -98,22 +99,27 @@ def read(given: Mapping[str, Any], where: str) -> Reading:
         elif prefix != where:
             unused[key] = f"it is the {prefix} executor's, and these jobs go to {_place(where)}"
         elif arg in GENERIC:
-            generic[arg] = value
+            generic[arg], given_as[arg] = value, key
         elif where == "slurm" and arg in _SLURM_READ:
-            generic[_SLURM_READ[arg]] = _minutes(key, value) if arg == "time" else value
+            generic[_SLURM_READ[arg]], given_as[_SLURM_READ[arg]] = (
+                _minutes(key, value) if arg == "time" else value,
+                key,
+            )
         elif where == "slurm":
             unused[key] = SLURM[arg]
         elif arg == "visible_gpus":
             visible = value
         else:
             unused[key] = LOCAL[arg]
-    options = _generic(generic, unused)
+    options = _generic(generic, unused, given_as)
     if visible is not None and options["gpus"]:
         options["gpu_ids"] = _visible("local_visible_gpus", visible, options["gpus"])
+    elif visible is not None:
+        unused["local_visible_gpus"] = "it picks the job's GPUs among those listed, and gpus_per_node asks for none"
     return Reading({**options, **own}, throttle, unused)
 
 
-def _generic(generic: dict[str, Any], unused: dict[str, str]) -> dict[str, Any]:
+def _generic(generic: dict[str, Any], unused: dict[str, str], given_as: dict[str, str]) -> dict[str, Any]:
     for key in _INT:
         if key in generic:
             _count(key, generic[key], least=0 if key == "gpus_per_node" else 1)
@@ -136,12 +142,12 @@ def _generic(generic: dict[str, Any], unused: dict[str, str]) -> dict[str, Any]:
         options["time_limit"] = _minutes("timeout_min", generic["timeout_min"]) * 60.0
     if "cpus_per_task" in generic:
         options["cpus"] = str(generic["cpus_per_task"])
-    if "mem" in generic:  # slurm_mem: Slurm's own size, "16G"
-        options["ram"] = str(generic["mem"])
+    if "mem" in generic:
+        options["ram"] = _slurm_size("slurm_mem", generic["mem"])
     if "mem_gb" in generic:
         options["ram"] = round(_number("mem_gb", generic["mem_gb"]) * (1 << 30))  # Slurm's GB are GiB
     if generic.get("stderr_to_stdout") is False:
-        unused["stderr_to_stdout"] = (
+        unused[given_as["stderr_to_stdout"]] = (
             "gpuq's log holds both streams, so job.stdout() has stderr too (job.stderr() has Python's stderr alone)"
         )
     return options
@@ -165,6 +171,17 @@ def _count(key: str, value: Any, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise BadInput(f"{key}={value!r}: give a whole number, at least {least}")
     return value
+
+
+def _slurm_size(key: str, value: Any) -> str:
+    """Slurm's --mem as gpuq reads a size: a bare number is megabytes, and K, M, G, T (with or without a B,
+    as submitit writes "16GB") are binary units."""
+    text = str(value).strip().upper()
+    number = text.rstrip("KMGTB")
+    unit = text[len(number) :].rstrip("B") or "M"
+    if not number.replace(".", "", 1).isdigit() or unit not in ("K", "M", "G", "T"):
+        raise BadInput(f"{key}={value!r}: give Slurm's --mem, like 16G or 16000 (megabytes)")
+    return number + unit
 
 
 def _visible(key: str, value: Any, gpus: int) -> list[int]:

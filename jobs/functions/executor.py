@@ -101,7 +101,9 @@ class Executor:
             job_id = api.submit(words, name=self.name or _name_of(fn), home=self.home, **self.options)
         return Job(job_id, home=self.home)
 
-    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None) -> list[Job]:
+    def map_array(
+        self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None
+    ) -> list[Job]:
         """Queue ``fn(*items)`` for each tuple of items, as ``map`` pairs them, as one gpuq array (at most
         ``throttle`` running at once); the Jobs come back in the order of the items."""
         calls = list(zip(*iterables, strict=False)) if iterables else []

@@ -162,7 +162,7 @@ class AutoExecutor:
         if any(checkpointable(fn) for fn, _, _ in calls) and self.on is None:
             options.setdefault("preemptible", True)  # how gpuq brings a preempted job back (helpers' docstring)
         wrapped = [(Requeueable(fn) if checkpointable(fn) else fn, args, kwargs) for fn, args, kwargs in calls]
-        name = options.pop("name", None) or functions._name_of(calls[0][0])
+        name = options.pop("name", None) or functions.name_of(calls[0][0])
         executor = functions.Executor(
             options.pop("gpus"), options.pop("mem", None), options.pop("time_limit", None), name,
             options.pop("retries", 0), self.on, home=self.home, folder=self.folder, **options,
@@ -297,7 +297,7 @@ class Job:
 
     @property
     def paths(self) -> JobPaths:
-        folder, index = self.inner._location()
+        folder, index = self.inner.location()
         return JobPaths(folder, runner.call_path(folder, index), runner.result_path(folder, index),
                         Path(self.inner.record().log), runner.stderr_path(folder, index))  # fmt: skip
 

@@ -142,8 +142,10 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
         executor.update_parameters(local_setup=["module load cuda"], slurm_qos="low")  # said already
         where = executor.submit(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
         local = submitit.LocalExecutor(folder="log_test")
-        local.update_parameters(timeout_min=1, gpus_per_node=1, visible_gpus=(1, 0))
+        local.update_parameters(timeout_min=1, gpus_per_node=1, visible_gpus=(1, 0), mem_gb=2, cpus_per_task=3)
         one = local.submit(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+        from gpuq_scheduler import status
+        limits = [status([int(one.job_id)])[0].spec.cpus, status([int(one.job_id)])[0].spec.ram]
         refused = {}
         for name, make in {
             "unknown": lambda: executor.update_parameters(gpus=1),
@@ -160,7 +162,8 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
             except Exception as err:
                 refused[name] = [type(err).__name__, isinstance(err, NameError), str(err)]
         print(json.dumps({"ids": [where.job_id, one.job_id], "visible": [where.result(), one.result()],
-                          "refused": refused, "kept": executor.parameters}))
+                          "refused": refused, "kept": executor.parameters,
+                          "limits": limits}))
     """,
     )
     first, second = (gpuq.job(int(i)) for i in found["ids"])
@@ -168,11 +171,19 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
     assert first["gpus"] == [2, 3] and first["time_limit"] == 120.0 and first["name"] == "trainer"
     assert first["priority"] == 3 and second["gpus"] == [1] and second["time_limit"] == 60.0
     said = [line.split("IgnoredParameter: ")[1] for line in stderr.splitlines() if "IgnoredParameter" in line]
-    assert said == [
+    assert said[:2] == [
         "local_setup does nothing here: gpuq runs no shell lines before the function: put them in the function or "
         "the environment",
         "slurm_qos does nothing here: it is the slurm executor's, and these jobs go to this workstation's gpuq queue",
     ]
+    # cpus_per_task and mem_gb are host limits where this queue's daemon can enforce them (a cgroup's controllers
+    # delegated to it), else said once and left out, as submitit's LocalExecutor ignores them: never refused.
+    have = json.loads((gpuq.home / "gpus.json").read_text())["containment"]["controllers"]
+    cpus, ram = found["limits"]
+    assert (cpus == 3.0) == ("cpu" in have) and (ram == 2 << 30) == ("memory" in have)
+    assert [line.split(" does nothing here: this queue cannot enforce a host")[0] for line in said[2:]] == [
+        *(["cpus_per_task"] if "cpu" not in have else []), *(["mem_gb"] if "memory" not in have else []),
+    ]  # fmt: skip
     refused = found["refused"]
     assert refused["unknown"] == [
         "UnknownParameter", True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from gpuq_scheduler.jobs.errors import BadInput, NotPermitted
 from gpuq_scheduler.jobs.functions import executor as functions
 from gpuq_scheduler.jobs.functions import runner
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store.outbox import ensure_daemon
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.submission import host_limits
 from gpuq_scheduler.submitit import parameters
 from gpuq_scheduler.submitit.helpers import DelayedSubmission, Requeueable, checkpointable
 
@@ -159,6 +163,8 @@ class AutoExecutor:
             return []
         reading = parameters.read(self.parameters, self.cluster)
         options = dict(reading.options)
+        if self.on is None:
+            self._host_limits(options)
         if any(checkpointable(fn) for fn, _, _ in calls) and self.on is None:
             options.setdefault("preemptible", True)  # how gpuq brings a preempted job back (helpers' docstring)
         wrapped = [(Requeueable(fn) if checkpointable(fn) else fn, args, kwargs) for fn, args, kwargs in calls]
@@ -172,12 +178,35 @@ class AutoExecutor:
             return [Job(executor.submit(fn, *args, **kwargs).id, home=self.home)]
         return [Job(job.id, home=self.home) for job in executor.submit_batch(wrapped, throttle=reading.throttle)]
 
-    def _say(self, unused: dict[str, str]) -> None:
+    def _host_limits(self, options: dict[str, Any]) -> None:
+        """``cpus_per_task`` and ``mem_gb`` where this queue cannot hold a job to them (no cgroup controller
+        delegated to gpuq, docs/containment.md): left out and said once, as submitit's LocalExecutor ignores
+        them, rather than refused. Given as gpuq's own (``gpuq_cpus``, ``gpuq_ram``), gpuq refuses them."""
+        asked = {key: name for key, name, controller in (("cpus", "cpus_per_task", "cpu"), ("ram", "mem_gb", "memory"))
+                 if key in options and f"gpuq_{key}" not in self.parameters}  # fmt: skip
+        if not asked:
+            return
+        state = StateDir(Path(self.home).absolute()) if self.home is not None else StateDir.from_env()
+        if host_limits(state.inventory) is None and ensure_daemon(state):  # a daemon says what it can as it starts
+            deadline = time.monotonic() + 30  # a bound for a daemon that never gets there, not a timing
+            while host_limits(state.inventory) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        have, why = host_limits(state.inventory) or ((), "no gpuq daemon has said what it can enforce")
+        for key, name in asked.items():
+            controller = "cpu" if key == "cpus" else "memory"
+            if controller not in have:
+                del options[key]
+                why_not = f"this queue cannot enforce a host {controller} limit ({why}); docs/containment.md"
+                self._say({name: why_not}, 5)
+
+    def _say(self, unused: dict[str, str], depth: int = 3) -> None:
+        """Each parameter that does nothing here, said once, as a warning pointing at the caller's line ``depth``
+        frames up (3: the caller of update_parameters; 5: of submit or map_array)."""
         for key, why in unused.items():
             if key not in self._said:
                 self._said.add(key)
                 why = why.replace("{cluster}", self.on or "NAME")
-                warnings.warn(f"{key} does nothing here: {why}", IgnoredParameter, stacklevel=3)
+                warnings.warn(f"{key} does nothing here: {why}", IgnoredParameter, stacklevel=depth)
 
 
 class LocalExecutor(AutoExecutor):

@@ -48,15 +48,23 @@ def test_the_readme_addition_runs_with_one_changed_import(gpuq: Gpuq) -> None:
         output = job.result()
         assert output == 12
         again = executor.submit(add, 1, 2).result()    # the same executor again: nothing said twice
-        import shutil
+        import asyncio, shutil
+        async def both():
+            jobs = [executor.submit(add, 2, 2), executor.submit(add, 3, 3)]
+            return await asyncio.gather(*(j.async_result(poll_frequency=0.05) for j in jobs))
+        slow = executor.submit(time.sleep, 0.5)
+        slow.wait()
+        shaped = [slow.done(), slow.results(), slow.task(0).job_id == slow.job_id, slow.num_tasks, asyncio.run(both())]
         which = executor.submit(submitit.helpers.CommandFunction(["which", "python"])).result()
         failed = executor.submit(submitit.helpers.CommandFunction(["ls", "no such file"])).exception()
         print(json.dumps({"job_id": job.job_id, "state": job.state, "cluster": executor.cluster, "done": job.done(),
                           "paths": {k: str(v) for k, v in vars(job.paths).items()}, "again": again,
-                          "which": [which, shutil.which("python")], "failed": [type(failed).__name__, str(failed)]}))
+                          "which": [which, shutil.which("python")], "failed": [type(failed).__name__, str(failed)],
+                          "shaped": shaped}))
     """,
     )
     assert found["state"] == "COMPLETED" and found["cluster"] == "local" and found["done"] and found["again"] == 3
+    assert found["shaped"] == [True, [None], True, 1, [4, 6]]  # wait, results, task(0), async_result
     which, here = found["which"]
     assert which == here + "\n"  # a command as a function: the job runs the same interpreter as the script
     assert found["failed"][0] == "CommandFailed" and "ls no such file exited 2:" in found["failed"][1]
@@ -155,6 +163,8 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
             "bad_type": lambda: executor.update_parameters(timeout_min="ten"),
             "constructor": lambda: submitit.AutoExecutor(folder="x", max_num_timeout=3),
             "debug": lambda: submitit.AutoExecutor(folder="x", cluster="debug"),
+            "no_id": lambda: submitit.Job("log_test"),
+            "slurm_id": lambda: submitit.Job("log_test", "17_3"),
         }.items():
             try:
                 make()
@@ -197,6 +207,8 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
     assert refused["bad_type"] == ["BadInput", False, "timeout_min='ten': give a positive number"]
     assert refused["constructor"][0] == "UnknownParameter" and "max_num_timeout" in refused["constructor"][2]
     assert refused["debug"][2].startswith("cluster='debug' runs jobs inside this process in submitit")
+    assert refused["no_id"][2] == "Job('log_test'): give the job's id, Job(folder, job_id) or Job(job_id)"
+    assert refused["slurm_id"][2] == "job_id '17_3': gpuq's job ids are numbers (an array's members have their own)"
     assert found["kept"]["slurm_qos"] == "low" and "tasks_per_node" not in found["kept"]  # refused: nothing kept
     assert len(gpuq.status()) == 2
 
@@ -225,7 +237,7 @@ def test_an_exception_in_the_job_is_raised_here_and_its_streams_are_read(gpuq: G
             time.sleep(0.1)
         forever.cancel()
         lost = forever.exception()
-        rebuilt = submitit.Job(int(job.job_id))       # from its id, as in another process
+        rebuilt = submitit.Job("log_test", job.job_id)       # from its id, as in another process
         print(json.dumps({"raised": raised, "exception": repr(job.exception()), "state": job.state,
                           "stdout": job.stdout(), "stderr": job.stderr(), "lost": [type(lost).__name__, str(lost)],
                           "cancelled": forever.state, "rebuilt": repr(rebuilt.exception())}))

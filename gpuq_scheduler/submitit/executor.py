@@ -241,12 +241,21 @@ class JobPaths:
 class Job:
     """submitit's Job over gpuq's: ``job_id`` (gpuq's id, as a string), ``state`` (Slurm's names),
     ``result()``, ``results()``, ``exception()``, ``done()``, ``wait()``, ``cancel()``, ``stdout()``,
-    ``stderr()``, ``paths``, ``submission()``. ``Job(17)`` rebuilds one from its id in another process."""
+    ``stderr()``, ``paths``, ``submission()``. ``Job(folder, job_id)``, as submitit rebuilds a job in another
+    process, or ``Job(job_id)``: gpuq finds its files from the id, so the folder is not needed."""
 
     num_tasks = 1
 
-    def __init__(self, job_id: int | None, *, home: str | os.PathLike[str] | None = None) -> None:
-        self._inner = None if job_id is None else functions.Job(job_id, home=home)
+    def __init__(
+        self, folder: str | os.PathLike[str] | int | None = None, job_id: str | int | None = None, *,
+        home: str | os.PathLike[str] | None = None,
+    ) -> None:  # fmt: skip
+        given = folder if job_id is None and isinstance(folder, int) else job_id
+        if given is None and folder is not None:
+            raise BadInput(f"Job({folder!r}): give the job's id, Job(folder, job_id) or Job(job_id)")
+        if given is not None and not str(given).isdigit():
+            raise BadInput(f"job_id {given!r}: gpuq's job ids are numbers (an array's members have their own)")
+        self._inner = None if given is None else functions.Job(int(given), home=home)  # None: in a batch() block
 
     @property
     def inner(self) -> functions.Job:

@@ -108,11 +108,32 @@ def test_the_same_submitit_script_runs_here_and_on_slurm(gpuq: Gpuq) -> None:
 
 
 def test_a_cluster_the_config_does_not_have_is_refused_before_anything_is_sent(gpuq: Gpuq) -> None:
+    def refused(cluster: str) -> str:
+        (gpuq.cwd / "script.py").write_text(
+            f"import gpuq_scheduler.submitit as submitit\nsubmitit.AutoExecutor(folder='logs', cluster={cluster!r})\n"
+        )
+        done = subprocess.run([sys.executable, "script.py"], cwd=gpuq.cwd, env=gpuq.env, capture_output=True, text=True)
+        assert done.returncode == 1
+        return done.stderr.strip().splitlines()[-1]
+
+    assert refused("elsewhere").startswith(
+        "gpuq_scheduler.jobs.config.ConfigError: no cluster named 'elsewhere' (known: broken, lab)"
+    )
+    assert refused("slurm") == (  # submitit's name for Slurm, where the config has two clusters and no GPUQ_ON
+        "gpuq_scheduler.jobs.errors.BadInput: cluster='slurm': name the cluster (cluster='NAME' or GPUQ_ON=NAME) "
+        "among those of your config: broken, lab"
+    )
+    assert gpuq.status() == []
+
+
+def test_the_executor_can_name_the_cluster_itself(gpuq: Gpuq) -> None:
     (gpuq.cwd / "script.py").write_text(
-        "import gpuq_scheduler.submitit as submitit\nsubmitit.AutoExecutor(folder='logs', cluster='elsewhere')\n"
+        "import json, os\nimport gpuq_scheduler.submitit as submitit\n"
+        "executor = submitit.AutoExecutor(folder='logs', cluster='lab')\n"
+        "job = executor.submit(lambda: os.environ.get('SLURM_JOB_ID'))\n"
+        "print(json.dumps([executor.cluster, executor.on, job.job_id, job.result(timeout=120)]))\n"
     )
     done = subprocess.run([sys.executable, "script.py"], cwd=gpuq.cwd, env=gpuq.env, capture_output=True, text=True)
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpuq_scheduler.jobs.config.ConfigError: no cluster named 'elsewhere' (known: broken, lab)")
-    assert gpuq.status() == []
+    assert done.returncode == 0, done.stderr
+    cluster, on, job_id, slurm_id = json.loads(done.stdout)
+    assert (cluster, on) == ("slurm", "lab") and slurm_id == gpuq.job(int(job_id))["external_id"]

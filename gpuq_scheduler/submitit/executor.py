@@ -54,7 +54,7 @@ _CONSTRUCTOR = {"max_num_timeout": parameters.SLURM["signal_delay_s"],
 
 def _cluster(cluster: str | None) -> str | None:
     """The name of the cluster of the config the jobs go to; None: this workstation's queue."""
-    chosen = os.environ.get("GPUQ_ON") or None if cluster in (None, "slurm") else cluster
+    chosen = (os.environ.get("GPUQ_ON") or None) if cluster in (None, "slurm") else cluster
     if cluster == "debug":
         raise BadInput(
             "cluster='debug' runs jobs inside this process in submitit; gpuq runs each in its queue: use "
@@ -182,7 +182,7 @@ class AutoExecutor:
         """``cpus_per_task`` and ``mem_gb`` where this queue cannot hold a job to them (no cgroup controller
         delegated to gpuq, docs/containment.md): left out and said once, as submitit's LocalExecutor ignores
         them, rather than refused. Given as gpuq's own (``gpuq_cpus``, ``gpuq_ram``), gpuq refuses them."""
-        asked = {key: name for key, name, controller in (("cpus", "cpus_per_task", "cpu"), ("ram", "mem_gb", "memory"))
+        asked = {key: name for key, name in (("cpus", "cpus_per_task"), ("ram", "mem_gb"))
                  if key in options and f"gpuq_{key}" not in self.parameters}  # fmt: skip
         if not asked:
             return

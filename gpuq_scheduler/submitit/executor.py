@@ -114,12 +114,15 @@ class AutoExecutor:
     def update_parameters(self, **kwargs: Any) -> None:
         """Set parameters by submitit's names (docs/usage.md, From submitit, maps each to gpuq's). A name no
         executor knows is refused; one that does nothing where the jobs go is accepted and said once."""
+        self._update(kwargs)
+
+    def _update(self, kwargs: dict[str, Any]) -> None:
         if self._batch is not None:
             raise RuntimeError("update_parameters cannot be called inside executor.batch(): call it before")
         merged = {**self.parameters, **kwargs}
         reading = parameters.read(merged, self.cluster)  # refuses before anything is kept
         self.parameters = merged
-        self._say({key: why for key, why in reading.unused.items() if key in kwargs})
+        self._say({key: why for key, why in reading.unused.items() if key in kwargs}, 4)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         """Queue ``fn(*args, **kwargs)``; inside ``batch()``, queued with the others when the block ends."""
@@ -201,7 +204,7 @@ class AutoExecutor:
 
     def _say(self, unused: dict[str, str], depth: int = 3) -> None:
         """Each parameter that does nothing here, said once, as a warning pointing at the caller's line ``depth``
-        frames up (3: the caller of update_parameters; 5: of submit or map_array)."""
+        frames up (3: the caller of the constructor; 4: of update_parameters; 5: of submit or map_array)."""
         for key, why in unused.items():
             if key not in self._said:
                 self._said.add(key)
@@ -221,9 +224,7 @@ class LocalExecutor(AutoExecutor):
         super().__init__(folder, "local", home=home, **given, **({"local_python": python} if python else {}))
 
     def update_parameters(self, **kwargs: Any) -> None:
-        own = {key: value for key, value in kwargs.items() if key in parameters.LOCAL}
-        super().update_parameters(**{key: value for key, value in kwargs.items() if key not in own},
-                                  **{f"local_{key}": value for key, value in own.items()})  # fmt: skip
+        self._update({f"local_{key}" if key in parameters.LOCAL else key: value for key, value in kwargs.items()})
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ def test_an_exception_in_the_job_is_raised_here_and_its_streams_are_read(gpuq: G
 
 
 TRAINER = """\
-import json, os, sys, time
+import json, os, signal, sys, time
 from pathlib import Path
 import gpuq_scheduler.submitit as submitit
 from gpuq_scheduler import submit
@@ -272,12 +272,16 @@ class Trainer(submitit.helpers.Checkpointable):
         usage = Path(os.environ["GPUQ_FAKE_USAGE"]) / f"{os.getpid()}.json"
         usage.write_text(json.dumps({os.environ["CUDA_VISIBLE_DEVICES"]: 61 << 30}))
         start = self.done = self.load(checkpoint)
+        preempt = getattr(signal, os.environ["GPUQ_PREEMPT_SIGNAL"])
         try:
             with open(counts, "a") as out:
                 while self.done < steps:
+                    # A step is whole when checkpoint() runs: the preemption signal waits until it is done.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {preempt})
                     self.done += 1
                     out.write(f"{self.done}\\n")
                     out.flush()
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {preempt})
                     time.sleep(0.02)
         finally:  # preempted too: gpuq's runner ends the call with an exception once checkpoint() has run
             usage.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ SLURM: Mapping[str, str] = {
                      "mail_type", "mail_user", "wckey", "additional_parameters"), _SLURM_ONLY_GIVEN),
     "comment": "gpuq's sbatch --comment names the gpuq job it is",
     **dict.fromkeys(("setup", "srun_args", "use_srun"), "gpuq runs the function itself, with no srun or setup lines"),
-    **dict.fromkeys(("signal_delay_s",), _NO_SIGNAL),
+    "signal_delay_s": _NO_SIGNAL,
     **dict.fromkeys(("cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu"), _SHAPE),
     "dependency": "use gpuq_after='ID,ID' (gpuq's --after)",
 }  # fmt: skip

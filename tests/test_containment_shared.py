@@ -150,10 +150,23 @@ def _uids(pid: int) -> list[int]:
     return [int(word) for word in next(line for line in status if line.startswith("Uid:")).split()[1:]]
 
 
+# A request written by hand, past the client's check, asking for more processes than the queue allows.
+FORGED = (
+    "import json, os, sys, time\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
+    "from gpuq_scheduler.jobs.model import JobSpec\nfrom gpuq_scheduler.jobs.store import outbox\n"
+    "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+    "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
+    "spec = JobSpec(('true',), os.getcwd(), gpus=0, options={'pids': 500}).to_json()\n"
+    "body = {'schema': 1, 'kind': 'submit', 'submitted_at': time.time(), 'spec': spec}\n"
+    "write_atomic(s.token_request(token), json.dumps(body).encode())\noutbox.poke(s)\n"
+    "try:\n    print(outbox.await_id(s, token, 60))\nexcept BadInput as err:\n    print(err)\n"
+)
+
+
 @needs_pids
 def test_a_shared_queue_holds_a_users_fork_bomb_to_its_default_process_limit(queue: SharedQueue, mallory: User) -> None:
     """#38, finding 5, as mallory: her job without --pids gets the queue's default_pids, one with --pids
-    gets that, up to max_pids and never past it (refused at submit)."""
+    gets that, up to max_pids and never past it (refused at submit, and by the daemon when written by hand)."""
     _start(queue, shared="default_pids = 64\nmax_pids = 100\n")
     stamps = queue.stamps
     bomb = stamps / "bomb.py"
@@ -168,3 +181,5 @@ def test_a_shared_queue_holds_a_users_fork_bomb_to_its_default_process_limit(que
         assert record["reason"].startswith(f"reached its limit of {limit} processes; BlockingIOError"), record
     refused = queue.gpuq(mallory, "submit", "--gpus", "0", "--pids", "500", "true", check=False)
     assert refused.returncode == 2 and "--pids 500: this queue allows at most 100 processes per job" in refused.stderr
+    told = queue.python_as(mallory, FORGED, str(queue.home))  # past the client: the daemon refuses it too
+    assert "set the request aside: it user cap: --pids 500 is more than this queue allows (max_pids 100)" in told

@@ -143,6 +143,26 @@ GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not gi
     metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
 )  # fmt: skip
 
+MOST_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT: no cgroup can hold more tasks
+
+
+def _pids(value: int | None) -> int | None:
+    """--pids as kept: the most tasks (processes and threads) the job may hold at once (pids.max)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= MOST_PIDS:
+        from gpuq_scheduler.jobs.errors import BadInput
+
+        raise BadInput(f"--pids {value!r}: give the most processes the job may hold at once, threads included, "
+                       f"from 16 to {MOST_PIDS}, like 8192")  # fmt: skip
+    return value
+
+
+PIDS: Option[int | None] = Option(
+    "--pids", "int", None, "Most processes (threads too) the job may hold at once; past it fork fails (default: a "
+    "shared queue's default_pids). cgroup pids.max.", metavar="N", field="pids", capture=_pids,
+)  # fmt: skip
+
 OUTPUT: Option[str | None] = Option(
     "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
     "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
@@ -157,6 +177,7 @@ SUBMIT: tuple[Option[Any], ...] = (
     Option("--cpus", "str", None, "Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.", metavar="N"),
     Option("--ram", "str", None, "Host memory the job may use (32G); past it the kernel ends the job.",
            metavar="SIZE"),
+    PIDS,
     Option("--like", "int", None, "--mem auto, learned from this job's peak memory.", metavar="JOB_ID", api=False,
            quick=False),
     Option("--name", "str", "", "A name to show in status (default: the command).", field="name"),

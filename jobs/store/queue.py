@@ -15,6 +15,7 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.options import PIDS
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import outbox, rights, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -50,8 +51,9 @@ class Queue:
         inventory = self.inventory()
         if inventory is not None:
             inventory.check(spec)
-        if spec.cpus is not None or spec.ram is not None:
-            check_host_limits({"cpus": spec.cpus, "ram": spec.ram}, self.state.inventory)
+        limits = {"cpus": spec.cpus, "ram": spec.ram, "pids": spec.value(PIDS)}
+        if any(value is not None for value in limits.values()):
+            check_host_limits(limits, self.state.inventory)
         if spec.after:
             self.resolve(spec.after)
         if self.state.is_foreign():
@@ -122,6 +124,9 @@ class Queue:
         shared = config.load().shared
         if spec.time_limit is not None:
             self._check_time(spec.time_limit)
+        pids, most_pids = spec.value(PIDS), shared.max_pids
+        if pids is not None and most_pids is not None and pids > most_pids:
+            raise BadInput(f"--pids {pids}: this queue allows at most {most_pids} processes per job; ask for less")
         most = shared.max_gpus_per_user
         if most is not None and spec.gpus > most:
             raise BadInput(f"--gpus {spec.gpus}: this queue lets a user hold at most {most} GPUs at once")

@@ -25,7 +25,7 @@ from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.gpus import mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
-from gpuq_scheduler.launcher.supervisor import containment, processes
+from gpuq_scheduler.launcher.supervisor import containment, limits, processes
 from gpuq_scheduler.launcher.views.gpu_rows import GpuRow, gpu_rows
 from gpuq_scheduler.launcher.views.tables import runtime
 
@@ -109,7 +109,7 @@ def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
     recorded = containment.read_record(str(state.inventory))
     if record.state is not JobState.RUNNING or recorded is None or not recorded.group:
         return record
-    used = containment.usage(f"{recorded.group}/job-{record.id}")
+    used = limits.usage(f"{recorded.group}/job-{record.id}")
     cpu, peak = used.get("cpu_seconds"), used.get("peak_ram")
     return record.replace(
         cpu_seconds=cpu if isinstance(cpu, float) else None, peak_ram=peak if isinstance(peak, int) else None

@@ -238,10 +238,12 @@ def test_the_fallback_finds_a_setsid_child_by_its_marker_and_a_background_one_by
 
 def test_host_limits_are_refused_at_submit_where_the_controllers_are_not_delegated(queue: Gpuq) -> None:
     """This machine's cgroup2 has no cpu, memory or pids controller (CI's neither): --cpus, --ram and --pids
-    are refused in one line, exit 2, and nothing is queued; before any daemon ran, the refusal says what to
-    do. `gpuq doctor` says jobs have no process limit here."""
-    before = queue.run("submit", "--ram", "1G", "true", check=False)
-    assert before.returncode == 2 and "no gpuq daemon has run here yet" in before.stderr
+    are refused in one line, exit 2, and nothing is queued. `gpuq doctor` says jobs have no process limit
+    here. The first submit of a fresh queue starts its daemon to learn which limits it can enforce (it once
+    said to start the daemon and submit again)."""
+    first = queue.run("submit", "--ram", "1G", "true", check=False)
+    assert "no gpuq daemon has run here yet" not in first.stderr, first.stderr
+    assert first.returncode == 0 or "--ram cannot be enforced here" in first.stderr, first.stderr
     queue.wait_state(queue.submit("true"), "succeeded")
     recorded = json.loads((queue.home / "gpus.json").read_text())["containment"]
     missing = [(o, v) for o, v, c in (("--ram", "1G", "memory"), ("--cpus", "2", "cpu"), ("--pids", "100", "pids"))
@@ -258,7 +260,7 @@ def test_host_limits_are_refused_at_submit_where_the_controllers_are_not_delegat
             assert refused.returncode == 2 and refused.stdout == "", refused
             assert len(refused.stderr.strip().splitlines()) == 1
             assert f"{option} cannot be enforced here" in refused.stderr
-    assert len(queue.status()) == 1  # the plain job only
+    assert len(queue.status()) == 1 + (first.returncode == 0)  # the plain job only (and the first, if queued)
     assert not [p for p in (queue.home / "spool").iterdir() if p.is_file()]
 
 

@@ -19,7 +19,7 @@ from gpuq_scheduler.jobs.options import PIDS
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import outbox, rights, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.jobs.submission import Inventory, check_host_limits
+from gpuq_scheduler.jobs.submission import Inventory, check_host_limits, host_limits
 
 if TYPE_CHECKING:
     from gpuq_scheduler.jobs.store.table import JobTable
@@ -53,6 +53,7 @@ class Queue:
             inventory.check(spec)
         limits = {"cpus": spec.cpus, "ram": spec.ram, "pids": spec.value(PIDS)}
         if any(value is not None for value in limits.values()):
+            self._learn_host_limits()
             check_host_limits(limits, self.state.inventory)
         if spec.after:
             self.resolve(spec.after)
@@ -116,6 +117,17 @@ class Queue:
         if active:
             outbox.write_cancel(self.state, active)
         return active
+
+    def _learn_host_limits(self, patience: float = 60.0) -> None:
+        """A personal queue whose daemon has never run cannot yet say which host limits it can enforce: start
+        its daemon, as this submit would anyway, and wait for it to record them (its first pass, a second or
+        so). A first `gpuq submit --cpus 4` was refused with "start the daemon, then submit again"."""
+        if host_limits(self.state.inventory) is not None or self.state.is_foreign():
+            return
+        outbox.ensure_daemon(self.state)
+        deadline = time.monotonic() + patience  # a bound for a daemon that fails to start; check_host_limits says
+        while host_limits(self.state.inventory) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _check_caps(self, spec: JobSpec, jobs: int) -> None:
         """A shared queue's per-user limits, refused here with a clear line (the daemon enforces them too)."""

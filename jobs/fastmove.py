@@ -171,6 +171,11 @@ class Mover:
         self.held: Held | None = None
         self.steps: dict[str, float] = {}
 
+    @property
+    def kept(self) -> int:
+        """Bytes of pinned host memory kept for the next suspend (the pool)."""
+        return len(self.pool) * CHUNK
+
     def _streams(self) -> list[ctypes.c_void_p]:
         streams = []
         for _ in range(STREAMS):

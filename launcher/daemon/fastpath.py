@@ -15,13 +15,16 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs import fastsuspend
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Path
+from gpuq_scheduler.launcher.daemon.hostmem import resident
 
 POLL = 0.005  # seconds between looks for an answer
 ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
@@ -62,6 +65,22 @@ def prepare(directory: str, env: dict[str, str], account: Account | None) -> dic
     if "expandable_segments" not in conf:
         added["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(p for p in (conf, "expandable_segments:True") if p)
     return added
+
+
+def remove(directory: str) -> None:
+    """Remove a job's fast directory once its run is over (it ended, or is queued again): nothing in it means
+    anything to another run. The job's own: removed without following a link found in it."""
+    shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux (shutil.rmtree.avoids_symlink_attacks)
+
+
+def sweep(run: str, live: set[int]) -> None:
+    """At the daemon's start: remove the fast directories in ``run`` of jobs not running or suspended (an
+    earlier daemon's, killed before it removed them). A suspended job's stays: its resume reads it."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(run):
+            job, dot, kind = name.partition(".")
+            if dot and kind == "fast" and job.isdigit() and int(job) not in live:
+                remove(os.path.join(run, name))
 
 
 @dataclass(frozen=True)
@@ -138,15 +157,65 @@ def _order(directory: str, order: dict[str, Any]) -> None:
     os.replace(temp, os.path.join(directory, "order.json"))
 
 
-def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:
+def pool_of(directory: str | None, pids: Iterable[int]) -> int:
+    """Bytes of pinned host memory the job's processes kept from their last suspend (a pool: ``POOL_ENV``), as
+    each said in its last answer, but never more than each holds resident: a job's word alone buys no room."""
+    if directory is None:
+        return 0
+    kept = 0
+    for pid in pids:
+        said = (_answer(directory, pid, "restored") or {}).get("pool")
+        if isinstance(said, int) and said > 0:
+            kept += min(said, resident(pid))
+    return kept
+
+
+def room(cgroup: str | None) -> int | None:
+    """Host memory the job may still take under its limit (``--ram``): its cgroup's ``memory.max`` less its
+    ``memory.current``; None where it has no limit (no cgroup, or no memory controller there). A job with
+    --ram always has one: gpuq refuses to start it where its limit cannot be enforced."""
+    if cgroup is None:
+        return None
+    try:
+        with open(f"{cgroup}/memory.max") as limit, open(f"{cgroup}/memory.current") as current:
+            most, used = limit.read().strip(), current.read().strip()
+        return None if most == "max" else max(0, int(most) - int(used))
+    except (OSError, ValueError):
+        return None
+
+
+def budget(copy: int, pool: int, available: int, spare: int, left: int | None) -> str:
+    """Why the fast path's copy of ``copy`` bytes cannot be pinned now ("" if it can): what the job's pool
+    (``pool`` bytes, pinned already) does not hold must fit in the host's ``available`` memory with ``spare``
+    left, and under the job's own limit (``left`` bytes more, None: none). Pinned pages cannot be swapped or
+    reclaimed, so past its cgroup's limit the kernel would end the job; the driver's checkpoint, whose copy
+    the kernel may reclaim, takes such a job instead."""
+    need = max(0, copy - pool)
+    gib = 2**30
+    if need + spare > available:
+        return (
+            f"its {need / gib:.1f} GiB to pin would not fit in the host's {available / gib:.1f} GiB of available "
+            f"memory with {spare / gib:.1f} GiB to spare"
+        )
+    if left is not None and need > left:
+        return f"its {need / gib:.1f} GiB to pin would not fit in the {left / gib:.1f} GiB left under its --ram"
+    return ""
+
+
+def release(
+    members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int, too_little: str = ""
+) -> Released:
     """Ask every process of the job (``members``) that catches the request to release its memory, and wait for
     each. The answers of the processes the driver knows as CUDA ones (``cuda``) decide: one that did not
     release sends the job the driver's way; another process's "not applicable" (a launcher script with no
     torch) does not, and an MPS client, which the driver may not list, counts by its own answer. A process
-    that released already (a helper run again after a crash) is not asked twice."""
+    that released already (a helper run again after a crash) is not asked twice. ``too_little``: why host
+    memory cannot hold the copy (``budget``): then none is asked, but one that released already is kept."""
     asked = [pid for pid in members if directory and catches(pid, SUSPEND_SIGNAL)]
     if not asked or directory is None:
         return Released(Path.DRIVER, Fallback.NOT_ASKED, "", {})
+    if too_little and not any((_answer(directory, pid, "released") or {}).get("ok") for pid in asked):
+        return Released(Path.DRIVER, Fallback.HOST_MEMORY, too_little, {})
     for pid in asked:  # a refusal from an earlier suspend is no answer to this one (torch may be up now)
         if (_answer(directory, pid, "released") or {"ok": True}).get("ok") is False:
             with contextlib.suppress(OSError):

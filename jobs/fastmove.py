@@ -160,7 +160,9 @@ class Mover:
     """Releases and restores this process's PyTorch memory; keeps host buffers pinned between suspends when
     asked (``keep``: the first suspend pins, later ones copy at the link's speed; costs the host memory)."""
 
-    def __init__(self, keep: bool = False, threads: int = THREADS, pin: str = "populate") -> None:
+    # thp by default: 4.9 GB/s pinning afresh on the lent H200, against 2.9-3.0 (populate), 2.9 (lazy) and 2.1
+    # (hostalloc) (bench/results/h200-fastsuspend-2026-11-29b): a fault per 2 MiB rather than per 4 KiB.
+    def __init__(self, keep: bool = False, threads: int = THREADS, pin: str = "thp") -> None:
         self.driver = Driver()
         # libc's mmap through ctypes, not Python's: its call lets go of the GIL, so the threads fault pages
         # in at once (Python's mmap module held it: 2.6 GB/s on the H200, pinning included).

@@ -62,7 +62,7 @@ def settings() -> dict[str, str]:
     return found
 
 
-def movers(size: int, pins: list[str]) -> list[dict[str, Any]]:
+def movers(size: int, pins: list[str], threads: int) -> list[dict[str, Any]]:
     import torch
 
     from gpuq_scheduler.jobs.fastmove import Mover
@@ -75,7 +75,7 @@ def movers(size: int, pins: list[str]) -> list[dict[str, Any]]:
     torch.cuda.synchronize()
     out = []
     for pin in pins:
-        mover = Mover(pin=pin)
+        mover = Mover(pin=pin, threads=threads)
         at = time.monotonic()
         moved = mover.release()
         out_s = time.monotonic() - at
@@ -87,7 +87,8 @@ def movers(size: int, pins: list[str]) -> list[dict[str, Any]]:
         if mover.unpinning is not None:
             mover.unpinning.join()
         intact = [int(t.sum(dtype=torch.int64)) for t in tensors] == sums
-        out.append({"pin": pin, "bytes": moved, "release_s": round(out_s, 3), "restore_s": round(in_s, 3),
+        out.append({"pin": pin, "threads": threads, "bytes": moved, "release_s": round(out_s, 3),
+                    "restore_s": round(in_s, 3),
                     "out_GBps": round(moved / out_s / 1e9, 2), "in_GBps": round(moved / in_s / 1e9, 2),
                     "steps": {k: round(v, 3) for k, v in steps.items()}, "intact": intact})  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
@@ -100,9 +101,15 @@ def main() -> None:
     parser.add_argument("--grow", type=float, default=100.0)
     parser.add_argument("--size", type=int, default=24)
     parser.add_argument("--pins", default="populate,lazy,thp,hostalloc,populate")
+    parser.add_argument("--threads", default="12", help="pinning threads: a figure, or several (12,16)")
+    parser.add_argument("--skip-grow", action="store_true", help="only the movers")
     args = parser.parse_args()
     found: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": settings()}
     print(json.dumps(found), flush=True)
+    if args.skip_grow:
+        found["movers"] = [m for t in args.threads.split(",") for m in movers(args.size, args.pins.split(","), int(t))]
+        args.out.write_text(json.dumps(found, indent=1) + "\n")
+        return
     found["grow_first"] = grow(args.grow)
     print(json.dumps(found["grow_first"]), flush=True)
     found["grow_again_at_once"] = grow(args.size)
@@ -113,7 +120,7 @@ def main() -> None:
     found["grow_again_1_thread"] = grow(args.size / 4, threads=1)
     print(json.dumps(found["grow_again_1_thread"]), flush=True)
     found["settings_after"] = settings()
-    found["movers"] = movers(args.size, args.pins.split(","))
+    found["movers"] = [m for t in args.threads.split(",") for m in movers(args.size, args.pins.split(","), int(t))]
     args.out.write_text(json.dumps(found, indent=1) + "\n")
 
 

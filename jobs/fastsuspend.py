@@ -52,7 +52,6 @@ class Fallback(str, Enum):
     NOT_APPLICABLE = "not-applicable"  # the job said why it cannot (no torch, no expandable segments...)
     FAILED = "failed"  # the job tried and failed (nothing released); its sentence says how
     NO_ANSWER = "no-answer"  # the job did not answer in time (busy in one long call, say)
-    HOST_MEMORY = "host-memory"  # its copy, pinned, would not fit in the host's memory or under its --ram
 
     def explain(self, detail: str) -> str:
         said = {
@@ -60,7 +59,6 @@ class Fallback(str, Enum):
             Fallback.NOT_APPLICABLE: "the fast path does not apply",
             Fallback.FAILED: "the fast path failed",
             Fallback.NO_ANSWER: "the job did not answer the fast path's request in time",
-            Fallback.HOST_MEMORY: "too little host memory for the fast path",
         }[self]
         return f"{said}: {detail}" if detail else said
 

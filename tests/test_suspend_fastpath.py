@@ -167,32 +167,40 @@ def test_kill_9_of_the_daemon_while_a_job_is_suspended_on_the_fast_path_loses_no
     ("copy", "pool", "available", "left", "said"),
     [
         (30 * GiB, 0, 40 * GiB, None, ""),
-        (30 * GiB, 0, 31 * GiB, None, "its 30.0 GiB to pin would not fit in the host's 31.0 GiB of available memory"),
+        (30 * GiB, 0, 31 * GiB, None, "its 30.0 GiB of GPU state would not fit in the host's 31.0 GiB of available"),
         (30 * GiB, 29 * GiB, 4 * GiB, None, ""),  # its pool holds most of it already
-        (30 * GiB, 0, 100 * GiB, 8 * GiB, "its 30.0 GiB to pin would not fit in the 8.0 GiB left under its --ram"),
+        (
+            30 * GiB,
+            0,
+            100 * GiB,
+            8 * GiB,
+            "its 30.0 GiB of GPU state would not fit in the 8.0 GiB left under its --ram",
+        ),
         (30 * GiB, 24 * GiB, 100 * GiB, 8 * GiB, ""),
     ],
 )
-def test_the_fast_path_pins_only_what_host_memory_and_the_jobs_ram_limit_can_hold(
+def test_a_suspend_is_refused_where_host_memory_or_the_jobs_ram_limit_cannot_hold_its_copy(
     copy: int, pool: int, available: int, left: int | None, said: str
 ) -> None:
-    from gpuq_scheduler.launcher.daemon.fastpath import budget
+    from gpuq_scheduler.launcher.policy.hostroom import refusal
 
-    assert budget(copy, pool, available, 2 * GiB, left).startswith(said) and bool(said) == bool(
-        budget(copy, pool, available, 2 * GiB, left)
-    )
+    found = refusal(copy, pool, available, 2 * GiB, left)
+    assert found.startswith(said) and bool(found) == bool(said)
 
 
-def test_a_jobs_room_under_its_ram_is_its_cgroups_limit_less_what_it_holds(tmp_path: Path) -> None:
-    from gpuq_scheduler.launcher.daemon.fastpath import room
+def test_a_jobs_room_under_its_ram_is_its_cgroups_limit_less_what_it_holds_that_cannot_be_reclaimed(
+    tmp_path: Path,
+) -> None:
+    from gpuq_scheduler.launcher.daemon.hostmem import room
 
     cgroup = tmp_path / "job-7"
     cgroup.mkdir()
-    (cgroup / "memory.current").write_text(f"{GiB}\n")
+    (cgroup / "memory.current").write_text(f"{2 * GiB}\n")
+    (cgroup / "memory.stat").write_text(f"anon {GiB}\nfile {GiB}\nactive_file {GiB // 2}\ninactive_file {GiB // 2}\n")
     (cgroup / "memory.max").write_text("max\n")
     assert room(str(cgroup)) is None and room(None) is None
     (cgroup / "memory.max").write_text(f"{4 * GiB}\n")
-    assert room(str(cgroup)) == 3 * GiB
+    assert room(str(cgroup)) == 3 * GiB  # its page cache is given back first
     assert room(str(tmp_path / "no memory controller")) is None
 
 
@@ -219,22 +227,22 @@ def test_a_pool_a_job_claims_counts_only_as_far_as_it_holds_memory(tmp_path: Pat
         holder.wait()
 
 
-def test_too_little_host_memory_for_the_pinned_copy_sends_the_job_the_drivers_way_unasked(
+def test_a_suspend_whose_copy_no_longer_fits_in_host_memory_is_refused_by_its_helper_and_the_job_runs_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The suspend helper itself, on a real fake CUDA job with gpuq's real handler: where host memory shrank
-    since the daemon's check (taken by something else), the fast path is not asked (nothing pinned), the
-    driver's (fake) checkpoint takes all the job holds, and the result says why; with room, the fast path."""
+    since the daemon's check (taken by something else), nothing is done (the job is not asked, not locked,
+    not frozen: the driver's checkpoint would need the same memory, bench/cgroup_checkpoint_probe.py), and
+    the result says why; with room again, the fast path."""
     from gpuq_scheduler.launcher.daemon import fastpath, suspender
-    from gpuq_scheduler.launcher.gpus.checkpoint import FakeCheckpoint
+    from gpuq_scheduler.launcher.gpus.checkpoint import CudaState, FakeCheckpoint
 
-    usage, fast = tmp_path / "usage", tmp_path / "run" / "7.fast"
+    usage, fast, counts = tmp_path / "usage", tmp_path / "run" / "7.fast", tmp_path / "counts"
     usage.mkdir()
     env = {**os.environ, "GPUQ_FAKE_USAGE": str(usage), "CUDA_VISIBLE_DEVICES": "0"}
     env.update(fastpath.prepare(str(fast), env, None))
     job = subprocess.Popen(
-        [sys.executable, str(FIXTURES / "fake_counter.py"), "30", str(tmp_path / "counts"), "1000000", "torch"],
-        env=env,
+        [sys.executable, str(FIXTURES / "fake_counter.py"), "30", str(counts), "1000000", "torch"], env=env
     )
     cuda = FakeCheckpoint(usage)
     try:
@@ -243,11 +251,11 @@ def test_too_little_host_memory_for_the_pinned_copy_sends_the_job_the_drivers_wa
         whole = cuda.held(job.pid)
         monkeypatch.setenv("GPUQ_FAKE_HOST_MEMORY", "31GiB")
         result = suspender.suspend(cuda, None, job.pid, str(fast), whole, fake=True)
-        assert result["ok"] and (result["path"]["path"], result["path"]["fallback"]) == ("driver", "host-memory")
-        assert result["path"]["detail"].startswith("its 30.5 GiB to pin would not fit in the host's 31.0 GiB")
-        assert not (fast / f"{job.pid}.released").exists()  # never asked
-        assert json.loads((usage / f"{job.pid}.host").read_text()) == {"0": whole}  # the driver's took it all
-        assert suspender.resume(cuda, None, job.pid, str(fast))["ok"]
+        assert (result["ok"], result["undone"]) == (False, True)
+        assert result["why"].startswith("its 30.5 GiB of GPU state would not fit in the host's 31.0 GiB")
+        assert not (fast / f"{job.pid}.released").exists() and cuda.state(job.pid) is CudaState.RUNNING
+        at = len(_counts(counts))
+        wait_for(lambda: len(_counts(counts)) > at + 5, 30, "the job to count on")  # never stopped
         monkeypatch.setenv("GPUQ_FAKE_HOST_MEMORY", "64GiB")
         result = suspender.suspend(cuda, None, job.pid, str(fast), whole, fake=True)
         assert result["ok"] and (result["path"]["path"], result["path"]["fallback"]) == ("fast", None)

@@ -170,52 +170,15 @@ def pool_of(directory: str | None, pids: Iterable[int]) -> int:
     return kept
 
 
-def room(cgroup: str | None) -> int | None:
-    """Host memory the job may still take under its limit (``--ram``): its cgroup's ``memory.max`` less its
-    ``memory.current``; None where it has no limit (no cgroup, or no memory controller there). A job with
-    --ram always has one: gpuq refuses to start it where its limit cannot be enforced."""
-    if cgroup is None:
-        return None
-    try:
-        with open(f"{cgroup}/memory.max") as limit, open(f"{cgroup}/memory.current") as current:
-            most, used = limit.read().strip(), current.read().strip()
-        return None if most == "max" else max(0, int(most) - int(used))
-    except (OSError, ValueError):
-        return None
-
-
-def budget(copy: int, pool: int, available: int, spare: int, left: int | None) -> str:
-    """Why the fast path's copy of ``copy`` bytes cannot be pinned now ("" if it can): what the job's pool
-    (``pool`` bytes, pinned already) does not hold must fit in the host's ``available`` memory with ``spare``
-    left, and under the job's own limit (``left`` bytes more, None: none). Pinned pages cannot be swapped or
-    reclaimed, so past its cgroup's limit the kernel would end the job; the driver's checkpoint, whose copy
-    the kernel may reclaim, takes such a job instead."""
-    need = max(0, copy - pool)
-    gib = 2**30
-    if need + spare > available:
-        return (
-            f"its {need / gib:.1f} GiB to pin would not fit in the host's {available / gib:.1f} GiB of available "
-            f"memory with {spare / gib:.1f} GiB to spare"
-        )
-    if left is not None and need > left:
-        return f"its {need / gib:.1f} GiB to pin would not fit in the {left / gib:.1f} GiB left under its --ram"
-    return ""
-
-
-def release(
-    members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int, too_little: str = ""
-) -> Released:
+def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:
     """Ask every process of the job (``members``) that catches the request to release its memory, and wait for
     each. The answers of the processes the driver knows as CUDA ones (``cuda``) decide: one that did not
     release sends the job the driver's way; another process's "not applicable" (a launcher script with no
     torch) does not, and an MPS client, which the driver may not list, counts by its own answer. A process
-    that released already (a helper run again after a crash) is not asked twice. ``too_little``: why host
-    memory cannot hold the copy (``budget``): then none is asked, but one that released already is kept."""
+    that released already (a helper run again after a crash) is not asked twice."""
     asked = [pid for pid in members if directory and catches(pid, SUSPEND_SIGNAL)]
     if not asked or directory is None:
         return Released(Path.DRIVER, Fallback.NOT_ASKED, "", {})
-    if too_little and not any((_answer(directory, pid, "released") or {}).get("ok") for pid in asked):
-        return Released(Path.DRIVER, Fallback.HOST_MEMORY, too_little, {})
     for pid in asked:  # a refusal from an earlier suspend is no answer to this one (torch may be up now)
         if (_answer(directory, pid, "released") or {"ok": True}).get("ok") is False:
             with contextlib.suppress(OSError):

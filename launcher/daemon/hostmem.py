@@ -32,6 +32,25 @@ def margin(total: int) -> int:
     return max(MARGIN, int(total * MARGIN_SHARE))
 
 
+def room(cgroup: str | None) -> int | None:
+    """Host memory a job may still take under its limit (``--ram``): its cgroup's ``memory.max`` less what it
+    holds that cannot be reclaimed (``memory.current`` less its file pages, which the kernel gives back
+    first; there is no swap for it: gpuq sets ``memory.swap.max`` 0). None where it has no limit (no
+    cgroup, or no memory controller there); a job with --ram always has one."""
+    if cgroup is None:
+        return None
+    try:
+        with open(f"{cgroup}/memory.max") as limit, open(f"{cgroup}/memory.current") as current:
+            most, used = limit.read().strip(), int(current.read())
+        if most == "max":
+            return None
+        with open(f"{cgroup}/memory.stat") as stat:
+            files = sum(int(line.split()[1]) for line in stat if line.split()[0] in ("active_file", "inactive_file"))
+        return max(0, int(most) - used + files)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def resident(pid: int) -> int:
     """Bytes process ``pid`` holds resident (its VmRSS: pinned host memory included); 0 if it is gone."""
     try:

@@ -42,6 +42,7 @@ from gpuq_scheduler.launcher.gpus.checkpoint import (
     DriverCheckpoint,
     FakeCheckpoint,
 )  # fmt: skip
+from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.containment import Box
 from gpuq_scheduler.launcher.supervisor.processes import start_time
@@ -100,18 +101,19 @@ def suspend(
     cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False
 ) -> dict[str, Any]:
     """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
-    (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest;
-    only where host memory can hold their copy pinned (``fastpath.budget``)."""
+    (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
+    First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
+    else nothing is done, and the job runs on."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
     at = time.monotonic()
     members = {leader} | (containment.members(box, leader) if box is not None else set())
-    too_little = ""
-    if fast is not None:
-        available, total = hostmem.host_memory(fake)
-        left = fastpath.room(box.cgroup if box is not None else None)
-        too_little = fastpath.budget(gpu_bytes, fastpath.pool_of(fast, members), available, hostmem.margin(total), left)
-    released = fastpath.release(sorted(members), set(found), fast, gpu_bytes, too_little)
+    available, total = hostmem.host_memory(fake)
+    left = hostmem.room(box.cgroup if box is not None else None)
+    too_little = hostroom.refusal(gpu_bytes, fastpath.pool_of(fast, members), available, hostmem.margin(total), left)
+    if too_little:
+        return {"ok": False, "why": too_little, "undone": True, "undo_why": ""}
+    released = fastpath.release(sorted(members), set(found), fast, gpu_bytes)
     steps["fast"] = time.monotonic() - at
     in_place: set[int] = set()
     try:

@@ -35,10 +35,11 @@ from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.forker import Forker
-from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin
+from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.containment import Box
 
@@ -109,15 +110,10 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
     cuda = _cuda_processes(scheduler, job)
     if len(cuda) > 1 and any(processes.maps_library(pid, "libnccl") for pid in cuda):
         return "it runs several CUDA processes that use NCCL, whose state the driver's checkpoint does not cover"
-    gpu_bytes = host_need(scheduler, job)
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
-    spare = margin(total)
-    if gpu_bytes + spare > available:
-        return (
-            f"its {gpu_bytes / 2**30:.1f} GiB of GPU state would not fit in the host's {available / 2**30:.1f} GiB "
-            f"of available memory with {spare / 2**30:.1f} GiB to spare"
-        )
-    return ""
+    box = Box.from_json(subject(scheduler, job_id)["box"])
+    left = room(box.cgroup if box is not None else None)  # its --ram: the copy is charged to its cgroup
+    return hostroom.refusal(host_need(scheduler, job), 0, available, margin(total), left)
 
 
 def host_need(scheduler: SchedulerState, job: Running) -> int:

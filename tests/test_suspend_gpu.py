@@ -71,6 +71,27 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     wait_for(lambda: not (_named("gpuq-suspender") & spares), 10, "its spare to go with it")
 
 
+def test_a_suspend_whose_copy_would_not_fit_under_the_jobs_ram_is_refused_and_the_job_runs_on(real: Gpuq) -> None:
+    """#40: the copy of a job's GPU state is charged to its cgroup, the driver's checkpoint's too (measured:
+    the kernel killed such a job, bench/cgroup_checkpoint_probe.py). A job of 4 GiB on its GPU with --ram 3G
+    is not suspended: its reason says why, and it counts on to a clean end, intact."""
+    script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
+    script.write_text(JOB)
+    job = real.submit(
+        "--preemptible", "--ram", "3G", "--gpus", "1", sys.executable, str(script), "4", str(count_file), str(stop)
+    )
+    wait_for(
+        lambda: len(counts(count_file)) > 5 and (real.job(job)["peak_mem"] or 0) >= 4 << 30, 120, "the job to count"
+    )
+    real.run("suspend", str(job))
+    reason = wait_for(lambda: "not suspended" in (found := real.job(job)["reason"] or "") and found, 60, "refused")
+    assert "left under its --ram" in reason and real.job(job)["state"] == "running"
+    at = len(counts(count_file))
+    wait_for(lambda: len(counts(count_file)) > at + 5, 60, "the job to count on")
+    stop.touch()
+    assert real.wait_state(job, "succeeded", "failed", timeout=120)["state"] == "succeeded"  # INTACT
+
+
 # A --preemptible job of SIZE GiB that replays a CUDA graph at each count (its addresses must survive) and
 # empties PyTorch's cache now and then (which the fast path's restore must not break).
 GRAPH_JOB = """

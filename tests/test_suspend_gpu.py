@@ -77,6 +77,7 @@ def test_a_suspend_whose_copy_would_not_fit_under_the_jobs_ram_is_refused_and_th
     is not suspended: its reason says why, and it counts on to a clean end, intact."""
     script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
     script.write_text(JOB)
+    real.wait_state(real.submit("--gpus", "0", "true"), "succeeded")  # the daemon records whether --ram holds
     job = real.submit(
         "--preemptible", "--ram", "3G", "--gpus", "1", sys.executable, str(script), "4", str(count_file), str(stop)
     )

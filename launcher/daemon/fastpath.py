@@ -15,13 +15,16 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs import fastsuspend
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Path
+from gpuq_scheduler.launcher.daemon.hostmem import resident
 
 POLL = 0.005  # seconds between looks for an answer
 ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
@@ -62,6 +65,22 @@ def prepare(directory: str, env: dict[str, str], account: Account | None) -> dic
     if "expandable_segments" not in conf:
         added["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(p for p in (conf, "expandable_segments:True") if p)
     return added
+
+
+def remove(directory: str) -> None:
+    """Remove a job's fast directory once its run is over (it ended, or is queued again): nothing in it means
+    anything to another run. The job's own: removed without following a link found in it."""
+    shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux (shutil.rmtree.avoids_symlink_attacks)
+
+
+def sweep(run: str, live: set[int]) -> None:
+    """At the daemon's start: remove the fast directories in ``run`` of jobs not running or suspended (an
+    earlier daemon's, killed before it removed them). A suspended job's stays: its resume reads it."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(run):
+            job, dot, kind = name.partition(".")
+            if dot and kind == "fast" and job.isdigit() and int(job) not in live:
+                remove(os.path.join(run, name))
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,19 @@ def _order(directory: str, order: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     os.replace(temp, os.path.join(directory, "order.json"))
+
+
+def pool_of(directory: str | None, pids: Iterable[int]) -> int:
+    """Bytes of pinned host memory the job's processes kept from their last suspend (a pool: ``POOL_ENV``), as
+    each said in its last answer, but never more than each holds resident: a job's word alone buys no room."""
+    if directory is None:
+        return 0
+    kept = 0
+    for pid in pids:
+        said = (_answer(directory, pid, "restored") or {}).get("pool")
+        if isinstance(said, int) and said > 0:
+            kept += min(said, resident(pid))
+    return kept
 
 
 def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:

@@ -41,7 +41,7 @@ from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import fences, handoff, suspending, watching
+from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, suspending, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -192,9 +192,10 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         scheduler.preemption.no_handoff.add(head.id)
         return
     requeued = {c.job_id for c in candidates if c.requeue}
-    moved = sum(c.held for c in candidates if c.job_id in choice.victims and not c.requeue)
-    available, total = suspending.host_memory(isinstance(scheduler.source, FakeGpus))
-    if moved + max(suspending.MARGIN, int(total * suspending.MARGIN_SHARE)) > available:
+    suspended = [c.job_id for c in candidates if c.job_id in choice.victims and not c.requeue]
+    moved = sum(suspending.host_need(scheduler, scheduler.running[job_id]) for job_id in suspended)
+    available, total = hostmem.host_memory(isinstance(scheduler.source, FakeGpus))
+    if moved + hostmem.margin(total) > available:
         return  # all of them at once would not fit in host memory with the margin
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
     taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))

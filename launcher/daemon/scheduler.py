@@ -69,6 +69,9 @@ class Scheduler(SchedulerState):
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
+        # The fast directories of jobs that ended while no daemon ran (or before one removed them); a
+        # suspended job's stays, since its resume asks its processes through it.
+        fastpath.sweep(os.path.dirname(self.state.fast_dir(0)), set(self.running) | set(self.suspended))
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
 

@@ -143,6 +143,19 @@ GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not gi
     metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
 )  # fmt: skip
 
+def _reservation(value: str | None) -> str | None:
+    if not value:
+        return None
+    from gpuq_scheduler.jobs.reservations import check_name
+
+    return check_name(value)
+
+
+RESERVATION: Option[str | None] = Option(
+    "--reservation", "str", None, "Run in this reservation of yours, on its GPUs (`gpuq reserve --list`).",
+    metavar="NAME", field="reservation", capture=_reservation,
+)  # fmt: skip
+
 OUTPUT: Option[str | None] = Option(
     "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
     "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
@@ -179,6 +192,7 @@ SUBMIT: tuple[Option[Any], ...] = (
            "after (docs/suspend.md).", field="preemptible"),
     Option("--preempt-signal", "str", None, "Where it cannot be suspended: the signal sent before it is requeued "
            "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
+    RESERVATION,
     Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
            field="notify", capture=_notify),
     OUTPUT,

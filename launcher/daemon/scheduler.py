@@ -40,6 +40,7 @@ from gpuq_scheduler.launcher.daemon import (
     outcomes,
     preempting,
     readiness,
+    reserving,
     suspending,
     watching,
 )
@@ -69,8 +70,10 @@ class Scheduler(SchedulerState):
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
+        reserving.recover(self)  # a job suspended for a reservation resumes once it is over
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
+        self.fenced_off: set[int] = set()  # pending jobs a reservation keeps off some GPUs (plan)
 
     def close(self) -> None:
         fences.close(self)
@@ -97,7 +100,9 @@ class Scheduler(SchedulerState):
 
     def _place(self, now: float) -> list[GpuSnapshot]:
         self.reconcile(now)
+        reserving.step(self, now)  # before suspends advance: a reservation over lets its victims resume first
         suspending.advance(self, now, self.journal)
+        reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
         watching.stop_on_lost_gpus(self, now, snapshot)
@@ -192,11 +197,12 @@ class Scheduler(SchedulerState):
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.suspensions.acting or self.suspensions.resume_wanted:
             return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
+        soonest = max(0.0, reserving.next_change(self, now) - now)  # a reservation starts or ends then
         if self.pending:
-            return 0.5
+            return min(0.5, soonest)
         if self.running:
             return max(0.05, min(self._next_liveness, self.monitor.next_sample, self.monitor.next_idle_check) - now)
-        return 5.0
+        return min(5.0, soonest)
 
     # -- steps ----------------------------------------------------------------------------------------
 
@@ -296,6 +302,7 @@ class Scheduler(SchedulerState):
         key = (
             tuple((g.index, g.used, g.lost) for g in snapshot), self.changes.count, self.paused_by,
             tuple(job.record for job in self.running.values()), min(self.not_before.values(), default=0.0) <= now,
+            reserving.phase(self, now),
         )  # fmt: skip
         if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
             if self._unsaved_reasons is not None and now >= self._reasons_due:
@@ -321,8 +328,9 @@ class Scheduler(SchedulerState):
                 continue
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
         placed = {decision.job_id for decision in plan.decisions}
+        skip = placed | self.fenced_off
         # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
-        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in placed)
+        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in skip)
         handoff.stage(self, upcoming, snapshot, now)
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
@@ -364,12 +372,18 @@ class Scheduler(SchedulerState):
         for job in self.running.values():
             if job.record.array_id in limits:
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
+        requests, reserved, notes = reserving.fence(self, requests, now, [g.index for g in snapshot])
         plan = place(
             requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
+        plan.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
+        self.fenced_off = set(reserved) | set(notes)  # never staged behind a running job (its GPUs may be reserved)
         if self.shared is not None:
             plan.waiting.update(fairshare.explain(plan.waiting, queue, _fair_key, used, self.shared.priority))
+        for job_id, words in notes.items():  # narrowed by a reservation, and waiting: say that first
+            if job_id in plan.waiting:
+                plan.waiting[job_id] = f"{words}; {plan.waiting[job_id]}"
         return plan
 
     def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:

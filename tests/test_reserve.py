@@ -139,6 +139,33 @@ def test_an_unused_reservation_is_released_after_the_idle_time_and_its_owner_rea
         ended = _listed(queue)["idle"]
         assert ended["ended"] == "released: no job ran in it for 2.0s"
         assert "released: no job ran in it for 2.0s" in queue.run("reserve", "--list").stdout
+        said = queue.run("status").stderr  # its owner reads it in `gpuq status`
+        assert "note: your reservation idle ended at " in said and ": released: no job ran in it for 2.0s" in said
         assert any(e.get("event") == "reservation-ended" and e["name"] == "idle" for e in _events(queue))
     finally:
         queue.cleanup()
+
+
+def test_status_top_and_the_dashboard_show_reservations_now_and_to_come(gpuq: Gpuq) -> None:
+    from gpuq_scheduler.jobs.store.queue import Queue
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.launcher.gpus.sources import open_source
+    from gpuq_scheduler.launcher.views import live
+    from gpuq_scheduler.launcher.views.serve import Dashboard
+
+    gpuq.run("reserve", "--gpus", "2", "--start", "now", "--duration", "2h", "--name", "now")
+    gpuq.run("reserve", "--gpus", "1", "--start", "+1h", "--duration", "1h", "--name", "later")
+    status = gpuq.run("status")
+    line = next(text for text in status.stderr.splitlines() if text.startswith("reservations: "))
+    assert "now (" in line and "GPUs 0,1) on until " in line and "later (" in line and "GPU 2) from " in line
+    source = open_source(gpuq.env)
+    try:
+        queue = Queue(StateDir(gpuq.home))
+        picture = live.take(queue, source)
+        summary = live.summary(picture, "id", False)
+        assert "\nreservation now (" in summary and "\nreservation later (" in summary
+        page = Dashboard(queue, source).page(picture)
+    finally:
+        source.close()
+    assert page.count('<rect class="reservation"') == 3  # GPUs 0 and 1 now, GPU 2 from an hour on
+    assert 'id="reservations"' in page and "reserved: later (" in page

@@ -44,6 +44,7 @@ def _options(command: Any) -> Any:
         click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
         click.option("--on", "on", metavar="CLUSTER", help="On this cluster of your config: srun --pty, salloc."),
+        click.option("--reservation", metavar="NAME", help="Run in this reservation of yours (`gpuq reserve`)."),
     )):  # fmt: skip
         command = option(command)
     return command
@@ -93,7 +94,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     spec = JobSpec.from_json(capture_spec(
         argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
         name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
-        mode="single", env=options["env"],
+        mode="single", env=options["env"], reservation=options["reservation"],
     ))  # fmt: skip
     spec = dataclasses.replace(spec, client=os.getpid() if client else None)
     if ctx.queue.inventory() is None:  # no daemon has recorded the GPUs yet: check --gpus against them here

@@ -103,6 +103,7 @@ class Shared:
     # user's reservations not yet over hold at most this many GPU-hours (None: no quota; admins have none).
     reservation_idle: float | None = 3600.0
     reservation_quota: float | None = 24.0
+    outside_notify: str | None = None  # run for each new process holding GPU memory outside gpuq (#42)
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
                       "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
                       "preemption", "preemption_min_runtime", "preemption_by", "preemption_grace",
-                      "reservation_idle", "reservation_quota"},
+                      "reservation_idle", "reservation_quota", "outside_notify"},
                  path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
@@ -270,6 +271,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         idle_report=_duration(raw.get("idle_report", "2h"), path, "shared.idle_report"),
         reservation_idle=_duration(raw.get("reservation_idle", "1h"), path, "shared.reservation_idle"),
         reservation_quota=_hours(raw.get("reservation_quota", 24), path, "shared.reservation_quota"),
+        outside_notify=_optional(raw.get("outside_notify"), str, path, "shared.outside_notify"),
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
         max_queued_per_user=_count(raw.get("max_queued_per_user", 10_000), path, "shared.max_queued_per_user"),

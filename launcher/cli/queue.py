@@ -158,9 +158,9 @@ def status(
         chosen_records = queue.resolve(wanted) if wanted else None  # an unknown id's error is one line: first
         if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
             click.echo(notices.queue_line(ctx.state, down), err=True)
-            booked = reserved.status_line(ctx.state)
-            if booked:
-                click.echo(booked, err=True)
+            for line in [reserved.status_line(ctx.state), *reserved.outside_lines(ctx.state)]:
+                if line:  # reservations now or to come; GPU memory held outside gpuq, named
+                    click.echo(line, err=True)
         if as_json or picked is not None:
             records = (
                 chosen_records if chosen_records is not None

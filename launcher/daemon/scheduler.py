@@ -38,6 +38,7 @@ from gpuq_scheduler.launcher.daemon import (
     isolation,
     learning,
     outcomes,
+    outsiders,
     preempting,
     readiness,
     reserving,
@@ -74,6 +75,7 @@ class Scheduler(SchedulerState):
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
         self.fenced_off: set[int] = set()  # pending jobs a reservation keeps off some GPUs (plan)
+        self.outsiders: outsiders.Outsiders | None = None  # memory held outside gpuq (serve() sets it up)
 
     def close(self) -> None:
         fences.close(self)
@@ -112,6 +114,7 @@ class Scheduler(SchedulerState):
         self.place_and_launch(now, snapshot)
         preempting.decide(self, now, snapshot)
         watching.sample(self, now, snapshot)
+        outsiders.look(self, now, snapshot)  # memory held outside gpuq, named (and its command run)
         return snapshot
 
     def _watch_due(self, now: float) -> bool:

@@ -45,3 +45,17 @@ def notes(state: StateDir, uid: int, now: float | None = None) -> list[str]:
         elif not r.over(now):
             said.extend(f"your reservation {r.name}: {line}" for line in r.said)
     return said
+
+
+def outside_lines(state: StateDir) -> list[str]:
+    """Who holds GPU memory outside gpuq, as the daemon last saw it (``jobs.store.outside``)."""
+    from gpuq_scheduler.jobs.store import outside
+    from gpuq_scheduler.launcher.gpus.holders import Holder, lines
+
+    found = []
+    for entry in outside.read(state):
+        try:
+            found.append(Holder.from_json(entry))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return lines(found)

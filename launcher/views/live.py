@@ -22,7 +22,8 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.gpus import mps
+from gpuq_scheduler.launcher.gpus import holders, mps
+from gpuq_scheduler.launcher.gpus.holders import Holder
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
 from gpuq_scheduler.launcher.supervisor import containment, processes
@@ -61,6 +62,7 @@ class Picture:
     paused: bool
     job_util: dict[int, int] = field(default_factory=dict)  # job id -> its processes' share of a GPU's time, %
     reserved: list[str] = field(default_factory=list)  # the reservations on or to come, in words
+    outside: list[Holder] = field(default_factory=list)  # processes holding GPU memory that gpuq did not start
 
 
 def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
@@ -103,7 +105,10 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         if shares:  # none under MPS: NVML files an MPS client's work under the server's pid
             job_util[job_id] = max(shares)
     booked = [reserved.words(r, now) for r in reserved.current(queue.state, now)]
-    return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util, booked)
+    return Picture(
+        now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util, booked,
+        holders.outside(snapshot, ours),
+    )  # fmt: skip
 
 
 def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:

@@ -29,6 +29,7 @@ from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.launcher.gpus import holders
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
 from gpuq_scheduler.launcher.views import calendar as reserved
 from gpuq_scheduler.launcher.views import live, report_html
@@ -122,6 +123,7 @@ class Dashboard:
             '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
             '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
             '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
+            *(f'<p class="note outside-holders">{e(line)}</p>' for line in holders.lines(picture.outside)),
             # The timeline next, above the fold of a laptop's screen; the tables of jobs under it.
             f"<h2>Timeline, {e(shown)}</h2>", report_html.timeline_svg(report, self.away(records, now), booked),
             report_html.legend_html(),

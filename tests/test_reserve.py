@@ -13,8 +13,8 @@ from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
 
 
-def _queue(tmp_path: Path, gpus: str = "2x80GiB", **extra: str) -> Gpuq:
-    queue = fake_cuda_queue(tmp_path, gpus, GPUQ_FAKE_HOST_MEMORY="256GiB", **extra)
+def _queue(tmp_path: Path, gpus: str | list[dict[str, Any]] = "2x80GiB", **extra: str) -> Gpuq:
+    queue = fake_cuda_queue(tmp_path, gpus, **{"GPUQ_FAKE_HOST_MEMORY": "256GiB", **extra})
     shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
     return queue
 
@@ -169,3 +169,40 @@ def test_status_top_and_the_dashboard_show_reservations_now_and_to_come(gpuq: Gp
         source.close()
     assert page.count('<rect class="reservation"') == 3  # GPUs 0 and 1 now, GPU 2 from an hour on
     assert 'id="reservations"' in page and "reserved: later (" in page
+
+
+def test_a_preemptible_job_that_cannot_be_suspended_is_requeued_at_the_start_and_runs_after(tmp_path: Path) -> None:
+    """Its 60 GiB would not fit in the host's 1 GiB: at the start it is signalled and requeued (as preemption
+    does), waits while the reservation is on, and runs again once it is cancelled."""
+    queue = _queue(tmp_path, "1x80GiB", GPUQ_FAKE_HOST_MEMORY="1GiB")
+    try:
+        counts = queue.cwd / "counts"
+        job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "100000")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        queue.run("reserve", "--gpus", "1", "--start", "+1s", "--duration", "1h", "--name", "r")
+        queue.wait_state(job, "pending", timeout=60)
+        preempted = [e for e in _events(queue) if e.get("job") == job and e.get("event") == "preempted"]
+        assert preempted and "would not fit in the host" in preempted[0]["requeue"]
+        assert "requeued" in [e["event"] for e in _events(queue) if e.get("job") == job]
+        reason = wait_for(lambda: "GPU 0 is reserved for " in (why := queue.job(job)["reason"]) and why, 30, "why")
+        assert " until " in reason and queue.job(job)["state"] == "pending"
+        queue.run("reserve", "--cancel", "r")
+        queue.wait_state(job, "running")
+        queue.run("cancel", str(job))
+    finally:
+        queue.cleanup()
+
+
+def test_a_gpu_of_a_reservation_lost_ahead_of_its_start_is_said_to_its_owner_when_it_is_known(tmp_path: Path) -> None:
+    queue = _queue(tmp_path, [{"total": "80GiB"}, {"total": "80GiB"}])
+    try:
+        queue.run("reserve", "--gpus", "2", "--start", "+1h", "--duration", "1h", "--name", "later")
+        assert _listed(queue)["later"]["said"] == []
+        inventory = tmp_path / "gpus.json"
+        inventory.write_text(json.dumps({"gpus": [{"total": "80GiB"}, {"total": "80GiB", "lost": True}]}))
+        said = wait_for(lambda: _listed(queue)["later"]["said"], 30, "the owner told")
+        assert said == ["GPU 1 is gone from this machine (lost or removed)"]
+        assert "note: your reservation later: GPU 1 is gone from this machine" in queue.run("status").stderr
+        assert any(e.get("event") == "reservation-warning" for e in _events(queue))
+    finally:
+        queue.cleanup()

@@ -36,7 +36,7 @@ from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name,
 from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
-from gpuq_scheduler.launcher.daemon import preempting, suspending
+from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import reservations as rules
 from gpuq_scheduler.launcher.policy.placement import Request
@@ -98,6 +98,8 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         "end": ask.end, "by": user_name(request.uid), "said": list(made.said),
     })  # fmt: skip
     log.info("reserved GPU(s) %s for %s as %s", gpu_list(gpus), owner, name)
+    for job_id in list(scheduler.staged):  # staged behind a running job, one may start past its start: back
+        handoff.withdraw(scheduler, job_id)
     scheduler.changes.mark()
     _save(scheduler)
 
@@ -264,6 +266,11 @@ def fence(
 
 def next_change(scheduler: SchedulerState, now: float) -> float:
     return rules.next_change(scheduler.booked.calendar.reservations, now)
+
+
+def live(scheduler: SchedulerState, now: float) -> bool:
+    """Whether a reservation is on or to come."""
+    return bool(rules.live(scheduler.booked.calendar.reservations, now))
 
 
 def phase(scheduler: SchedulerState, now: float) -> object:

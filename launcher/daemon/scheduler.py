@@ -381,7 +381,9 @@ class Scheduler(SchedulerState):
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
         plan.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
-        self.fenced_off = set(reserved) | set(notes)  # never staged behind a running job (its GPUs may be reserved)
+        # While a reservation is on or to come, no job is staged behind a running one: it would start whenever that
+        # one ends, which may be past a start its own time limit was checked against (daemon/reserving.py).
+        self.fenced_off = set(reserved) | ({r.job_id for r in requests} if reserving.live(self, now) else set())
         if self.shared is not None:
             plan.waiting.update(fairshare.explain(plan.waiting, queue, _fair_key, used, self.shared.priority))
         for job_id, words in notes.items():  # narrowed by a reservation, and waiting: say that first

@@ -144,11 +144,12 @@ GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not gi
 )  # fmt: skip
 
 def _reservation(value: str | None) -> str | None:
+    """--reservation's name as kept (None: not given); a name gpuq could not have made is refused."""
     if not value:
         return None
     from gpuq_scheduler.jobs.reservations import check_name
 
-    return check_name(value)
+    return check_name(value if isinstance(value, str) else "")
 
 
 RESERVATION: Option[str | None] = Option(

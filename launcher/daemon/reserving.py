@@ -37,6 +37,7 @@ from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
 from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
+from gpuq_scheduler.launcher.daemon.owned import Booked
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import reservations as rules
 from gpuq_scheduler.launcher.policy.placement import Request
@@ -59,8 +60,13 @@ def settings(shared: Shared | None, environ: Mapping[str, str]) -> tuple[float |
         raise BadInput(f"GPUQ_RESERVATION_IDLE={idle!r}: {err} (or off)") from None
 
 
+FIELD = RESERVE_OPTION.field
+
+
 def reservation_of(record: JobRecord) -> str:
-    return str(record.spec.value(RESERVE_OPTION) or "")
+    """The reservation the job runs in (--reservation), or "". Read from the spec's kept options directly:
+    placement asks it of every pending job, and ``spec.value`` cost 0.3 us a job more (10,000 in a pass)."""
+    return str(record.spec.options.get(FIELD) or "")
 
 
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
@@ -252,7 +258,7 @@ def fence(
 ) -> tuple[list[Request], dict[int, str], dict[int, str]]:  # fmt: skip
     """Placement's requests narrowed by the reservations (``rules.fence``)."""
     found = scheduler.booked.calendar.reservations
-    named = {r.id: reservation_of(r) for r in scheduler.pending.values() if r.spec.value(RESERVE_OPTION)}
+    named = {r.id: name for r in scheduler.pending.values() if (name := r.spec.options.get(FIELD))}
     if not named and not rules.live(found, now):
         return requests, {}, {}
     pending = scheduler.pending
@@ -319,7 +325,7 @@ def _fresh_name(scheduler: SchedulerState, owner: str) -> str:
     return f"{owner}-{n}"
 
 
-def _replace(book: Any, old: Reservation, new: Reservation) -> None:
+def _replace(book: Booked, old: Reservation, new: Reservation) -> None:
     book.calendar.reservations = [new if r is old else r for r in book.calendar.reservations]
     book.dirty = True
 

@@ -5,6 +5,7 @@ gpuq's jobs; the admin's command runs once for each new one that is not a deskto
 from __future__ import annotations
 
 import getpass
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,6 +55,9 @@ def test_memory_held_outside_gpuq_is_named_and_its_holder_told_once(
         assert f"outside gpuq: GPU 0: {me} (pid {teammate.pid} sleep, 2.0G)" in shown
         assert f"desktop (outside gpuq): GPU 1: {me} (pid {desktop.pid} Xorg, 64.0M)" in shown
         assert "fake_cuda" not in shown and "python" not in shown
+        rows = json.loads(queue.run("gpus", "--json").stdout)
+        assert rows[0]["outside"] == [{"gpu": 0, "pid": teammate.pid, "user": me, "name": "sleep", "used": 2 << 30}]
+        assert [h["name"] for h in rows[1]["outside"]] == ["Xorg"]
         said = wait_for(lambda: "outside gpuq: " in (e := queue.run("status").stderr) and e, 30, "status naming it")
         assert f"GPU 0: {me} (pid {teammate.pid} sleep, 2.0G)" in said and "Xorg" in said
         wait_for(told.exists, 30, "the admin's command")

@@ -341,9 +341,13 @@ def jupyter() -> None:
 @click.option("--time", "time_limit", help="Time limit of each kernel (8h); then it is stopped.")
 @click.option("--name", "kernel", default="", help="The kernel's folder name (default: gpuq-1gpu, gpuq-1gpu-16g).")
 @click.option("--python", "python", default=sys.executable, show_default=True, help="The Python that runs the kernel.")
-def install_kernel(gpus: int, mem: str | None, time_limit: str | None, kernel: str, python: str) -> None:
+@click.option("--reservation", metavar="NAME", help="Each kernel runs in this reservation of yours (`gpuq reserve`).")
+def install_kernel(
+    gpus: int, mem: str | None, time_limit: str | None, kernel: str, python: str, reservation: str | None
+) -> None:
     """Add a Jupyter kernel that starts through `gpuq run`: each notebook waits its turn, then holds its GPUs
     as a job of yours (in `gpuq status` and `gpuq gpus`) until the kernel shuts down."""
+    from gpuq_scheduler.jobs.reservations import check_name
     from gpuq_scheduler.jobs.units import parse_duration, parse_size
 
     size = parse_size(mem) if mem else None
@@ -358,6 +362,7 @@ def install_kernel(gpus: int, mem: str | None, time_limit: str | None, kernel: s
     argv = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "run", "--gpus", str(gpus),
             "--name", f"jupyter-{folder}", *(["--mem", mem] if mem else []),
             *(["--time", time_limit] if time_limit else []),
+            *(["--reservation", check_name(reservation)] if reservation else []),
             "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # fmt: skip
     spec = {"argv": argv, "display_name": f"Python (gpuq, {shape})", "language": "python",
             "metadata": {"debugger": False}}  # fmt: skip

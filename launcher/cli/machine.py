@@ -98,8 +98,10 @@ def gpus(ctx: Context, as_json: bool) -> None:
     finally:
         source.close()
     rows = [line.row for line in picture.gpus]
-    if as_json:
-        click.echo(json.dumps([row.to_json() for row in rows], indent=1))
+    if as_json:  # each GPU's row, with who holds its memory outside gpuq
+        shown = [{**row.to_json(), "outside": [h.to_json() for h in picture.outside if h.gpu == row.index]}
+                 for row in rows]  # fmt: skip
+        click.echo(json.dumps(shown, indent=1))
     else:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
         for line in holders.lines(picture.outside):  # who holds the OUTSIDE column's memory

@@ -206,3 +206,33 @@ def test_a_gpu_of_a_reservation_lost_ahead_of_its_start_is_said_to_its_owner_whe
         assert any(e.get("event") == "reservation-warning" for e in _events(queue))
     finally:
         queue.cleanup()
+
+
+def test_a_victim_keeps_its_place_when_its_reservation_ends_while_the_owners_job_runs_on(tmp_path: Path) -> None:
+    """One GPU: the counter is suspended for the reservation; the owner's 10 GiB job runs in it; the
+    reservation is cancelled while that job runs on. A stranger's 30 GiB job would fit beside the owner's
+    were the counter's place not kept: it waits, and starts only after the counter resumed (and ended)."""
+    queue = _queue(tmp_path, "1x80GiB")
+    try:
+        counts = queue.cwd / "counts"
+        counter = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1500")
+        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(counter)["peak_mem"], 30, "the counter to count")
+        queue.run("reserve", "--gpus", "1", "--start", "+1s", "--duration", "1h", "--name", "r")
+        queue.wait_state(counter, "suspended", timeout=60)
+        owner = queue.submit("--reservation", "r", "--mem", "10G", "fake_cuda.py", "10", "600")
+        queue.wait_state(owner, "running")
+        queue.run("reserve", "--cancel", "r")
+        wait_for(lambda: _listed(queue)["r"]["ended"], 30, "the cancel")
+        stranger = queue.submit("--mem", "30G", "fake_cuda.py", "30", "1")
+        wait_for(lambda: queue.job(stranger)["reason"], 30, "the stranger placed or told why")
+        assert queue.job(stranger)["state"] == "pending" and queue.job(counter)["state"] == "suspended"
+        queue.run("cancel", str(owner))
+        assert queue.wait_state(counter, "succeeded", "failed", timeout=120)["state"] == "succeeded"
+        assert _counts(counts) == list(range(1, 1501))
+        assert queue.wait_state(stranger, "succeeded", "failed")["state"] == "succeeded"
+        events = _events(queue)
+        resumed = next(e["t"] for e in events if e.get("job") == counter and e["event"] == "resuming")
+        started = next(e["t"] for e in events if e.get("job") == stranger and e["event"] == "started")
+        assert resumed < started
+    finally:
+        queue.cleanup()

@@ -86,5 +86,7 @@ class Booked:
     idle: float | None = 3600.0
     quota: float | None = None
     victims: dict[int, str] = field(default_factory=dict)
+    returning: set[int] = field(default_factory=set)  # victims of one over, their places kept until they resume
+    undone: set[int] = field(default_factory=set)  # victims whose suspend was undone once (the next: requeued)
     next_look: float = 0.0
     dirty: bool = False

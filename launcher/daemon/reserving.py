@@ -40,7 +40,7 @@ from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
 from gpuq_scheduler.launcher.daemon.owned import Booked
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import reservations as rules
-from gpuq_scheduler.launcher.policy.placement import Request
+from gpuq_scheduler.launcher.policy.placement import Holding, Request
 
 log = logging.getLogger("gpuq.reserve")
 
@@ -167,7 +167,8 @@ def _end(
         if name == reservation.name:
             del book.victims[job_id]
             _forget_victim(scheduler, job_id)
-            if job_id in scheduler.suspended:
+            book.returning.add(job_id)  # its place is kept until it resumes (``holdings``)
+            if job_id in scheduler.suspended:  # before suspends advance: it resumes in this very pass
                 scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
     events.append({"t": now, "event": "reservation-ended", "name": reservation.name, "why": why or "its time is up"})
     log.info("reservation %s ended: %s", reservation.name, why or "its time is up")
@@ -204,10 +205,18 @@ def step(scheduler: SchedulerState, now: float) -> None:
 def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """At (and after) a start: suspend the preemptible jobs still on its GPUs, or requeue them."""
     book = scheduler.booked
+    for job_id, name in list(book.victims.items()):  # its suspend was undone (a restart) or failed
+        job = scheduler.running.get(job_id)
+        if job is not None and job_id not in scheduler.suspensions.acting and job_id not in scheduler.stopped_for:
+            del book.victims[job_id]
+            _forget_victim(scheduler, job_id)
+            if job_id in book.undone:  # the second time: requeued instead, as preemption does
+                preempting.requeue(scheduler, job, name, "its suspend for the reservation failed twice", now)
+            book.undone.add(job_id)  # the first: suspended again below
     for work, reservation in rules.victims(book.calendar.reservations, _work(scheduler), now):
         job = scheduler.running.get(work.job_id)
         if job is None or work.job_id in scheduler.suspensions.acting or work.job_id in scheduler.stopped_for:
-            continue  # being suspended or stopped already
+            continue  # being suspended or stopped already (a requeued one too)
         why = f"reserved for {reservation.user} until {clock(reservation.end, now)}"
         if suspending.refusal(scheduler, job):
             preempting.requeue(scheduler, job, reservation.name, why, now)
@@ -224,6 +233,11 @@ def label(scheduler: SchedulerState, now: float) -> None:
     """Once suspends have settled in this pass: a victim suspended says for which reservation, until when (in
     the same transaction as its state, so no reader sees one without the other)."""
     book = scheduler.booked
+    for job_id in list(book.returning):  # one still suspending when its reservation ended: resumes once suspended
+        if job_id in scheduler.suspended and job_id not in scheduler.suspensions.acting:
+            scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
+        elif job_id not in scheduler.suspended and job_id not in scheduler.suspensions.acting:
+            book.returning.discard(job_id)  # running again (resumed, or its suspend undone), or ended
     for job_id, name in book.victims.items():
         job = scheduler.suspended.get(job_id)
         found = book.calendar.named(name)
@@ -270,6 +284,15 @@ def fence(
     return rules.fence(requests, found, now, gpus, lambda job_id: named.get(job_id, ""), preemptible)
 
 
+def holdings(scheduler: SchedulerState) -> list[Holding]:
+    """Placement's view of the places kept for the victims of a reservation that is over, until they resume:
+    nothing placed meanwhile takes the room they resume into."""
+    return [
+        Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
+        for job_id in scheduler.booked.returning if (job := scheduler.suspended.get(job_id)) is not None
+    ]  # fmt: skip
+
+
 def next_change(scheduler: SchedulerState, now: float) -> float:
     return rules.next_change(scheduler.booked.calendar.reservations, now)
 
@@ -298,6 +321,7 @@ def recover(scheduler: SchedulerState) -> None:
             book.victims[job_id] = name
         else:
             _forget_victim(scheduler, job_id)
+            book.returning.add(job_id)
             if job_id in scheduler.suspended:
                 scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
 

@@ -366,7 +366,7 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
-        ] + fences.holdings(self) + preempting.holdings(self)  # fmt: skip
+        ] + fences.holdings(self) + preempting.holdings(self) + reserving.holdings(self)  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}

@@ -257,6 +257,8 @@ class SchedulerState:
             table.pop(job_id, None)
         preemption.unsuspendable.discard(job_id)
         self.booked.victims.pop(job_id, None)
+        self.booked.returning.discard(job_id)
+        self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)

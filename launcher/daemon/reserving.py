@@ -76,6 +76,8 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         return
     ask = ask_from(request.values)
     book = scheduler.booked
+    if not scheduler.last_snapshot:  # a request read before the daemon's first look at the GPUs
+        scheduler.snapshot()
     why = _refusal(scheduler, request.uid, ask.user, ask.gpus, ask.start, ask.end, ask.name, now)
     gpus: tuple[int, ...] | None = ()
     owner = ask.user or user_name(request.uid)

@@ -104,6 +104,11 @@ class Shared:
     preemption_min_runtime: float = 600.0
     preemption_by: tuple[str, ...] = ()
     preemption_grace: float = 60.0  # seconds a job requeued instead of suspended has to save its work
+    # Reservations (docs/shared-queue.md): an unused one is released after this idle time (None: never); a
+    # user's reservations not yet over hold at most this many GPU-hours (None: no quota; admins have none).
+    reservation_idle: float | None = 3600.0
+    reservation_quota: float | None = 24.0
+    outside_notify: str | None = None  # run for each new process holding GPU memory outside gpuq (#42)
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
                       "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
                       "default_pids", "max_pids", "preemption", "preemption_min_runtime", "preemption_by",
-                      "preemption_grace"},
+                      "preemption_grace", "reservation_idle", "reservation_quota", "outside_notify"},
                  path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
@@ -274,6 +279,9 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         default_time=default_time,
         max_time=max_time,
         idle_report=_duration(raw.get("idle_report", "2h"), path, "shared.idle_report"),
+        reservation_idle=_duration(raw.get("reservation_idle", "1h"), path, "shared.reservation_idle"),
+        reservation_quota=_hours(raw.get("reservation_quota", 24), path, "shared.reservation_quota"),
+        outside_notify=_optional(raw.get("outside_notify"), str, path, "shared.outside_notify"),
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
         max_queued_per_user=_count(raw.get("max_queued_per_user", 10_000), path, "shared.max_queued_per_user"),
@@ -333,6 +341,14 @@ def _duration(value: Any, path: Path | None, key: str) -> float | None:
     except BadInput as err:
         raise ConfigError(f'{path}: {key}: {err} (or "off")') from None
     return seconds
+
+
+def _hours(value: Any, path: Path | None, key: str) -> float | None:
+    if value == "off":
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1e6:
+        raise ConfigError(f'{path}: {key} is a number of GPU-hours, like 24 (or "off"), not {value!r}')
+    return float(value)
 
 
 def _count(value: Any, path: Path | None, key: str) -> int | None:

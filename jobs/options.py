@@ -163,6 +163,20 @@ PIDS: Option[int | None] = Option(
     "shared queue's default_pids). cgroup pids.max.", metavar="N", field="pids", capture=_pids,
 )  # fmt: skip
 
+def _reservation(value: str | None) -> str | None:
+    """--reservation's name as kept (None: not given); a name gpuq could not have made is refused."""
+    if not value:
+        return None
+    from gpuq_scheduler.jobs.reservations import check_name
+
+    return check_name(value if isinstance(value, str) else "")
+
+
+RESERVATION: Option[str | None] = Option(
+    "--reservation", "str", None, "Run in this reservation of yours, on its GPUs (`gpuq reserve --list`).",
+    metavar="NAME", field="reservation", capture=_reservation,
+)  # fmt: skip
+
 OUTPUT: Option[str | None] = Option(
     "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
     "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
@@ -200,6 +214,7 @@ SUBMIT: tuple[Option[Any], ...] = (
            "after (docs/suspend.md).", field="preemptible"),
     Option("--preempt-signal", "str", None, "Where it cannot be suspended: the signal sent before it is requeued "
            "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
+    RESERVATION,
     Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
            field="notify", capture=_notify),
     OUTPUT,

@@ -32,7 +32,7 @@ FAST_MODULES = frozenset({
     "test_jsontext", "test_layout", "test_lint", "test_listing", "test_live", "test_memory", "test_model",
     "test_placement", "test_report", "test_preemption_policy", "test_slurm_translate", "test_spool", "test_store",
     "test_suspension_counts", "test_units", "test_watchdog_policy", "test_changes", "test_submitit_parameters",
-    "test_process_limit",
+    "test_process_limit", "test_reservation_policy",
 })  # fmt: skip
 
 

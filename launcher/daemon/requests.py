@@ -19,7 +19,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import endings, handoff, suspending
+from gpuq_scheduler.launcher.daemon import endings, handoff, reserving, suspending
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.requests")
@@ -180,4 +180,5 @@ JOB_ACTIONS: dict[str, Callable[[SchedulerState, JobRecord, spool.ControlRequest
 }  # fmt: skip
 RUNNING_ACTIONS: dict[str, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
     "suspend": suspending.request, "resume": suspending.request,
+    "reserve": reserving.request, "unreserve": reserving.request,  # reservations: no job named (daemon.reserving)
 }  # fmt: skip

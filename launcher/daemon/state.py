@@ -21,14 +21,14 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
-from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store import calendar, outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
-from gpuq_scheduler.launcher.daemon.owned import MemAuto, Monitor, Preemption, Suspensions
+from gpuq_scheduler.launcher.daemon.owned import Booked, MemAuto, Monitor, Preemption, Suspensions
 from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
@@ -106,6 +106,7 @@ class SchedulerState:
         # What each step keeps to itself (``launcher.daemon.owned``).
         self.suspensions = Suspensions()
         self.preemption = Preemption(self.changes)
+        self.booked = Booked(calendar.read(state))  # reservations (``daemon.reserving``)
         self.monitor = Monitor(
             idle_limit=shared.idle_limit if shared else None, idle_report=shared.idle_report if shared else None
         )
@@ -254,6 +255,9 @@ class SchedulerState:
                       preemption.signalled):  # fmt: skip
             table.pop(job_id, None)
         preemption.unsuspendable.discard(job_id)
+        self.booked.victims.pop(job_id, None)
+        self.booked.returning.discard(job_id)
+        self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)

@@ -86,7 +86,7 @@ def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_i
     tmp_path: Path, given: dict[str, str], conf: str | None
 ) -> None:
     """What ``fastpath.prepare`` adds to a --preemptible job's environment, and that the sitecustomize it
-    writes installs the handler in a real Python process, then still imports the job's own sitecustomize."""
+    writes installs the handler in a real Python process, then still runs the job's own sitecustomize."""
     from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL
     from gpuq_scheduler.launcher.daemon import fastpath
 
@@ -103,6 +103,11 @@ def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_i
         [sys.executable, "-c", probe.format(int(SUSPEND_SIGNAL))], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == ["loaded", "True"]
+    assert done.stderr == ""
+    # A job with no sitecustomize of its own: it once printed "Error in sitecustomize ... KeyError" (Python 3.11).
+    alone = {**os.environ, **given, **fastpath.prepare(str(tmp_path / "run" / "8.fast"), given, None)}
+    bare = subprocess.run([sys.executable, "-c", "print('ran')"], env=alone, capture_output=True, text=True, check=True)
+    assert (bare.stdout, bare.stderr) == ("ran\n", "")
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         wait_for(lambda: fastpath.catches(job.pid, SUSPEND_SIGNAL), 30, "the handler to be installed")

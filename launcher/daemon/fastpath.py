@@ -34,16 +34,16 @@ ANSWER_RATE = 1e9  # bytes a second its copy is given: below the 2.5 GB/s of a c
 
 # Loaded first by every Python of a --preemptible job (PYTHONPATH): gpuq's handler, from the installed file
 # (the job's interpreter need not be gpuq's), then the job's own sitecustomize, if it has one.
-SITE = """import importlib.util as _u, sys as _s
+# The job's own is run from its spec, not imported: this module is sitecustomize while it runs, and taking
+# it out of sys.modules to import another breaks the import of this one (Python 3.11: KeyError).
+SITE = """import importlib.machinery as _l, importlib.util as _u, sys as _s
 _spec = _u.spec_from_file_location("gpuq_fastsuspend", {module!r})
 _m = _u.module_from_spec(_spec); _s.modules["gpuq_fastsuspend"] = _m; _spec.loader.exec_module(_m)
 _m.install_from_env()
 _s.path[:] = [p for p in _s.path if p != {site!r}]
-del _s.modules["sitecustomize"]
-try:
-    import sitecustomize  # the job's own, found further on the path
-except ImportError:
-    pass
+_own = _l.PathFinder.find_spec("sitecustomize", _s.path)
+if _own is not None and _own.loader is not None:
+    _own.loader.exec_module(_u.module_from_spec(_own))
 """
 
 

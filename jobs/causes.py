@@ -27,6 +27,7 @@ class Cause(str, enum.Enum):
     OOM_WITHIN_SHARE = "oom-within-share"  # within its share, its GPU had no room left (use outside gpuq)
     OOM_VICTIM = "oom-victim"  # within its share, on a GPU where another job was past its own: the culprit
     HOST_OOM = "host-oom"  # the kernel (or Slurm) ended it at its host memory limit
+    PROCESS_LIMIT = "process-limit"  # it failed after the kernel refused it a process at its --pids limit
     WATCHDOG = "watchdog"  # gpuq stopped it for taking what it was not given
     TIME_LIMIT = "time-limit"
     CANCELLED = "cancelled"  # by a user, an admin, or gpuq's idle limit (the reason says by whom)

@@ -18,6 +18,8 @@ Two TOML files, both optional; the user's overrides the system's key by key (clu
     idle_limit = "4h"                # `gpuq run`/`alloc` jobs whose GPUs did no work this long are released ("off")
     default_cpus = 8                 # --cpus of a job that gives none (host limits: docs/containment.md)
     default_ram = "64G"              # --ram of a job that gives none
+    default_pids = 4096              # --pids of a job that gives none (default 4096; "off": no limit)
+    max_pids = 32768                 # the most --pids a job may ask for (default 32768; "off": no maximum)
     preemption = true                # a waiting job may suspend preemptible running jobs (default false)
     preemption_min_runtime = "10m"   # a job runs this long after it (re)started before it may be preempted
     preemption_by = ["priority"]     # also preemptible beyond --preemptible: "priority", "fair_share"
@@ -90,6 +92,9 @@ class Shared:
     idle_limit: float | None = 4 * 3600.0  # seconds an interactive job's GPUs may do no work; None: no limit
     default_cpus: float | None = None  # a job's --cpus when it gives none; None: no limit
     default_ram: int | None = None  # bytes: a job's --ram when it gives none
+    # pids.max of a job that gives no --pids, and the most --pids may be: a fork bomb stops in its own job.
+    default_pids: int | None = 4096
+    max_pids: int | None = 32768
     default_time: float | None = None  # seconds: the time limit of a job submitted without one
     max_time: float | None = 7 * 86400.0  # seconds: the longest time limit a job may have; None: no maximum
     idle_report: float | None = 2 * 3600.0  # seconds a batch job's GPUs may do no work before status says so
@@ -99,6 +104,11 @@ class Shared:
     preemption_min_runtime: float = 600.0
     preemption_by: tuple[str, ...] = ()
     preemption_grace: float = 60.0  # seconds a job requeued instead of suspended has to save its work
+    # Reservations (docs/shared-queue.md): an unused one is released after this idle time (None: never); a
+    # user's reservations not yet over hold at most this many GPU-hours (None: no quota; admins have none).
+    reservation_idle: float | None = 3600.0
+    reservation_quota: float | None = 24.0
+    outside_notify: str | None = None  # run for each new process holding GPU memory outside gpuq (#42)
 
 
 @dataclass(frozen=True)
@@ -214,7 +224,8 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         raise ConfigError(f"{path}: [shared] must be a table")
     _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
                       "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
-                      "preemption", "preemption_min_runtime", "preemption_by", "preemption_grace"},
+                      "default_pids", "max_pids", "preemption", "preemption_min_runtime", "preemption_by",
+                      "preemption_grace", "reservation_idle", "reservation_quota", "outside_notify"},
                  path, "shared.")  # fmt: skip
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
@@ -248,6 +259,9 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         raise ConfigError(f"{path}: shared.default_ram: {err}") from None
     if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
         raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
+    default_pids, max_pids = _pids(raw, "default_pids", 4096, path), _pids(raw, "max_pids", 32768, path)
+    if default_pids is not None and max_pids is not None and default_pids > max_pids:
+        raise ConfigError(f"{path}: shared.default_pids is more than shared.max_pids; lower it")
     by = raw.get("preemption_by", [])
     if not isinstance(by, list) or not all(isinstance(b, str) and b in PREEMPTION_BY for b in by):
         raise ConfigError(f'{path}: shared.preemption_by lists "priority" and/or "fair_share", like ["priority"]')
@@ -259,10 +273,15 @@ def _shared(raw: Any, path: Path | None) -> Shared:
         preemption_grace=_duration(raw.get("preemption_grace", "60s"), path, "shared.preemption_grace") or 0.0,
         default_cpus=None if cpus is None else float(cpus),
         default_ram=ram_bytes,
+        default_pids=default_pids,
+        max_pids=max_pids,
         idle_limit=idle_limit,
         default_time=default_time,
         max_time=max_time,
         idle_report=_duration(raw.get("idle_report", "2h"), path, "shared.idle_report"),
+        reservation_idle=_duration(raw.get("reservation_idle", "1h"), path, "shared.reservation_idle"),
+        reservation_quota=_hours(raw.get("reservation_quota", 24), path, "shared.reservation_quota"),
+        outside_notify=_optional(raw.get("outside_notify"), str, path, "shared.outside_notify"),
         admins=_optional(raw.get("admins"), str, path, "shared.admins"),
         max_gpus_per_user=_count(raw.get("max_gpus_per_user"), path, "shared.max_gpus_per_user"),
         max_queued_per_user=_count(raw.get("max_queued_per_user", 10_000), path, "shared.max_queued_per_user"),
@@ -324,12 +343,36 @@ def _duration(value: Any, path: Path | None, key: str) -> float | None:
     return seconds
 
 
+def _hours(value: Any, path: Path | None, key: str) -> float | None:
+    if value == "off":
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1e6:
+        raise ConfigError(f'{path}: {key} is a number of GPU-hours, like 24 (or "off"), not {value!r}')
+    return float(value)
+
+
 def _count(value: Any, path: Path | None, key: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 1 << 31:
         raise ConfigError(f"{path}: {key} must be a whole number of 1 or more, not {value!r}")
     return value
+
+
+def _pids(raw: Mapping[str, Any], key: str, default: int, path: Path | None) -> int | None:
+    """A number of processes (``--pids``'s bounds), or None for "off"."""
+    from gpuq_scheduler.jobs.options import MOST_PIDS, PIDS
+
+    value = raw.get(key, default)
+    if value == "off":
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(f"{value!r} is not a whole number")
+        return int(PIDS.kept(value))
+    except BadInput:
+        raise ConfigError(f'{path}: shared.{key} must be a number of processes from 16 to {MOST_PIDS}, like 4096 '
+                          '(or "off")') from None  # fmt: skip
 
 
 def _watchdog(raw: Any, path: Path | None) -> Watchdog:

@@ -15,7 +15,7 @@ import contextlib
 import ctypes
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,10 @@ PAGE = 2 << 20  # the driver's granularity for device memory: the step of the wa
 STREAMS = 4
 THREADS = 12  # of the lent H200 host's 16 cores
 _PROT = 0x1 | 0x2  # PROT_READ | PROT_WRITE
-_MAP = 0x02 | 0x20 | 0x8000  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE: the pages faulted in by the thread
+_POPULATE = 0x8000  # MAP_POPULATE: the pages faulted in by the thread that maps them
+_MAP = 0x02 | 0x20 | _POPULATE  # MAP_PRIVATE | MAP_ANONYMOUS
+_MADV_HUGEPAGE = 14
+PINS = ("populate", "lazy", "thp", "hostalloc")
 
 
 class NotApplicable(Exception):
@@ -84,6 +87,8 @@ class Driver:
             "cuStreamDestroy_v2": [p],
             "cuMemHostRegister_v2": [p, sz, ctypes.c_uint],
             "cuMemHostUnregister": [p],
+            "cuMemHostAlloc": [ctypes.POINTER(p), sz, ctypes.c_uint],
+            "cuMemFreeHost": [p],
             "cuCtxGetCurrent": [ctypes.POINTER(p)],
             "cuCtxSetCurrent": [p],
         }
@@ -155,7 +160,9 @@ class Mover:
     """Releases and restores this process's PyTorch memory; keeps host buffers pinned between suspends when
     asked (``keep``: the first suspend pins, later ones copy at the link's speed; costs the host memory)."""
 
-    def __init__(self, keep: bool = False, threads: int = THREADS) -> None:
+    # thp by default: 4.9 GB/s pinning afresh on the lent H200, against 2.9-3.0 (populate), 2.9 (lazy) and 2.1
+    # (hostalloc) (bench/results/h200-fastsuspend-2026-11-29b): a fault per 2 MiB rather than per 4 KiB.
+    def __init__(self, keep: bool = False, threads: int = THREADS, pin: str = "thp") -> None:
         self.driver = Driver()
         # libc's mmap through ctypes, not Python's: its call lets go of the GIL, so the threads fault pages
         # in at once (Python's mmap module held it: 2.6 GB/s on the H200, pinning included).
@@ -163,13 +170,21 @@ class Mover:
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         libc.mmap.restype = ctypes.c_void_p
         libc.munmap.argtypes, libc.munmap.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
+        libc.madvise.argtypes, libc.madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
         self.libc = libc
-        self.keep, self.threads = keep, threads
+        if pin not in PINS:
+            raise ValueError(f"pin must be one of {', '.join(PINS)}")
+        self.keep, self.threads, self.pin = keep, threads, pin
         self.moved = 0  # pieces that came back under another handle than PyTorch's (see ``restore``)
         self.unpinning: threading.Thread | None = None
         self.pool: list[Host] = []  # pinned buffers of CHUNK bytes, free
         self.held: Held | None = None
         self.steps: dict[str, float] = {}
+
+    @property
+    def kept(self) -> int:
+        """Bytes of pinned host memory kept for the next suspend (the pool)."""
+        return len(self.pool) * CHUNK
 
     def _streams(self) -> list[ctypes.c_void_p]:
         streams = []
@@ -185,10 +200,21 @@ class Mover:
             self.driver("cuStreamDestroy_v2", stream)
 
     def _pin(self, ctx: int) -> Host:
+        """One pinned buffer of CHUNK bytes, by ``self.pin``'s way (each measured: bench/pin_probe.py):
+        ``populate``, the pages faulted in by mmap itself, then registered; ``lazy``, registered unfaulted (the
+        driver's pinning faults them in); ``thp``, the same as transparent huge pages (a fault per 2 MiB);
+        ``hostalloc``, the driver's own allocation (cuMemHostAlloc)."""
         self.driver("cuCtxSetCurrent", ctypes.c_void_p(ctx))
-        address = self.libc.mmap(None, CHUNK, _PROT, _MAP, -1, 0)
+        if self.pin == "hostalloc":
+            found = ctypes.c_void_p()
+            self.driver("cuMemHostAlloc", ctypes.byref(found), CHUNK, 0)
+            return Host(int(found.value or 0), 0, 0)
+        flags = _MAP if self.pin == "populate" else _MAP & ~_POPULATE
+        address = self.libc.mmap(None, CHUNK, _PROT, flags, -1, 0)
         if address in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap of pinned host memory failed")
+        if self.pin == "thp":
+            self.libc.madvise(ctypes.c_void_p(address), CHUNK, _MADV_HUGEPAGE)  # a hint: refused, 4 KiB pages
         try:
             self.driver("cuMemHostRegister_v2", ctypes.c_void_p(address), CHUNK, 0)
         except OSError:
@@ -197,6 +223,10 @@ class Mover:
         return Host(address, 0, 0)
 
     def _unpin(self, host: Host) -> None:
+        if self.pin == "hostalloc":
+            with contextlib.suppress(OSError):
+                self.driver("cuMemFreeHost", ctypes.c_void_p(host.address))
+            return
         with contextlib.suppress(OSError):
             self.driver("cuMemHostUnregister", ctypes.c_void_p(host.address))
         self.libc.munmap(ctypes.c_void_p(host.address), CHUNK)
@@ -218,6 +248,7 @@ class Mover:
         pieces, taken = pieces_of(self.driver, segments)
         steps["walk"] = time.monotonic() - at
         held = Held(pieces)
+        fresh: list[Future[Host]] = []
         try:
             at = time.monotonic()
             ranges = _ranges(pieces)
@@ -225,7 +256,8 @@ class Mover:
             with ThreadPoolExecutor(self.threads) as pool:
                 fresh = [pool.submit(self._pin, ctx) for _ in range(max(0, len(ranges) - len(self.pool)))]
                 for index, (address, size) in enumerate(ranges):
-                    host = self.pool.pop() if self.pool else fresh.pop().result()
+                    # the first pinned first: copies follow the pinning rather than wait for all of it
+                    host = self.pool.pop() if self.pool else fresh.pop(0).result()
                     host.device_address, host.size = address, size
                     held.hosts.append(host)
                     self.driver(
@@ -234,6 +266,7 @@ class Mover:
             self._done(streams)
             steps["copy_out"] = time.monotonic() - at
         except BaseException:
+            held.hosts += [future.result() for future in fresh if future.exception() is None]
             for handle, count in taken.items():
                 for _ in range(count):
                     self.driver("cuMemRelease", handle)

@@ -65,7 +65,9 @@ class Fallback(str, Enum):
 
 def applicable() -> str:
     """Why this process cannot take the fast path before libcuda is opened ("" if it may): it must hold CUDA
-    memory through PyTorch."""
+    memory through PyTorch (or, beside the fake inventory, be a fake CUDA process that does: ``_fake``)."""
+    if _fake():
+        return ""
     if "torch" not in sys.modules:
         return "the process has not imported torch"
     import torch
@@ -75,18 +77,28 @@ def applicable() -> str:
     return ""
 
 
-def _mechanism() -> Any:
-    """``fastmove``, the file beside this one, loaded by its path on the first request: this file itself was
-    loaded so (gpuq's sitecustomize), in an interpreter that need not have gpuq installed."""
-    found = sys.modules.get("gpuq_fastmove")
+def _load(name: str) -> Any:
+    """``jobs/<name>.py``, the file beside this one, loaded by its path: this file itself was loaded so (gpuq's
+    sitecustomize), in an interpreter that need not have gpuq installed."""
+    found = sys.modules.get(f"gpuq_{name}")
     if found is None:
-        spec = importlib.util.spec_from_file_location("gpuq_fastmove", pathlib.Path(__file__).with_name("fastmove.py"))
+        spec = importlib.util.spec_from_file_location(f"gpuq_{name}", pathlib.Path(__file__).with_name(f"{name}.py"))
         if spec is None or spec.loader is None:
-            raise ImportError("fastmove.py is not beside fastsuspend.py")
+            raise ImportError(f"{name}.py is not beside fastsuspend.py")
         found = importlib.util.module_from_spec(spec)
-        sys.modules["gpuq_fastmove"] = found
+        sys.modules[f"gpuq_{name}"] = found
         spec.loader.exec_module(found)
     return found
+
+
+def _fake() -> bool:
+    """A fake CUDA process of the fake inventory (tests) that allocates as PyTorch would: ``fastmove_fake``."""
+    return bool(os.environ.get("GPUQ_FAKE_USAGE")) and bool(_load("fastmove_fake").applies())
+
+
+def _mechanism() -> Any:
+    """``fastmove``, loaded on the first request (``fastmove_fake`` beside the fake inventory)."""
+    return _load("fastmove_fake" if _fake() else "fastmove")
 
 
 def _keep_pages() -> None:
@@ -168,6 +180,7 @@ def install(directory: str | os.PathLike[str]) -> None:
                 "seconds": took,
                 "steps": mover.steps,
                 "moved": mover.moved,
+                "pool": mover.kept,  # pinned host memory kept for the next suspend (gpuq's host check counts it)
             }
         except Exception as err:
             _write(where / f"{pid}.restored", {"ok": False, "why": f"{type(err).__name__}: {err}"})

@@ -143,6 +143,40 @@ GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not gi
     metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
 )  # fmt: skip
 
+MOST_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT: no cgroup can hold more tasks
+
+
+def _pids(value: int | None) -> int | None:
+    """--pids as kept: the most tasks (processes and threads) the job may hold at once (pids.max)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= MOST_PIDS:
+        from gpuq_scheduler.jobs.errors import BadInput
+
+        raise BadInput(f"--pids {value!r}: give the most processes the job may hold at once, threads included, "
+                       f"from 16 to {MOST_PIDS}, like 8192")  # fmt: skip
+    return value
+
+
+PIDS: Option[int | None] = Option(
+    "--pids", "int", None, "Most processes (threads too) the job may hold at once; past it fork fails (default: a "
+    "shared queue's default_pids). cgroup pids.max.", metavar="N", field="pids", capture=_pids,
+)  # fmt: skip
+
+def _reservation(value: str | None) -> str | None:
+    """--reservation's name as kept (None: not given); a name gpuq could not have made is refused."""
+    if not value:
+        return None
+    from gpuq_scheduler.jobs.reservations import check_name
+
+    return check_name(value if isinstance(value, str) else "")
+
+
+RESERVATION: Option[str | None] = Option(
+    "--reservation", "str", None, "Run in this reservation of yours, on its GPUs (`gpuq reserve --list`).",
+    metavar="NAME", field="reservation", capture=_reservation,
+)  # fmt: skip
+
 OUTPUT: Option[str | None] = Option(
     "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
     "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
@@ -157,6 +191,7 @@ SUBMIT: tuple[Option[Any], ...] = (
     Option("--cpus", "str", None, "Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.", metavar="N"),
     Option("--ram", "str", None, "Host memory the job may use (32G); past it the kernel ends the job.",
            metavar="SIZE"),
+    PIDS,
     Option("--like", "int", None, "--mem auto, learned from this job's peak memory.", metavar="JOB_ID", api=False,
            quick=False),
     Option("--name", "str", "", "A name to show in status (default: the command).", field="name"),
@@ -179,6 +214,7 @@ SUBMIT: tuple[Option[Any], ...] = (
            "after (docs/suspend.md).", field="preemptible"),
     Option("--preempt-signal", "str", None, "Where it cannot be suspended: the signal sent before it is requeued "
            "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
+    RESERVATION,
     Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
            field="notify", capture=_notify),
     OUTPUT,

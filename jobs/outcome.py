@@ -103,6 +103,13 @@ class Outcome:
         return cls(JobState.FAILED, Cause.HOST_OOM, exit_code=exit_code, signal=signum, reason=detail)
 
     @classmethod
+    def process_limit(cls, limit: int, ended: Outcome) -> Outcome:
+        """It failed as ``ended`` says after the kernel refused it a fork at its limit of ``limit`` tasks."""
+        why = f"reached its limit of {limit} processes; {ended.reason}" if ended.reason else \
+            f"reached its limit of {limit} processes"  # fmt: skip
+        return cls(JobState.FAILED, Cause.PROCESS_LIMIT, exit_code=ended.exit_code, signal=ended.signal, reason=why)
+
+    @classmethod
     def stopped_by_watchdog(cls, what: str, signum: int | None = None) -> Outcome:
         """The watchdog stopped it: ``what`` it took ("held 22.4 GiB on GPU 0 against its 4.0G share")."""
         return cls(JobState.FAILED, Cause.WATCHDOG, signal=signum, reason=causes.watchdog(what))

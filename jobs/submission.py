@@ -230,10 +230,14 @@ def _cpus(value: float | str | None) -> float | None:
         raise BadInput(f"--cpus {value!r}: give a number of CPUs, like 4 or 0.5") from None
 
 
+# Each host limit's flag, its controller, and its key in a spec's JSON.
+HOST_LIMITS = (("--cpus", "cpu", "cpus"), ("--ram", "memory", "ram"), ("--pids", "pids", "pids"))
+
+
 def host_limits(inventory: str | Path) -> tuple[tuple[str, ...], str] | None:
-    """The host limits this queue's jobs can have (of "cpu", "memory") and, for the others, why not, as the
+    """The host limits this queue's jobs can have (of "cpu", "memory", "pids") and, for the others, why not, as the
     daemon recorded them in ``gpus.json`` (``launcher.supervisor.containment``); None if no daemon has yet."""
-    import json  # only for a submit with --cpus or --ram
+    import json  # only for a submit with --cpus, --ram or --pids
 
     try:
         with open(inventory, "rb") as handle:
@@ -245,9 +249,8 @@ def host_limits(inventory: str | Path) -> tuple[tuple[str, ...], str] | None:
 
 
 def check_host_limits(spec: Mapping[str, Any], inventory: str | Path) -> None:
-    """Refuse --cpus or --ram where this queue's daemon cannot enforce it (nothing is queued then)."""
-    asked = [(flag, controller) for flag, controller, key in (("--cpus", "cpu", "cpus"), ("--ram", "memory", "ram"))
-             if spec.get(key) is not None]  # fmt: skip
+    """Refuse --cpus, --ram or --pids where this queue's daemon cannot enforce it (nothing is queued then)."""
+    asked = [(flag, controller) for flag, controller, key in HOST_LIMITS if spec.get(key) is not None]
     if not asked:
         return
     recorded = host_limits(inventory)

@@ -30,6 +30,27 @@ needs_cgroup2 = pytest.mark.skipif(
     reason="no cgroup v2 hierarchy this user can make cgroups in (run as root where cgroup2 is mounted)",
 )
 
+PIDS = WRITABLE and "pids" in Path(str(MOUNT), "cgroup.controllers").read_text().split()
+needs_pids = pytest.mark.skipif(
+    not PIDS,  # CI's cgroup2 has no controllers either
+    reason="the cgroup v2 hierarchy here has no pids controller (cgroup v1 holds it); runs on the lent GPU host",
+)
+# A fork bomb bounded by its own counter: it forks sleepers until the kernel refuses it one (and lets the error
+# end it, as a real program would), at most CAP of them, so that it cannot hurt a machine where no limit holds it.
+BOMB = """import os, time
+CAP = 512
+forked = 0
+try:
+    while forked < CAP:
+        if os.fork() == 0:
+            time.sleep(300)
+            os._exit(0)
+        forked += 1
+finally:
+    with open("forked", "w") as out:
+        out.write(str(forked))
+"""
+
 # Four ways out of a process group and session; each child writes its pid, then sleeps in that process.
 LEAVERS = """
 setsid sh -c 'echo $$ > setsid.pid; exec sleep 300' &
@@ -216,22 +237,30 @@ def test_the_fallback_finds_a_setsid_child_by_its_marker_and_a_background_one_by
 
 
 def test_host_limits_are_refused_at_submit_where_the_controllers_are_not_delegated(queue: Gpuq) -> None:
-    """This machine's cgroup2 has no cpu or memory controller (CI's neither): --cpus and --ram are refused
-    in one line, exit 2, and nothing is queued; before any daemon ran, the refusal says what to do."""
-    before = queue.run("submit", "--ram", "1G", "true", check=False)
-    assert before.returncode == 2 and "no gpuq daemon has run here yet" in before.stderr
+    """This machine's cgroup2 has no cpu, memory or pids controller (CI's neither): --cpus, --ram and --pids
+    are refused in one line, exit 2, and nothing is queued. `gpuq doctor` says jobs have no process limit
+    here. The first submit of a fresh queue starts its daemon to learn which limits it can enforce (it once
+    said to start the daemon and submit again)."""
+    first = queue.run("submit", "--ram", "1G", "true", check=False)
+    assert "no gpuq daemon has run here yet" not in first.stderr, first.stderr
+    assert first.returncode == 0 or "--ram cannot be enforced here" in first.stderr, first.stderr
     queue.wait_state(queue.submit("true"), "succeeded")
     recorded = json.loads((queue.home / "gpus.json").read_text())["containment"]
-    if {"cpu", "memory"} <= set(recorded["controllers"]):
+    missing = [(o, v) for o, v, c in (("--ram", "1G", "memory"), ("--cpus", "2", "cpu"), ("--pids", "100", "pids"))
+               if c not in recorded["controllers"]]  # fmt: skip
+    if not missing:
         pytest.skip("the controllers are delegated here: tests/test_containment_gpu.py checks they are enforced")
-    for option, value in (("--ram", "1G"), ("--cpus", "2")):
+    if ("--pids", "100") in missing and recorded["kind"] == "cgroup":
+        said = queue.run("doctor", check=False).stdout.splitlines()[-1]
+        assert said.endswith("; no process limit: a fork bomb in a job reaches the host"), said
+    for option, value in missing:
         for entry in ("gpuq_scheduler.launcher.cli.entry", "gpuq_scheduler.launcher.cli.app"):  # quick, click
             queue.entry = entry
             refused = queue.run("submit", option, value, "true", check=False)
             assert refused.returncode == 2 and refused.stdout == "", refused
             assert len(refused.stderr.strip().splitlines()) == 1
             assert f"{option} cannot be enforced here" in refused.stderr
-    assert len(queue.status()) == 1  # the plain job only
+    assert len(queue.status()) == 1 + (first.returncode == 0)  # the plain job only (and the first, if queued)
     assert not [p for p in (queue.home / "spool").iterdir() if p.is_file()]
 
 
@@ -334,3 +363,24 @@ def test_show_gives_a_running_jobs_host_cpu_time_so_far(queue: Gpuq) -> None:
     assert shown["state"] == "running" and shown["cpu_seconds"] >= 0.3, shown
     queue.run("cancel", str(job))
     queue.wait_state(job, "cancelled")
+
+
+@needs_cgroup2
+@needs_pids
+def test_a_fork_bomb_in_a_job_stops_at_its_process_limit(queue: Gpuq) -> None:
+    """#38, finding 5: a job's cgroup had no process limit, and a fork bomb in a job reached the whole machine.
+    With --pids 64 the kernel refuses its 64th task (pids.max; its own interpreter is one), the bomb fails,
+    and its reason says why (pids.events' max counter, read at its end); every sleeper ends with it."""
+    (queue.cwd / "bomb.py").write_text(BOMB)
+    plain = queue.submit("--gpus", "0", sys.executable, "bomb.py")  # a personal queue has no default: the cap holds
+    assert queue.wait_state(plain, "succeeded", "failed")["reason"] == "512 processes outlived the job and were ended"
+    assert (queue.cwd / "forked").read_text() == "512"
+    assert "no process limit" not in containment(queue)  # recorded by the daemon: --pids is taken now
+    job = queue.submit("--gpus", "0", "--pids", "64", sys.executable, "bomb.py")
+    record = queue.wait_state(job, "failed", "succeeded")
+    forked = int((queue.cwd / "forked").read_text())
+    assert record["state"] == "failed" and forked < 64, (record, forked)
+    assert record["reason"].startswith("reached its limit of 64 processes; BlockingIOError: [Errno 11]"), record
+    assert record["reason"].endswith(f"(exit code 1); {forked} processes outlived the job and were ended"), record
+    group = containment(queue).split(" at ", 1)[1].split(";")[0]
+    wait_for(lambda: not Path(group, f"job-{job}").exists(), 10, "the bomb's cgroup to go with its sleepers")

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import ROOT, wait_for
 from tests.installed import installed_tree
-from tests.test_containment import MOUNT, WRITABLE, alive
+from tests.test_containment import BOMB, MOUNT, WRITABLE, alive, needs_pids
 from tests.test_shared import HAS_TOOLS, SharedQueue, User, _python_for_users
 
 NAME = "gqcmallory"
@@ -69,8 +69,8 @@ def queue() -> Iterator[SharedQueue]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _start(queue: SharedQueue, **extra: str) -> None:
-    queue.config.write_text(f'home = "{queue.home}"\n[shared]\n')
+def _start(queue: SharedQueue, shared: str = "", **extra: str) -> None:
+    queue.config.write_text(f'home = "{queue.home}"\n[shared]\n{shared}')
     queue.config.chmod(0o644)
     env = {**queue.env(None), "GPUQ_FAKE_GPUS": "2x80GiB", "GPUQ_KILL_GRACE": "1", "PYTHONPATH": str(ROOT), **extra}
     log = (queue.base / "daemon.out").open("ab")
@@ -148,3 +148,38 @@ def test_a_users_job_on_an_idle_shared_queue_runs_as_the_blank_root_held_for_its
 def _uids(pid: int) -> list[int]:
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     return [int(word) for word in next(line for line in status if line.startswith("Uid:")).split()[1:]]
+
+
+# A request written by hand, past the client's check, asking for more processes than the queue allows.
+FORGED = (
+    "import json, os, sys, time\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
+    "from gpuq_scheduler.jobs.model import JobSpec\nfrom gpuq_scheduler.jobs.store import outbox\n"
+    "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+    "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
+    "spec = JobSpec(('true',), os.getcwd(), gpus=0, options={'pids': 500}).to_json()\n"
+    "body = {'schema': 1, 'kind': 'submit', 'submitted_at': time.time(), 'spec': spec}\n"
+    "write_atomic(s.token_request(token), json.dumps(body).encode())\noutbox.poke(s)\n"
+    "try:\n    print(outbox.await_id(s, token, 60))\nexcept BadInput as err:\n    print(err)\n"
+)
+
+
+@needs_pids
+def test_a_shared_queue_holds_a_users_fork_bomb_to_its_default_process_limit(queue: SharedQueue, mallory: User) -> None:
+    """#38, finding 5, as mallory: her job without --pids gets the queue's default_pids, one with --pids
+    gets that, up to max_pids and never past it (refused at submit, and by the daemon when written by hand)."""
+    _start(queue, shared="default_pids = 64\nmax_pids = 100\n")
+    stamps = queue.stamps
+    bomb = stamps / "bomb.py"
+    own = f'open("{stamps}/" + os.environ["GPUQ_JOB_ID"] + ".forked", "w")'  # each job's count apart
+    bomb.write_text(BOMB.replace('open("forked", "w")', own))
+    for asked, limit in (((), 64), (("--pids", "100"), 100)):
+        job = queue.submit(mallory, "--gpus", "0", *asked, queue.python, str(bomb))
+        queue.wait(mallory, job)
+        record = queue.records(mallory)[job]
+        forked = int((stamps / f"{job}.forked").read_text())
+        assert record["state"] == "failed" and forked < limit, (record, forked)
+        assert record["reason"].startswith(f"reached its limit of {limit} processes; BlockingIOError"), record
+    refused = queue.gpuq(mallory, "submit", "--gpus", "0", "--pids", "500", "true", check=False)
+    assert refused.returncode == 2 and "--pids 500: this queue allows at most 100 processes per job" in refused.stderr
+    told = queue.python_as(mallory, FORGED, str(queue.home))  # past the client: the daemon refuses it too
+    assert "set the request aside: it user cap: --pids 500 is more than this queue allows (max_pids 100)" in told

@@ -185,7 +185,7 @@ def test_control_daemons_left_by_a_killed_daemon_are_quit_once_their_jobs_end(mp
 def _fake_mps_server(pipe_root: Path) -> subprocess.Popen[bytes]:
     """A process named as NVIDIA's MPS server, with the pipe directory a control daemon under ``pipe_root``
     gives its server (the real one cannot run without a GPU)."""
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_root / "GPU-fake-0000" / "pipe")}
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_root / "GPU-fake-0000" / str(os.getuid()) / "pipe")}
     return subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-server sleep 60"], env=env)
 
 

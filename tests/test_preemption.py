@@ -254,7 +254,7 @@ def test_a_job_neither_suspendable_nor_preemptible_is_never_touched(tmp_path: Pa
 
 
 TRAINER = """\
-import json, os, sys, time
+import json, os, signal, sys, time
 from pathlib import Path
 from gpuq_scheduler import Executor, Resubmit, submit
 
@@ -268,11 +268,15 @@ class Trainer:
         usage = Path(os.environ["GPUQ_FAKE_USAGE"]) / f"{os.getpid()}.json"
         usage.write_text(json.dumps({os.environ["CUDA_VISIBLE_DEVICES"]: 61 << 30}))
         self.done = start
+        preempt = getattr(signal, os.environ["GPUQ_PREEMPT_SIGNAL"])
         with open(self.out, "a") as out:
             while self.done < steps:
+                # A step is whole when checkpoint() runs: the preemption signal waits until it is done.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {preempt})
                 self.done += 1
                 out.write(f"{self.done}\\n")
                 out.flush()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {preempt})
                 time.sleep(0.02)
         usage.unlink()
         return {"started_at": start, "restarts": os.environ.get("GPUQ_RESTART_COUNT")}

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -62,6 +63,16 @@ def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
             user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert json.loads(status.stdout)["running"] is True, status.stderr  # users see it run, lock or not
+        # What every user reads is root's to write (the trust table): mallory changes none of it, nor adds a
+        # file beside it for the daemon or a client to read.
+        attempt = (
+            "import sys\nfor path in sys.argv[1:]:\n    try:\n        open(path, 'a').close()\n"
+            "        print('wrote', path)\n    except OSError:\n        pass\n"
+        )
+        public = ("gpus.json", "daemon.pid", "daemon.ready", "daemon.log", "jobs.db", "jobs.db-wal", "jobs.db-shm",
+                  "notices/pass.json", "notices/planted.json", "planted")  # fmt: skip
+        assert all((home / name).exists() for name in ("gpus.json", "daemon.pid", "jobs.db"))
+        assert shared.python_as(users["mal"], attempt, *(str(home / name) for name in public)).strip() == ""
     finally:
         as_root("daemon", "stop")
     # Nobody but root can take the daemon's lock (flock needs no write access), to keep it from starting.
@@ -198,3 +209,82 @@ def test_submits_and_reads_during_kill_9_bursts_lose_duplicate_and_fail_nothing(
     mine = wait_for(lambda: len(r := shared.records(dave)) >= count and r, 60, "every submit in the table")
     assert sorted(done["ids"]) == sorted(mine) and len(set(done["ids"])) == count  # none lost, none twice
     assert all(record["user"] == "gqsdave" for record in mine.values())
+
+
+# What a read-write connection does first when it opens the table's -shm and no other connection holds it
+# (SQLite's unixLockSharedMemory: the dead-man-switch byte 128 taken exclusive, the file truncated, the byte
+# kept shared); its first read then rebuilds the index. Held here, as root, for as long as the test needs the
+# moment that a real connection (root's daemon starting, root's `gpuq status`) passes through in microseconds.
+FIRST_OPEN = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)
+os.ftruncate(fd, 3)
+fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 128)
+print("opened", flush=True)
+sys.stdin.read()
+"""
+# Dave, at that moment: SQLite's own read fails as the bursts' submit once did; gpuq's read says when it waits
+# (its first sleep), then prints what it read.
+READ_MEANWHILE = r"""
+import json, sqlite3, sys, time
+try:
+    sqlite3.connect(sys.argv[1], isolation_level=None).execute("PRAGMA user_version")
+    print("read", flush=True)
+except sqlite3.OperationalError as err:
+    print(err.sqlite_errorcode, err, flush=True)
+sleep = time.sleep
+def told(seconds):
+    print("waiting", flush=True)
+    time.sleep = sleep
+    sleep(seconds)
+time.sleep = told
+from gpuq_scheduler.jobs.store.queue import Queue
+from gpuq_scheduler.jobs.store.statedir import StateDir
+print(json.dumps(sorted(r.id for r in Queue(StateDir.from_env()).records())), flush=True)
+"""
+
+
+def test_a_users_read_waits_while_root_rebuilds_the_tables_index_after_a_kill_9(
+    shared: SharedQueue, users: dict[str, User]
+) -> None:
+    """The kill -9 bursts once failed "attempt to write a readonly database": a user's connection, which cannot
+    write the -shm, mapped it while a root connection that opened it first had truncated it and not yet rebuilt
+    it, and SQLite fails such a reader at once (SQLITE_READONLY_RECOVERY) where a writer would wait. Now
+    gpuq's reader waits for the index, and reads."""
+    shared.start()
+    dave = users["dave"]
+    job = shared.submit(dave, "--gpus", "0", "true")
+    shared.wait(dave, job)
+    assert shared.daemon is not None
+    os.kill(shared.daemon.pid, signal.SIGKILL)  # its -wal and -shm stay
+    shared.daemon.wait(20)
+    shared.daemon = None
+    db = shared.home / "jobs.db"
+    root = subprocess.Popen([sys.executable, "-c", FIRST_OPEN, f"{db}-shm"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    reader = None
+    try:
+        assert root.stdout is not None and root.stdout.readline().strip() == "opened"
+        reader = subprocess.Popen(
+            [shared.python, "-c", READ_MEANWHILE, str(db)], env=shared.env(dave), cwd=dave.home, user=dave.uid,
+            group=dave.gid, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert reader.stdout is not None
+        said = reader.stdout.readline().strip()
+        assert said == "264 attempt to write a readonly database", said  # SQLite's own read, at that moment
+        waiting = reader.stdout.readline().strip()
+        assert waiting == "waiting", (waiting, reader.stderr.read() if reader.stderr else "")
+        rebuilt = sqlite3.connect(db, isolation_level=None)  # root's connection reads: the index is rebuilt
+        assert rebuilt.execute("SELECT count(*) FROM jobs").fetchone()[0] >= 1
+        rebuilt.close()
+        out, err = reader.communicate(timeout=60)
+        assert reader.returncode == 0, err
+        assert job in json.loads(out), out
+    finally:
+        if root.stdin is not None:
+            root.stdin.close()
+        root.wait(20)
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()

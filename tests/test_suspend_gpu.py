@@ -71,6 +71,28 @@ def test_a_suspended_torch_job_leaves_its_gpu_and_comes_back_intact(real: Gpuq) 
     wait_for(lambda: not (_named("gpuq-suspender") & spares), 10, "its spare to go with it")
 
 
+def test_a_suspend_whose_copy_would_not_fit_under_the_jobs_ram_is_refused_and_the_job_runs_on(real: Gpuq) -> None:
+    """#40: the copy of a job's GPU state is charged to its cgroup, the driver's checkpoint's too (measured:
+    the kernel killed such a job, bench/cgroup_checkpoint_probe.py). A job of 4 GiB on its GPU with --ram 3G
+    is not suspended: its reason says why, and it counts on to a clean end, intact."""
+    script, count_file, stop = real.cwd / "job.py", real.cwd / "counts", real.cwd / "stop"
+    script.write_text(JOB)
+    real.wait_state(real.submit("--gpus", "0", "true"), "succeeded")  # the daemon records whether --ram holds
+    job = real.submit(
+        "--preemptible", "--ram", "3G", "--gpus", "1", sys.executable, str(script), "4", str(count_file), str(stop)
+    )
+    wait_for(
+        lambda: len(counts(count_file)) > 5 and (real.job(job)["peak_mem"] or 0) >= 4 << 30, 120, "the job to count"
+    )
+    real.run("suspend", str(job))
+    reason = wait_for(lambda: "not suspended" in (found := real.job(job)["reason"] or "") and found, 60, "refused")
+    assert "left under its --ram" in reason and real.job(job)["state"] == "running"
+    at = len(counts(count_file))
+    wait_for(lambda: len(counts(count_file)) > at + 5, 60, "the job to count on")
+    stop.touch()
+    assert real.wait_state(job, "succeeded", "failed", timeout=120)["state"] == "succeeded"  # INTACT
+
+
 # A --preemptible job of SIZE GiB that replays a CUDA graph at each count (its addresses must survive) and
 # empties PyTorch's cache now and then (which the fast path's restore must not break).
 GRAPH_JOB = """
@@ -139,6 +161,95 @@ def test_a_preemptible_torch_job_takes_the_fast_path_keeps_its_graph_and_outlive
     assert gpu_processes().get(pid, 0) >= size << 30
     stop.touch()
     assert real.wait_state(job, "succeeded", "failed", timeout=300)["state"] == "succeeded"  # INTACT, graph right
+
+
+# A deterministic training run (--preemptible): an MLP on data generated on the GPU from each step's seed,
+# AdamW, deterministic algorithms, 4 bytes x BALLAST GiB of other state; its loss at each step written as
+# float.hex(). MODE: eager; compiled (torch.compile, mode="reduce-overhead": CUDA graphs through cudagraph
+# trees, their own memory pool); graphed (the whole step, optimizer included, captured in one CUDA graph and
+# replayed, as PyTorch's docs show). Exit 0 if its ballast is intact at the end.
+TRAIN = """
+import os, sys, time
+os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+import torch
+mode, losses, steps, ballast_gib = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+ballast = torch.full((int(ballast_gib * 2**28),), 7, dtype=torch.int32, device="cuda")
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024), torch.nn.GELU(),
+                            torch.nn.Linear(1024, 10)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=mode == "graphed")
+forward = torch.compile(model, mode="reduce-overhead") if mode == "compiled" else model
+def batch(step):
+    g = torch.Generator(device="cuda").manual_seed(step)
+    return torch.randn(256, 512, generator=g, device="cuda"), torch.randint(0, 10, (256,), generator=g, device="cuda")
+def train(x, y):
+    opt.zero_grad(set_to_none=mode != "graphed")
+    loss = torch.nn.functional.cross_entropy(forward(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+if mode == "graphed":
+    sx, sy = batch(-1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            train(sx, sy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = train(sx, sy)
+with open(losses, "a") as out:
+    for step in range(steps):
+        x, y = batch(step)
+        if mode == "graphed":
+            sx.copy_(x); sy.copy_(y); graph.replay(); loss = static_loss
+        else:
+            loss = train(x, y)
+        out.write(loss.item().hex() + "\\n")
+        out.flush()
+        time.sleep(0.02)
+intact = bool(ballast.eq(7).all().item())
+print("INTACT" if intact else "CORRUPT", flush=True)
+sys.exit(0 if intact else 1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["eager", "graphed", "compiled"])
+def test_a_training_run_suspended_on_the_fast_path_then_resumed_by_a_daemon_restarted_after_kill_9_is_bit_identical(
+    real: Gpuq, mode: str
+) -> None:
+    """#40: the same deterministic run alone, then through gpuq: suspended at a step past 60 on the fast path
+    (with torch.compile's CUDA graphs, or the whole step in one CUDA graph: their pools moved too), the daemon
+    killed with kill -9 while it is suspended, the next daemon resumes it. Every loss is the same, bit for bit,
+    and its other state is intact."""
+    import os
+    import subprocess
+
+    script, alone, queued = real.cwd / "train.py", real.cwd / "alone", real.cwd / "queued"
+    script.write_text(TRAIN)
+    steps, ballast = "300", "4"
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    done = subprocess.run([sys.executable, str(script), mode, str(alone), steps, ballast], env=env, timeout=600)
+    assert done.returncode == 0
+    job = real.submit("--preemptible", "--gpus", "1", sys.executable, str(script), mode, str(queued), steps, ballast)
+    wait_for(lambda: len(_lines(queued)) > 60 and (real.job(job)["peak_mem"] or 0) >= 4 << 30, 600, "the run to train")
+    real.run("suspend", str(job))
+    real.wait_state(job, "suspended", timeout=300)
+    suspended = [e for e in _events(real) if e.get("job") == job and e.get("event") == "suspended"][-1]
+    assert (suspended["path"], suspended["fallback"]) == ("fast", None), suspended
+    stopped = _lines(queued)
+    real.kill_daemon()
+    real.run("daemon", "start")
+    assert real.job(job)["state"] == "suspended" and _lines(queued) == stopped
+    real.run("resume", str(job))
+    assert real.wait_state(job, "succeeded", "failed", timeout=600)["state"] == "succeeded"  # INTACT
+    assert len(stopped) < int(steps) and _lines(queued) == _lines(alone)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
 
 
 def _events(queue: Gpuq) -> list[dict[str, Any]]:

@@ -98,7 +98,7 @@ class Executor:
         with self._new_folder() as folder:
             _pickle_call(folder, "0", fn, args, kwargs)
             words = runner.command(sys.executable, folder, "0")
-            job_id = api.submit(words, name=self.name or _name_of(fn), home=self.home, **self.options)
+            job_id = api.submit(words, name=self.name or name_of(fn), home=self.home, **self.options)
         return Job(job_id, home=self.home)
 
     def map_array(
@@ -109,12 +109,21 @@ class Executor:
         calls = list(zip(*iterables, strict=False)) if iterables else []
         if not calls:
             raise BadInput("map_array needs at least one item to call the function with")
+        return self.submit_batch([(fn, items, {}) for items in calls], throttle=throttle)
+
+    def submit_batch(
+        self, calls: Sequence[tuple[Callable[..., Any], Sequence[Any], dict[str, Any]]], throttle: int | None = None
+    ) -> list[Job]:
+        """Queue each ``(fn, args, kwargs)`` as one member of one gpuq array (at most ``throttle`` running at
+        once), whatever its function: the runner reads each member's own call. Named after the first."""
+        if not calls:
+            raise BadInput("an array of calls needs at least one call")
         with self._new_folder() as folder:
-            for index, items in enumerate(calls):
-                _pickle_call(folder, str(index), fn, items, {})
+            for index, (fn, args, kwargs) in enumerate(calls):
+                _pickle_call(folder, str(index), fn, args, kwargs)
             words = runner.command(sys.executable, folder, "{index}")
             _, members = api.array(
-                words, range(len(calls)), throttle=throttle, name=self.name or _name_of(fn), home=self.home,
+                words, range(len(calls)), throttle=throttle, name=self.name or name_of(calls[0][0]), home=self.home,
                 **self.options,
             )  # fmt: skip
         return [Job(job_id, home=self.home) for job_id in members]
@@ -189,13 +198,14 @@ class Job:
 
     def stderr(self) -> str:
         """What the job's Python code wrote to sys.stderr alone (its tracebacks, warnings, logging)."""
-        folder, index = self._location()
+        folder, index = self.location()
         try:
             return runner.stderr_path(folder, index).read_text(errors="replace")
         except OSError:
             return ""
 
-    def _location(self) -> tuple[Path, str]:
+    def location(self) -> tuple[Path, str]:
+        """Where its call, result and stderr are: (the submit's folder, its index there), from its command line."""
         if self._where is None:
             found = runner.parse_command(api.details(self.id, home=self.home).spec.command)
             if found is None:
@@ -205,7 +215,7 @@ class Job:
 
     def _outcome(self, timeout: float | None) -> tuple[Any, ...]:
         """("value", v), ("error", exception, traceback text), or ("failed",) when the job left no result."""
-        folder, index = self._location()
+        folder, index = self.location()
         (record,) = api.wait([self.id], timeout=timeout, home=self.home)
         path = runner.result_path(folder, index)
         if record.state not in (JobState.SUCCEEDED, JobState.FAILED) or not path.exists():
@@ -257,13 +267,14 @@ def _pickle_call(folder: Path, index: str, fn: Callable[..., Any], args: Sequenc
     try:
         data = cloudpickle.dumps((fn, tuple(args), kwargs))
     except Exception as err:
-        raise BadInput(f"cannot send {_name_of(fn)} to a job: {type(err).__name__}: {err}") from None
+        raise BadInput(f"cannot send {name_of(fn)} to a job: {type(err).__name__}: {err}") from None
     path = runner.call_path(folder, index)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 
 
-def _name_of(fn: Callable[..., Any]) -> str:
+def name_of(fn: Callable[..., Any]) -> str:
+    """A job's name for a callable: its qualified name, its class's for an object, <lambda> for a lambda."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     return "<lambda>" if name.endswith("<lambda>") else str(name)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuq_scheduler.jobs import reservations
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.options import kept_options
@@ -63,6 +64,11 @@ def ids(named: Sequence[int]) -> None:
 def control(action: str, named: Sequence[int], values: Mapping[str, Any]) -> None:
     """A control request's ids and values: only `update` carries values, and only those it may change."""
     ids(named)
+    if action in ("reserve", "unreserve"):  # a reservation's values (jobs.reservations), no ids
+        if named:
+            raise BadInput(f"names jobs or GPUs in {action}, which takes none")
+        reservations.ask_from(values) if action == "reserve" else reservations.cancel_name(values)
+        return
     if action != "update":
         if values:
             raise BadInput(f"gives values to {action}, which takes none")

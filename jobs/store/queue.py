@@ -15,10 +15,11 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.errors import BadInput, NotPermitted, StateDirError, UnknownJob
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.options import PIDS
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import outbox, rights, spool
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.jobs.submission import Inventory, check_host_limits
+from gpuq_scheduler.jobs.submission import Inventory, check_host_limits, host_limits
 
 if TYPE_CHECKING:
     from gpuq_scheduler.jobs.store.table import JobTable
@@ -50,8 +51,10 @@ class Queue:
         inventory = self.inventory()
         if inventory is not None:
             inventory.check(spec)
-        if spec.cpus is not None or spec.ram is not None:
-            check_host_limits({"cpus": spec.cpus, "ram": spec.ram}, self.state.inventory)
+        limits = {"cpus": spec.cpus, "ram": spec.ram, "pids": spec.value(PIDS)}
+        if any(value is not None for value in limits.values()):
+            self._learn_host_limits()
+            check_host_limits(limits, self.state.inventory)
         if spec.after:
             self.resolve(spec.after)
         if self.state.is_foreign():
@@ -115,6 +118,17 @@ class Queue:
             outbox.write_cancel(self.state, active)
         return active
 
+    def _learn_host_limits(self, patience: float = 60.0) -> None:
+        """A personal queue whose daemon has never run cannot yet say which host limits it can enforce: start
+        its daemon, as this submit would anyway, and wait for it to record them (its first pass, a second or
+        so). A first `gpuq submit --cpus 4` was refused with "start the daemon, then submit again"."""
+        if host_limits(self.state.inventory) is not None or self.state.is_foreign():
+            return
+        outbox.ensure_daemon(self.state)
+        deadline = time.monotonic() + patience  # a bound for a daemon that fails to start; check_host_limits says
+        while host_limits(self.state.inventory) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _check_caps(self, spec: JobSpec, jobs: int) -> None:
         """A shared queue's per-user limits, refused here with a clear line (the daemon enforces them too)."""
         from gpuq_scheduler.jobs import config
@@ -122,6 +136,9 @@ class Queue:
         shared = config.load().shared
         if spec.time_limit is not None:
             self._check_time(spec.time_limit)
+        pids, most_pids = spec.value(PIDS), shared.max_pids
+        if pids is not None and most_pids is not None and pids > most_pids:
+            raise BadInput(f"--pids {pids}: this queue allows at most {most_pids} processes per job; ask for less")
         most = shared.max_gpus_per_user
         if most is not None and spec.gpus > most:
             raise BadInput(f"--gpus {spec.gpus}: this queue lets a user hold at most {most} GPUs at once")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -245,16 +246,7 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
         db.executescript(SCHEMA)
         return db, TABLE_VERSION
     try:
-        db = sqlite3.connect(path, isolation_level=None, timeout=30)
-        try:
-            db.execute("PRAGMA synchronous=NORMAL")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.OperationalError:
-            if create or not locked_out(path):
-                raise
-            db.close()
-            db = open_immutable(path)
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+        db, version = _open(path, create)
         if version > TABLE_VERSION:
             raise StateDirError(
                 f"{path} was written by a newer gpuq (table version {version}); upgrade gpuq to read it"
@@ -269,6 +261,66 @@ def connect(path: Path, *, create: bool = False) -> tuple[sqlite3.Connection, in
         raise StateDirError(f"cannot read the job table {path}: {err}; run `gpuq doctor`") from None
     except UnicodeDecodeError:  # SQLite's own schema text damaged past UTF-8
         raise StateDirError(f"cannot read the job table {path}: its schema is damaged; run `gpuq doctor`") from None
+
+
+def _open(path: Path, create: bool) -> tuple[sqlite3.Connection, int]:
+    """A connection to the table and its version. A reader that cannot write the table's directory (a user
+    of a shared queue) depends on its ``-wal`` and ``-shm``, which a root connection makes when it opens the
+    table with none open and removes when it closes last (the daemon starting; root's `gpuq status` while it
+    is stopped or killed). Where both are gone it reads the table as a file nobody writes (``locked_out``);
+    where its open failed on files that a root connection made or removed meanwhile, it opens afresh."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        before = _wal_files(path)
+        db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT)
+        try:
+            version = _first_read(db)  # first: any statement that loads the schema meets what it waits for
+            db.execute("PRAGMA synchronous=NORMAL")
+            return db, version
+        except sqlite3.OperationalError:
+            db.close()
+            if create:
+                raise
+            if locked_out(path):
+                db = open_immutable(path)
+                return db, db.execute("PRAGMA user_version").fetchone()[0]
+            if _wal_files(path) == before or time.monotonic() > deadline:
+                raise
+
+
+def _wal_files(path: Path) -> tuple[int, int]:
+    """The sizes of the table's -wal and -shm (-1: none)."""
+    sizes = []
+    for suffix in ("-wal", "-shm"):
+        try:
+            sizes.append(os.stat(f"{path}{suffix}").st_size)
+        except OSError:
+            sizes.append(-1)
+    return sizes[0], sizes[1]
+
+
+BUSY_TIMEOUT = 30.0  # seconds a connection waits for another's lock (SQLite's busy timeout), or its recovery
+_RECOVERING = 264  # SQLITE_READONLY_RECOVERY (sqlite3.SQLITE_READONLY_RECOVERY from Python 3.11)
+
+
+def _first_read(db: sqlite3.Connection) -> int:
+    """The table's version, read once a connection that cannot write the ``-shm`` (a user of a shared queue)
+    can read at all. A read-write connection that opens the ``-shm`` first (no other holds it: root's daemon
+    starting, root's `gpuq status` after a kill -9 of the daemon) truncates it and rebuilds the WAL index at
+    its first read. A reader that maps it in between finds the index's header blank, and SQLite gives a
+    read-only connection no lock to wait on there: it fails at once with SQLITE_READONLY_RECOVERY ("attempt
+    to write a readonly database"), which is what a user's submit or status once met during the kill -9
+    bursts. That state ends when the other connection's read has rebuilt the index, so the reader waits for
+    it as its busy timeout waits for a lock (Python 3.10 does not say the error's code: there it fails)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            version: int = db.execute("PRAGMA user_version").fetchone()[0]
+            return version
+        except sqlite3.OperationalError as err:
+            if getattr(err, "sqlite_errorcode", None) != _RECOVERING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 def locked_out(path: Path) -> bool:

@@ -88,7 +88,9 @@ class BadRequest:
 
 Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
 
-CONTROL_ACTIONS = ("hold", "release", "update", "drain", "undrain", "pause", "unpause", "suspend", "resume")
+CONTROL_ACTIONS = (
+    "hold", "release", "update", "drain", "undrain", "pause", "unpause", "suspend", "resume", "reserve", "unreserve",
+)  # fmt: skip
 
 
 def scan(state: StateDir, per_owner: int | None = None) -> tuple[list[Request], bool]:

@@ -44,6 +44,7 @@ def _options(command: Any) -> Any:
         click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
         click.option("--on", "on", metavar="CLUSTER", help="On this cluster of your config: srun --pty, salloc."),
+        click.option("--reservation", metavar="NAME", help="Run in this reservation of yours (`gpuq reserve`)."),
     )):  # fmt: skip
         command = option(command)
     return command
@@ -93,7 +94,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     spec = JobSpec.from_json(capture_spec(
         argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
         name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
-        mode="single", env=options["env"],
+        mode="single", env=options["env"], reservation=options["reservation"],
     ))  # fmt: skip
     spec = dataclasses.replace(spec, client=os.getpid() if client else None)
     if ctx.queue.inventory() is None:  # no daemon has recorded the GPUs yet: check --gpus against them here
@@ -111,10 +112,14 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
     too, should this process die of a kill -9)."""
     queue, began, live = ctx.queue, time.monotonic(), sys.stderr.isatty()
     place, counted, said = 1, -float("inf"), False
-    for signum in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(signum, _withdraw)
+    # The handlers only note the signal; the loop acts on it between steps. An exception raised by a handler
+    # lands wherever the main thread happens to be (inside a read of the store, a lock's acquisition) and
+    # could leave that half-done under the withdrawal that follows.
+    asked: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, lambda received, _: asked.append(received))
     try:
-        while True:
+        while not asked:
             record = queue.get(job_id)
             if record.state is JobState.RUNNING:
                 if live:
@@ -140,8 +145,7 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
                 why = record.reason or "waiting for the daemon"
                 click.echo(f"gpuq: job {job_id} waits ({place} in line): {why}", err=True)
                 said = True
-            time.sleep(0.1)
-    except (KeyboardInterrupt, _Withdraw) as why:
+            time.sleep(0.1)  # a signal's handler returns into the sleep, which ends on time: 0.1 s at most
         for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)  # a second hang-up must not stop the withdrawal half-way
         queue.cancel([job_id])
@@ -149,21 +153,11 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
 
         ensure_daemon(ctx.state)
         click.echo(("\r\033[K" if live else "") + f"gpuq: withdrew job {job_id}", err=True)
-        sys.exit(128 + why.signum if isinstance(why, _Withdraw) else 130)
+        sys.exit(128 + asked[0])  # 130 for Ctrl-C, as a shell says
     finally:
         for signum in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-class _Withdraw(Exception):  # not an error: a hang-up or SIGTERM while the job waits
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _withdraw(signum: int, frame: object) -> None:
-    raise _Withdraw(signum)
 
 
 def _given(record: JobRecord, timeout: float = 30.0) -> dict[str, Any]:
@@ -340,9 +334,13 @@ def jupyter() -> None:
 @click.option("--time", "time_limit", help="Time limit of each kernel (8h); then it is stopped.")
 @click.option("--name", "kernel", default="", help="The kernel's folder name (default: gpuq-1gpu, gpuq-1gpu-16g).")
 @click.option("--python", "python", default=sys.executable, show_default=True, help="The Python that runs the kernel.")
-def install_kernel(gpus: int, mem: str | None, time_limit: str | None, kernel: str, python: str) -> None:
+@click.option("--reservation", metavar="NAME", help="Each kernel runs in this reservation of yours (`gpuq reserve`).")
+def install_kernel(
+    gpus: int, mem: str | None, time_limit: str | None, kernel: str, python: str, reservation: str | None
+) -> None:
     """Add a Jupyter kernel that starts through `gpuq run`: each notebook waits its turn, then holds its GPUs
     as a job of yours (in `gpuq status` and `gpuq gpus`) until the kernel shuts down."""
+    from gpuq_scheduler.jobs.reservations import check_name
     from gpuq_scheduler.jobs.units import parse_duration, parse_size
 
     size = parse_size(mem) if mem else None
@@ -357,6 +355,7 @@ def install_kernel(gpus: int, mem: str | None, time_limit: str | None, kernel: s
     argv = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "run", "--gpus", str(gpus),
             "--name", f"jupyter-{folder}", *(["--mem", mem] if mem else []),
             *(["--time", time_limit] if time_limit else []),
+            *(["--reservation", check_name(reservation)] if reservation else []),
             "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # fmt: skip
     spec = {"argv": argv, "display_name": f"Python (gpuq, {shape})", "language": "python",
             "metadata": {"debugger": False}}  # fmt: skip

@@ -86,6 +86,7 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
 @pass_ctx
 def gpus(ctx: Context, as_json: bool) -> None:
     """Every GPU: total, used outside gpuq, reserved by gpuq jobs, free, and the jobs holding it."""
+    from gpuq_scheduler.launcher.gpus import holders
     from gpuq_scheduler.launcher.gpus.sources import open_source
     from gpuq_scheduler.launcher.views import live
     from gpuq_scheduler.launcher.views.doctor import containment
@@ -93,13 +94,18 @@ def gpus(ctx: Context, as_json: bool) -> None:
 
     source = open_source()
     try:
-        rows = [line.row for line in live.take(ctx.queue, source).gpus]
+        picture = live.take(ctx.queue, source)
     finally:
         source.close()
-    if as_json:
-        click.echo(json.dumps([row.to_json() for row in rows], indent=1))
+    rows = [line.row for line in picture.gpus]
+    if as_json:  # each GPU's row, with who holds its memory outside gpuq
+        shown = [{**row.to_json(), "outside": [h.to_json() for h in picture.outside if h.gpu == row.index]}
+                 for row in rows]  # fmt: skip
+        click.echo(json.dumps(shown, indent=1))
     else:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
+        for line in holders.lines(picture.outside):  # who holds the OUTSIDE column's memory
+            click.echo(line)
         click.echo(containment(ctx.state))
 
 

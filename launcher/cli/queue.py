@@ -143,6 +143,7 @@ def status(
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
     from gpuq_scheduler.launcher.cli.select import me as my_name
+    from gpuq_scheduler.launcher.views import calendar as reserved
     from gpuq_scheduler.launcher.views import notices
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
@@ -157,6 +158,9 @@ def status(
         chosen_records = queue.resolve(wanted) if wanted else None  # an unknown id's error is one line: first
         if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
             click.echo(notices.queue_line(ctx.state, down), err=True)
+            for line in [reserved.status_line(ctx.state), *reserved.outside_lines(ctx.state)]:
+                if line:  # reservations now or to come; GPU memory held outside gpuq, named
+                    click.echo(line, err=True)
         if as_json or picked is not None:
             records = (
                 chosen_records if chosen_records is not None
@@ -196,7 +200,8 @@ def status(
         click.echo(f"note: {note}", err=True)
     if not as_json:
         failing = notices.failing_pass(ctx.state)
-        for note in [*([failing] if failing else []), *notices.set_aside(ctx.state, os.getuid())]:
+        mine = [*notices.set_aside(ctx.state, os.getuid()), *reserved.notes(ctx.state, os.getuid())]
+        for note in [*([failing] if failing else []), *mine]:
             click.echo(f"note: {note}", err=True)
 
 

@@ -169,7 +169,7 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     inventory.check_pinned(spec["gpu_ids"])
-    if spec["cpus"] is not None or spec["ram"] is not None:
+    if spec["cpus"] is not None or spec["ram"] is not None or spec["pids"] is not None:
         from gpuq_scheduler.jobs.submission import check_host_limits
 
         check_host_limits(spec, state.at(INVENTORY))

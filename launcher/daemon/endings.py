@@ -19,7 +19,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.launcher.daemon import fences, learning
+from gpuq_scheduler.launcher.daemon import fastpath, fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
 from gpuq_scheduler.launcher.supervisor import containment, joblog, processes
@@ -162,7 +162,9 @@ def _run_files(scheduler: SchedulerState, job_id: int) -> tuple[str, str]:
 def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
     """Remove the shim's files once the outcome they carry is committed (a crash before that re-reads them)."""
     paths = (*_run_files(scheduler, job_id), scheduler.state.pause_file(job_id), scheduler.state.restarts_file(job_id))
+    fast = scheduler.state.fast_dir(job_id)
     scheduler.after_commit.append(lambda: unlink(*paths))
+    scheduler.after_commit.append(lambda: fastpath.remove(fast))
 
 
 def _queue_again(
@@ -174,7 +176,9 @@ def _queue_again(
     scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
     scheduler.running.pop(job_id, None)
     scheduler.suspended.pop(job_id, None)
+    fast = scheduler.state.fast_dir(job_id)  # the next run gets its own (``fastpath.prepare``)
     scheduler.after_commit.append(lambda: unlink(*run_files))
+    scheduler.after_commit.append(lambda: fastpath.remove(fast))
     if not_before is not None:
         scheduler.not_before[job_id] = not_before
     full = scheduler.table.get(job_id, with_env=True)

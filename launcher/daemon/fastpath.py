@@ -15,13 +15,16 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs import fastsuspend
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Path
+from gpuq_scheduler.launcher.daemon.hostmem import resident
 
 POLL = 0.005  # seconds between looks for an answer
 ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
@@ -31,16 +34,16 @@ ANSWER_RATE = 1e9  # bytes a second its copy is given: below the 2.5 GB/s of a c
 
 # Loaded first by every Python of a --preemptible job (PYTHONPATH): gpuq's handler, from the installed file
 # (the job's interpreter need not be gpuq's), then the job's own sitecustomize, if it has one.
-SITE = """import importlib.util as _u, sys as _s
+# The job's own is run from its spec, not imported: this module is sitecustomize while it runs, and taking
+# it out of sys.modules to import another breaks the import of this one (Python 3.11: KeyError).
+SITE = """import importlib.machinery as _l, importlib.util as _u, sys as _s
 _spec = _u.spec_from_file_location("gpuq_fastsuspend", {module!r})
 _m = _u.module_from_spec(_spec); _s.modules["gpuq_fastsuspend"] = _m; _spec.loader.exec_module(_m)
 _m.install_from_env()
 _s.path[:] = [p for p in _s.path if p != {site!r}]
-del _s.modules["sitecustomize"]
-try:
-    import sitecustomize  # the job's own, found further on the path
-except ImportError:
-    pass
+_own = _l.PathFinder.find_spec("sitecustomize", _s.path)
+if _own is not None and _own.loader is not None:
+    _own.loader.exec_module(_u.module_from_spec(_own))
 """
 
 
@@ -62,6 +65,22 @@ def prepare(directory: str, env: dict[str, str], account: Account | None) -> dic
     if "expandable_segments" not in conf:
         added["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(p for p in (conf, "expandable_segments:True") if p)
     return added
+
+
+def remove(directory: str) -> None:
+    """Remove a job's fast directory once its run is over (it ended, or is queued again): nothing in it means
+    anything to another run. The job's own: removed without following a link found in it."""
+    shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux (shutil.rmtree.avoids_symlink_attacks)
+
+
+def sweep(run: str, live: set[int]) -> None:
+    """At the daemon's start: remove the fast directories in ``run`` of jobs not running or suspended (an
+    earlier daemon's, killed before it removed them). A suspended job's stays: its resume reads it."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(run):
+            job, dot, kind = name.partition(".")
+            if dot and kind == "fast" and job.isdigit() and int(job) not in live:
+                remove(os.path.join(run, name))
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,19 @@ def _order(directory: str, order: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     os.replace(temp, os.path.join(directory, "order.json"))
+
+
+def pool_of(directory: str | None, pids: Iterable[int]) -> int:
+    """Bytes of pinned host memory the job's processes kept from their last suspend (a pool: ``POOL_ENV``), as
+    each said in its last answer, but never more than each holds resident: a job's word alone buys no room."""
+    if directory is None:
+        return 0
+    kept = 0
+    for pid in pids:
+        said = (_answer(directory, pid, "restored") or {}).get("pool")
+        if isinstance(said, int) and said > 0:
+            kept += min(said, resident(pid))
+    return kept
 
 
 def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:

@@ -31,6 +31,7 @@ from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import endings, requests
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.policy import hostlimits
 
 log = logging.getLogger("gpuq.intake")
 
@@ -250,6 +251,8 @@ def _request_over_cap(scheduler: SchedulerState, request: spool.SubmitRequest, q
 
 
 def _spec_over_cap(scheduler: SchedulerState, spec: JobSpec) -> str:
+    if scheduler.shared and (too_many := hostlimits.over_cap(spec, scheduler.shared.max_pids)):
+        return f"user cap: {too_many}"
     longest = scheduler.shared.max_time if scheduler.shared else None
     limit = spec.time_limit
     if longest is not None and limit is not None and limit > longest:

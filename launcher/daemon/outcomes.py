@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuq_scheduler.jobs.causes import OutOfMemory
+from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes
@@ -133,8 +133,9 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
 
 def contained(outcome: Outcome, exit_data: ExitFile) -> Outcome:
     """The outcome with what the job's containment saw (the exit file's ``contained``, written by
-    ``launcher.supervisor.containment.end``): the kernel's OOM killer at its --ram limit, which explains a
-    failure, and the processes that outlived the job's first one and were ended with it."""
+    ``launcher.supervisor.containment.end``): the kernel's OOM killer at its --ram limit, or forks refused at
+    its --pids limit, which explain a failure (and are said beside any other end), and the processes that
+    outlived the job's first one and were ended with it."""
     facts = exit_data.contained
     kills, limit = facts.get("oom_kills"), facts.get("ram_limit")
     if isinstance(kills, int) and kills > 0 and isinstance(limit, int) and outcome.state is JobState.FAILED:
@@ -142,6 +143,13 @@ def contained(outcome: Outcome, exit_data: ExitFile) -> Outcome:
         if outcome.exit_code is not None:
             detail += f" (exit code {outcome.exit_code})"
         outcome = Outcome.out_of_host_memory(detail, outcome.exit_code, outcome.signal)
+    refused, most = facts.get("pids_refused"), facts.get("pids_limit")
+    if isinstance(refused, int) and refused > 0 and isinstance(most, int):
+        if outcome.cause in (Cause.EXIT_CODE, Cause.SIGNAL):  # a failure the refused forks explain
+            outcome = Outcome.process_limit(most, outcome)
+        elif outcome.state is not JobState.FAILED:  # it ended otherwise, but was held to its limit: say so too
+            note = f"it reached its limit of {most} processes"
+            outcome = dataclasses.replace(outcome, reason=f"{outcome.reason}; {note}" if outcome.reason else note)
     outlived = facts.get("outlived")
     if isinstance(outlived, int) and not isinstance(outlived, bool) and outlived > 0:
         return dataclasses.replace(outcome, outlived=outlived)

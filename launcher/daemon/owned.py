@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuq_scheduler.jobs.store.calendar import Calendar
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
@@ -72,3 +73,20 @@ class Preemption:
         self.unsuspendable: set[int] = set()
         self.signalled: dict[int, float] = {}
         self.no_handoff: TrackedSet[int] = TrackedSet(changes)
+
+
+@dataclass
+class Booked:
+    """``daemon.reserving``: the calendar (as ``reservations.json`` holds it: the daemon is its only writer),
+    its settings (an unused reservation's idle time; a user's GPU-hours reserved ahead, None: no quota), the
+    jobs suspended for a reservation (-> its name; they resume once it is over), and when to look again for
+    work its owner must hear of."""
+
+    calendar: Calendar
+    idle: float | None = 3600.0
+    quota: float | None = None
+    victims: dict[int, str] = field(default_factory=dict)
+    returning: set[int] = field(default_factory=set)  # victims of one over, their places kept until they resume
+    undone: set[int] = field(default_factory=set)  # victims whose suspend was undone once (the next: requeued)
+    next_look: float = 0.0
+    dirty: bool = False

@@ -34,19 +34,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
-from gpuq_scheduler.jobs.options import GPU_IDS
-from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.options import GPU_IDS, RESERVATION
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import fences, handoff, suspending, watching
+from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, suspending, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy import fairshare
-from gpuq_scheduler.launcher.policy.placement import Holding
+from gpuq_scheduler.launcher.policy import fairshare, reservations
+from gpuq_scheduler.launcher.policy.placement import GpuView, Holding, Request
 from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose, why_preemptible
 from gpuq_scheduler.launcher.supervisor import containment
 
@@ -182,6 +183,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     pinned = head.spec.value(GPU_IDS)
     if pinned:  # --gpu-ids: only the jobs on the GPUs it named may make room for it
         views = [view for view in views if view.index in pinned]
+    views = _unreserved(scheduler, head, views, now)
     choice = choose(waiting, views, holdings_now, candidates, now, settings, scheduler.policy)
     if choice is None:
         return
@@ -192,9 +194,10 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         scheduler.preemption.no_handoff.add(head.id)
         return
     requeued = {c.job_id for c in candidates if c.requeue}
-    moved = sum(c.held for c in candidates if c.job_id in choice.victims and not c.requeue)
-    available, total = suspending.host_memory(isinstance(scheduler.source, FakeGpus))
-    if moved + max(suspending.MARGIN, int(total * suspending.MARGIN_SHARE)) > available:
+    suspended = [c.job_id for c in candidates if c.job_id in choice.victims and not c.requeue]
+    moved = sum(suspending.host_need(scheduler, scheduler.running[job_id]) for job_id in suspended)
+    available, total = hostmem.host_memory(isinstance(scheduler.source, FakeGpus))
+    if moved + hostmem.margin(total) > available:
         return  # all of them at once would not fit in host memory with the margin
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
     taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
@@ -217,6 +220,17 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             scheduler.preemption.preempted.pop(victim, None)
 
     scheduler.on_rollback.append(undo)
+
+
+def _unreserved(scheduler: SchedulerState, head: JobRecord, views: list[GpuView], now: float) -> list[GpuView]:
+    """The GPUs a reservation lets the head use (``launcher.policy.reservations``): it takes no others' jobs."""
+    booked = scheduler.booked.calendar.reservations
+    name, preemptible = str(head.spec.value(RESERVATION) or ""), head.spec.preemptible
+    request = Request(head.id, head.spec.gpus, head.spec.mem_per_gpu, head.spec.time_limit, user=head.user)
+    allowed, _, _ = reservations.fence([request], booked, now, [v.index for v in views], lambda _: name,
+                                       lambda _: preemptible)  # fmt: skip
+    only = set(allowed[0].only or [v.index for v in views]) if allowed else set()
+    return [view for view in views if view.index in only]
 
 
 def reason(scheduler: SchedulerState, job_id: int) -> str:
@@ -250,17 +264,23 @@ def _head(scheduler: SchedulerState) -> JobRecord | None:
     return None
 
 
-def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, now: float) -> None:
+def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why: str, now: float) -> None:
     """The fallback where a job cannot be suspended: its signal now (SIGUSR1, or its --preempt-signal), then,
     after the grace period, the usual stop (SIGTERM, SIGKILL); however it ends, it is requeued, not counted
-    against its retries, and told GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT when it runs again."""
+    against its retries, and told GPUQ_PREEMPTED=1 and GPUQ_RESTART_COUNT when it runs again. ``preemptor``: a
+    job's id, or a reservation's name (``launcher.daemon.reserving``)."""
     record = job.record
     cannot = suspending.refusal(scheduler, job) or "its suspend failed"
-    scheduler.stopped_for[record.id] = Outcome.preempted(preemptor, why)
+    if isinstance(preemptor, str):
+        words = f"reservation {preemptor}"
+        outcome = Outcome(JobState.FAILED, Cause.PREEMPTED, reason=f"preempted for {words} ({why})")
+    else:
+        words, outcome = f"job {preemptor}", Outcome.preempted(preemptor, why)
+    scheduler.stopped_for[record.id] = outcome
     scheduler.preemption.signalled[record.id] = time.monotonic() + scheduler.preemption.settings.grace
     scheduler.preemption.preemptions[record.id] = scheduler.preemption.preemptions.get(record.id, 0) + 1
     scheduler.table.set_reasons(
-        {record.id: f"requeued for job {preemptor} ({why}); it cannot be suspended: {cannot}"}, state="running"
+        {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state="running"
     )
     found = suspending.subject(scheduler, record.id)
     signum = getattr(signal, "SIG" + (record.spec.preempt_signal or "USR1"))
@@ -282,7 +302,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int, why: str, 
     scheduler.journal.append(
         {"t": now, "job": record.id, "event": "preempted", "for": preemptor, "why": why, "requeue": cannot}
     )
-    log.info("requeueing job %d for job %d (%s): %s", record.id, preemptor, why, cannot)
+    log.info("requeueing job %d for %s (%s): %s", record.id, words, why, cannot)
 
 
 def _end_signalled(scheduler: SchedulerState) -> None:
@@ -334,3 +354,6 @@ def _fair_share(scheduler: SchedulerState, now: float, wanted: bool) -> set[str]
     users = {r.user for r in scheduler.pending.values()} | {user for user, _, _ in runs}
     share = sum(used.get(user, 0.0) for user in users) / max(len(users), 1)
     return {user for user in users if used.get(user, 0.0) > share}
+
+
+requeue = _requeue  # for reservations' victims that cannot be suspended (``launcher.daemon.reserving``)

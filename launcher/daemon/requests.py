@@ -19,7 +19,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import endings, handoff, suspending
+from gpuq_scheduler.launcher.daemon import endings, handoff, reserving, suspending
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.requests")
@@ -171,7 +171,7 @@ def _unpause(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None
 
 
 # What each control action does: to the queue (its owner, an admin or root may), or to each pending job it
-# names (its owner, an admin or root may). tests/test_spool.py checks these cover spool.CONTROL_ACTIONS.
+# names (its owner, an admin or root may). tests/unit/test_spool.py checks these cover spool.CONTROL_ACTIONS.
 QUEUE_ACTIONS: dict[str, Callable[[SchedulerState, tuple[int, ...], str], None]] = {
     "drain": _drain, "undrain": _undrain, "pause": _pause, "unpause": _unpause,
 }  # fmt: skip
@@ -180,4 +180,5 @@ JOB_ACTIONS: dict[str, Callable[[SchedulerState, JobRecord, spool.ControlRequest
 }  # fmt: skip
 RUNNING_ACTIONS: dict[str, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
     "suspend": suspending.request, "resume": suspending.request,
+    "reserve": reserving.request, "unreserve": reserving.request,  # reservations: no job named (daemon.reserving)
 }  # fmt: skip

@@ -38,8 +38,10 @@ from gpuq_scheduler.launcher.daemon import (
     isolation,
     learning,
     outcomes,
+    outsiders,
     preempting,
     readiness,
+    reserving,
     suspending,
     watching,
 )
@@ -69,8 +71,14 @@ class Scheduler(SchedulerState):
         fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
+        reserving.recover(self)  # a job suspended for a reservation resumes once it is over
+        # The fast directories of jobs that ended while no daemon ran (or before one removed them); a
+        # suspended job's stays, since its resume asks its processes through it.
+        fastpath.sweep(os.path.dirname(self.state.fast_dir(0)), set(self.running) | set(self.suspended))
         # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
+        self.fenced_off: set[int] = set()  # pending jobs a reservation keeps off some GPUs (plan)
+        self.outsiders: outsiders.Outsiders | None = None  # memory held outside gpuq (serve() sets it up)
 
     def close(self) -> None:
         fences.close(self)
@@ -97,7 +105,9 @@ class Scheduler(SchedulerState):
 
     def _place(self, now: float) -> list[GpuSnapshot]:
         self.reconcile(now)
+        reserving.step(self, now)  # before suspends advance: a reservation over lets its victims resume first
         suspending.advance(self, now, self.journal)
+        reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
         watching.stop_on_lost_gpus(self, now, snapshot)
@@ -107,6 +117,7 @@ class Scheduler(SchedulerState):
         self.place_and_launch(now, snapshot)
         preempting.decide(self, now, snapshot)
         watching.sample(self, now, snapshot)
+        outsiders.look(self, now, snapshot)  # memory held outside gpuq, named (and its command run)
         return snapshot
 
     def _watch_due(self, now: float) -> bool:
@@ -192,11 +203,12 @@ class Scheduler(SchedulerState):
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
         if self.suspensions.acting or self.suspensions.resume_wanted:
             return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
+        soonest = max(0.0, reserving.next_change(self, now) - now)  # a reservation starts or ends then
         if self.pending:
-            return 0.5
+            return min(0.5, soonest)
         if self.running:
             return max(0.05, min(self._next_liveness, self.monitor.next_sample, self.monitor.next_idle_check) - now)
-        return 5.0
+        return min(5.0, soonest)
 
     # -- steps ----------------------------------------------------------------------------------------
 
@@ -296,6 +308,7 @@ class Scheduler(SchedulerState):
         key = (
             tuple((g.index, g.used, g.lost) for g in snapshot), self.changes.count, self.paused_by,
             tuple(job.record for job in self.running.values()), min(self.not_before.values(), default=0.0) <= now,
+            reserving.phase(self, now),
         )  # fmt: skip
         if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
             if self._unsaved_reasons is not None and now >= self._reasons_due:
@@ -321,8 +334,9 @@ class Scheduler(SchedulerState):
                 continue
             self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
         placed = {decision.job_id for decision in plan.decisions}
+        skip = placed | self.fenced_off
         # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
-        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in placed)
+        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in skip)
         handoff.stage(self, upcoming, snapshot, now)
         # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
         behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
@@ -355,7 +369,7 @@ class Scheduler(SchedulerState):
                 else job.record.started_at + job.record.spec.time_limit,
             )
             for job in self.running.values()
-        ] + fences.holdings(self) + preempting.holdings(self)  # fmt: skip
+        ] + fences.holdings(self) + preempting.holdings(self) + reserving.holdings(self)  # fmt: skip
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
@@ -364,12 +378,20 @@ class Scheduler(SchedulerState):
         for job in self.running.values():
             if job.record.array_id in limits:
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
+        requests, reserved, notes = reserving.fence(self, requests, now, [g.index for g in snapshot])
         plan = place(
             requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
+        plan.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
+        # While a reservation is on or to come, no job is staged behind a running one: it would start whenever that
+        # one ends, which may be past a start its own time limit was checked against (daemon/reserving.py).
+        self.fenced_off = set(reserved) | ({r.job_id for r in requests} if reserving.live(self, now) else set())
         if self.shared is not None:
             plan.waiting.update(fairshare.explain(plan.waiting, queue, _fair_key, used, self.shared.priority))
+        for job_id, words in notes.items():  # narrowed by a reservation, and waiting: say that first
+            if job_id in plan.waiting:
+                plan.waiting[job_id] = f"{words}; {plan.waiting[job_id]}"
         return plan
 
     def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:

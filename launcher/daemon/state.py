@@ -21,18 +21,18 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
-from gpuq_scheduler.jobs.store import outbox, spool
+from gpuq_scheduler.jobs.store import calendar, outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
-from gpuq_scheduler.launcher.daemon.owned import MemAuto, Monitor, Preemption, Suspensions
+from gpuq_scheduler.launcher.daemon.owned import Booked, MemAuto, Monitor, Preemption, Suspensions
 from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
-from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.launcher.policy import hostlimits, memory
 from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Policy, Request
 from gpuq_scheduler.launcher.supervisor import containment, processes, shim
@@ -106,6 +106,7 @@ class SchedulerState:
         # What each step keeps to itself (``launcher.daemon.owned``).
         self.suspensions = Suspensions()
         self.preemption = Preemption(self.changes)
+        self.booked = Booked(calendar.read(state))  # reservations (``daemon.reserving``)
         self.monitor = Monitor(
             idle_limit=shared.idle_limit if shared else None, idle_report=shared.idle_report if shared else None
         )
@@ -216,21 +217,20 @@ class SchedulerState:
             pause_file=self.state.pause_file(record.id), output=record.output_file,
         )  # fmt: skip
 
-    def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None]:
-        """The job's --cpus and --ram, else a shared queue's defaults, where the controllers enforce them."""
-        cpus = spec.cpus if spec.cpus is not None else self.shared.default_cpus if self.shared else None
-        ram = spec.ram if spec.ram is not None else self.shared.default_ram if self.shared else None
-        have = self.containment.controllers
-        return (cpus if "cpu" in have else None), (ram if "memory" in have else None)
+    def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None, int | None]:
+        """The job's --cpus, --ram and --pids, else a shared queue's defaults, where the controllers enforce them."""
+        shared = self.shared
+        defaults = hostlimits.NONE
+        if shared is not None:
+            defaults = hostlimits.HostLimits(shared.default_cpus, shared.default_ram, shared.default_pids)
+        chosen = hostlimits.for_job(spec, defaults, self.containment.controllers)
+        return chosen.cpus, chosen.ram, chosen.pids
 
     def unenforceable(self, spec: JobSpec) -> str:
-        """Why the job's own --cpus or --ram cannot be enforced now ("" if it can): the controllers were
+        """Why the job's own --cpus, --ram or --pids cannot be enforced now ("" if it can): the controllers were
         there when it was submitted, and are not since this daemon started."""
-        for flag, value, controller in (("--cpus", spec.cpus, "cpu"), ("--ram", spec.ram, "memory")):
-            if value is not None and controller not in self.containment.controllers:
-                why = self.containment.limits_why or self.containment.describe()
-                return f"{flag} cannot be enforced here any more ({why}); submit it again without it"
-        return ""
+        why = self.containment.limits_why or self.containment.describe()
+        return hostlimits.unenforceable(spec, self.containment.controllers, why)
 
     def stop(self, job: Running) -> None:
         """Ask a running job's shim to stop it (SIGTERM to the job's group, SIGKILL after the grace period)."""
@@ -255,6 +255,9 @@ class SchedulerState:
                       preemption.signalled):  # fmt: skip
             table.pop(job_id, None)
         preemption.unsuspendable.discard(job_id)
+        self.booked.victims.pop(job_id, None)
+        self.booked.returning.discard(job_id)
+        self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
-from gpuq_scheduler.launcher.daemon import fastpath
+from gpuq_scheduler.launcher.daemon import fastpath, hostmem
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -42,6 +42,7 @@ from gpuq_scheduler.launcher.gpus.checkpoint import (
     DriverCheckpoint,
     FakeCheckpoint,
 )  # fmt: skip
+from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.containment import Box
 from gpuq_scheduler.launcher.supervisor.processes import start_time
@@ -97,14 +98,21 @@ def _until_frozen(cgroup: str, frozen: bool) -> None:
 
 
 def suspend(
-    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0
+    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False
 ) -> dict[str, Any]:
     """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
-    (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest."""
+    (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
+    First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
+    else nothing is done, and the job runs on."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
     at = time.monotonic()
     members = {leader} | (containment.members(box, leader) if box is not None else set())
+    available, total = hostmem.host_memory(fake)
+    left = hostmem.room(box.cgroup if box is not None else None)
+    too_little = hostroom.refusal(gpu_bytes, fastpath.pool_of(fast, members), available, hostmem.margin(total), left)
+    if too_little:
+        return {"ok": False, "why": too_little, "undone": True, "undo_why": ""}
     released = fastpath.release(sorted(members), set(found), fast, gpu_bytes)
     steps["fast"] = time.monotonic() - at
     in_place: set[int] = set()
@@ -186,7 +194,7 @@ def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
         return {"ok": False, "why": f"no CUDA checkpoint here: {opened.cuda}", "began": began, "ended": time.time()}
     fast = order.get("fast_dir")
     if order["action"] == "suspend":
-        result = suspend(opened.cuda, box, leader, fast, int(order.get("bytes") or 0))
+        result = suspend(opened.cuda, box, leader, fast, int(order.get("bytes") or 0), bool(order.get("fake")))
     else:
         result = resume(opened.cuda, box, leader, fast)
     steps = {"open": took, **result.get("steps", {})}

@@ -33,18 +33,18 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.forker import Forker
+from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.containment import Box
 
 log = logging.getLogger("gpuq.suspend")
 
-MARGIN = 2 << 30  # bytes of host memory left free beyond a job's GPU state, at the least...
-MARGIN_SHARE = 0.05  # ...or this share of the host's memory: a suspend never pushes the box into swap
 RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
 
 
@@ -110,15 +110,18 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
     cuda = _cuda_processes(scheduler, job)
     if len(cuda) > 1 and any(processes.maps_library(pid, "libnccl") for pid in cuda):
         return "it runs several CUDA processes that use NCCL, whose state the driver's checkpoint does not cover"
-    gpu_bytes = gpu_state(scheduler, job)
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
-    margin = max(MARGIN, int(total * MARGIN_SHARE))
-    if gpu_bytes + margin > available:
-        return (
-            f"its {gpu_bytes / 2**30:.1f} GiB of GPU state would not fit in the host's {available / 2**30:.1f} GiB "
-            f"of available memory with {margin / 2**30:.1f} GiB to spare"
-        )
-    return ""
+    box = Box.from_json(subject(scheduler, job_id)["box"])
+    left = room(box.cgroup if box is not None else None)  # its --ram: the copy is charged to its cgroup
+    return hostroom.refusal(host_need(scheduler, job), 0, available, margin(total), left)
+
+
+def host_need(scheduler: SchedulerState, job: Running) -> int:
+    """Bytes of host memory the job's suspend would take: its GPU state, less the pinned host memory its
+    processes kept from their last suspend (a pool, ``GPUQ_FAST_POOL``), which the host's available memory
+    already leaves out (``fastpath.pool_of``: never more than they hold resident)."""
+    fast = scheduler.state.fast_dir(job.record.id)
+    return max(0, gpu_state(scheduler, job) - fastpath.pool_of(fast if os.path.isdir(fast) else None, job.pids))
 
 
 def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
@@ -139,21 +142,6 @@ def gpu_state(scheduler: SchedulerState, job: Running) -> int:
         used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
         for pid, used in (gpu.processes or {}).items() if pid in job.pids
     )  # fmt: skip
-
-
-def host_memory(fake: bool = False) -> tuple[int, int]:
-    """The host's available and total memory, bytes (/proc/meminfo). Beside the fake inventory, a fake host:
-    GPUQ_FAKE_HOST_MEMORY (a size, available and total), where set."""
-    if fake and os.environ.get("GPUQ_FAKE_HOST_MEMORY"):
-        size = parse_size(os.environ["GPUQ_FAKE_HOST_MEMORY"])
-        return size, size
-    found: dict[str, int] = {}
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            key, _, value = line.partition(":")
-            if key in ("MemAvailable", "MemTotal"):
-                found[key] = int(value.split()[0]) * 1024
-    return found.get("MemAvailable", 0), found.get("MemTotal", 0)
 
 
 def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float) -> None:

@@ -4,7 +4,9 @@ re-read at every snapshot, so a test can play a teammate filling a GPU or a GPU 
 
     {"gpus": [{"name": "A100", "total": "80GiB", "used": "30GiB", "util": 35}, {"total": "80GiB", "lost": true}]}
 
-(``util``, optional: the GPU's utilisation in percent, as NVML would report it.)
+(``util``, optional: the GPU's utilisation in percent, as NVML would report it. ``processes``, optional: the
+processes outside gpuq holding memory there, ``[{"pid": 4242, "used": "2GiB"}]``, listed as NVML lists them
+while they live; their memory counts as used.)
 """
 
 from __future__ import annotations
@@ -128,8 +130,26 @@ def parse_fake_json(data: Any, where: str) -> list[GpuSnapshot]:
         if util is not None and (not isinstance(util, int) or isinstance(util, bool) or not 0 <= util <= 100):
             raise BadInput(f"GPUQ_FAKE_GPUS={where}: GPU {index}'s util must be a whole percent from 0 to 100")
         gpu = _fake(index, str(item.get("name", "Fake GPU")), total, min(used, total), bool(item.get("lost")))
+        listed = _listed(item.get("processes", []), index, where)
+        if listed and not gpu.lost:
+            held = min(total, used + sum(listed.values()))
+            gpu = dataclasses.replace(gpu, used=held, processes={**(gpu.processes or {}), **listed})
         gpus.append(dataclasses.replace(gpu, utilization=util))
     return gpus
+
+
+def _listed(processes: Any, index: int, where: str) -> dict[int, int]:
+    """A GPU's ``processes``: pid -> bytes, those alive only (the driver lists no process that ended)."""
+    if not isinstance(processes, list):
+        raise BadInput(f'GPUQ_FAKE_GPUS={where}: GPU {index}\'s processes: a list like [{{"pid": 42, "used": "2GiB"}}]')
+    found = {}
+    for entry in processes:
+        pid = entry.get("pid") if isinstance(entry, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise BadInput(f"GPUQ_FAKE_GPUS={where}: GPU {index}'s processes each need a pid, a positive number")
+        if _holds_memory(pid):
+            found[pid] = _bytes(entry.get("used", 0), where)
+    return found
 
 
 def _bytes(value: Any, where: str) -> int:

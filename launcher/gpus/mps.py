@@ -161,14 +161,16 @@ class Mps:
 
     def alive(self, key: Key) -> bool:
         """Whether the control daemon of ``key`` still runs: a process of its command whose environment names
-        its pipe directory (a quit that failed because it was gone already leaves none)."""
+        its pipe directory, run by that key's user (or root): any user may start a process of that name with
+        that variable, and only the key's own could run its control daemon (a quit that failed because it was
+        gone already leaves none)."""
         wanted = b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(self.pipe(key))
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 argv = read_bytes(f"/proc/{entry}/cmdline").split(b"\0")
-                if not self._is_control(argv):
+                if not self._is_control(argv) or real_uid(entry) not in (key.uid, 0, os.geteuid()):
                     continue
                 if wanted in read_bytes(f"/proc/{entry}/environ").split(b"\0"):
                     return True
@@ -220,8 +222,11 @@ PIPE = b"CUDA_MPS_PIPE_DIRECTORY="
 def server_pids(root: Path, candidates: Iterable[int]) -> set[int]:
     """Those of ``candidates`` (pids NVML lists on a GPU) that are MPS servers of control daemons under
     ``root``: their memory is held for gpuq's fence, not by a teammate. Known by their command and the
-    pipe directory in their environment or their parent's (the control daemon gpuq started with it); a
-    process of another user whose environment cannot be read is not claimed."""
+    pipe directory in their environment or their parent's (the control daemon gpuq started with it), and
+    believed only of a server run by the user whose pipe directory that is (``<root>/<gpu>/<uid>/pipe``),
+    or by root, with a parent of the same: any user can name a process so and set that variable, and one
+    who pointed it at another user's pipe would have her GPU memory hidden from placement. A process of
+    another user whose environment cannot be read is not claimed."""
     prefix = PIPE + os.fsencode(root) + b"/"
     found = set()
     for pid in candidates:
@@ -229,16 +234,36 @@ def server_pids(root: Path, candidates: Iterable[int]) -> set[int]:
             if os.path.basename(read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[0]) != SERVER:
                 continue
             parent = read_bytes(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1].decode()
-        except (OSError, IndexError):
+            runs_as = real_uid(pid)
+        except (OSError, IndexError, ValueError):
             continue
         for owner in (str(pid), parent):
             try:
-                if any(e.startswith(prefix) for e in read_bytes(f"/proc/{owner}/environ").split(b"\0")):
+                environ = read_bytes(f"/proc/{owner}/environ").split(b"\0")
+                named = [e[len(prefix) :] for e in environ if e.startswith(prefix)]
+                if named and runs_as in (_pipe_uid(named[0]), 0) and real_uid(owner) == runs_as:
                     found.add(pid)
                     break
-            except OSError:
+            except (OSError, ValueError):
                 continue
     return found
+
+
+def _pipe_uid(below: bytes) -> int | None:
+    """The user of a pipe directory gpuq makes (``<gpu>/<uid>/pipe`` below the MPS root), or None."""
+    parts = below.rstrip(b"/").split(b"/")
+    if len(parts) != 3 or parts[2] != b"pipe" or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+def real_uid(pid: int | str) -> int:
+    """The real uid of a process, from its status (a process cannot change it; its /proc folder's owner is
+    root's for a process that made itself undumpable). OSError if it is gone, ValueError if unreadable."""
+    for line in read_bytes(f"/proc/{pid}/status").split(b"\n"):
+        if line.startswith(b"Uid:"):
+            return int(line.split()[1])
+    raise ValueError(f"no Uid line in /proc/{pid}/status")
 
 
 def for_gpus(root: Path, fake_gpus: bool, environ: Mapping[str, str]) -> Mps | None:

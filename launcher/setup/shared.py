@@ -71,6 +71,8 @@ def setup(admins: str | None, home: Path | None, config_path: Path | None = None
             'max_time = "7d"  # the longest --time a job may ask for',
             'idle_limit = "4h"  # `gpuq run`/`alloc` jobs whose GPUs do nothing this long are released',
             'idle_report = "2h"  # batch jobs whose GPUs do nothing this long are shown in status and doctor',
+            "default_pids = 4096  # processes (threads too) one job may hold at once: a fork bomb stops there",
+            "max_pids = 32768  # the most --pids a job may ask for",
             '# fair_share_half_life = "24h"',
         ]
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ Where none can be had (no cgroup2, no delegation, ``GPUQ_CONTAINMENT=fallback``)
 its process group and a marker in the environment of every process it starts (``GPUQ_JOB_MARKER``), found
 through /proc: a process that leaves all three escapes, and the docs say so.
 
-The cpu and memory controllers, where the base can hand them down, enforce ``--cpus`` and ``--ram``.
+The cpu, memory and pids controllers, where the base can hand them down, enforce ``--cpus``, ``--ram`` and
+``--pids`` (``launcher.supervisor.limits``).
 cgroup v2 lets a cgroup with processes in it hand down no controller ("no internal processes"): a daemon
 that sits in its base moves itself into ``gpuq-<key>/daemon`` first, and its shims, forked from it, start
 there. A shim starts its job's first process inside the job's cgroup (``launcher.supervisor.intocgroup``; where
@@ -37,13 +38,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuq_scheduler.launcher.supervisor import marked, waiter
+from gpuq_scheduler.launcher.supervisor import cgroupfs, limits, marked, waiter
 
 MARKER = marked.MARKER
 FORCE = "GPUQ_CONTAINMENT"  # "fallback": do without cgroups even where they could be had (tests, odd setups)
 CGROUP, FALLBACK = "cgroup", "fallback"
-LIMITS = ("cpu", "memory")  # the controllers --cpus and --ram need
-_PERIOD = 100_000  # cpu.max's period, in microseconds
+LIMITS = limits.LIMITS  # the controllers --cpus, --ram and --pids need
 _GONE_WITHIN = 5.0  # seconds for killed processes to leave the cgroup before it is given up on
 
 
@@ -56,7 +56,7 @@ class Containment:
     group: str = ""  # <base>/gpuq-<key>: the jobs' cgroups are made in it
     why: str = ""  # the fallback's reason
     controllers: tuple[str, ...] = ()  # of LIMITS, those the jobs' cgroups have
-    limits_why: str = ""  # why --cpus or --ram cannot be enforced here, if they cannot
+    limits_why: str = ""  # why --cpus, --ram or --pids cannot be enforced here, if one cannot
 
     def sweep(self, running: set[int]) -> None:
         """Remove the empty cgroups of jobs not running (their shims were killed before they could), never
@@ -74,18 +74,20 @@ class Containment:
             with contextlib.suppress(OSError):
                 os.rmdir(self.group)
 
-    def box(self, job_id: int, cpus: float | None = None, ram: int | None = None) -> Box:
+    def box(self, job_id: int, cpus: float | None = None, ram: int | None = None, pids: int | None = None) -> Box:
         cgroup = f"{self.group}/job-{job_id}" if self.kind == CGROUP else None
         since = time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0  # a tick's rounding, and then some
-        return Box(f"{self.key}/{job_id}", cgroup, cpus, ram, since)
+        return Box(f"{self.key}/{job_id}", cgroup, cpus, ram, since, pids)
 
     def describe(self) -> str:
         """One line for `gpuq gpus` and `gpuq doctor`."""
         if self.kind != CGROUP:
             return f"fallback: process group + session + marker, because {self.why}"
-        limits = ", ".join(self.controllers) if self.controllers else "none"
-        text = f"cgroup v2 at {self.group}; host limits (--cpus, --ram): {limits}"
-        return text + (f" ({self.limits_why})" if self.limits_why and len(self.controllers) < len(LIMITS) else "")
+        have = ", ".join(self.controllers) if self.controllers else "none"
+        text = f"cgroup v2 at {self.group}; host limits (--cpus, --ram, --pids): {have}"
+        text += f" ({self.limits_why})" if self.limits_why and len(self.controllers) < len(LIMITS) else ""
+        unlimited = "; no process limit: a fork bomb in a job reaches the host"
+        return text + ("" if "pids" in self.controllers else unlimited)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -103,6 +105,7 @@ class Box:
     cpus: float | None = None
     ram: int | None = None
     since: float = 0.0  # seconds since boot when it was made: every process of the job is younger
+    pids: int | None = None  # pids.max: the most tasks (threads too) the job may hold at once
 
     def to_json(self) -> dict[str, object]:
         return {"marker": self.marker, "cgroup": self.cgroup, "since": self.since}
@@ -163,53 +166,8 @@ def open_for(root: str | os.PathLike[str], environ: Mapping[str, str]) -> Contai
     except OSError as err:
         hint = "its cgroup is not delegated to this user" if inside else "it cannot be written"
         return Containment(FALLBACK, key, why=f"no cgroup can be made under {base} ({hint}: {err.strerror})")
-    controllers, limits_why = _hand_down(base, group, inside)
+    controllers, limits_why = limits.hand_down(base, group, inside)
     return Containment(CGROUP, key, group=group, controllers=controllers, limits_why=limits_why)
-
-
-def _hand_down(base: str, group: str, inside: bool) -> tuple[tuple[str, ...], str]:
-    """Enable the cpu and memory controllers for the jobs' cgroups where the base has them: those got, and why not."""
-    offered = [c for c in LIMITS if c in _words(f"{base}/cgroup.controllers")]
-    if not offered:
-        return (), f"{base} has no cpu or memory controller to give"
-    if inside:
-        with contextlib.suppress(OSError):
-            leaf = f"{group}/daemon"  # no internal processes: the daemon (and its shims) leave the base
-            os.makedirs(leaf, exist_ok=True)
-            _write(f"{leaf}/cgroup.procs", str(os.getpid()))
-    why = ""
-    for at in (base, group):
-        missing = [c for c in offered if c not in _words(f"{at}/cgroup.subtree_control")]
-        if missing:
-            try:
-                _write(f"{at}/cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
-            except OSError as err:
-                why = f"{at} cannot hand them down: {err.strerror}"
-                break
-    got = tuple(c for c in offered if c in _words(f"{group}/cgroup.subtree_control"))
-    if not why and len(got) < len(LIMITS):
-        why = f"{base} offers only {', '.join(offered)}"
-    return got, why
-
-
-def _words(path: str) -> list[str]:
-    """The words of a cgroup's file, read with three system calls (open() takes eight)."""
-    data, fd = b"", -1
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        while chunk := os.read(fd, 65536):
-            data += chunk
-    if fd >= 0:
-        os.close(fd)
-    return data.decode(errors="replace").split()
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 # -- a job's life, from its shim ---------------------------------------------------------------------------
@@ -227,14 +185,7 @@ def make(box: Box) -> None:
 def limit(box: Box) -> None:
     """Set the job's limits on its cgroup (made already). OSError if they cannot be set."""
     assert box.cgroup is not None
-    if box.cpus is not None:
-        _write(f"{box.cgroup}/cpu.max", f"{max(1000, round(box.cpus * _PERIOD))} {_PERIOD}")
-    if box.ram is not None:
-        _write(f"{box.cgroup}/memory.max", str(box.ram))
-        with contextlib.suppress(OSError):  # no swap, or no swap accounting: memory.max is the whole limit
-            _write(f"{box.cgroup}/memory.swap.max", "0")
-        # At its limit the job ends as one (a worker killed alone would leave its pool hanging).
-        _write(f"{box.cgroup}/memory.oom.group", "1")
+    limits.apply(box.cgroup, box.cpus, box.ram, box.pids)
 
 
 def enter(box: Box) -> str:
@@ -245,13 +196,13 @@ def enter(box: Box) -> str:
     back, mount = own_cgroup(), _mount()
     if back is None or mount is None:
         raise OSError("this process is in no cgroup v2 cgroup")
-    _write(f"{box.cgroup}/cgroup.procs", str(os.getpid()))
+    cgroupfs.write(f"{box.cgroup}/cgroup.procs", str(os.getpid()))
     return os.path.normpath(mount + back)
 
 
 def leave(back: str | None) -> None:
     if back is not None:
-        _write(f"{back}/cgroup.procs", str(os.getpid()))
+        cgroupfs.write(f"{back}/cgroup.procs", str(os.getpid()))
 
 
 def signal_all(box: Box | None, leader: int, signum: int) -> None:
@@ -263,7 +214,7 @@ def signal_all(box: Box | None, leader: int, signum: int) -> None:
         return
     if box.cgroup is not None and signum == signal.SIGKILL:
         with contextlib.suppress(OSError):
-            _write(f"{box.cgroup}/cgroup.kill", "1")
+            cgroupfs.write(f"{box.cgroup}/cgroup.kill", "1")
         return
     for pid in members(box, leader):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -273,14 +224,15 @@ def signal_all(box: Box | None, leader: int, signum: int) -> None:
 def members(box: Box, leader: int) -> set[int]:
     """The job's live processes now."""
     if box.cgroup is not None:
-        return {int(word) for word in _words(f"{box.cgroup}/cgroup.procs")} - {os.getpid()}
+        return {int(word) for word in cgroupfs.words(f"{box.cgroup}/cgroup.procs")} - {os.getpid()}
     return marked.find(box.marker, leader, box.since)
 
 
 def end(box: Box | None, leader: int, settle: float = 0.0, remove: bool = True) -> dict[str, object]:
     """End every process left of the job once its first process has exited, and remove its cgroup: the facts
     for the exit file's ``contained`` field (``outlived``: how many processes had to be ended; from a cgroup
-    also ``oom_kills``, ``cpu_seconds`` and ``peak_ram`` where the kernel accounts them). ``settle``: gpuq
+    also what its limits held it to (``limits.reached``) and ``cpu_seconds``, ``peak_ram`` where the kernel
+    accounts them). ``settle``: gpuq
     signalled all of the job's processes (a cancel, its time limit), so those on their way out are given this
     long to go by themselves and are not counted as outliving it. On return no process of the job is left,
     not even one on its way out (the kernel counts a process in its cgroup until it has let go of its memory
@@ -297,14 +249,12 @@ def end(box: Box | None, leader: int, settle: float = 0.0, remove: bool = True) 
             left = members(box, leader)
     if box.cgroup is None:
         return {"outlived": marked.kill(box.marker, leader, box.since, _GONE_WITHIN)}
-    facts: dict[str, object] = {"outlived": len(left)}
-    if box.ram is not None:
-        facts["ram_limit"] = box.ram  # the limit the kernel held it to, for the reason of an OOM kill
+    facts: dict[str, object] = {"outlived": len(left), **limits.reached(box.cgroup, box.ram, box.pids)}
     if populated:  # then all go: those counted, those on their way out, and any in cgroups made below it
         with contextlib.suppress(OSError):
-            _write(f"{box.cgroup}/cgroup.kill", "1")
+            cgroupfs.write(f"{box.cgroup}/cgroup.kill", "1")
         _wait_empty(box.cgroup)  # also for processes past cgroup.procs (exiting) but still holding memory
-    facts.update(usage(box.cgroup))
+    facts.update(limits.usage(box.cgroup))
     if remove:
         discard(box)
     return facts
@@ -326,32 +276,8 @@ def discard(box: Box | None) -> None:
             time.sleep(0.01)
 
 
-def usage(cgroup: str) -> dict[str, object]:
-    """What a cgroup's processes used: CPU seconds (cpu.stat is there without the cpu controller), peak
-    memory and kills by the OOM killer at its limit (with the memory controller)."""
-    facts: dict[str, object] = {}
-    stat = _keyed(f"{cgroup}/cpu.stat")
-    if "usage_usec" in stat:
-        facts["cpu_seconds"] = stat["usage_usec"] / 1e6
-    events = _keyed(f"{cgroup}/memory.events")
-    if events.get("oom_kill"):
-        facts["oom_kills"] = events["oom_kill"]
-    with contextlib.suppress(IndexError, ValueError):
-        facts["peak_ram"] = int(_words(f"{cgroup}/memory.peak")[0])
-    return facts
-
-
-def _keyed(path: str) -> dict[str, int]:
-    words = _words(path)
-    found: dict[str, int] = {}
-    for name, value in zip(words[::2], words[1::2], strict=False):
-        with contextlib.suppress(ValueError):
-            found[name] = int(value)
-    return found
-
-
 def _populated(cgroup: str) -> bool:
-    return bool(_keyed(f"{cgroup}/cgroup.events").get("populated"))
+    return bool(cgroupfs.keyed(f"{cgroup}/cgroup.events").get("populated"))
 
 
 def _wait_empty(cgroup: str) -> None:
@@ -379,7 +305,7 @@ def occupied(group: str) -> dict[int, int]:
     with contextlib.suppress(OSError):
         for name in os.listdir(group):
             if name.startswith("job-") and name[4:].isdigit():
-                count = sum(not waiter.is_waiter(pid) for pid in _words(f"{group}/{name}/cgroup.procs"))
+                count = sum(not waiter.is_waiter(pid) for pid in cgroupfs.words(f"{group}/{name}/cgroup.procs"))
                 if count:
                     found[int(name[4:])] = count
     return found

@@ -34,8 +34,8 @@ class ExitFile:
     exit_code: int | None = None  # None when a signal ended it (or it never started)
     signal: int | None = None
     reason: Stop = Stop.NONE
-    # What the job's containment saw (``launcher.supervisor.containment.end``): oom_kills, ram_limit, outlived,
-    # cpu_seconds, peak_ram, each there only when known.
+    # What the job's containment saw (``launcher.supervisor.containment.end``): oom_kills, ram_limit, pids_limit,
+    # pids_refused, outlived, cpu_seconds, peak_ram, each there only when known.
     contained: dict[str, object] = dataclasses.field(default_factory=dict)
     next: int | None = None  # the job staged behind this one, which its shim started as this one ended
 

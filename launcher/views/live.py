@@ -22,10 +22,12 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.gpus import mps
+from gpuq_scheduler.launcher.gpus import holders, mps
+from gpuq_scheduler.launcher.gpus.holders import Holder
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
-from gpuq_scheduler.launcher.supervisor import containment, processes
+from gpuq_scheduler.launcher.supervisor import containment, limits, processes
+from gpuq_scheduler.launcher.views import calendar as reserved
 from gpuq_scheduler.launcher.views.gpu_rows import GpuRow, gpu_rows
 from gpuq_scheduler.launcher.views.tables import runtime
 
@@ -59,6 +61,8 @@ class Picture:
     job_use: dict[int, int]  # job id -> memory its processes hold now, on its busiest GPU
     paused: bool
     job_util: dict[int, int] = field(default_factory=dict)  # job id -> its processes' share of a GPU's time, %
+    reserved: list[str] = field(default_factory=list)  # the reservations on or to come, in words
+    outside: list[Holder] = field(default_factory=list)  # processes holding GPU memory that gpuq did not start
 
 
 def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
@@ -100,7 +104,11 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
         shares = [u for g in snapshot for p, u in (g.process_utilization or {}).items() if p in found]
         if shares:  # none under MPS: NVML files an MPS client's work under the server's pid
             job_util[job_id] = max(shares)
-    return Picture(now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util)
+    booked = [reserved.words(r, now) for r in reserved.current(queue.state, now)]
+    return Picture(
+        now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util, booked,
+        holders.outside(snapshot, ours),
+    )  # fmt: skip
 
 
 def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
@@ -109,7 +117,7 @@ def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
     recorded = containment.read_record(str(state.inventory))
     if record.state is not JobState.RUNNING or recorded is None or not recorded.group:
         return record
-    used = containment.usage(f"{recorded.group}/job-{record.id}")
+    used = limits.usage(f"{recorded.group}/job-{record.id}")
     cpu, peak = used.get("cpu_seconds"), used.get("peak_ram")
     return record.replace(
         cpu_seconds=cpu if isinstance(cpu, float) else None, peak_ram=peak if isinstance(peak, int) else None
@@ -222,7 +230,8 @@ def summary(picture: Picture, sort: str, mine: bool) -> str:
     if picture.paused:
         pieces.append("queue PAUSED")
     pieces += [f"sort: {sort}", "mine only" if mine else "everyone"]
-    return "  ".join(pieces) + f"   {JOBS} jobs {RESERVED} reserved {OUTSIDE} outside"
+    booked = "".join(f"\nreservation {words}" for words in picture.reserved)
+    return "  ".join(pieces) + f"   {JOBS} jobs {RESERVED} reserved {OUTSIDE} outside" + booked
 
 
 def fold(records: Sequence[JobRecord]) -> tuple[list[JobRecord], dict[int, int]]:

@@ -43,6 +43,8 @@ _TIMELINE_CSS = (
     '#timeline .job-label{font:bold 12px "DejaVu Sans",Arial,sans-serif;fill:#fff;pointer-events:none;'
     "stroke-width:3px;paint-order:stroke}"
     '#timeline .job-label.beside{fill:#212121;stroke:#fff;stroke-width:3px;paint-order:stroke}'
+    "#timeline .reservation{fill:#7e57c2;fill-opacity:.12;stroke:#5e35b1;stroke-width:2;stroke-dasharray:6 3}"
+    "#timeline .now{stroke:#212121;stroke-width:1;stroke-dasharray:2 2}"
 )
 # A job that ended badly within a pixel or two still shows: wide enough to see, and named beside itself.
 _ENDED_BADLY = (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.LOST)
@@ -137,12 +139,18 @@ def sub_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
     return chosen
 
 
-def timeline_svg(report: Report, away: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> str:
+def timeline_svg(
+    report: Report, away: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+    reserved: Sequence[tuple[int, float, float, str]] = (),
+) -> str:  # fmt: skip
     """Each GPU's lane holds one row per job it ran at once (packed jobs side by side, none hidden).
     ``away``: each job's stretches of time suspended (``views.suspensions.away``), striped over its bar. A
     job that ended badly is never a sliver: at least a few pixels wide, named beside its bar where its id
-    does not fit inside."""
+    does not fit inside. ``reserved``: (GPU, start, end, words) of reservations on or to come, outlined
+    over their lanes; the axis then runs on past now (by at most half its span) to show the next ones."""
     t0, t1 = report.timeline_start, report.end
+    if reserved:
+        t1 = max(t1, min(max(end for _, _, end, _ in reserved), t1 + (t1 - t0) / 2))
     span = max(t1 - t0, 1e-9)
     plot_w = _WIDTH - _LABEL_W - 32  # room for half of the last tick's label
 
@@ -213,6 +221,16 @@ def timeline_svg(report: Report, away: Mapping[int, Sequence[tuple[float, float]
             beside.append(
                 f'<text class="job-label beside" x="{left + width + 3:.1f}" y="{y + 20}">'
                 f"{label} {seg.state.value}</text>"
+            )
+    if reserved:  # now, and the reservations (the part of each within the axis)
+        parts.append(f'<line class="now" x1="{x(report.end):.1f}" y1="0" x2="{x(report.end):.1f}" y2="{lanes_h}"/>')
+    for gpu, start, end, words in reserved:
+        a, b = x(max(start, t0)), x(min(end, t1))
+        if gpu < report.gpu_count and b > a:
+            y, lane_h = lane_top[gpu], rows[gpu] * _LANE_H
+            parts.append(
+                f'<rect class="reservation" data-gpu="{gpu}" x="{a:.1f}" y="{y + 1}" width="{b - a:.1f}" '
+                f'height="{lane_h - 2}"><title>{html.escape(words)}</title></rect>'
             )
     parts += [*beside, "</svg>"]
     return "\n".join(parts)

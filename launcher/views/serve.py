@@ -29,7 +29,9 @@ from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.units import format_duration, format_size
+from gpuq_scheduler.launcher.gpus import holders
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
+from gpuq_scheduler.launcher.views import calendar as reserved
 from gpuq_scheduler.launcher.views import live, report_html
 from gpuq_scheduler.launcher.views.report import build_report, hours_text, when
 from gpuq_scheduler.launcher.views.report_html import html_table
@@ -105,6 +107,8 @@ class Dashboard:
             for g in picture.gpus
         ]  # fmt: skip
         users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
+        reservations = reserved.current(self.queue.state, now)
+        booked = [(g, r.start, r.end, "reserved: " + reserved.words(r, now)) for r in reservations for g in r.gpus]
         # The axis starts when the first job of the window was queued: say the span it shows, not the window.
         shown = f"last {format_duration(now - report.timeline_start)}, since {when(report.timeline_start, '%H:%M')}"
         return "\n".join([
@@ -119,9 +123,12 @@ class Dashboard:
             '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
             '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
             '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
+            *(f'<p class="note outside-holders">{e(line)}</p>' for line in holders.lines(picture.outside)),
             # The timeline next, above the fold of a laptop's screen; the tables of jobs under it.
-            f"<h2>Timeline, {e(shown)}</h2>", report_html.timeline_svg(report, self.away(records, now)),
+            f"<h2>Timeline, {e(shown)}</h2>", report_html.timeline_svg(report, self.away(records, now), booked),
             report_html.legend_html(),
+            *([f'<p class="note" id="reservations">{e(reserved.status_line(self.queue.state, now) or "")} '
+               "(outlined on the timeline)</p>"] if reservations else []),
             "<h2>Running</h2>", html_table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
             "<h2>Waiting</h2>", html_table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
             f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", html_table("users", ("USER", "GPU-HOURS"), users),

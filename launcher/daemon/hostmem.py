@@ -1,0 +1,63 @@
+"""The host's memory as a suspend needs it: what is available (``/proc/meminfo``, or the fake host beside the
+fake inventory), the margin a suspend leaves free, and what a process holds resident. Read by the daemon's
+checks (``suspending``, ``preempting``) and by the suspend helper's check of the fast path (``fastpath``)."""
+
+from __future__ import annotations
+
+import os
+
+from gpuq_scheduler.jobs.units import parse_size
+
+MARGIN = 2 << 30  # bytes of host memory left free beyond a job's GPU state, at the least...
+MARGIN_SHARE = 0.05  # ...or this share of the host's memory: a suspend never pushes the box into swap
+
+
+def host_memory(fake: bool = False) -> tuple[int, int]:
+    """The host's available and total memory, bytes (/proc/meminfo). Beside the fake inventory, a fake host:
+    GPUQ_FAKE_HOST_MEMORY (a size, available and total), where set."""
+    if fake and os.environ.get("GPUQ_FAKE_HOST_MEMORY"):
+        size = parse_size(os.environ["GPUQ_FAKE_HOST_MEMORY"])
+        return size, size
+    found: dict[str, int] = {}
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key in ("MemAvailable", "MemTotal"):
+                found[key] = int(value.split()[0]) * 1024
+    return found.get("MemAvailable", 0), found.get("MemTotal", 0)
+
+
+def margin(total: int) -> int:
+    """Bytes a suspend leaves free on a host of ``total`` bytes."""
+    return max(MARGIN, int(total * MARGIN_SHARE))
+
+
+def room(cgroup: str | None) -> int | None:
+    """Host memory a job may still take under its limit (``--ram``): its cgroup's ``memory.max`` less what it
+    holds that cannot be reclaimed (``memory.current`` less its file pages, which the kernel gives back
+    first; there is no swap for it: gpuq sets ``memory.swap.max`` 0). None where it has no limit (no
+    cgroup, or no memory controller there); a job with --ram always has one."""
+    if cgroup is None:
+        return None
+    try:
+        with open(f"{cgroup}/memory.max") as limit, open(f"{cgroup}/memory.current") as current:
+            most, used = limit.read().strip(), int(current.read())
+        if most == "max":
+            return None
+        with open(f"{cgroup}/memory.stat") as stat:
+            files = sum(int(line.split()[1]) for line in stat if line.split()[0] in ("active_file", "inactive_file"))
+        return max(0, int(most) - used + files)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def resident(pid: int) -> int:
+    """Bytes process ``pid`` holds resident (its VmRSS: pinned host memory included); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -1,4 +1,4 @@
-"""What the read-only commands print: tables and key/value views over records and GPU snapshots."""
+"""What the read-only commands print: tables and key/value views over records (GPU rows: views/gpu_rows.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gc
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
@@ -16,9 +16,6 @@ from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
-
-if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq status` needs none of it
-    pass
 
 
 @contextlib.contextmanager

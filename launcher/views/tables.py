@@ -332,6 +332,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _column_table(header: Sequence[str], columns: Sequence[Sequence[str]]) -> str:
     """``_table`` from the cells a list per column. One format string for every row: 100,000 rows in ~0.1 s."""
     widths = [max(len(title), *map(len, column)) for title, column in zip(header, columns, strict=True)]
-    line = "  ".join(f"%-{w}s" for w in widths[:-1]) + "  %s"  # %: a fifth faster than str.format here
+    line = "  ".join([*(f"%-{w}s" for w in widths[:-1]), "%s"])  # %: a fifth faster than str.format here
     body = [(line % row).rstrip() for row in zip(*columns, strict=True)]
     return "\n".join([(line % tuple(header)).rstrip(), *body])

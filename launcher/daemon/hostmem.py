@@ -52,12 +52,10 @@ def room(cgroup: str | None) -> int | None:
 
 
 def resident(pid: int) -> int:
-    """Bytes process ``pid`` holds resident (its VmRSS: pinned host memory included); 0 if it is gone."""
+    """Bytes process ``pid`` holds resident (its RSS: pinned host memory included); 0 if it is gone."""
+    import psutil  # the daemon's already; here only when a pool is weighed
+
     try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0

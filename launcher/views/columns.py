@@ -15,6 +15,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
+from gpuq_scheduler.launcher.views.tables import _table, _when, runtime
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,9 @@ class Column:
     cell: Callable[[JobRecord, float], str]  # (job, now) -> its cell
 
 
-def _when(stamp: float | None) -> str:
-    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-
-
 def _runtime(r: JobRecord, now: float) -> str:
-    return "-" if r.started_at is None else format_duration((r.ended_at or now) - r.started_at)
+    ran = runtime(r, now)  # as `gpuq status` counts it: time spent suspended is not runtime
+    return "-" if ran is None else format_duration(ran)
 
 
 def _mem(r: JobRecord) -> str:
@@ -83,6 +81,4 @@ def table(records: Sequence[JobRecord], names: Sequence[str], now: float | None 
     """The jobs, one line each, in the columns ``names``, left-aligned two spaces apart."""
     now = time.time() if now is None else now
     chosen = [COLUMNS[name] for name in names]
-    rows = [[column.header for column in chosen], *([column.cell(r, now) for column in chosen] for r in records)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(chosen))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return _table([column.header for column in chosen], [[column.cell(r, now) for column in chosen] for r in records])

@@ -1,4 +1,4 @@
-"""What the read-only commands print: tables and key/value views over records and GPU snapshots."""
+"""What the read-only commands print: tables and key/value views over records (GPU rows: views/gpu_rows.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gc
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuq_scheduler.jobs.listing import Line
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
@@ -16,9 +16,6 @@ from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.units import format_duration, format_energy, format_gpu_hours, format_size
-
-if TYPE_CHECKING:  # placement (its dataclasses) costs ~4 ms to import: `gpuq status` needs none of it
-    pass
 
 
 @contextlib.contextmanager
@@ -335,6 +332,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _column_table(header: Sequence[str], columns: Sequence[Sequence[str]]) -> str:
     """``_table`` from the cells a list per column. One format string for every row: 100,000 rows in ~0.1 s."""
     widths = [max(len(title), *map(len, column)) for title, column in zip(header, columns, strict=True)]
-    line = "  ".join(f"%-{w}s" for w in widths[:-1]) + "  %s"  # %: a fifth faster than str.format here
+    line = "  ".join([*(f"%-{w}s" for w in widths[:-1]), "%s"])  # %: a fifth faster than str.format here
     body = [(line % row).rstrip() for row in zip(*columns, strict=True)]
     return "\n".join([(line % tuple(header)).rstrip(), *body])

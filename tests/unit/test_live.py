@@ -74,3 +74,13 @@ def test_a_running_jobs_runtime_and_time_left_leave_out_its_time_suspended() -> 
     picture = live.Picture(300.0, [], [record], [], {}, paused=False)
     (row,) = live.running_rows(picture)
     assert row[-2:] == ("2m30s", "30.0s")
+
+
+def test_status_formats_runtime_column_leaves_out_time_suspended_as_status_does() -> None:
+    """`gpuq status --format id,runtime` counted a job's time suspended as runtime, while `gpuq status`, top
+    and the dashboard left it out: started 200 s ago, 50 s of them suspended, it ran 2m30s."""
+    from gpuq_scheduler.launcher.views import columns
+
+    spec = JobSpec(command=("train.py",), cwd="/", time_limit=180)
+    record = JobRecord(1, spec, 0, "me", JobState.RUNNING, 0.0, gpus=(0,), started_at=100.0, suspended_for=50.0)
+    assert columns.table([record], ("id", "runtime"), now=300.0).splitlines() == ["ID  RUNTIME", "1   2m30s"]

@@ -73,7 +73,9 @@ def _resolve(state: StateDir, job_ids: list[int]) -> list[JobRecord]:
 
 def refuse_mps_clients(state: StateDir, chosen: Sequence[Named]) -> None:
     """A packed one-GPU job on a queue whose fence is MPS runs as a client of an MPS server, whose lock the
-    driver refuses (801): said here, in one line, before anything is asked (the daemon checks it too)."""
+    driver refuses (801): only a --preemptible job, whose PyTorch memory gpuq's fast path moves, is suspended
+    there, in place (docs/suspend.md). Any other is refused here, in one line, before anything is asked (the
+    daemon checks it too)."""
     packed = [job for job in chosen if job.mem_per_gpu is not None and job.want_gpus == 1]
     if not packed:
         return  # no job could be one: gpus.json needs no reading
@@ -84,11 +86,14 @@ def refuse_mps_clients(state: StateDir, chosen: Sequence[Named]) -> None:
             fences = {gpu["index"]: gpu.get("fence") for gpu in json.load(handle)["gpus"]}
     except (OSError, ValueError, KeyError, TypeError):
         return
-    for job in packed:
-        if all(fences.get(gpu) == "mps" for gpu in job.gpus):
+    clients = [job.id for job in packed if all(fences.get(gpu) == "mps" for gpu in job.gpus)]
+    # Their specs, the full read: only for such jobs, so a plain suspend stays on the quick path.
+    for record in _resolve(state, clients) if clients else []:
+        if not record.spec.preemptible:
             raise BadInput(
-                f"job {job.id} runs as a client of an MPS server (packed with --mem under the MPS fence), which "
-                "the driver cannot checkpoint; it cannot be suspended"
+                f"job {record.id} runs as a client of an MPS server (packed with --mem under the MPS fence), which "
+                "the driver cannot checkpoint; only a --preemptible PyTorch job is suspended in place there: "
+                "submit it with --preemptible"
             )
 
 

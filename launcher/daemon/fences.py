@@ -166,11 +166,12 @@ def _quit_if_idle(scheduler: SchedulerState, server: Key) -> None:
 
 
 def adopt(scheduler: SchedulerState) -> None:
-    """At start-up: running packed jobs keep their control daemon; any other left behind is quit."""
+    """At start-up: running packed jobs keep their control daemon, and so do those suspended in place (frozen,
+    their context on its server: ``daemon.inplace``); any other left behind is quit."""
     if scheduler.controls is None:
         return
     found = set(scheduler.controls.mps.running())
-    for job in scheduler.running.values():
+    for job in [*scheduler.running.values(), *scheduler.suspended.values()]:
         record = job.record
         if kind(scheduler, record) is Fence.MPS and record.gpu_uuids and key(record, record.gpu_uuids[0]) in found:
             scheduler.mps_jobs.setdefault(key(record, record.gpu_uuids[0]), set()).add(record.id)

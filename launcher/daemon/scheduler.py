@@ -106,7 +106,7 @@ class Scheduler(SchedulerState):
     def _place(self, now: float) -> list[GpuSnapshot]:
         self.reconcile(now)
         reserving.step(self, now)  # before suspends advance: a reservation over lets its victims resume first
-        suspending.advance(self, now, self.journal)
+        suspending.advance(self, now, self.journal, self.holdings)
         reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
@@ -362,14 +362,7 @@ class Scheduler(SchedulerState):
             caps = None if cap is None else {r.user: cap for r in jobs}
             requests = [self._request(r) for r in queue]
         self.plan_order = requests
-        holdings = [
-            Holding(
-                job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
-                None if job.record.spec.time_limit is None or job.record.started_at is None
-                else job.record.started_at + job.record.spec.time_limit,
-            )
-            for job in self.running.values()
-        ] + fences.holdings(self) + preempting.holdings(self) + reserving.holdings(self)  # fmt: skip
+        holdings = self.holdings()
         cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
         # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
         live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
@@ -393,6 +386,17 @@ class Scheduler(SchedulerState):
             if job_id in plan.waiting:
                 plan.waiting[job_id] = f"{words}; {plan.waiting[job_id]}"
         return plan
+
+    def holdings(self) -> list[Holding]:
+        """Placement's claims on the GPUs: the running jobs' reservations, and the places kept for others."""
+        return [
+            Holding(
+                job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
+                None if job.record.spec.time_limit is None or job.record.started_at is None
+                else job.record.started_at + job.record.spec.time_limit,
+            )
+            for job in self.running.values()
+        ] + fences.holdings(self) + preempting.holdings(self) + reserving.holdings(self)  # fmt: skip
 
     def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:
         """Each user's recent GPU-seconds (running jobs' time so far included) and GPUs held now."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuq_scheduler.jobs.fastsuspend import Fallback
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
 from gpuq_scheduler.launcher.daemon import fastpath, hostmem
 from gpuq_scheduler.launcher.gpus.checkpoint import (
@@ -138,11 +139,11 @@ def suspend(
         steps["freeze"] = time.monotonic() - at
     except (CheckpointError, OSError) as err:
         undone = resume(cuda, box, leader, fast)
-        why = (
-            "it runs as a client of an MPS server, which the driver cannot checkpoint"
-            if isinstance(err, CheckpointError) and err.unsupported
-            else str(err)
-        )
+        why = str(err)
+        if isinstance(err, CheckpointError) and err.unsupported:  # an MPS client the fast path did not empty
+            why = "it runs as a client of an MPS server, which the driver cannot checkpoint"
+            if released.fallback is not None and released.fallback is not Fallback.NOT_ASKED:
+                why += f", and {released.fallback.explain(released.detail)}"
         return {"ok": False, "why": why, "undone": undone["ok"], "undo_why": undone.get("why", "")}
     facts = released.facts()
     if in_place or released.released - set(found):

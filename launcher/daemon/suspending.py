@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +34,14 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.launcher.daemon import fastpath
+from gpuq_scheduler.launcher.daemon import fastpath, inplace
 from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
+from gpuq_scheduler.launcher.policy.placement import Holding
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.containment import Box
 
@@ -99,8 +101,8 @@ def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
 def refusal(scheduler: SchedulerState, job: Running) -> str:
     """Why this running job cannot be suspended now ("" if it can)."""
     job_id = job.record.id
-    if any(job_id in jobs for jobs in scheduler.mps_jobs.values()):
-        return "it runs as a client of an MPS server, which the driver cannot checkpoint (docs/suspend.md)"
+    if why := inplace.refusal(scheduler, job):
+        return why
     if any(staged.after == job_id for staged in scheduler.staged.values()):
         return "a job is staged to start on its GPUs when it ends; try again once that one started"
     if not job.record.gpus:
@@ -266,8 +268,11 @@ def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
     return -1, 0.0
 
 
-def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
-    """Once a pass: collect the children that finished, start the resumes whose GPUs are free."""
+def advance(
+    scheduler: SchedulerState, now: float, events: list[dict[str, Any]], claims: Callable[[], list[Holding]]
+) -> None:
+    """Once a pass: collect the children that finished, start the resumes whose GPUs are free (``claims``:
+    placement's holdings, for a job suspended in place: ``inplace.fits``)."""
     for job_id, acting in list(scheduler.suspensions.acting.items()):
         if acting.child is None and not acting.again:
             continue  # its child starts once this pass is committed
@@ -286,7 +291,7 @@ def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]])
             continue
         del scheduler.suspensions.acting[job_id]
         _settle(scheduler, job_id, acting, result, now, events)
-    _start_resumes(scheduler, now, events)
+    _start_resumes(scheduler, now, events, claims)
 
 
 def _settle(
@@ -299,14 +304,15 @@ def _settle(
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
-        host_bytes = acting.bytes
+        path = dict(result.get("path") or {})
+        host_bytes = inplace.moved(path) or acting.bytes
         scheduler.table.mark_suspended(job_id, host_bytes, now)
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
         event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
-        events.append(event | dict(result.get("path") or {}))  # the path it took, and why (daemon/fastpath.py)
+        events.append(event | path)  # the path it took, and why (daemon/fastpath.py)
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]
@@ -344,8 +350,11 @@ def _settle(
         events.append({"t": now, "job": job_id, "event": "suspend-undone", "why": why})
 
 
-def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
-    """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them)."""
+def _start_resumes(
+    scheduler: SchedulerState, now: float, events: list[dict[str, Any]], claims: Callable[[], list[Holding]]
+) -> None:
+    """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them); one suspended in
+    place once its share fits again there."""
     if not scheduler.suspensions.resume_wanted:
         return
     busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
@@ -356,12 +365,15 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
             del scheduler.suspensions.resume_wanted[job_id]
             continue
         preemptor = scheduler.preemption.preempted.get(job_id, (None, ""))[0]
-        if preemptor is not None:  # its place was kept: only its preemptor is on its memory
-            if preemptor in scheduler.running or preemptor in scheduler.preemption.taking:
-                continue
-        elif busy & set(job.record.gpus):
+        if preemptor is not None and (preemptor in scheduler.running or preemptor in scheduler.preemption.taking):
+            continue  # its place was kept: only its preemptor is on its memory
+        if inplace.is_client(scheduler, job_id):
+            wait = inplace.waits(scheduler, job, claims())
+        else:
+            wait = "GPU(s)" if preemptor is None and busy & set(job.record.gpus) else ""
+        if wait:
             held = in_host_memory(job.record.host_bytes or 0)
-            reason = f"{held}; waiting for GPU(s) {_listed(job.record)} to resume"
+            reason = f"{held}; waiting for {wait} {_listed(job.record)} to resume"
             if reason != job.record.reason:
                 scheduler.table.set_reasons({job_id: reason}, state="suspended")
                 job.record = job.record.replace(reason=reason)

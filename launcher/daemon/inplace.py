@@ -1,0 +1,77 @@
+"""Packed jobs suspended in place (#40): a client of gpuq's MPS server whose PyTorch memory the fast path
+released keeps only its CUDA context on its GPU, frozen in its cgroup, while its neighbours run on.
+
+The driver cannot checkpoint an MPS client (its lock answers 801), so only a job the fast path can take is
+suspended there: a ``--preemptible`` one, whose processes answer gpuq's request (``launcher.daemon.fastpath``);
+the helper takes the driver's 801 for such a process as "keep its context" (``suspender.suspend``). Its share
+is free for others meanwhile: a suspended job holds nothing placement counts. So it cannot wait, as a job
+the driver checkpointed does, until no running job holds its GPU (its neighbours always do): it resumes once
+its share fits again beside what runs there now, as placement would place it on that GPU (``fits``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpuq_scheduler.jobs.fastsuspend import Path
+from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.launcher.daemon import fastpath, watching
+from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.policy.placement import Holding, Request, place
+
+
+def is_client(scheduler: SchedulerState, job_id: int) -> bool:
+    """Whether the job runs (or is suspended) as a client of one of gpuq's MPS servers."""
+    return any(job_id in jobs for jobs in scheduler.mps_jobs.values())
+
+
+def refusal(scheduler: SchedulerState, job: Running) -> str:
+    """Why this job, if an MPS client, cannot be suspended in place ("" if it may be tried: the helper still
+    asks its processes, and one that has not imported torch is left running, its reason saying so)."""
+    if not is_client(scheduler, job.record.id):
+        return ""
+    if not job.record.spec.preemptible:
+        return (
+            "it runs as a client of an MPS server, which the driver cannot checkpoint; only a --preemptible "
+            "PyTorch job is suspended in place there (submit it with --preemptible)"
+        )
+    if not any(fastpath.catches(pid, fastpath.SUSPEND_SIGNAL) for pid in job.pids):
+        return (
+            "it runs as a client of an MPS server, which the driver cannot checkpoint, and no process of it "
+            "answers the fast path's request (a PyTorch program started by Python takes it)"
+        )
+    return ""
+
+
+def fits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> bool:
+    """Whether the suspended job's share fits again on its GPU beside ``claims`` (placement's holdings: the
+    running jobs' reservations, places kept), as placement would start it there now. What its own frozen
+    context holds is its own, not a stranger's: counted within its reservation, not beside it."""
+    record = job.record
+    own: dict[int, int] = {}
+    for gpu in scheduler.last_snapshot:
+        own[gpu.index] = sum(used for pid, used in (gpu.processes or {}).items() if pid in job.pids)
+    views = [
+        dataclasses.replace(view, external=max(0, view.external - own.get(view.index, 0)))
+        for view in watching.views(scheduler, scheduler.last_snapshot) if view.index in record.gpus
+    ]  # fmt: skip
+    if len(views) != len(record.gpus):
+        return False  # its GPU is not seen (lost): it cannot resume there
+    others = [claim for claim in claims if claim.job_id != record.id]  # its own kept place is its room
+    request = Request(record.id, len(record.gpus), record.spec.mem_per_gpu, only=record.gpus)
+    return bool(place([request], views, others, time.time(), scheduler.policy).decisions)
+
+
+def waits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> str:
+    """What the suspended job waits for to resume, in its reason ("" if its share fits now)."""
+    share = format_size(job.record.spec.mem_per_gpu)
+    return "" if fits(scheduler, job, claims) else f"its {share} share to fit on GPU(s)"
+
+
+def moved(path: dict[str, Any]) -> int | None:
+    """What a suspend in place put in host memory (its context stays on its GPU): what the fast path moved;
+    None for another path (the whole of what the job held)."""
+    return int(path.get("fast_bytes") or 0) if path.get("path") == Path.IN_PLACE.value else None

@@ -87,7 +87,7 @@ def test_a_packed_preemptible_job_is_suspended_in_place_its_share_used_by_anothe
         other, other_counts = _counter(queue, "other", "30G", "28")
         stopped = _counts(counts)
         queue.run("resume", str(job))
-        said = f"waiting for its 40.0G share to fit on GPU(s) 0 to resume"
+        said = "waiting for its 40.0G share to fit on GPU(s) 0 to resume"
         waiting = wait_for(lambda: said in (shown := queue.job(job))["reason"] and shown, 30, "its reason")
         assert waiting["state"] == "suspended" and _counts(counts) == stopped
         _moves_on(theirs)
@@ -124,7 +124,7 @@ def test_kill_9_of_the_daemon_while_a_packed_job_is_suspended_in_place_keeps_its
     quit those with no running client before: the context would have lost its server), and resumes it."""
     queue = _queue(tmp_path)
     try:
-        job, counts, neighbour, theirs, whole = _suspended_in_place(tmp_path, queue)
+        job, counts, neighbour, _, whole = _suspended_in_place(tmp_path, queue)
         servers = _control_daemons(queue)
         assert len(servers) == 1
         queue.run("cancel", str(neighbour))  # it alone is left a client of that server, suspended

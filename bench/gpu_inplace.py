@@ -95,8 +95,9 @@ def gpu_total() -> int:
 
 
 def mps_controls() -> list[str]:
+    """The MPS control daemons and servers running (by their program's name, not a shell that names it)."""
     found = subprocess.run(["pgrep", "-af", "nvidia-cuda-mps"], capture_output=True, text=True).stdout
-    return [line for line in found.splitlines() if line.strip()]
+    return [line for line in found.splitlines() if "nvidia-cuda-mps" in (line.split()[1:2] or [""])[0]]
 
 
 def scenario(

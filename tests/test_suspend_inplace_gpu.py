@@ -10,6 +10,7 @@ driver or no MPS control program is found."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,14 @@ pytestmark = [
 ]
 
 
-def test_a_packed_training_run_suspended_in_place_while_its_neighbour_trains_on_is_bit_identical(
-    tmp_path: Path,
-) -> None:
-    facts = scenario(tmp_path, ballast=8.0, steps=500)
+def test_a_packed_training_run_suspended_in_place_while_its_neighbour_trains_on_is_bit_identical() -> None:
+    # A short state directory: MPS's sockets live in the pipe directory below it, and a Unix socket's path
+    # is at most 108 bytes (pytest's tmp_path made it 126: the first device run hung there).
+    with tempfile.TemporaryDirectory(prefix="gpuq-") as work:
+        facts = scenario(Path(work), ballast=4.0, steps=400)
     event = facts["suspended_event"]
     assert (event["path"], event["fallback"]) == ("fast-in-place", None), event
-    assert event["fast_bytes"] >= 8 << 30
+    assert event["fast_bytes"] >= 4 << 30
     assert facts["held_suspended"] < 2 << 30 < facts["held_before"]  # its context alone stayed on the GPU
     assert facts["packed_steps_during_suspend"] == 0 and facts["neighbour_steps_during_suspend"] > 20
     assert facts["third"]["state"] == "succeeded"  # it held the share the suspended job gave back

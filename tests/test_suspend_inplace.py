@@ -173,3 +173,32 @@ def test_a_packed_job_the_fast_path_cannot_take_is_refused_in_one_line_and_runs_
         _moves_on(counts)
     finally:
         queue.cleanup()
+
+
+def test_preemption_suspends_a_packed_preemptible_victim_in_place_instead_of_requeueing_it(tmp_path: Path) -> None:
+    """An urgent packed job that fits only in the victim's share: the victim is suspended in place (not
+    signalled and requeued, as packed victims were), the urgent job runs beside its neighbour, and once it ended
+    the victim resumes by itself and counts on from where it stopped, in the same run."""
+    queue = _queue(tmp_path, GPUQ_PREEMPT="on", GPUQ_PREEMPT_MIN_RUNTIME="1s")
+    try:
+        neighbour, theirs = _counter(queue, "neighbour", "20G", "18")
+        job, counts = _counter(queue, "packed", "40G", "38", "--preemptible")
+        urgent_counts = queue.cwd / "urgent"
+        urgent = queue.submit("--priority", "10", "--mem", "30G", "fake_counter.py", "28", str(urgent_counts), "150")
+        queue.wait_state(job, "suspended", timeout=60)
+        stopped = _counts(counts)
+        assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        assert _counts(urgent_counts) == list(range(1, 151))
+        queue.wait_state(job, "running", timeout=60)
+        _moves_on(counts)
+        assert _counts(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))
+        shown = queue.job(job)
+        assert shown["attempt"] == 1 and shown["suspended_for"] > 0  # the same run, never requeued
+        preempted = _events(queue, job, "preempted")
+        assert [e["for"] for e in preempted] == [urgent] and "requeue" not in preempted[0]
+        assert _events(queue, job, "suspended")[-1]["path"] == "fast-in-place"
+        assert not _events(queue, job, "requeued") and not _events(queue, neighbour, "preempted")
+        seen = _counts(theirs)
+        assert seen == list(range(1, len(seen) + 1)) and queue.job(neighbour)["state"] == "running"
+    finally:
+        queue.cleanup()

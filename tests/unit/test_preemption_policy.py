@@ -76,6 +76,18 @@ def test_a_mem_job_takes_only_as_many_packed_victims_as_it_needs() -> None:
     assert choice is not None and choice.victims == (2,)  # 80 - 3 overheads - 50 leaves 25 - margin: enough
 
 
+def test_a_packed_victim_suspended_in_place_is_taken_before_one_that_would_be_requeued() -> None:
+    """#40: a --preemptible packed job (an MPS client its fast path empties) is suspended in place and goes on
+    where it was; a neighbour that cannot be suspended would lose its process to a requeue. The first is taken
+    though it holds more, the second only where the first alone leaves too little room."""
+    in_place = Job(1, (0,), 30 * GiB, preemptible=True, ran=600, held=30 * GiB)
+    requeued = Job(2, (0,), 30 * GiB, preemptible=True, ran=600, held=2 * GiB, requeue=True)
+    choice = choose(Job(9, 1, 20 * GiB, priority=10), _gpus(1), [], [in_place, requeued], NOW, ON)
+    assert choice is not None and choice.victims == (1,)
+    both = choose(Job(9, 1, 60 * GiB, priority=10), _gpus(1), [], [in_place, requeued], NOW, ON)
+    assert both is not None and both.victims == (1, 2)
+
+
 def test_a_running_job_whose_time_limit_ends_first_frees_the_gpu_sooner() -> None:
     """The GPU's job ends in 5 s; suspending the other's 40 GiB would take about 43 s: wait instead."""
     urgent = Job(9, 1, None, priority=10)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuq_scheduler.jobs.fastsuspend import Path
+from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL, Path
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.daemon import fastpath, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -38,7 +38,7 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
             "it runs as a client of an MPS server, which the driver cannot checkpoint; only a --preemptible "
             "PyTorch job is suspended in place there (submit it with --preemptible)"
         )
-    if not any(fastpath.catches(pid, fastpath.SUSPEND_SIGNAL) for pid in job.pids):
+    if not any(fastpath.catches(pid, SUSPEND_SIGNAL) for pid in job.pids):
         return (
             "it runs as a client of an MPS server, which the driver cannot checkpoint, and no process of it "
             "answers the fast path's request (a PyTorch program started by Python takes it)"

@@ -317,13 +317,15 @@ class Mover:
             self.pool.extend(held.hosts)
         else:  # given back while the job goes on: unpinning 18 GB took 0.9 s
             # (not a daemon thread: an exit meanwhile waits for it rather than tearing the pool down under it)
-            self.unpinning = threading.Thread(target=self._unpin_all, args=(held.hosts,))
+            self.unpinning = threading.Thread(target=self.unpin_all, args=(held.hosts,))
             self.unpinning.start()
         return held.bytes
 
-    def _unpin_all(self, hosts: list[Host]) -> None:
+    def unpin_all(self, hosts: list[Host]) -> None:
+        """Give back these pinned buffers (no longer in the pool)."""
         for host in hosts:
             self._unpin(host)
+        hosts.clear()
 
     def drop(self) -> None:
         """Give back the pinned buffers kept for later suspends."""

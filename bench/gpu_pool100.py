@@ -165,7 +165,11 @@ def main() -> None:
         at = time.time()
         off("daemon", "start")
         given = until("the pool given back", lambda: off.first(job, "pool-given-back", at))
-        until("its resident memory to fall", lambda: resident(pid) < held - (held >> 2), timeout=120)
+        # Until the job says it is unpinned (its pool file), not until its resident memory merely began to fall:
+        # the driver's checkpoint below needs the room (run 2026-11-29 09:49, started at a quarter unpinned:
+        # error 304, and the kernel ended the job).
+        pool_file = queue.home / "run" / f"{job}.fast" / f"{pid}.pool"
+        until("its pool unpinned", lambda: json.loads(pool_file.read_text())["bytes"] == 0, timeout=120)
         result["given_back"] = {
             "resident_before": held, "resident_after": resident(pid), "told_after_start_s": round(given["t"] - at, 3),
             "fallen_after_start_s": round(time.time() - at, 3), "event": given,

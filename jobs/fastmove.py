@@ -318,7 +318,8 @@ class Mover:
             self.pool.extend(held.hosts)
         else:  # given back while the job goes on: unpinning 18 GB took 0.9 s
             # (not a daemon thread: an exit meanwhile waits for it rather than tearing the pool down under it)
-            self.unpinning = threading.Thread(target=self.unpin_all, args=(held.hosts,))
+            spare, self.pool = self.pool, []  # a pool larger than this copy needed: none kept either
+            self.unpinning = threading.Thread(target=self.unpin_all, args=(held.hosts + spare,))
             self.unpinning.start()
         return held.bytes
 

@@ -98,7 +98,10 @@ class Mover:
         self.held = None
         if self.keep:
             self.pool.append(host)
-        else:
+        else:  # nothing kept, a pool larger than this copy needed included
             host.close()
+            for spare in self.pool:
+                spare.close()
+            self.pool = []
         self._pinned()
         return moved

@@ -121,3 +121,36 @@ def test_a_pool_is_given_back_once_another_preemptible_jobs_suspend_would_need_t
         assert _pool_said(queue, a, a_pid) == 0 and queue.job(c)["state"] == "running"
     finally:
         queue.cleanup()
+
+
+def test_a_victim_whose_suspend_needs_another_jobs_pool_is_suspended_once_it_is_given_back_not_passed_over(
+    tmp_path: Path,
+) -> None:
+    """Preemption by priority (GPUQ_PREEMPT_BY=priority), host 100 GiB. A (--preemptible --priority 10, 60 GiB)
+    keeps its pool; B (priority 0, not --preemptible, 40.5 GiB) is the only job an urgent --preemptible
+    --priority 10 job may take. B's copy fits only with A's pool given back: preemption tells A, B is suspended
+    (not passed over as too big for the host), the urgent job starts on B's GPU and succeeds, and B resumes
+    after it; A ran throughout."""
+    queue = fake_cuda_queue(
+        tmp_path, "2x80GiB", GPUQ_FAKE_HOST_MEMORY="100GiB", GPUQ_PREEMPT="on", GPUQ_PREEMPT_MIN_RUNTIME="1s",
+        GPUQ_PREEMPT_BY="priority",
+    )  # fmt: skip
+    shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
+    try:
+        a, a_pid, a_counts = _start(queue, "a", 60, "--preemptible", "--priority", "10")
+        b, _, b_counts = _start(queue, "b", 40)
+        assert _cycle(queue, a)["pool"] == 60 * GiB
+        urgent = queue.submit("--preemptible", "--priority", "10", "fake_cuda.py", "30", "3")
+        queue.wait_state(urgent, "succeeded", timeout=60)
+        preempted = wait_for(lambda: _events(queue, b, "preempted"), 30, "B's preemption in the journal")
+        assert preempted[0]["for"] == urgent
+        told = _events(queue, a, "pool-given-back")
+        assert [(e["bytes"], e["why"]) for e in told] == [(60 * GiB, f"job {b}'s suspend needs the room")]
+        assert queue.job(urgent)["gpus"] == queue.job(b)["gpus"]
+        queue.wait_state(b, "running", timeout=60)
+        _counts_on(b_counts)
+        assert len(_events(queue, a, "suspending")) == 1 and queue.job(a)["state"] == "running"
+        _counts_on(a_counts)
+        assert _pool_said(queue, a, a_pid) == 0
+    finally:
+        queue.cleanup()

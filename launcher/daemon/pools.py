@@ -106,18 +106,23 @@ def reclaimable(scheduler: SchedulerState, but: set[int]) -> dict[int, int]:
     return {job_id: size for job_id, size in pooled(scheduler).items() if job_id not in but}
 
 
-def make_room(scheduler: SchedulerState, job_id: int, need: int, now: float, events: list[dict[str, Any]]) -> bool:
-    """Before suspending ``job_id``, whose copy takes ``need`` bytes: if that does not fit in host memory with
-    the margin, tell the fewest other jobs to give their pools back that make it fit. Whether any was told
-    (the suspend's helper then waits for the room)."""
-    pools = reclaimable(scheduler, {job_id})
+def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, events: list[dict[str, Any]]) -> bool:
+    """Before suspending ``jobs``, whose copies take ``need`` bytes: if that does not fit in host memory with
+    the margin, tell the fewest other jobs to give their pools back that make it fit (pools already being
+    given back count as room to come: preemption asks once for all its victims, then each victim's suspend
+    again). Whether room is to come (each suspend's helper then waits for it)."""
+    pools = reclaimable(scheduler, jobs)
     if not pools:
         return False
     available, total = host_memory(_fake(scheduler))
-    chosen = hostroom.give_back(need, available, margin(total), pools) or []
+    spare = margin(total)
+    told = {job: size for job, size in pools.items() if job in scheduler.suspensions.told}
+    rest = {job: size for job, size in pools.items() if job not in told}
+    chosen = hostroom.give_back(need, available + sum(told.values()), spare, rest) or []
+    whose = ", ".join(map(str, sorted(jobs)))
     for other in chosen:
-        _tell(scheduler, other, pools[other], f"job {job_id}'s suspend needs the room", now, events)
-    return bool(chosen)
+        _tell(scheduler, other, pools[other], f"job {whose}'s suspend needs the room", now, events)
+    return bool(chosen) or (bool(told) and need + spare > available)
 
 
 def tend(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:

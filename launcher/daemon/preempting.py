@@ -200,6 +200,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     available += sum(pools.reclaimable(scheduler, set(suspended)).values())  # given back for them if need be
     if moved + hostmem.margin(total) > available:
         return  # all of them at once would not fit in host memory with the margin
+    pools.make_room(scheduler, set(suspended), moved, now, scheduler.journal)  # for all of them at once
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
     taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
     scheduler.preemption.taking[head.id] = taking

@@ -156,7 +156,8 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
     order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
     if action == "suspend":  # other jobs' pools given back where its copy needs the room: its helper waits
-        order["room_coming"] = pools.make_room(scheduler, record.id, host_need(scheduler, job), now, scheduler.journal)
+        need = host_need(scheduler, job)
+        order["room_coming"] = pools.make_room(scheduler, {record.id}, need, now, scheduler.journal)
     else:  # whether its processes keep their pinned host memory afterwards, by the host's room now
         order["keep"] = pools.keep_after_resume(scheduler, job)
     scheduler.suspensions.acting[record.id] = acting

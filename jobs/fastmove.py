@@ -180,6 +180,7 @@ class Mover:
         self.pool: list[Host] = []  # pinned buffers of CHUNK bytes, free
         self.held: Held | None = None
         self.steps: dict[str, float] = {}
+        self.ctx = 0  # the job's context, made current in a thread that unpins (the driver's calls need one)
 
     @property
     def kept(self) -> int:
@@ -244,7 +245,7 @@ class Mover:
         steps.clear()
         torch.cuda.synchronize()
         segments: list[dict[str, Any]] = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call]
-        ctx = self.driver.context()
+        ctx = self.ctx = self.driver.context()
         pieces, taken = pieces_of(self.driver, segments)
         steps["walk"] = time.monotonic() - at
         held = Held(pieces)
@@ -317,13 +318,19 @@ class Mover:
             self.pool.extend(held.hosts)
         else:  # given back while the job goes on: unpinning 18 GB took 0.9 s
             # (not a daemon thread: an exit meanwhile waits for it rather than tearing the pool down under it)
-            self.unpinning = threading.Thread(target=self._unpin_all, args=(held.hosts,))
+            spare, self.pool = self.pool, []  # a pool larger than this copy needed: none kept either
+            self.unpinning = threading.Thread(target=self.unpin_all, args=(held.hosts + spare,))
             self.unpinning.start()
         return held.bytes
 
-    def _unpin_all(self, hosts: list[Host]) -> None:
+    def unpin_all(self, hosts: list[Host]) -> None:
+        """Give back these pinned buffers (no longer in the pool), from any thread."""
+        if self.ctx:
+            with contextlib.suppress(OSError):
+                self.driver("cuCtxSetCurrent", ctypes.c_void_p(self.ctx))
         for host in hosts:
             self._unpin(host)
+        hosts.clear()
 
     def drop(self) -> None:
         """Give back the pinned buffers kept for later suspends."""

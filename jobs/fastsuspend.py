@@ -45,6 +45,15 @@ class Path(str, Enum):
     DRIVER = "driver"  # the driver's checkpoint took it all, as before the fast path
 
 
+class Order(str, Enum):
+    """What gpuq asks of the job's handler (``order.json``'s ``action``), sent with SUSPEND_SIGNAL but for
+    RESUME: ``keep`` says there whether to hold the pinned host memory afterwards (a pool)."""
+
+    SUSPEND = "suspend"  # move the memory out and hold until RESUME_SIGNAL
+    RESUME = "resume"  # (with RESUME_SIGNAL) bring it back; ``keep``: hold the pinned buffers for the next suspend
+    DROP = "drop"  # give the pool back: the host needs the room (the job runs on)
+
+
 class Fallback(str, Enum):
     """Why a suspend took the driver's path."""
 
@@ -113,13 +122,19 @@ def _keep_pages() -> None:
 
 
 def _order(where: pathlib.Path) -> dict[str, Any]:
-    """gpuq's order for this suspend (``keep``: hold the pinned host memory for the next one, a pool that
-    makes every later suspend run at the link's speed and costs that host memory meanwhile)."""
+    """gpuq's last order (``order.json``; ``Order`` names its actions): written before each signal, under a
+    new ``id`` each time, so a signal delivered twice is acted on once."""
     try:
         found = json.loads((where / "order.json").read_text())
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def pool_file(where: str | os.PathLike[str], pid: int) -> pathlib.Path:
+    """Where process ``pid`` says how much pinned host memory it keeps (``{"bytes": N}``), for the daemon's
+    host checks: rewritten after each restore and once a pool given back is unpinned."""
+    return pathlib.Path(where) / f"{pid}.pool"
 
 
 def _write(path: pathlib.Path, fact: dict[str, Any]) -> None:
@@ -134,9 +149,18 @@ def install(directory: str | os.PathLike[str]) -> None:
     until RESUME_SIGNAL, restore and write ``<pid>.restored``."""
     where = pathlib.Path(directory)
     movers: list[Any] = []  # fastmove.Mover, made at the first request
+    done: set[object] = set()  # the ids of the orders acted on
 
     def on_suspend(signum: int, frame: FrameType | None) -> None:
         pid = os.getpid()
+        order = _order(where)
+        action, ident = order.get("action", Order.SUSPEND.value), order.get("id")
+        if (ident is not None and ident in done) or action == Order.RESUME.value:
+            return  # a signal delivered twice, or one whose order was followed by the resume's: acted on
+        done.add(ident)
+        if action == Order.DROP.value:
+            give_back(pid)
+            return
         with contextlib.suppress(FileNotFoundError):
             (where / f"{pid}.restored").unlink()
         at = time.monotonic()
@@ -148,10 +172,6 @@ def install(directory: str | os.PathLike[str]) -> None:
             move = _mechanism()
             if not movers:
                 movers.append(move.Mover())
-            keep = _order(where).get("keep") is True
-            if movers[0].pool and not keep:
-                movers[0].drop()
-            movers[0].keep = keep
             try:
                 moved = movers[0].release()
             except move.NotApplicable as err:
@@ -170,6 +190,10 @@ def install(directory: str | os.PathLike[str]) -> None:
         at = time.monotonic()
         try:
             mover = movers[0]
+            # Whether to keep the pinned memory is decided now, by the resume's order: the host's room then.
+            resumed = _order(where)
+            mover.keep = resumed.get("action") == Order.RESUME.value and resumed.get("keep") is True
+            done.add(resumed.get("id"))
             back = mover.restore()
             took = time.monotonic() - at
             if mover.moved:
@@ -186,7 +210,25 @@ def install(directory: str | os.PathLike[str]) -> None:
             _write(where / f"{pid}.restored", {"ok": False, "why": f"{type(err).__name__}: {err}"})
             os._exit(75)
         (where / f"{pid}.released").unlink(missing_ok=True)
+        _write(pool_file(where, pid), {"bytes": mover.kept})
         _write(where / f"{pid}.restored", fact)
+
+    def give_back(pid: int) -> None:
+        """Unpin the pool beside the job's work (100 GiB takes seconds), then say so; the next release waits
+        for it (``unpinning``). Nothing to do while memory is out: the resume's order decides then."""
+        if not movers or movers[0].held is not None or not movers[0].kept:
+            return
+        mover = movers[0]
+        pool, mover.pool = mover.pool, []
+
+        def unpin() -> None:
+            mover.unpin_all(pool)
+            _write(pool_file(where, pid), {"bytes": mover.kept})
+
+        if mover.unpinning is not None:
+            mover.unpinning.join()
+        mover.unpinning = threading.Thread(target=unpin)  # not a daemon thread: an exit waits for it
+        mover.unpinning.start()
 
     def on_stray_resume(signum: int, frame: FrameType | None) -> None:
         _write(where / f"{os.getpid()}.restored", {"ok": True, "bytes": 0, "seconds": 0.0, "steps": {}})

@@ -221,10 +221,10 @@ def test_a_pool_a_job_claims_counts_only_as_far_as_it_holds_memory(tmp_path: Pat
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline()
-        (tmp_path / f"{holder.pid}.restored").write_text(json.dumps({"ok": True, "pool": 10 * GiB}))
+        (tmp_path / f"{holder.pid}.pool").write_text(json.dumps({"bytes": 10 * GiB}))
         held = resident(holder.pid)
         assert 64 << 20 <= pool_of(str(tmp_path), [holder.pid]) <= held < GiB
-        (tmp_path / f"{holder.pid}.restored").write_text(json.dumps({"ok": True, "pool": 1 << 20}))
+        (tmp_path / f"{holder.pid}.pool").write_text(json.dumps({"bytes": 1 << 20}))
         assert pool_of(str(tmp_path), [holder.pid]) == 1 << 20
         assert pool_of(None, [holder.pid]) == 0
     finally:

@@ -23,12 +23,12 @@ from typing import Any
 
 from gpuq_scheduler.jobs import fastsuspend
 from gpuq_scheduler.jobs.accounts import Account
-from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Path
+from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Order, Path, pool_file
 from gpuq_scheduler.launcher.daemon.hostmem import resident
 
 POLL = 0.005  # seconds between looks for an answer
 ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
-POOL_ENV = "GPUQ_FAST_POOL"  # "on" in the daemon's environment: jobs keep their pinned host memory (below)
+POOL_ENV = "GPUQ_FAST_POOL"  # on / off: jobs always / never keep their pinned host memory (else: where it pays)
 ANSWER_RATE = 1e9  # bytes a second its copy is given: below the 2.5 GB/s of a copy that pins afresh (H200 VM)
 
 
@@ -145,9 +145,11 @@ def _wait(directory: str, pids: list[int], what: str, within: float) -> dict[int
         time.sleep(POLL)
 
 
-def _order(directory: str, order: dict[str, Any]) -> None:
-    """What the job's handler reads before it releases (``order.json``), written in the job's directory
-    under a name nobody can predict, never through a link, then renamed into place."""
+def _order(directory: str, action: Order, **more: Any) -> None:
+    """What the job's handler reads when signalled (``order.json``), under an id of its own (a signal
+    delivered twice is acted on once), written in the job's directory under a name nobody can predict, never
+    through a link, then renamed into place."""
+    order = {"action": action.value, "id": secrets.token_hex(8), **more}
     temp = os.path.join(directory, f".order.{secrets.token_hex(8)}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
@@ -157,17 +159,47 @@ def _order(directory: str, order: dict[str, Any]) -> None:
     os.replace(temp, os.path.join(directory, "order.json"))
 
 
-def pool_of(directory: str | None, pids: Iterable[int]) -> int:
-    """Bytes of pinned host memory the job's processes kept from their last suspend (a pool: ``POOL_ENV``), as
-    each said in its last answer, but never more than each holds resident: a job's word alone buys no room."""
+def pool_of(directory: str | None, pids: Iterable[int], scale: int = 1) -> int:
+    """Bytes of pinned host memory the job's processes keep from their last suspend (a pool), as each says
+    (``<pid>.pool``), but never more than each holds resident (times ``scale``: the fake fast path's host
+    memory is its bytes moved scaled down, ``fastmove_fake.SCALE``): a job's word alone buys no room."""
     if directory is None:
         return 0
     kept = 0
     for pid in pids:
-        said = (_answer(directory, pid, "restored") or {}).get("pool")
-        if isinstance(said, int) and said > 0:
-            kept += min(said, resident(pid))
+        said = _pool_said(directory, pid)
+        if said > 0:
+            kept += min(said, resident(pid) * scale)
     return kept
+
+
+def _pool_said(directory: str, pid: int) -> int:
+    try:
+        fd = os.open(pool_file(directory, pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        found = json.loads(os.read(fd, 4096))
+    except ValueError:
+        return 0
+    finally:
+        os.close(fd)
+    said = found.get("bytes") if isinstance(found, dict) else None
+    return said if isinstance(said, int) and not isinstance(said, bool) else 0
+
+
+def give_back(directory: str | None, pids: Iterable[int]) -> list[int]:
+    """Tell the job's processes that keep a pool to give it back (``Order.DROP``): each unpins it beside its
+    work and then says so in its pool file. The processes told."""
+    if directory is None:
+        return []
+    told = [pid for pid in pids if _pool_said(directory, pid) > 0 and catches(pid, SUSPEND_SIGNAL)]
+    if told:
+        _order(directory, Order.DROP)
+    for pid in told:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, SUSPEND_SIGNAL)
+    return told
 
 
 def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes: int) -> Released:
@@ -185,7 +217,7 @@ def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes
                 os.unlink(os.path.join(directory, f"{pid}.released"))
     waiting = [pid for pid in asked if _answer(directory, pid, "released") is None]
     if waiting:
-        _order(directory, {"keep": os.environ.get(POOL_ENV) == "on"})
+        _order(directory, Order.SUSPEND)
     for pid in waiting:
         try:
             os.kill(pid, SUSPEND_SIGNAL)
@@ -207,12 +239,15 @@ def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes
     return Released(Path.FAST, None, "", answers)
 
 
-def restore(pids: list[int], directory: str | None) -> None:
+def restore(pids: list[int], directory: str | None, keep: bool = False) -> int:
     """Ask every process that released its memory (its ``released`` file says so) to bring it back, and wait
-    for each; OSError if one says it could not or does not answer."""
+    for each; OSError if one says it could not or does not answer. ``keep``: hold the pinned host memory
+    for the next suspend (the daemon's word on the host's room, ``daemon.pools``). The bytes kept so."""
     if directory is None:
-        return
+        return 0
     held = [pid for pid in pids if (_answer(directory, pid, "released") or {}).get("ok")]
+    if held:
+        _order(directory, Order.RESUME, keep=keep)
     for pid in held:
         try:
             os.kill(pid, RESUME_SIGNAL)
@@ -225,3 +260,4 @@ def restore(pids: list[int], directory: str | None) -> None:
             raise OSError(f"process {pid} did not say its memory is back")
         if not answer.get("ok"):
             raise OSError(f"process {pid} could not bring its memory back: {answer.get('why')}")
+    return sum(_pool_said(directory, pid) for pid in held)

@@ -4,6 +4,8 @@ checks (``suspending``, ``preempting``) and by the suspend helper's check of the
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 
 from gpuq_scheduler.jobs.units import parse_size
@@ -14,10 +16,11 @@ MARGIN_SHARE = 0.05  # ...or this share of the host's memory: a suspend never pu
 
 def host_memory(fake: bool = False) -> tuple[int, int]:
     """The host's available and total memory, bytes (/proc/meminfo). Beside the fake inventory, a fake host:
-    GPUQ_FAKE_HOST_MEMORY (a size, available and total), where set."""
+    GPUQ_FAKE_HOST_MEMORY (a size, its total), where set, less what the live fake CUDA processes hold in host
+    memory, as a real host's available memory leaves out a checkpoint's copy and pinned buffers."""
     if fake and os.environ.get("GPUQ_FAKE_HOST_MEMORY"):
         size = parse_size(os.environ["GPUQ_FAKE_HOST_MEMORY"])
-        return size, size
+        return max(0, size - _fake_held(os.environ.get("GPUQ_FAKE_USAGE"))), size
     found: dict[str, int] = {}
     with open("/proc/meminfo") as handle:
         for line in handle:
@@ -25,6 +28,29 @@ def host_memory(fake: bool = False) -> tuple[int, int]:
             if key in ("MemAvailable", "MemTotal"):
                 found[key] = int(value.split()[0]) * 1024
     return found.get("MemAvailable", 0), found.get("MemTotal", 0)
+
+
+def _fake_held(usage: str | None) -> int:
+    """Host memory the live fake CUDA processes in ``usage`` hold: the fake driver's checkpoints
+    (``<pid>.host``: GPU -> bytes, ``gpus.checkpoint.FakeCheckpoint``) and the fake fast path's pinned
+    buffers, its pool included (``<pid>.pinned``, ``jobs.fastmove_fake``)."""
+    if not usage:
+        return 0
+    held = 0
+    for kind in ("host", "pinned"):
+        for path in glob.glob(os.path.join(glob.escape(usage), f"*.{kind}")):
+            pid = os.path.basename(path).partition(".")[0]
+            if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
+                continue  # gone: what it held went with it
+            try:
+                with open(path) as handle:
+                    found = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            if isinstance(found, dict):
+                values = [found.get("bytes")] if kind == "pinned" else [v for k, v in found.items() if k != "busy"]
+                held += sum(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    return held
 
 
 def margin(total: int) -> int:

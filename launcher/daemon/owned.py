@@ -50,11 +50,14 @@ class MemAuto:
 @dataclass
 class Suspensions:
     """``daemon.suspending``: the suspends and resumes under way (job -> its helper), the resumes asked for,
-    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``forker.Forker``)."""
+    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``forker.Forker``);
+    ``daemon.pools``: GPUQ_FAST_POOL, and the jobs told to give their pools back (-> monotonic time told)."""
 
     acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)
     forker: Forker | None = None
+    pool_mode: str = "auto"
+    told: dict[int, float] = field(default_factory=dict)
 
 
 class Preemption:

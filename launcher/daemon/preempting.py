@@ -42,7 +42,7 @@ from gpuq_scheduler.jobs.options import GPU_IDS, RESERVATION
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, suspending, watching
+from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, pools, suspending, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -197,8 +197,10 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     suspended = [c.job_id for c in candidates if c.job_id in choice.victims and not c.requeue]
     moved = sum(suspending.host_need(scheduler, scheduler.running[job_id]) for job_id in suspended)
     available, total = hostmem.host_memory(isinstance(scheduler.source, FakeGpus))
+    available += sum(pools.reclaimable(scheduler, set(suspended)).values())  # given back for them if need be
     if moved + hostmem.margin(total) > available:
         return  # all of them at once would not fit in host memory with the margin
+    pools.make_room(scheduler, set(suspended), moved, now, scheduler.journal)  # for all of them at once
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
     taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
     scheduler.preemption.taking[head.id] = taking
@@ -327,7 +329,7 @@ def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], re
     return Job(
         record.id, record.gpus, record.spec.mem_per_gpu, record.user, record.spec.priority,
         _user_priority(scheduler, record.user), record.spec.preemptible, record.user in over, ran=now - started,
-        held=suspending.gpu_state(scheduler, job), preemptions=scheduler.preemption.preemptions.get(record.id, 0),
+        held=pools.gpu_state(scheduler, job), preemptions=scheduler.preemption.preemptions.get(record.id, 0),
         ends_by=_ends_by(record), requeue=requeue,
     )  # fmt: skip
 

@@ -39,6 +39,7 @@ from gpuq_scheduler.launcher.daemon import (
     learning,
     outcomes,
     outsiders,
+    pools,
     preempting,
     readiness,
     reserving,
@@ -117,6 +118,7 @@ class Scheduler(SchedulerState):
         self.place_and_launch(now, snapshot)
         preempting.decide(self, now, snapshot)
         watching.sample(self, now, snapshot)
+        pools.tend(self, now, self.journal)  # pools the host can no longer afford are given back
         outsiders.look(self, now, snapshot)  # memory held outside gpuq, named (and its command run)
         return snapshot
 

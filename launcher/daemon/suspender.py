@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
 from gpuq_scheduler.jobs.fastsuspend import Fallback
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
 from gpuq_scheduler.launcher.daemon import fastpath, hostmem
@@ -49,6 +50,7 @@ from gpuq_scheduler.launcher.supervisor.containment import Box
 from gpuq_scheduler.launcher.supervisor.processes import start_time
 
 FREEZE_WITHIN = 10.0  # seconds a cgroup may take to report itself frozen
+ROOM_POLL = 0.05  # seconds between looks at the host's memory while other jobs give their pools back
 
 
 def checkpointer(fake: bool, usage: str | None) -> Checkpointer:
@@ -99,21 +101,32 @@ def _until_frozen(cgroup: str, frozen: bool) -> None:
 
 
 def suspend(
-    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False
-) -> dict[str, Any]:
+    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False,
+    room_coming: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
     (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
     First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
-    else nothing is done, and the job runs on."""
+    else nothing is done, and the job runs on. ``room_coming``: other jobs were told to give their pools back
+    to make that room (``daemon.pools``): waited for, as long as unpinning them at 1 GB/s would take."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
     at = time.monotonic()
     members = {leader} | (containment.members(box, leader) if box is not None else set())
-    available, total = hostmem.host_memory(fake)
+    scale = FAKE_SCALE if fake else 1
     left = hostmem.room(box.cgroup if box is not None else None)
-    too_little = hostroom.refusal(gpu_bytes, fastpath.pool_of(fast, members), available, hostmem.margin(total), left)
+    until = at + (fastpath.ANSWER_BASE + gpu_bytes / fastpath.ANSWER_RATE if room_coming else 0.0)
+    while True:
+        available, total = hostmem.host_memory(fake)
+        pool = fastpath.pool_of(fast, members, scale)
+        too_little = hostroom.refusal(gpu_bytes, pool, available, hostmem.margin(total), left)
+        if not too_little or time.monotonic() >= until:
+            break
+        time.sleep(ROOM_POLL)
+    steps["room"] = time.monotonic() - at
     if too_little:
         return {"ok": False, "why": too_little, "undone": True, "undo_why": ""}
+    at = time.monotonic()
     released = fastpath.release(sorted(members), set(found), fast, gpu_bytes)
     steps["fast"] = time.monotonic() - at
     in_place: set[int] = set()
@@ -151,8 +164,12 @@ def suspend(
     return {"ok": True, "pids": sorted(found), "steps": steps, "path": facts}
 
 
-def resume(cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None) -> dict[str, Any]:
+def resume(
+    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, keep: bool = False
+) -> dict[str, Any]:
+    """``keep``: the job's processes keep their pinned host memory for the next suspend (a pool)."""
     steps: dict[str, float] = {}
+    pool = 0
     try:
         at = time.monotonic()
         freeze(box, leader, False)
@@ -172,11 +189,11 @@ def resume(cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = 
         # Every process of the job, not only those the driver still knows: an MPS client suspended in place
         # was never checkpointed, and its memory is the job's own to bring back.
         members = {leader} | (containment.members(box, leader) if box is not None else set())
-        fastpath.restore(sorted(members), fast)
+        pool = fastpath.restore(sorted(members), fast, keep)
         steps["fast"] = time.monotonic() - at
     except (CheckpointError, OSError) as err:
         return {"ok": False, "why": str(err)}
-    return {"ok": True, "pids": sorted(found), "steps": steps}
+    return {"ok": True, "pids": sorted(found), "steps": steps, "pool": pool}
 
 
 def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
@@ -195,9 +212,12 @@ def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
         return {"ok": False, "why": f"no CUDA checkpoint here: {opened.cuda}", "began": began, "ended": time.time()}
     fast = order.get("fast_dir")
     if order["action"] == "suspend":
-        result = suspend(opened.cuda, box, leader, fast, int(order.get("bytes") or 0), bool(order.get("fake")))
+        result = suspend(
+            opened.cuda, box, leader, fast, int(order.get("bytes") or 0), bool(order.get("fake")),
+            bool(order.get("room_coming")),
+        )  # fmt: skip
     else:
-        result = resume(opened.cuda, box, leader, fast)
+        result = resume(opened.cuda, box, leader, fast, bool(order.get("keep")))
     steps = {"open": took, **result.get("steps", {})}
     return {**result, "steps": steps, "began": began, "ended": time.time()}
 

@@ -34,9 +34,10 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.launcher.daemon import fastpath, inplace
+from gpuq_scheduler.launcher.daemon import inplace, pools
 from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
+from gpuq_scheduler.launcher.daemon.pools import gpu_state
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
@@ -115,15 +116,15 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
     available, total = host_memory(isinstance(scheduler.source, FakeGpus))
     box = Box.from_json(subject(scheduler, job_id)["box"])
     left = room(box.cgroup if box is not None else None)  # its --ram: the copy is charged to its cgroup
+    available += sum(pools.reclaimable(scheduler, {job_id}).values())  # given back for it if need be
     return hostroom.refusal(host_need(scheduler, job), 0, available, margin(total), left)
 
 
 def host_need(scheduler: SchedulerState, job: Running) -> int:
     """Bytes of host memory the job's suspend would take: its GPU state, less the pinned host memory its
-    processes kept from their last suspend (a pool, ``GPUQ_FAST_POOL``), which the host's available memory
+    processes kept from their last suspend (a pool, ``daemon.pools``), which the host's available memory
     already leaves out (``fastpath.pool_of``: never more than they hold resident)."""
-    fast = scheduler.state.fast_dir(job.record.id)
-    return max(0, gpu_state(scheduler, job) - fastpath.pool_of(fast if os.path.isdir(fast) else None, job.pids))
+    return max(0, gpu_state(scheduler, job) - pools.held(scheduler, job))
 
 
 def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
@@ -132,18 +133,6 @@ def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
         pid for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
         for pid in (gpu.processes or {}) if pid in job.pids
     }  # fmt: skip
-
-
-def gpu_state(scheduler: SchedulerState, job: Running) -> int:
-    """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
-    lists for its processes."""
-    held = scheduler.monitor.held.get(job.record.id)
-    if held:
-        return sum(held.values())
-    return sum(
-        used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
-        for pid, used in (gpu.processes or {}).items() if pid in job.pids
-    )  # fmt: skip
 
 
 def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float) -> None:
@@ -167,8 +156,13 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
         return
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
-    scheduler.suspensions.acting[record.id] = acting
     order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
+    if action == "suspend":  # other jobs' pools given back where its copy needs the room: its helper waits
+        need = host_need(scheduler, job)
+        order["room_coming"] = pools.make_room(scheduler, {record.id}, need, now, scheduler.journal)
+    else:  # whether its processes keep their pinned host memory afterwards, by the host's room now
+        order["keep"] = pools.keep_after_resume(scheduler, job)
+    scheduler.suspensions.acting[record.id] = acting
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -330,7 +324,8 @@ def _settle(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
             suspended_for=job.record.suspended_for + spent, reason="",
         )  # fmt: skip
-        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps, "helper": helper})
+        pool = result.get("pool") or 0  # pinned host memory it kept for its next suspend (``daemon.pools``)
+        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps, "helper": helper, "pool": pool})
         return
     if not result.get("ok") and (acting.action == "resume" or result.get("undone") is False):
         # A resume (or a suspend's undo) that failed: it stays on its GPUs, its step recorded, and the

@@ -10,6 +10,8 @@ would go: the job is left running, never killed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 GIB = 1 << 30
 
 
@@ -30,3 +32,28 @@ def refusal(copy: int, pool: int, available: int, spare: int, left: int | None) 
             f"(the kernel would end it)"
         )
     return ""
+
+
+def keeps(available: int, spare: int, others: int) -> bool:
+    """Whether a job may keep its pool (the pinned host memory of its last suspend, held so that its next one
+    copies at the link's speed rather than pin afresh at the VM's 3-5 GB/s). ``available``: the host's
+    available memory, which leaves the pool out already (it is held); ``others``: what the suspends of the
+    other running preemptible jobs would take (their GPU state less their own pools). Kept only while the
+    host could still take all of those with ``spare`` to spare: a pool never makes another job's suspend
+    wait, and never pushes the host toward swap."""
+    return available >= spare + others
+
+
+def give_back(need: int, available: int, spare: int, pools: Mapping[int, int]) -> list[int] | None:
+    """The pools (job -> bytes held) to give back so that a suspend taking ``need`` bytes fits in the host's
+    ``available`` memory with ``spare`` to spare: none where it fits already; else the largest first (the
+    fewest jobs touched, ties by job id); None where even all of them would not make room."""
+    short = need + spare - available
+    chosen: list[int] = []
+    for job, held in sorted(pools.items(), key=lambda item: (-item[1], item[0])):
+        if short <= 0:
+            break
+        if held > 0:
+            chosen.append(job)
+            short -= held
+    return chosen if short <= 0 else None

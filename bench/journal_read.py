@@ -1,6 +1,6 @@
 """What reading the journal costs (``events.jsonl``), for several git revisions side by side.
 
-    python bench/journal_read.py [--rounds 3] [--events 100000] REV...      e.g. python bench/journal_read.py 1f61ec5 HEAD
+    python bench/journal_read.py [--rounds 3] [--events 100000] REV...    e.g. python bench/journal_read.py 1f61ec5 HEAD
 
 ``gpuq show N`` reads one job's preemptions and suspends from the journal (``suspensions.read(path, N)``);
 ``gpuq report``, ``gpuq status --json`` and ``/metrics`` read every job's (``suspensions.read(path)``). The

@@ -17,6 +17,7 @@ from typing import Any
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Watchdog as Broken
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.watching import Readings
@@ -208,8 +209,7 @@ def _key(finding: rules.Finding) -> str:
 
 
 def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
-    return {
-        "t": now, "job": finding.job, "event": "watchdog", "rule": finding.rule.value,
-        "action": finding.action.value, "gpu": finding.gpu, "pids": list(finding.pids), "held": finding.held,
-        "reason": finding.what(),
-    }  # fmt: skip
+    return Broken(
+        now, finding.job, finding.rule.value, finding.action.value, finding.gpu, finding.pids, finding.held,
+        finding.what(),
+    ).to_json()  # fmt: skip

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -66,7 +67,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         scheduler.stopped_for[job_id] = Outcome.gpu_lost(why)
         scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
-        events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
+        events.append(GpuLost(now, job_id, why).to_json())
     scheduler.journal.extend(events)
 
 
@@ -155,7 +156,7 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)
-            events.append({"t": now, "job": job_id, "event": "idle-released", "idle": idle})
+            events.append(IdleReleased(now, job_id, idle).to_json())
             continue
         shown = 60.0 if limit is None else min(60.0, limit / 10)
         reason = f"idle {format_duration(idle)}" if idle >= shown else ""

@@ -192,7 +192,7 @@ def _end_leftover(
     record = scheduler.table.get(finding.job)
     if record is not None and record.state not in (JobState.PENDING, JobState.RUNNING):
         reason = f"{record.reason}; {note}" if record.reason else note
-        scheduler.table.set_reasons({finding.job: reason}, state=record.state.value)
+        scheduler.table.set_reasons({finding.job: reason}, state=record.state)
 
 
 def _first(watch: Watch, finding: rules.Finding) -> bool:

@@ -281,7 +281,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
     scheduler.preemption.signalled[record.id] = time.monotonic() + scheduler.preemption.settings.grace
     scheduler.preemption.preemptions[record.id] = scheduler.preemption.preemptions.get(record.id, 0) + 1
     scheduler.table.set_reasons(
-        {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state="running"
+        {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state=JobState.RUNNING
     )
     found = suspending.subject(scheduler, record.id)
     signum = getattr(signal, "SIG" + (record.spec.preempt_signal or "USR1"))

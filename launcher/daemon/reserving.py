@@ -31,7 +31,7 @@ from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
-from gpuq_scheduler.jobs.outcome import in_host_memory
+from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.events import (
@@ -253,7 +253,7 @@ def label(scheduler: SchedulerState, now: float) -> None:
         until = clock(found.end, now)
         reason = f"suspended for reservation {name} ({found.user}, until {until}); "
         reason += in_host_memory(job.record.host_bytes or 0)
-        scheduler.table.set_reasons({job_id: reason}, state="suspended")
+        scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
         job.record = job.record.replace(reason=reason)
 
 

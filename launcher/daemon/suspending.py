@@ -85,7 +85,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         why = refusal(scheduler, job)
         if why:
             log.warning("refused suspend of job %d: %s", record.id, why)
-            scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state="running")
+            scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state=JobState.RUNNING)
             events.append(Refused(now, Kind.SUSPEND_REFUSED, who, record.id, why).to_json())
             continue
         _begin(scheduler, job, Step.SUSPENDING, Action.SUSPEND, who, now)
@@ -313,7 +313,7 @@ def _settle(
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]
             reason = f"suspended for job {preemptor} ({why}); {in_host_memory(host_bytes)}"
-            scheduler.table.set_reasons({job_id: reason}, state="suspended")
+            scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
             job.record = job.record.replace(reason=reason)
         return
     if acting.step is Step.RESUMING and result.get("ok"):
@@ -342,7 +342,7 @@ def _settle(
         job.record = job.record.replace(step=None)
         why = str(result.get("why") or "a daemon restarted in the middle of it")
         if acting.action is Action.SUSPEND:
-            scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state="running")
+            scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state=JobState.RUNNING)
         events.append(StepFailed(now, Kind.SUSPEND_UNDONE, job_id, why).to_json())
 
 
@@ -365,7 +365,7 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
             held = in_host_memory(job.record.host_bytes or 0)
             reason = f"{held}; waiting for GPU(s) {_listed(job.record)} to resume"
             if reason != job.record.reason:
-                scheduler.table.set_reasons({job_id: reason}, state="suspended")
+                scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
                 job.record = job.record.replace(reason=reason)
             continue
         del scheduler.suspensions.resume_wanted[job_id]

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from gpuq_scheduler.jobs.causes import OutOfMemory
-from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
@@ -167,7 +167,7 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
             reasons[job_id] = reason
             job.record = record.replace(reason=reason)
     if reasons:
-        scheduler.table.set_reasons(reasons, state="running")
+        scheduler.table.set_reasons(reasons, state=JobState.RUNNING)
     scheduler.journal.extend(events)
 
 
@@ -206,7 +206,7 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
             reasons[job_id] = reason
             job.record = record.replace(reason=reason)
     if reasons:
-        scheduler.table.set_reasons(reasons, state="running")
+        scheduler.table.set_reasons(reasons, state=JobState.RUNNING)
 
 
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:

@@ -7,8 +7,10 @@ import logging
 import time
 from typing import Any
 
+from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
@@ -171,8 +173,6 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
     scheduler.journal.extend(events)
 
 
-IDLE_BATCH = "no GPU work for"  # how a batch job's reason begins while its GPUs do nothing (doctor reads it)
-
 
 def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings) -> None:
     """Say in its reason when a batch job's GPUs have done no work for ``idle_report`` or more (a hung
@@ -194,19 +194,24 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
     busy = _busy(scheduler, snapshot)
     clock = time.monotonic()
     reasons: dict[int, str] = {}
+    idle_now: dict[int, float] = {}
     for job_id, job in watched:
         record = job.record
-        if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(IDLE_BATCH)):
+        if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(causes.IDLE_BATCH)):
             continue  # cannot tell, or its reason says something else that matters more
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
             scheduler.monitor.active_at[job_id] = clock
         idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)
-        reason = f"{IDLE_BATCH} {format_duration(idle)}" if idle >= after else ""
+        reason = causes.idle_batch(idle) if idle >= after else ""
+        if reason:
+            idle_now[job_id] = round(idle, 1)
         if reason != record.reason:
             reasons[job_id] = reason
             job.record = record.replace(reason=reason)
     if reasons:
         scheduler.table.set_reasons(reasons, state=JobState.RUNNING)
+    if idle_now or reasons:  # the typed fact beside the sentence, for `gpuq doctor` (none idle: the file goes)
+        notices.idle_batch(scheduler.state, idle_now)
 
 
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:

@@ -5,7 +5,8 @@ one apart by its keys.
 
 On disk each event stays what gpuq wrote before its events were typed (tests/fixtures/journal-1f61ec5 is a
 real one, read by the tests): ``{"t": ..., "job": ..., "event": "<kind>", <its fields>}``, a field whose
-default is None left out while it is None (as ``after`` of a job that started on its own). A ``flat`` field
+default is None left out while it is None (as ``after`` of a job that started on its own; an ending's
+``signal`` or ``culprit``), unless it is marked ``null`` (a suspend's ``fallback``). A ``flat`` field
 (an update's values, the facts of a suspend's fast path gpuq does not name) spreads its keys beside the
 others, and reading gathers every key the event does not declare back into it.
 """
@@ -155,7 +156,7 @@ class Suspended(Event):
     steps: Any = None
     helper: Any = None
     path: SuspendPath | None = None
-    fallback: Fallback | None = None
+    fallback: Fallback | None = field(default=None, metadata={"null": True})  # written null: readers look for it
     detail: str | None = None
     more: Mapping[str, Any] = field(default_factory=dict, metadata={"flat": True})
     kind: Kind = Kind.SUSPENDED
@@ -325,7 +326,7 @@ class _Codec:
             required = found.default is dataclasses.MISSING and found.default_factory is dataclasses.MISSING
             self.fields.append(_Field(
                 found.name, key, plain.writer(hints[found.name]), plain.reader(hints[found.name], key), required,
-                found, found.default is None,
+                found, found.default is None and not found.metadata.get("null"),
             ))  # fmt: skip
         # On disk: "t", then "job" (or "array"), then "event", then the rest, as gpuq wrote them before #41.
         first = {"t": 0, "job": 1, "array": 1, "event": 2}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gpuq_scheduler.jobs.units import format_size
+from gpuq_scheduler.jobs.units import format_duration, format_size
 
 GiB = 1 << 30
 
@@ -91,6 +91,15 @@ class OutOfMemory:
             )
         left = "" if self.free is None else f" ({format_size(self.free)} free)"
         return f"CUDA out of memory within its {share} share: GPU {self.gpu} was full{left}"
+
+
+IDLE_BATCH = "no GPU work for"  # how a batch job's reason begins while its GPUs do nothing (``idle_batch``)
+
+
+def idle_batch(seconds: float) -> str:
+    """The reason of a running batch job whose GPUs did no work for ``seconds``: "no GPU work for 2h05m".
+    Readers that decide by it (`gpuq doctor`) read the typed fact, ``jobs.store.notices.read_idle_batch``."""
+    return f"{IDLE_BATCH} {format_duration(seconds)}"
 
 
 def watchdog(what: str) -> str:

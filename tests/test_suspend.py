@@ -319,9 +319,10 @@ HAND_WRITTEN = """
 import sys
 from pathlib import Path
 from gpuq_scheduler.jobs.store import outbox
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.statedir import StateDir
 state = StateDir(Path(sys.argv[1]))
-outbox.write_control(state, "suspend", [int(sys.argv[2])])
+outbox.write_control(state, Action.SUSPEND, [int(sys.argv[2])])
 outbox.poke(state)
 """
 

@@ -21,6 +21,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.options import kept_options
 from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_bounds, check_text, check_texts, check_update
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.submission import kind_of
 from gpuq_scheduler.jobs.units import parse_duration
 
@@ -61,15 +62,15 @@ def ids(named: Sequence[int]) -> None:
         raise BadInput(f"names {len(named)} jobs; one request may name at most {MAX_IDS}")
 
 
-def control(action: str, named: Sequence[int], values: Mapping[str, Any]) -> None:
+def control(action: Action, named: Sequence[int], values: Mapping[str, Any]) -> None:
     """A control request's ids and values: only `update` carries values, and only those it may change."""
     ids(named)
-    if action in ("reserve", "unreserve"):  # a reservation's values (jobs.reservations), no ids
+    if action.on_reservations:  # a reservation's values (jobs.reservations), no ids
         if named:
             raise BadInput(f"names jobs or GPUs in {action}, which takes none")
-        reservations.ask_from(values) if action == "reserve" else reservations.cancel_name(values)
+        reservations.ask_from(values) if action is Action.RESERVE else reservations.cancel_name(values)
         return
-    if action != "update":
+    if action is not Action.UPDATE:
         if values:
             raise BadInput(f"gives values to {action}, which takes none")
         return

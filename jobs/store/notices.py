@@ -1,10 +1,14 @@
-"""What the daemon tells readers that the job table cannot: requests it set aside, and passes that fail.
+"""What the daemon tells readers that the job table cannot: requests it set aside, passes that fail, and
+batch jobs whose GPUs do no work.
 
 ``notices/<uid>.json``: that user's latest requests the daemon set aside, with why (the owner reads it in
 `gpuq status`; it belongs to them, readable by nobody else, as their logs are). ``notices/pass.json``: the
 daemon's passes have been failing since when, how many times, with what error (everyone reads it: a queue
-that does not move is everyone's business; the error names no job's command or environment). The daemon
-writes both (atomically, in a directory it owns); readers never need it running.
+that does not move is everyone's business; the error names no job's command or environment).
+``notices/idle.json``: the running batch jobs whose GPUs did no work for ``idle_report`` or more, and for how
+many seconds, as typed facts for `gpuq doctor` (everyone reads it: ids and durations, as `gpuq status` shows
+each job's reason to all). The daemon writes them (atomically, in a directory it owns); readers never need
+it running.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gpuq_scheduler.jobs.store.statedir import NOTICES, StateDir, write_atomic
 
 KEEP = 20  # set-aside notices kept per user: the latest say what to fix
 PASS = "pass.json"
+IDLE = "idle.json"
 
 
 def _directory(state: StateDir) -> str:
@@ -72,6 +77,28 @@ def read_pass_failure(state: StateDir) -> dict[str, Any] | None:
     if not isinstance(data.get("error"), str):
         return None
     return data
+
+
+def idle_batch(state: StateDir, idle: dict[int, float]) -> None:
+    """The running batch jobs idle now, and for how many seconds (none: the file goes)."""
+    path = os.path.join(_directory(state), IDLE)
+    if not idle:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    body = {str(job_id): seconds for job_id, seconds in sorted(idle.items())}
+    write_atomic(path, json.dumps(body).encode(), durable=False, mode=0o644)
+
+
+def read_idle_batch(state: StateDir) -> dict[int, float]:
+    """The batch jobs whose GPUs did no work, with the seconds, as the daemon last said; {} if none or unreadable."""
+    data = _read(os.path.join(state.at(NOTICES), IDLE))
+    if not isinstance(data, dict):
+        return {}
+    return {
+        int(job): float(seconds) for job, seconds in data.items()
+        if job.isdecimal() and isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    }  # fmt: skip
 
 
 def _read(path: str) -> Any:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from gpuq_scheduler.jobs.store.actions import Action
+
 
 def allocate_ids(state: StateDir, count: int = 1) -> int:
     """Reserve ``count`` consecutive job ids and return the first; safe across concurrent clients."""
@@ -194,7 +196,7 @@ def read_answer(state: StateDir, token: str) -> int | None:
     return int(raw) if raw.isdigit() else None  # not yet whole: the daemon renames it in, so never
 
 
-def write_control(state: StateDir, action: str, ids: list[int], values: dict[str, Any] | None = None) -> str:
+def write_control(state: StateDir, action: Action, ids: list[int], values: dict[str, Any] | None = None) -> str:
     path = state.control_request(os.urandom(16).hex())
     body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
     write_atomic(path, jsontext.encode(body))

@@ -18,6 +18,7 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import PIDS
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import outbox, rights, spool
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.submission import Inventory, check_host_limits, host_limits
 
@@ -64,7 +65,7 @@ class Queue:
         return outbox.post_submit(self.state, spec.to_json(), plan, submitted_at=submitted_at, patience=patience)
 
     def control(
-        self, action: str, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None
+        self, action: Action, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None
     ) -> list[JobRecord]:
         """hold, release or update jobs (an array id stands for its members). Owner or admin only.
 
@@ -85,7 +86,7 @@ class Queue:
             outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
         return pending
 
-    def control_queue(self, action: str, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:
+    def control_queue(self, action: Action, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:
         """drain/undrain GPUs, pause/unpause the queue: for whoever runs the daemon, or root."""
         uid = os.getuid() if uid is None else uid
         self.state.ensure()

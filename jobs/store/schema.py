@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import StateDirError
+from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import TABLE_VERSION as TABLE_VERSION
 
 # Version 2: what a listing shows of a job's spec, copied into columns of their own when the spec is written,
@@ -87,9 +88,23 @@ CREATE TABLE IF NOT EXISTS host_usage (
     peak_ram INTEGER
 );
 """
+
+
+def states(*among: JobState) -> str:
+    """The condition that a job is in one of these states, in SQL, its words made from the enum so that no
+    query restates a state's value. Literals, not parameters: SQLite uses a partial index only for a query
+    whose condition names its values."""
+    values = ", ".join(literal(state) for state in among)
+    return f"state = {values}" if len(among) == 1 else f"state IN ({values})"
+
+
+def literal(state: JobState) -> str:
+    return f"'{state.value}'"
+
+
 # The jobs not finished, suspended ones included (SQLite uses a partial index only for a query that names
 # its condition word for word: ``LIVE_STATES`` is that condition).
-LIVE_STATES = "state IN ('pending', 'running', 'suspended')"
+LIVE_STATES = states(JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 LIVE = f"CREATE INDEX IF NOT EXISTS jobs_live ON jobs(state) WHERE {LIVE_STATES};\n"
 
 SCHEMA = """

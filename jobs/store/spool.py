@@ -26,6 +26,7 @@ from typing import Any, TypeGuard
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import checks
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
@@ -62,11 +63,12 @@ class SubmitRequest:
 
 @dataclass(frozen=True)
 class ControlRequest:
-    """hold, release, update, suspend, resume (jobs); drain, undrain, pause, unpause (the queue)."""
+    """hold, release, update, suspend, resume (jobs); drain, undrain, pause, unpause (the queue); reserve,
+    unreserve."""
 
     path: str
     uid: int
-    action: str
+    action: Action
     ids: tuple[int, ...]
     values: dict[str, Any]
 
@@ -87,10 +89,6 @@ class BadRequest:
 
 
 Request = SubmitRequest | CancelRequest | ControlRequest | BadRequest
-
-CONTROL_ACTIONS = (
-    "hold", "release", "update", "drain", "undrain", "pause", "unpause", "suspend", "resume", "reserve", "unreserve",
-)  # fmt: skip
 
 
 def scan(state: StateDir, per_owner: int | None = None) -> tuple[list[Request], bool]:
@@ -197,16 +195,19 @@ def _parse(path: str, uid: int, raw: bytes) -> Request:
             return CancelRequest(path, uid, tuple(ids))
         if kind == "control" and name.startswith("control-"):
             action, ids, values = body.get("action"), body.get("ids"), body.get("values")
-            if action not in CONTROL_ACTIONS:
-                return BadRequest(path, f"asks for an unknown action {action!r}")
+            if action not in ACTIONS:
+                return BadRequest(path, f"asks for an unknown action {str(action)[:40]!r}")
             if not isinstance(ids, list) or not all(_is_id(i) or i == 0 for i in ids):
                 return BadRequest(path, "has ids that are not a list of job or GPU ids")
             if not isinstance(values, dict):
                 return BadRequest(path, "has values that are not an object")
-            return ControlRequest(path, uid, str(action), tuple(ids), values)
+            return ControlRequest(path, uid, ACTIONS[action], tuple(ids), values)
     except BadInput as err:
         return BadRequest(path, str(err))
     return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
+
+
+ACTIONS = {action.value: action for action in Action}  # by the word a request file holds
 
 
 def token_of(name: str) -> str | None:

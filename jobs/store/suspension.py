@@ -24,8 +24,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from gpuq_scheduler.jobs.model import JobRecord
+    from gpuq_scheduler.jobs.store.actions import Action
 
-# The state each action takes a job from, as the table writes it (``JobState``'s values).
+# The state each action takes a job from, as the table writes it (``JobState``'s values); by Action.SUSPEND's
+# and Action.RESUME's values, compared as strings (an Action is one): the quick `gpuq suspend` loads no enum.
 SOURCE = {"suspend": "running", "resume": "suspended"}
 
 
@@ -60,7 +62,7 @@ class Named:
 
 
 def ask(
-    state: StateDir, action: str, ids: Iterable[int], *, resolve: Callable[[list[int]], Iterable[JobRecord]],
+    state: StateDir, action: Action, ids: Iterable[int], *, resolve: Callable[[list[int]], Iterable[JobRecord]],
     refuse: Callable[[list[Named]], None] | None = None, uid: int | None = None,
 ) -> list[Named]:  # fmt: skip
     """Ask the daemon to suspend running jobs to host memory, or (``action="resume"``) to resume suspended

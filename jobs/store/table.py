@@ -32,6 +32,10 @@ from gpuq_scheduler.jobs.store import rows as job_rows
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.private import PrivateSpecs, public
 
+# A state as SQL writes it, from the enum (``schema.states`` makes the conditions).
+_PENDING, _RUNNING, _SUSPENDED = (schema.literal(s) for s in (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED))
+_AGAIN = schema.states(JobState.RUNNING, JobState.FAILED, JobState.TIMEOUT, JobState.LOST)  # what a requeue takes
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -130,7 +134,7 @@ class JobTable:
             spec_columns, spec_values = job_rows.SPEC_COLUMNS, job_rows.SPEC_VALUES
             self._db.executemany(
                 f"INSERT INTO jobs (id, state, uid, user, priority, env, submitted_at, log, array_id, array_index,"
-                f" held, {spec_columns}) VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, {spec_values})",
+                f" held, {spec_columns}) VALUES (?, {_PENDING}, ?, ?, ?, ?, ?, ?, ?, ?, ?, {spec_values})",
                 [
                     (r.id, r.uid, r.user, r.spec.priority,
                      "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
@@ -145,8 +149,8 @@ class JobTable:
     ) -> None:
         with self.batch():
             self._db.execute(
-                "UPDATE jobs SET state='running', reason='', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
-                " shim_start=?, boot_id=?, port=? WHERE id=? AND state='pending'",
+                f"UPDATE jobs SET state={_RUNNING}, reason='', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
+                f" shim_start=?, boot_id=?, port=? WHERE id=? AND {schema.states(JobState.PENDING)}",
                 (json.dumps(list(gpus)), json.dumps(list(uuids)), started_at, launch.shim_pid,
                  launch.shim_start, launch.boot_id, launch.port, job_id),
             )  # fmt: skip
@@ -175,7 +179,7 @@ class JobTable:
     def mark_step(self, job_id: int, step: Step) -> bool:
         """Record a suspend or resume as begun, before its first act (False: the job is not in the state the
         step starts from, or another step is in progress)."""
-        source = "running" if step is Step.SUSPENDING else "suspended"
+        source = (JobState.RUNNING if step is Step.SUSPENDING else JobState.SUSPENDED).value
         with self.batch():
             cursor = self._db.execute(
                 "UPDATE jobs SET step=? WHERE id=? AND state=? AND step IS NULL", (step.value, job_id, source)
@@ -191,8 +195,8 @@ class JobTable:
         """The suspend finished: its GPUs are back in the pool, its state in ``host_bytes`` of host memory."""
         with self.batch():
             self._db.execute(
-                "UPDATE jobs SET state='suspended', step=NULL, host_bytes=?, suspended_at=?, reason=?"
-                " WHERE id=? AND state='running'",
+                f"UPDATE jobs SET state={_SUSPENDED}, step=NULL, host_bytes=?, suspended_at=?, reason=?"
+                f" WHERE id=? AND {schema.states(JobState.RUNNING)}",
                 (host_bytes, at, in_host_memory(host_bytes), job_id),
             )
 
@@ -200,9 +204,9 @@ class JobTable:
         """The resume finished: running on its GPUs again, the time it spent suspended counted."""
         with self.batch():
             self._db.execute(
-                "UPDATE jobs SET state='running', step=NULL, host_bytes=NULL, reason='',"
+                f"UPDATE jobs SET state={_RUNNING}, step=NULL, host_bytes=NULL, reason='',"
                 " suspended_for=COALESCE(suspended_for, 0) + MAX(0, ? - COALESCE(suspended_at, ?)),"
-                " suspended_at=NULL WHERE id=? AND state='suspended'",
+                f" suspended_at=NULL WHERE id=? AND {schema.states(JobState.SUSPENDED)}",
                 (at, at, job_id),
             )
 
@@ -215,28 +219,30 @@ class JobTable:
         cause, culprit = (None, None) if outcome is None else (outcome.cause.value, outcome.culprit)
         with self.batch():
             self._db.execute(
-                "UPDATE jobs SET state='pending', gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
+                f"UPDATE jobs SET state={_PENDING}, gpus='[]', gpu_uuids='[]', started_at=NULL, ended_at=NULL,"
                 " exit_code=NULL, signal=NULL, shim_pid=NULL, shim_start=NULL, boot_id=NULL, port=NULL,"
                 " cancel_by=NULL, reason=?, attempt=COALESCE(?, attempt), not_before=?, cause=?, culprit=?"
-                " WHERE id=? AND state IN ('running', 'failed', 'timeout', 'lost')",
+                f" WHERE id=? AND {_AGAIN}",
                 (reason, attempt, not_before, cause, culprit, job_id),
             )
 
     @_reading
     def not_before(self) -> dict[int, float]:
-        rows = self._db.execute("SELECT id, not_before FROM jobs WHERE state='pending' AND not_before IS NOT NULL")
+        query = f"SELECT id, not_before FROM jobs WHERE {schema.states(JobState.PENDING)} AND not_before IS NOT NULL"
+        rows = self._db.execute(query)
         return {row[0]: row[1] for row in rows}
 
-    def set_reasons(self, reasons: dict[int, str], state: str = "pending") -> None:
-        """Record why pending jobs wait (or, ``state="running"``, how long an interactive job was idle)."""
+    def set_reasons(self, reasons: dict[int, str], state: JobState = JobState.PENDING) -> None:
+        """Record why pending jobs wait (or, of running ones, how long an interactive job was idle)."""
         with self.batch():
             self._db.executemany(
-                "UPDATE jobs SET reason=? WHERE id=? AND state=?", [(r, i, state) for i, r in reasons.items()]
+                "UPDATE jobs SET reason=? WHERE id=? AND state=?", [(r, i, state.value) for i, r in reasons.items()]
             )
 
     def set_cancel_by(self, job_id: int, who: str) -> None:
         with self.batch():
-            self._db.execute("UPDATE jobs SET cancel_by=? WHERE id=? AND state='running'", (who, job_id))
+            running = schema.states(JobState.RUNNING)
+            self._db.execute(f"UPDATE jobs SET cancel_by=? WHERE id=? AND {running}", (who, job_id))
 
     def set_learned(self, learned: Mapping[str, tuple[int, int, bool]]) -> None:
         """What --mem auto learned: kind -> (bytes, job id, raised after an out-of-memory)."""
@@ -324,8 +330,8 @@ class JobTable:
     def pending(self) -> list[JobRecord]:
         """Pending jobs in queue order: priority first, then submission order."""
         rows = self._named(
-            f"SELECT {self._columns}, {schema.ENV} AS job_env FROM {schema.JOINED} WHERE state='pending' "
-            "ORDER BY priority DESC, jobs.id"
+            f"SELECT {self._columns}, {schema.ENV} AS job_env FROM {schema.JOINED}"
+            f" WHERE {schema.states(JobState.PENDING)} ORDER BY priority DESC, jobs.id"
         ).fetchall()
         envs: dict[str, Mapping[str, str]] = {}  # 10,000 members of one array share one parsed environment
         return [self._whole(record) for record in job_rows.records_from(rows, with_env=True, envs=envs)]
@@ -373,7 +379,7 @@ class JobTable:
     def set_held(self, job_ids: Iterable[int], held: bool, reason: str = "") -> None:
         with self.batch():
             self._db.executemany(
-                "UPDATE jobs SET held=?, reason=? WHERE id=? AND state='pending'",
+                f"UPDATE jobs SET held=?, reason=? WHERE id=? AND {schema.states(JobState.PENDING)}",
                 [(int(held), reason, job_id) for job_id in job_ids],
             )
 
@@ -407,7 +413,8 @@ class JobTable:
 
     @_reading
     def count_pending(self, uid: int) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM jobs WHERE state='pending' AND uid=?", (uid,)).fetchone()[0])
+        query = f"SELECT COUNT(*) FROM jobs WHERE {schema.states(JobState.PENDING)} AND uid=?"
+        return int(self._db.execute(query, (uid,)).fetchone()[0])
 
     @_reading
     def runs_since(self, since: float) -> list[tuple[str, int, float, float]]:

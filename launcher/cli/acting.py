@@ -10,6 +10,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.selection import Selection
 from gpuq_scheduler.jobs.selection import parse as parse_selection
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, pass_ctx
 from gpuq_scheduler.launcher.cli.queue import _members
 from gpuq_scheduler.launcher.cli.select import JOB_ID, chosen, listed, need_some, nothing, selection_options
@@ -69,7 +70,7 @@ ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 def hold(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | None, user: str | None) -> None:
     """Keep pending jobs (or an array's pending members) from starting until released; without ids, your
     pending jobs chosen by --name, --state or --user."""
-    _chosen_control(ctx, "hold", job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
+    _chosen_control(ctx, Action.HOLD, job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
 
 
 @click.command()
@@ -78,10 +79,10 @@ def hold(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | 
 @pass_ctx
 def release(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str | None, user: str | None) -> None:
     """Let held jobs (or a held array) run again; without ids, your held jobs chosen by --name or --user."""
-    _chosen_control(ctx, "release", job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
+    _chosen_control(ctx, Action.RELEASE, job_ids, parse_selection(name, state, user, allowed=(JobState.PENDING,)))
 
 
-def _chosen_control(ctx: Context, action: str, job_ids: tuple[int, ...], selection: Selection) -> None:
+def _chosen_control(ctx: Context, action: Action, job_ids: tuple[int, ...], selection: Selection) -> None:
     """hold or release the jobs named, or chosen by ``selection`` among the pending ones (held ones, to release)."""
     need_some(action, job_ids, selection)
     if not selection.given:
@@ -115,18 +116,18 @@ def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_li
         values["time_limit"] = seconds
     if not values:
         raise BadInput("nothing to update: give --priority P and/or --time DURATION")
-    _control(ctx, "update", job_ids, values)
+    _control(ctx, Action.UPDATE, job_ids, values)
 
 
 def _control(
-    ctx: Context, action: str, job_ids: tuple[int, ...], values: dict[str, object] | None = None, said: bool = True
+    ctx: Context, action: Action, job_ids: tuple[int, ...], values: dict[str, object] | None = None, said: bool = True
 ) -> list[JobRecord]:
     from gpuq_scheduler.jobs.api import ensure_daemon
 
     pending = ctx.queue.control(action, job_ids, values)
     if pending:
         ensure_daemon(ctx.state)
-    done = {"hold": "held", "release": "released", "update": "updated"}[action]
+    done = {Action.HOLD: "held", Action.RELEASE: "released", Action.UPDATE: "updated"}[action]
     if said:
         click.echo(
             f"{done} {len(pending)} pending job(s): {listed([r.id for r in pending])}"

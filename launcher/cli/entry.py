@@ -45,7 +45,9 @@ def _quick(args: list[str]) -> bool:
     if args[0] in ("suspend", "resume"):
         from gpuq_scheduler.launcher.cli import suspend
 
-        return suspend.quick(args[0], args[1:])
+        # The word is Action.SUSPEND's or Action.RESUME's value, and an Action is a str: the quick path
+        # passes the word itself rather than load enum for the member.
+        return suspend.quick(args[0], args[1:])  # type: ignore[arg-type]
     return False
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from gpuq_scheduler.jobs.errors import GpuqError
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 
 
@@ -18,14 +19,14 @@ from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 @pass_ctx
 def drain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
     """Place nothing new on these GPUs; jobs running there finish. `gpuq undrain GPU` undoes it."""
-    _queue_control(ctx, "drain", gpu_ids, f"draining GPU(s) {', '.join(map(str, gpu_ids))}")
+    _queue_control(ctx, Action.DRAIN, gpu_ids, f"draining GPU(s) {', '.join(map(str, gpu_ids))}")
 
 
 @click.command()
 @pass_ctx
 def pause(ctx: Context) -> None:
     """Start nothing new anywhere; running jobs finish. `gpuq unpause` undoes it."""
-    _queue_control(ctx, "pause", (), "queue paused: nothing new starts until `gpuq unpause`")
+    _queue_control(ctx, Action.PAUSE, (), "queue paused: nothing new starts until `gpuq unpause`")
 
 
 @click.command()
@@ -33,17 +34,17 @@ def pause(ctx: Context) -> None:
 @pass_ctx
 def undrain(ctx: Context, gpu_ids: tuple[int, ...]) -> None:
     """Place jobs on drained GPUs again."""
-    _queue_control(ctx, "undrain", gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
+    _queue_control(ctx, Action.UNDRAIN, gpu_ids, f"GPU(s) {', '.join(map(str, gpu_ids))} in use again")
 
 
 @click.command()
 @pass_ctx
 def unpause(ctx: Context) -> None:
     """Let a paused queue start jobs again."""
-    _queue_control(ctx, "unpause", (), "queue unpaused")
+    _queue_control(ctx, Action.UNPAUSE, (), "queue unpaused")
 
 
-def _queue_control(ctx: Context, action: str, gpu_ids: tuple[int, ...], message: str) -> None:
+def _queue_control(ctx: Context, action: Action, gpu_ids: tuple[int, ...], message: str) -> None:
     from gpuq_scheduler.jobs.api import ensure_daemon
 
     ctx.queue.control_queue(action, gpu_ids)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from gpuq_scheduler.jobs.model import JobRecord
+    from gpuq_scheduler.jobs.store.actions import Action
     from gpuq_scheduler.jobs.store.suspension import Named
 
 
@@ -37,7 +38,7 @@ def parse(args: Sequence[str]) -> list[int] | None:
     return [int(arg) for arg in args]
 
 
-def quick(action: str, args: Sequence[str]) -> bool:
+def quick(action: Action, args: Sequence[str]) -> bool:
     """Run `gpuq suspend/resume ARGS` here if ``parse`` takes ARGS; False, having done nothing, if not."""
     job_ids = parse(args)
     if job_ids is None:
@@ -46,7 +47,7 @@ def quick(action: str, args: Sequence[str]) -> bool:
     return True
 
 
-def act(state: StateDir, action: str, job_ids: Sequence[int]) -> None:
+def act(state: StateDir, action: Action, job_ids: Sequence[int]) -> None:
     """Ask the daemon to suspend (``action``) or resume the jobs, wake it, and say so, one line a job."""
     from gpuq_scheduler.jobs.store.outbox import ensure_daemon
 

@@ -11,6 +11,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.selection import Selection
 from gpuq_scheduler.jobs.selection import parse as parse_selection
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.cli.context import Context, pass_ctx
 from gpuq_scheduler.launcher.cli.select import JOB_ID, chosen, listed, need_some, nothing, selection_options
 from gpuq_scheduler.launcher.cli.suspend import act
@@ -26,7 +27,7 @@ def suspend(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str
     --name or --user."""
     selection = parse_selection(name, state, user, allowed=(JobState.RUNNING,))
     need_some("suspend", job_ids, selection)
-    _act(ctx, "suspend", job_ids, selection, JobState.RUNNING)
+    _act(ctx, Action.SUSPEND, job_ids, selection, JobState.RUNNING)
 
 
 @click.command()
@@ -43,10 +44,10 @@ def resume(ctx: Context, job_ids: tuple[int, ...], name: str | None, state: str 
             "`gpuq resume JOB_ID...` resumes suspended jobs (or --name GLOB, --user NAME chooses them); "
             "to let a paused queue start jobs, type `gpuq unpause`"
         )
-    _act(ctx, "resume", job_ids, selection, JobState.SUSPENDED)
+    _act(ctx, Action.RESUME, job_ids, selection, JobState.SUSPENDED)
 
 
-def _act(ctx: Context, action: str, job_ids: tuple[int, ...], selection: Selection, among: JobState) -> None:
+def _act(ctx: Context, action: Action, job_ids: tuple[int, ...], selection: Selection, among: JobState) -> None:
     if not selection.given:
         act(ctx.state, action, job_ids)
         return

@@ -18,6 +18,7 @@ from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Again, ArrayHeld, Ended, Kind
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import fastpath, fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -39,11 +40,10 @@ def finish(
         said = stopped_line(record.id, outcome, ended)
         if said is not None and record.log:  # after the commit: a crash before it reads the exit file again
             scheduler.after_commit.append(lambda: joblog.append_line(record.log, said))
-    events.append({
-        "t": ended, "job": record.id, "event": outcome.state.value, "exit_code": outcome.exit_code,
-        "signal": outcome.signal, "reason": outcome.recorded_reason(), "attempt": record.attempt,
-        "cause": outcome.cause.value, "culprit": outcome.culprit,
-    })  # fmt: skip
+    events.append(Ended(
+        ended, Kind(outcome.state.value), record.id, outcome.recorded_reason(), outcome.cause, outcome.exit_code,
+        outcome.signal, record.attempt, outcome.culprit,
+    ).to_json())  # fmt: skip
     if ran and outcome.cause.not_its_fault:
         _requeue_victim(scheduler, record, outcome, ended, events)
         return
@@ -56,7 +56,7 @@ def finish(
             scheduler, record.id, again.reason, _run_files(scheduler, record.id), attempt=record.attempt + 1,
             not_before=ended + again.delay,
         )  # fmt: skip
-        events.append({"t": ended, "job": record.id, "event": "retry", "reason": again.reason})
+        events.append(Again(ended, Kind.RETRY, record.id, again.reason).to_json())
         return
     scheduler.table.finish(record.id, outcome, ended)
     _ended(scheduler, record, outcome)
@@ -88,7 +88,7 @@ def _requeue_victim(
         scheduler, record.id, reason, _run_files(scheduler, record.id), not_before=ended + delay if delay else None,
         outcome=outcome,
     )  # fmt: skip
-    events.append({"t": ended, "job": record.id, "event": "requeued", "reason": reason, "culprit": outcome.culprit})
+    events.append(Again(ended, Kind.REQUEUED, record.id, reason, outcome.culprit).to_json())
 
 
 def finish_pending(
@@ -97,10 +97,8 @@ def finish_pending(
     """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
     scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
     for record, outcome in endings:
-        events.append({
-            "t": now, "job": record.id, "event": outcome.state.value, "reason": outcome.recorded_reason(),
-            "cause": outcome.cause.value,
-        })  # fmt: skip
+        ending = Ended(now, Kind(outcome.state.value), record.id, outcome.recorded_reason(), outcome.cause)
+        events.append(ending.to_json())
         _ended(scheduler, record, outcome)
 
 
@@ -209,7 +207,7 @@ def _array_member_ended(
             for job_id in unheld:
                 if job_id in scheduler.pending:
                     scheduler.pending[job_id] = scheduler.pending[job_id].replace(held=True, reason=why)
-            events.append({"t": now, "array": array_id, "event": "held", "reason": why})
+            events.append(ArrayHeld(now, array_id, why).to_json())
             log.warning("array %d %s", array_id, why)
     done = all(m.state.finished for m in members)
     if info.notify and not info.notified and done:
@@ -258,7 +256,7 @@ def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[d
     # A new run: no time suspended yet (its pause file goes with its exit file).
     run_files = (scheduler.state.exit_file(job.record.id), scheduler.state.pause_file(job.record.id))
     _queue_again(scheduler, job.record.id, reason, run_files)
-    events.append({"t": now, "job": job.record.id, "event": "requeued", "reason": reason})
+    events.append(Again(now, Kind.REQUEUED, job.record.id, reason).to_json())
 
 
 def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Watchdog as Broken
 from gpuq_scheduler.launcher.daemon import attribution, inplace
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.watching import Readings
@@ -194,7 +195,7 @@ def _end_leftover(
     record = scheduler.table.get(finding.job)
     if record is not None and record.state not in (JobState.PENDING, JobState.RUNNING):
         reason = f"{record.reason}; {note}" if record.reason else note
-        scheduler.table.set_reasons({finding.job: reason}, state=record.state.value)
+        scheduler.table.set_reasons({finding.job: reason}, state=record.state)
 
 
 def _first(watch: Watch, finding: rules.Finding) -> bool:
@@ -211,8 +212,7 @@ def _key(finding: rules.Finding) -> str:
 
 
 def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
-    return {
-        "t": now, "job": finding.job, "event": "watchdog", "rule": finding.rule.value,
-        "action": finding.action.value, "gpu": finding.gpu, "pids": list(finding.pids), "held": finding.held,
-        "reason": finding.what(),
-    }  # fmt: skip
+    return Broken(
+        now, finding.job, finding.rule.value, finding.action.value, finding.gpu, finding.pids, finding.held,
+        finding.what(),
+    ).to_json()  # fmt: skip

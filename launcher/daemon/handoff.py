@@ -35,6 +35,7 @@ from typing import Any
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
 from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, watching
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
@@ -265,8 +266,7 @@ def _started(
     scheduler.running[record.id] = Running(running, info)
     if staged.cancel_by:  # its shim was told; a restarted daemon, with no pipe to that shim, signals it
         scheduler.stop(scheduler.running[record.id])
-    events.append({"t": started, "job": record.id, "event": "started", "gpus": list(staged.gpus),
-                   "after": staged.after})  # fmt: skip
+    events.append(Started(started, record.id, staged.gpus, staged.after).to_json())
 
 
 def _forget_record(scheduler: SchedulerState, job_id: int) -> None:

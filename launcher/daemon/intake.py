@@ -25,6 +25,7 @@ from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
+from gpuq_scheduler.jobs.store.events import Rejected, Submitted
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.submission import Inventory
@@ -82,7 +83,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     for record in fresh:
         if record.id not in inserted:
             continue  # ingested before a crash that left its request behind
-        events.append({"t": now, "job": record.id, "event": "submitted", "user": record.user})
+        events.append(Submitted(now, record.id, record.user).to_json())
         problem = _impossible(record, inventory)  # the caps, only a shared queue's, were checked in ``_number``
         if problem:
             endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
@@ -207,7 +208,7 @@ def set_aside(
             write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
                          mode=0o644)  # fmt: skip
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
-    events.append({"t": now, "event": "rejected", "file": name, "reason": bad.reason, "uid": owner})
+    events.append(Rejected(now, name, bad.reason, owner).to_json())
     if owner is not None:
         try:
             notices.set_aside(scheduler.state, owner, name, bad.reason, now)

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import DaemonError
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
+from gpuq_scheduler.jobs.store.events import PoolGivenBack
 from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -164,4 +165,4 @@ def _tell(
     pids = fastpath.give_back(scheduler.state.fast_dir(job_id), sorted(job.pids))
     told[job_id] = time.monotonic()
     log.info("job %d told to give back its pool of %.1f GiB: %s", job_id, size / GIB, why)
-    events.append({"t": now, "job": job_id, "event": "pool-given-back", "bytes": size, "why": why, "pids": pids})
+    events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)).to_json())

@@ -40,6 +40,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import GPU_IDS, RESERVATION
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Preempted
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, pools, suspending, watching
@@ -213,7 +214,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         scheduler.preemption.preemptions[victim] = scheduler.preemption.preemptions.get(victim, 0) + 1
         suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemption.preemptions[victim])
         suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
-        scheduler.journal.append({"t": now, "job": victim, "event": "preempted", "for": head.id, "why": why})
+        scheduler.journal.append(Preempted(now, victim, why, preemptor=head.id).to_json())
         log.info("suspending job %d for job %d (%s)", victim, head.id, why)
 
     def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
@@ -282,7 +283,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
     scheduler.preemption.signalled[record.id] = time.monotonic() + scheduler.preemption.settings.grace
     scheduler.preemption.preemptions[record.id] = scheduler.preemption.preemptions.get(record.id, 0) + 1
     scheduler.table.set_reasons(
-        {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state="running"
+        {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state=JobState.RUNNING
     )
     found = suspending.subject(scheduler, record.id)
     signum = getattr(signal, "SIG" + (record.spec.preempt_signal or "USR1"))
@@ -301,9 +302,9 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
         scheduler.preemption.signalled.pop(record.id, None)
 
     scheduler.on_rollback.append(undo)
-    scheduler.journal.append(
-        {"t": now, "job": record.id, "event": "preempted", "for": preemptor, "why": why, "requeue": cannot}
-    )
+    for_job, for_reservation = (None, preemptor) if isinstance(preemptor, str) else (preemptor, None)
+    preempted = Preempted(now, record.id, why, preemptor=for_job, reservation=for_reservation, requeue=cannot)
+    scheduler.journal.append(preempted.to_json())
     log.info("requeueing job %d for %s (%s): %s", record.id, words, why, cannot)
 
 

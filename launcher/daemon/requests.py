@@ -18,6 +18,8 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.actions import Action
+from gpuq_scheduler.jobs.store.events import Asked, Kind, QueueSet, Refused
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import endings, handoff, reserving, suspending
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
@@ -56,11 +58,11 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
     for record in named:
         if not _may_act(scheduler, request.uid, record):
             log.warning("refused cancel of job %d (owner %s) from %s", record.id, record.user, who)
-            events.append({"t": now, "job": record.id, "event": "cancel-refused", "by": who})
+            events.append(Refused(now, Kind.CANCEL_REFUSED, who, record.id).to_json())
             continue
         if record.id in scheduler.staged:  # its shim may be starting it: it ends once we know which
             handoff.cancel(scheduler, record.id, who)
-            events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
+            events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who).to_json())
             continue
         if record.id in scheduler.pending:
             pending.append(record)
@@ -68,14 +70,14 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
         if record.id in scheduler.suspended:
             suspending.thaw(scheduler, record.id)  # it must run to end: SIGTERM, then SIGKILL after the grace
         scheduler.cancel(scheduler.running.get(record.id) or scheduler.suspended[record.id], who)
-        events.append({"t": now, "job": record.id, "event": "cancel-requested", "by": who})
+        events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who).to_json())
     if pending:
         endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)
 
 
 def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
-    """Apply one control request. Each action the spool accepts (``spool.CONTROL_ACTIONS``) has its handler
-    below; one without is an error here, never taken for another."""
+    """Apply one control request. Each ``Action`` has its handler below; one without is an error here, never
+    taken for another."""
     who = user_name(request.uid)
     queue_wide, on_job = QUEUE_ACTIONS.get(request.action), JOB_ACTIONS.get(request.action)
     on_running = RUNNING_ACTIONS.get(request.action)
@@ -93,11 +95,11 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             continue  # already running or ended: hold, release and update apply to pending jobs
         if not _may_act(scheduler, request.uid, record):
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
-            events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
+            events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
             continue
         handoff.withdraw(scheduler, record.id)  # held or changed, it may no longer be the one to go next
         if on_job(scheduler, record, request, who):
-            events.append({"t": now, "job": record.id, "event": request.action, "by": who, **request.values})
+            events.append(Asked(now, Kind.done(request.action), record.id, who, request.values).to_json())
 
 
 def _hold(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
@@ -146,12 +148,12 @@ def _queue_control(
     owner = scheduler.state.owner()
     if not accounts.may_act(request.uid, owner, scheduler.admins, owner):
         log.warning("refused %s from %s", request.action, who)
-        events.append({"t": now, "event": f"{request.action}-refused", "by": who})
+        events.append(Refused(now, Kind.refused(request.action), who).to_json())
         return
     apply(scheduler, request.ids, who)
     scheduler.table.set_setting("drained", sorted(scheduler.drained))
     scheduler.table.set_setting("paused_by", scheduler.paused_by)
-    events.append({"t": now, "event": request.action, "gpus": list(request.ids), "by": who})
+    events.append(QueueSet(now, Kind.done(request.action), request.ids, who).to_json())
 
 
 def _drain(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
@@ -171,14 +173,14 @@ def _unpause(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None
 
 
 # What each control action does: to the queue (its owner, an admin or root may), or to each pending job it
-# names (its owner, an admin or root may). tests/unit/test_spool.py checks these cover spool.CONTROL_ACTIONS.
-QUEUE_ACTIONS: dict[str, Callable[[SchedulerState, tuple[int, ...], str], None]] = {
-    "drain": _drain, "undrain": _undrain, "pause": _pause, "unpause": _unpause,
+# names (its owner, an admin or root may). tests/unit/test_spool.py checks these cover every Action.
+QUEUE_ACTIONS: dict[Action, Callable[[SchedulerState, tuple[int, ...], str], None]] = {
+    Action.DRAIN: _drain, Action.UNDRAIN: _undrain, Action.PAUSE: _pause, Action.UNPAUSE: _unpause,
 }  # fmt: skip
-JOB_ACTIONS: dict[str, Callable[[SchedulerState, JobRecord, spool.ControlRequest, str], bool]] = {
-    "hold": _hold, "release": _release, "update": _update,
+JOB_ACTIONS: dict[Action, Callable[[SchedulerState, JobRecord, spool.ControlRequest, str], bool]] = {
+    Action.HOLD: _hold, Action.RELEASE: _release, Action.UPDATE: _update,
 }  # fmt: skip
-RUNNING_ACTIONS: dict[str, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
-    "suspend": suspending.request, "resume": suspending.request,
-    "reserve": reserving.request, "unreserve": reserving.request,  # reservations: no job named (daemon.reserving)
+RUNNING_ACTIONS: dict[Action, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
+    Action.SUSPEND: suspending.request, Action.RESUME: suspending.request,
+    Action.RESERVE: reserving.request, Action.UNRESERVE: reserving.request,  # no job named (daemon.reserving)
 }  # fmt: skip

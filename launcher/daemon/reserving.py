@@ -31,9 +31,17 @@ from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
-from gpuq_scheduler.jobs.outcome import in_host_memory
+from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
+from gpuq_scheduler.jobs.store.events import (
+    Kind,
+    Preempted,
+    Refused,
+    ReservationEnded,
+    ReservationWarning,
+    Reserved,
+)
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
 from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
@@ -93,7 +101,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     if why or gpus is None:
         log.warning("refused a reservation from %s: %s", user_name(request.uid), why)
         book.calendar.refused.append({"token": ask.token, "uid": request.uid, "why": why, "t": now})
-        events.append({"t": now, "event": "reserve-refused", "by": user_name(request.uid), "why": why})
+        events.append(Refused(now, Kind.RESERVE_REFUSED, user_name(request.uid), why=why).to_json())
         _save(scheduler)
         return
     uid = request.uid if not ask.user else pwd.getpwnam(ask.user).pw_uid
@@ -101,10 +109,8 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     made = Reservation(name, owner, uid, gpus, ask.start, ask.end, now, ask.token)
     made = made.but(said=tuple(rules.conflicts(made, _work(scheduler), _present(scheduler), now)))
     book.calendar.reservations.append(made)
-    events.append({
-        "t": now, "event": "reserved", "name": name, "user": owner, "gpus": list(gpus), "start": ask.start,
-        "end": ask.end, "by": user_name(request.uid), "said": list(made.said),
-    })  # fmt: skip
+    by = user_name(request.uid)
+    events.append(Reserved(now, name, owner, tuple(gpus), ask.start, ask.end, by, made.said).to_json())
     log.info("reserved GPU(s) %s for %s as %s", gpu_list(gpus), owner, name)
     for job_id in list(scheduler.staged):  # staged behind a running job, one may start past its start: back
         handoff.withdraw(scheduler, job_id)
@@ -148,11 +154,11 @@ def _cancel(scheduler: SchedulerState, uid: int, name: str, now: float, events: 
     found = scheduler.booked.calendar.named(name)
     who = user_name(uid)
     if found is None:
-        events.append({"t": now, "event": "unreserve-refused", "name": name, "by": who, "why": "no such reservation"})
+        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, why="no such reservation", name=name).to_json())
         return
     if not accounts.may_act(uid, found.uid, scheduler.admins, scheduler.state.owner()):
         log.warning("refused cancel of reservation %s (owner %s) from %s", name, found.user, who)
-        events.append({"t": now, "event": "unreserve-refused", "name": name, "by": who})
+        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, name=name).to_json())
         return
     _end(scheduler, found, f"cancelled by {who}", now, events)
 
@@ -172,7 +178,7 @@ def _end(
             book.returning.add(job_id)  # its place is kept until it resumes (``holdings``)
             if job_id in scheduler.suspended:  # before suspends advance: it resumes in this very pass
                 scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
-    events.append({"t": now, "event": "reservation-ended", "name": reservation.name, "why": why or "its time is up"})
+    events.append(ReservationEnded(now, reservation.name, why or "its time is up").to_json())
     log.info("reservation %s ended: %s", reservation.name, why or "its time is up")
     scheduler.changes.mark()
     _save(scheduler)
@@ -226,8 +232,7 @@ def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, 
         book.victims[work.job_id] = reservation.name
         _note_victim(scheduler, work.job_id, reservation.name)
         suspending.begin_suspend(scheduler, job, f"reservation {reservation.name}", now)
-        events.append({"t": now, "job": work.job_id, "event": "preempted", "reservation": reservation.name,
-                       "why": why})  # fmt: skip
+        events.append(Preempted(now, work.job_id, why, reservation=reservation.name).to_json())
         log.info("suspending job %d for reservation %s", work.job_id, reservation.name)
 
 
@@ -248,7 +253,7 @@ def label(scheduler: SchedulerState, now: float) -> None:
         until = clock(found.end, now)
         reason = f"suspended for reservation {name} ({found.user}, until {until}); "
         reason += in_host_memory(job.record.host_bytes or 0)
-        scheduler.table.set_reasons({job_id: reason}, state="suspended")
+        scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
         job.record = job.record.replace(reason=reason)
 
 
@@ -264,8 +269,7 @@ def _say_ahead(scheduler: SchedulerState, now: float, events: list[dict[str, Any
         if said != reservation.said:
             new = [line for line in said if line not in reservation.said]
             if new:
-                events.append({"t": now, "event": "reservation-warning", "name": reservation.name,
-                               "user": reservation.user, "said": new})  # fmt: skip
+                events.append(ReservationWarning(now, reservation.name, reservation.user, tuple(new)).to_json())
             _replace(book, reservation, reservation.but(said=said))
 
 

@@ -27,6 +27,7 @@ from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
+from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
     blanks,
@@ -469,7 +470,7 @@ class Scheduler(SchedulerState):
         self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
         self.running[record.id] = Running(running, info)
-        self.journal.append({"t": now, "job": record.id, "event": "started", "gpus": list(gpus)})
+        self.journal.append(Started(now, record.id, tuple(gpus)).to_json())
 
     def _record_reasons(self, waiting: dict[int, str], now: float) -> None:
         """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to

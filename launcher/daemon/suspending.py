@@ -33,6 +33,8 @@ from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.actions import Action
+from gpuq_scheduler.jobs.store.events import Asked, Kind, Refused, Resumed, StepFailed, Suspended
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import inplace, pools
 from gpuq_scheduler.launcher.daemon.forker import Forker
@@ -59,7 +61,7 @@ class Acting:
     by: str
     child: Helper | None = None
     left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
-    action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
+    action: Action | None = None  # what the child does: suspend, or resume (a resume, or a suspend undone)
     began: float = 0.0  # wall time
     bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
     retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
@@ -69,28 +71,28 @@ class Acting:
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
     """``gpuq suspend`` or ``gpuq resume`` of the jobs named (an array id: its members in the state to act on)."""
     who = user_name(request.uid)
-    pool = scheduler.running if request.action == "suspend" else scheduler.suspended
+    pool = scheduler.running if request.action is Action.SUSPEND else scheduler.suspended
     named = [job for job_id in request.ids for job in _named(pool, job_id)]
     for job in named:
         record = job.record
         if not accounts.may_act(request.uid, record.uid, scheduler.admins, os.getuid()):
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
-            events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
+            events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
             continue
         if record.id in scheduler.suspensions.acting or record.id in scheduler.suspensions.resume_wanted:
             continue  # already under way
-        if request.action == "resume":
+        if request.action is Action.RESUME:
             scheduler.suspensions.resume_wanted[record.id] = who
-            events.append({"t": now, "job": record.id, "event": "resume-requested", "by": who})
+            events.append(Asked(now, Kind.RESUME_REQUESTED, record.id, who).to_json())
             continue
         why = refusal(scheduler, job)
         if why:
             log.warning("refused suspend of job %d: %s", record.id, why)
-            scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state="running")
-            events.append({"t": now, "job": record.id, "event": "suspend-refused", "by": who, "why": why})
+            scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state=JobState.RUNNING)
+            events.append(Refused(now, Kind.SUSPEND_REFUSED, who, record.id, why).to_json())
             continue
-        _begin(scheduler, job, Step.SUSPENDING, "suspend", who, now)
-        events.append({"t": now, "job": record.id, "event": "suspending", "by": who})
+        _begin(scheduler, job, Step.SUSPENDING, Action.SUSPEND, who, now)
+        events.append(Asked(now, Kind.SUSPENDING, record.id, who).to_json())
 
 
 def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
@@ -137,7 +139,7 @@ def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
 
 def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float) -> None:
     """Begin suspending a running job that ``refusal`` passed (for preemption: ``launcher.daemon.preempting``)."""
-    _begin(scheduler, job, Step.SUSPENDING, "suspend", who, now)
+    _begin(scheduler, job, Step.SUSPENDING, Action.SUSPEND, who, now)
 
 
 def note_preemption(scheduler: SchedulerState, job_id: int, preemptor: int, why: str, times: int) -> None:
@@ -148,7 +150,7 @@ def note_preemption(scheduler: SchedulerState, job_id: int, preemptor: int, why:
     _write_pause(scheduler, job_id, paused)
 
 
-def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who: str, now: float) -> None:
+def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, who: str, now: float) -> None:
     """Record the step; once that is committed, start its child (a daemon that dies before the commit leaves
     nothing done that its successor does not know of). The pause file names the child for a later daemon."""
     record = job.record
@@ -278,7 +280,7 @@ def advance(
                 del scheduler.suspensions.acting[job_id]
                 continue
             del scheduler.suspensions.acting[job_id]
-            _begin(scheduler, job, acting.step, "resume", acting.by, now)
+            _begin(scheduler, job, acting.step, Action.RESUME, acting.by, now)
             continue
         result = acting.child.result()
         if result is None:
@@ -297,21 +299,20 @@ def _settle(
         return  # it ended meanwhile (its exit file was read): nothing to record
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
-    if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
-        path = dict(result.get("path") or {})
-        host_bytes = inplace.moved(path) or acting.bytes
+    if acting.step is Step.SUSPENDING and acting.action is Action.SUSPEND and result.get("ok"):
+        facts = dict(result.get("path") or {})  # the path it took, and why (daemon/fastpath.py)
+        host_bytes = inplace.moved(facts) or acting.bytes
         scheduler.table.mark_suspended(job_id, host_bytes, now)
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
         scheduler.suspended[job_id] = scheduler.running.pop(job_id)
         scheduler.monitor.held.pop(job_id, None)
-        event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
-        events.append(event | path)  # the path it took, and why (daemon/fastpath.py)
+        events.append(Suspended.of(now, job_id, host_bytes, steps, helper, facts).to_json())
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
             preemptor, why = scheduler.preemption.preempted[job_id]
             reason = f"suspended for job {preemptor} ({why}); {in_host_memory(host_bytes)}"
-            scheduler.table.set_reasons({job_id: reason}, state="suspended")
+            scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
             job.record = job.record.replace(reason=reason)
         return
     if acting.step is Step.RESUMING and result.get("ok"):
@@ -324,14 +325,14 @@ def _settle(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
             suspended_for=job.record.suspended_for + spent, reason="",
         )  # fmt: skip
-        pool = result.get("pool") or 0  # pinned host memory it kept for its next suspend (``daemon.pools``)
-        events.append({"t": now, "job": job_id, "event": "resumed", "steps": steps, "helper": helper, "pool": pool})
+        pool = int(result.get("pool") or 0)  # pinned host memory it kept for its next suspend (``daemon.pools``)
+        events.append(Resumed(now, job_id, steps, helper, pool).to_json())
         return
-    if not result.get("ok") and (acting.action == "resume" or result.get("undone") is False):
+    if not result.get("ok") and (acting.action is Action.RESUME or result.get("undone") is False):
         # A resume (or a suspend's undo) that failed: it stays on its GPUs, its step recorded, and the
         # resume is tried again next pass.
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
-        events.append({"t": now, "job": job_id, "event": "resume-failed", "why": str(result.get("why"))})
+        events.append(StepFailed(now, Kind.RESUME_FAILED, job_id, str(result.get("why"))).to_json())
         again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
         scheduler.suspensions.acting[job_id] = again
         return
@@ -340,9 +341,9 @@ def _settle(
         _unpause(scheduler, job_id)
         job.record = job.record.replace(step=None)
         why = str(result.get("why") or "a daemon restarted in the middle of it")
-        if acting.action == "suspend":
-            scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state="running")
-        events.append({"t": now, "job": job_id, "event": "suspend-undone", "why": why})
+        if acting.action is Action.SUSPEND:
+            scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state=JobState.RUNNING)
+        events.append(StepFailed(now, Kind.SUSPEND_UNDONE, job_id, why).to_json())
 
 
 def _start_resumes(
@@ -370,7 +371,7 @@ def _start_resumes(
             held = in_host_memory(job.record.host_bytes or 0)
             reason = f"{held}; waiting for {wait} {_listed(job.record)} to resume"
             if reason != job.record.reason:
-                scheduler.table.set_reasons({job_id: reason}, state="suspended")
+                scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
                 job.record = job.record.replace(reason=reason)
             continue
         del scheduler.suspensions.resume_wanted[job_id]
@@ -379,8 +380,8 @@ def _start_resumes(
         job.record = job.record.replace(step=Step.RESUMING)
         scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
-        _begin(scheduler, job, Step.RESUMING, "resume", who, now)
-        events.append({"t": now, "job": job_id, "event": "resuming", "by": who})
+        _begin(scheduler, job, Step.RESUMING, Action.RESUME, who, now)
+        events.append(Asked(now, Kind.RESUMING, job_id, who).to_json())
 
 
 def thaw(scheduler: SchedulerState, job_id: int) -> None:

@@ -7,8 +7,11 @@ import logging
 import time
 from typing import Any
 
+from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.causes import OutOfMemory
-from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store import notices
+from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
@@ -66,7 +69,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         scheduler.stopped_for[job_id] = Outcome.gpu_lost(why)
         scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
-        events.append({"t": now, "job": job_id, "event": "gpu-lost", "reason": why})
+        events.append(GpuLost(now, job_id, why).to_json())
     scheduler.journal.extend(events)
 
 
@@ -155,7 +158,7 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)
-            events.append({"t": now, "job": job_id, "event": "idle-released", "idle": idle})
+            events.append(IdleReleased(now, job_id, idle).to_json())
             continue
         shown = 60.0 if limit is None else min(60.0, limit / 10)
         reason = f"idle {format_duration(idle)}" if idle >= shown else ""
@@ -166,11 +169,9 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
             reasons[job_id] = reason
             job.record = record.replace(reason=reason)
     if reasons:
-        scheduler.table.set_reasons(reasons, state="running")
+        scheduler.table.set_reasons(reasons, state=JobState.RUNNING)
     scheduler.journal.extend(events)
 
-
-IDLE_BATCH = "no GPU work for"  # how a batch job's reason begins while its GPUs do nothing (doctor reads it)
 
 
 def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings) -> None:
@@ -193,19 +194,24 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
     busy = _busy(scheduler, snapshot)
     clock = time.monotonic()
     reasons: dict[int, str] = {}
+    idle_now: dict[int, float] = {}
     for job_id, job in watched:
         record = job.record
-        if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(IDLE_BATCH)):
+        if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(causes.IDLE_BATCH)):
             continue  # cannot tell, or its reason says something else that matters more
         if any(busy.get(pid, 0) > 0 for pid in job.pids):
             scheduler.monitor.active_at[job_id] = clock
         idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)
-        reason = f"{IDLE_BATCH} {format_duration(idle)}" if idle >= after else ""
+        reason = causes.idle_batch(idle) if idle >= after else ""
+        if reason:
+            idle_now[job_id] = round(idle, 1)
         if reason != record.reason:
             reasons[job_id] = reason
             job.record = record.replace(reason=reason)
     if reasons:
-        scheduler.table.set_reasons(reasons, state="running")
+        scheduler.table.set_reasons(reasons, state=JobState.RUNNING)
+    if idle_now or reasons:  # the typed fact beside the sentence, for `gpuq doctor` (none idle: the file goes)
+        notices.idle_batch(scheduler.state, idle_now)
 
 
 def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:

@@ -26,16 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.shown import shown
 from gpuq_scheduler.jobs.store import private, spool
+from gpuq_scheduler.jobs.store.notices import read_idle_batch
 from gpuq_scheduler.jobs.store.queue import Queue, expand
-from gpuq_scheduler.jobs.store.schema import LIVE_STATES, TABLE_VERSION
+from gpuq_scheduler.jobs.store.schema import LIVE_STATES, TABLE_VERSION, states
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.daemon.watching import IDLE_BATCH
 from gpuq_scheduler.launcher.gpus.mps import CONTROL, Mps
 from gpuq_scheduler.launcher.views import notices
 
@@ -95,7 +96,7 @@ def check(state: StateDir, *, now: float | None = None) -> list[Problem]:
             _guard(problems, "running jobs", lambda: problems.extend(_running(state, db, rows)))
             _guard(problems, "job records", lambda: problems.extend(_records(rows)))
             _guard(problems, "GPU reservations", lambda: problems.extend(_gpus(state, rows)))
-            _guard(problems, "idle batch jobs", lambda: problems.extend(_idle_batch(db)))
+            _guard(problems, "idle batch jobs", lambda: problems.extend(_idle_batch(state, db)))
             _guard(problems, "job cgroups", lambda: problems.extend(_stray_processes(state, db)))
             _guard(problems, "private files", lambda: problems.extend(_private_files(state, db)))
         finally:
@@ -485,15 +486,18 @@ def _rejected(state: StateDir) -> Iterator[Problem]:
         )  # fmt: skip
 
 
-def _idle_batch(db: sqlite3.Connection) -> Iterator[Problem]:
-    """Batch jobs holding GPUs that have done no work for hours (the daemon says so in their reason)."""
-    rows = db.execute(
-        "SELECT id, user, reason FROM jobs WHERE state = 'running' AND reason LIKE ?", (IDLE_BATCH + " %",)
-    ).fetchall()
-    for job_id, user, reason in rows:
+def _idle_batch(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
+    """Batch jobs holding GPUs that have done no work for hours: the daemon's typed notice of them, for the
+    jobs still running (a job that ended since is no one's problem)."""
+    idle = read_idle_batch(state)
+    if not idle:
+        return
+    marks = ",".join("?" * len(idle))
+    query = f"SELECT id, user FROM jobs WHERE {states(JobState.RUNNING)} AND id IN ({marks}) ORDER BY id"
+    for job_id, user in db.execute(query, list(idle)).fetchall():
         yield Problem(
-            WARNING, f"job {job_id} of {shown(str(user))} holds GPUs that did no work: {shown(str(reason))}; "
-                     f"ask them, or `gpuq cancel {job_id}` as an admin",
+            WARNING, f"job {job_id} of {shown(str(user))} holds GPUs that did no work: "
+                     f"{causes.idle_batch(idle[job_id])}; ask them, or `gpuq cancel {job_id}` as an admin",
         )  # fmt: skip
 
 

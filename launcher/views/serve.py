@@ -66,10 +66,12 @@ class Dashboard:
         """Each job's time suspended, for the timeline (nothing where the journal cannot be read: a shared
         queue's is root's)."""
         from gpuq_scheduler.jobs.store import journal
+        from gpuq_scheduler.jobs.store.events import Event, Kind
         from gpuq_scheduler.launcher.views import suspensions
 
+        events: list[Event]
         try:
-            events = list(journal.read_kinds(self.queue.state.events, ("suspended", "resumed")))
+            events = list(journal.read(self.queue.state.events, (Kind.SUSPENDED, Kind.RESUMED)))
         except OSError:
             events = []
         return suspensions.away(events, records, now)

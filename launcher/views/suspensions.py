@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuq_scheduler.jobs.fastsuspend import Fallback
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store import journal
+from gpuq_scheduler.jobs.store.events import Event, Kind, Preempted, Resumed, Suspended
 from gpuq_scheduler.jobs.units import format_duration, format_size
 
 
@@ -73,43 +73,33 @@ def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
-def from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, Moves]:
+def from_events(events: Iterable[Event]) -> dict[int, Moves]:
     """Each job's preemptions and suspends from the journal. A preemption is counted once per (victim,
     preemptor): a suspend the driver refused that fell back to a requeue is one preemption, requeued."""
     moves: dict[int, Moves] = {}
     seen: set[tuple[int, object]] = set()
     for event in events:
-        job, kind = event.get("job"), event.get("event")
-        if not isinstance(job, int) or kind not in ("preempted", "suspended"):
-            continue
-        found = moves.setdefault(job, Moves())
-        if kind == "suspended":
+        if isinstance(event, Suspended):
+            found = moves.setdefault(event.job, Moves())
             found.suspends += 1
-            size = event.get("bytes")
-            found.bytes += size if isinstance(size, int) else 0
-            found.last = _path(event)
-            continue
-        if (job, event.get("for")) not in seen:
-            seen.add((job, event.get("for")))
-            found.preemptions += 1
-        if event.get("requeue"):
-            found.requeues += 1
+            found.bytes += event.bytes
+            if event.path is not None:  # None: written before suspends had paths (#40)
+                found.last = event.path, event.fallback, event.detail or ""
+        elif isinstance(event, Preempted):
+            found = moves.setdefault(event.job, Moves())
+            if (event.job, event.preemptor) not in seen:
+                seen.add((event.job, event.preemptor))
+                found.preemptions += 1
+            if event.requeue:
+                found.requeues += 1
     return moves
-
-
-def _path(event: Mapping[str, Any]) -> tuple[SuspendPath, Fallback | None, str] | None:
-    """A ``suspended`` event's path (``launcher.daemon.fastpath``); None for an event written before it had one."""
-    if "path" not in event:
-        return None
-    fallback = event.get("fallback")
-    return SuspendPath(event["path"]), Fallback(fallback) if fallback else None, str(event.get("detail") or "")
 
 
 def read(events_path: Path, job: int | None = None) -> dict[int, Moves]:
     """``from_events`` over a state directory's journal (one job's, if given); nothing where it cannot be read
     (a shared queue's journal is root's: a user's ``gpuq show`` then shows the time suspended only)."""
     try:
-        return from_events(journal.read_kinds(events_path, ("preempted", "suspended"), job))
+        return from_events(journal.read(events_path, (Kind.PREEMPTED, Kind.SUSPENDED), job))
     except OSError:
         return {}
 
@@ -133,22 +123,17 @@ def by_user(records: Iterable[JobRecord], moves: Mapping[int, Moves], now: float
     return users
 
 
-def away(
-    events: Iterable[Mapping[str, Any]], records: Iterable[JobRecord], now: float
-) -> dict[int, list[tuple[float, float]]]:
+def away(events: Iterable[Event], records: Iterable[JobRecord], now: float) -> dict[int, list[tuple[float, float]]]:
     """Each job's stretches of time suspended, (from, to), for the timeline to mark: from the journal's
     ``suspended`` and ``resumed`` events, and, for a job suspended now, until ``now`` (from its record's
     ``suspended_at`` where the journal could not be read)."""
     spans: dict[int, list[tuple[float, float]]] = {}
     since: dict[int, float] = {}
     for event in events:
-        job, t = event.get("job"), event.get("t")
-        if not isinstance(job, int) or not isinstance(t, (int, float)):
-            continue
-        if event.get("event") == "suspended":
-            since[job] = float(t)
-        elif event.get("event") == "resumed" and job in since:
-            spans.setdefault(job, []).append((since.pop(job), float(t)))
+        if isinstance(event, Suspended):
+            since[event.job] = event.t
+        elif isinstance(event, Resumed) and event.job in since:
+            spans.setdefault(event.job, []).append((since.pop(event.job), event.t))
     for record in records:
         if record.state is not JobState.SUSPENDED:
             continue

@@ -25,6 +25,7 @@ from textual.widgets import DataTable, Footer, Label, RichLog, Static
 from gpuq_scheduler.jobs.api import ensure_daemon
 from gpuq_scheduler.jobs.errors import GpuqError
 from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.launcher.gpus.sources import open_source
 from gpuq_scheduler.launcher.views import live
@@ -244,7 +245,7 @@ class Top(App[None]):
         self.say(f"cancelling job {record.id}" if done else f"job {record.id} had already ended")
 
     def _hold(self, record: JobRecord) -> None:
-        action = "release" if record.held else "hold"
+        action = Action.RELEASE if record.held else Action.HOLD
         try:
             self.queue.control(action, [record.id])
             ensure_daemon(self.queue.state)

@@ -22,6 +22,7 @@ from gpuq_scheduler.jobs.errors import NotPermitted
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.store import outbox, suspension
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
@@ -224,10 +225,10 @@ def test_another_users_job_is_refused_in_one_line_and_nothing_is_asked(tmp_path:
 
     for ids, owner in (([1], "me"), ([9], "nobody"), ([4], "me")):
         with pytest.raises(NotPermitted) as refused:
-            suspension.ask(state, "suspend", ids, resolve=resolve, uid=NOBODY + 1)
+            suspension.ask(state, Action.SUSPEND, ids, resolve=resolve, uid=NOBODY + 1)
         assert str(refused.value).endswith(f"only {owner} or an admin can suspend it")
     assert not list((tmp_path / "state" / "spool").glob("control-*"))
-    assert suspension.ask(state, "suspend", [9], resolve=resolve, uid=NOBODY) == suspension.in_table(state, [9])
+    assert suspension.ask(state, Action.SUSPEND, [9], resolve=resolve, uid=NOBODY) == suspension.in_table(state, [9])
 
 
 # -- with a real daemon -----------------------------------------------------------------------------------

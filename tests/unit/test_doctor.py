@@ -305,3 +305,18 @@ def test_gpuq_doctor_exits_0_when_clean_and_1_with_errors(gpuq: Gpuq) -> None:
     broken = gpuq.run("doctor", "--json", check=False)
     assert broken.returncode == 1
     assert [p["severity"] for p in json.loads(broken.stdout)] == ["error"]
+
+
+def test_an_idle_batch_job_is_found_by_the_daemons_typed_notice_not_by_its_reasons_words(state: StateDir) -> None:
+    """The doctor once matched "no GPU work for" in the reasons and imported that sentence from the daemon:
+    it reads the daemon's notice now (notices/idle.json, job ids and seconds), for jobs still running."""
+    from gpuq_scheduler.jobs.store import notices
+
+    make_running(state, 1, [0])
+    make_running(state, 3, [1])
+    sql(state, "UPDATE jobs SET reason='no GPU work for 9h' WHERE id=3")  # words alone say nothing now
+    notices.idle_batch(state, {1: 7500.0, 2: 9000.0})  # job 2 ended since: no one's problem
+    found = [m for m in messages(state, "warning") if "did no work" in m]
+    assert len(found) == 1 and found[0].startswith("job 1 of ") and "no GPU work for 2h05m" in found[0]
+    notices.idle_batch(state, {})  # none idle now: the notice goes
+    assert not [m for m in messages(state, "warning") if "did no work" in m]

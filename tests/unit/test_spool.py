@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from tests.conftest import REPORT, Gpuq, read_reports, wait_for
 
@@ -61,9 +62,27 @@ def test_a_request_ingested_before_a_crash_is_not_run_twice(gpuq: Gpuq) -> None:
 def test_every_control_action_the_spool_accepts_has_one_handler_in_the_daemon() -> None:
     """An action the spool lets through with no handler of its own would once have run as "update" or
     "unpause" (the `else` branches): now the daemon raises, and this names the missing one first."""
-    from gpuq_scheduler.jobs.store.spool import CONTROL_ACTIONS
+    from gpuq_scheduler.jobs.store.actions import Action
     from gpuq_scheduler.launcher.daemon.requests import JOB_ACTIONS, QUEUE_ACTIONS, RUNNING_ACTIONS
 
     tables = (set(JOB_ACTIONS), set(QUEUE_ACTIONS), set(RUNNING_ACTIONS))
     assert sum(map(len, tables)) == len(set().union(*tables))  # each action in one table only
-    assert sorted(set().union(*tables)) == sorted(CONTROL_ACTIONS)
+    assert set().union(*tables) == set(Action)
+
+
+def test_a_control_request_reads_as_its_action_and_an_unknown_action_is_set_aside(tmp_path: Path) -> None:
+    """The action a client writes (outbox.write_control) reads back as the same Action, not as a string each
+    end spells; a word that is no Action is a bad request, whatever it asks."""
+    from gpuq_scheduler.jobs.store import outbox, spool
+    from gpuq_scheduler.jobs.store.actions import Action
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+
+    state = StateDir(tmp_path / "state dir")
+    state.ensure()
+    for action in (Action.HOLD, Action.DRAIN, Action.SUSPEND):
+        request = spool.read_request(outbox.write_control(state, action, [3]))
+        assert isinstance(request, spool.ControlRequest) and request.action is action and request.ids == (3,)
+    planted = tmp_path / "state dir" / "spool" / "control-planted.json"
+    planted.write_text(json.dumps({"schema": 1, "kind": "control", "action": "explode", "ids": [3], "values": {}}))
+    bad = spool.read_request(planted)
+    assert isinstance(bad, spool.BadRequest) and bad.reason == "asks for an unknown action 'explode'"

@@ -131,3 +131,21 @@ def test_a_corrupt_table_says_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "jobs.db").write_bytes(b"this is not a database" * 100)
     with pytest.raises(StateDirError, match="cannot read the job table"):
         JobTable(tmp_path / "jobs.db").records()
+
+
+def test_the_tables_state_conditions_are_made_from_the_state_enum_and_still_use_the_live_index(
+    tmp_path: Path,
+) -> None:
+    """jobs/store/table.py once spelled 'pending' and 'running' by hand in its SQL; they come from JobState
+    now, as literals, so the partial index of live jobs still serves the queries that name its condition."""
+    from gpuq_scheduler.jobs.store import schema
+
+    assert schema.states(JobState.PENDING) == "state = 'pending'"
+    assert schema.LIVE_STATES == "state IN ('pending', 'running', 'suspended')"
+    table = JobTable(tmp_path / "jobs.db", create=True)
+    table.close()
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    query = f"EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE {schema.LIVE_STATES}"
+    plan = " ".join(str(row) for row in db.execute(query))
+    assert "jobs_live" in plan
+    db.close()

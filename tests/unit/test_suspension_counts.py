@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store.events import Preempted, Resumed, Started, Suspended
 from gpuq_scheduler.launcher.views.live import Picture
 from gpuq_scheduler.launcher.views.metrics import exposition
 from gpuq_scheduler.launcher.views.report import build_report, render_text
@@ -27,15 +28,14 @@ def _record(job_id: int, user: str, state: JobState = JobState.SUCCEEDED, **more
 
 
 EVENTS = [
-    {"t": 1.0, "job": 1, "event": "preempted", "for": 3, "why": "priority 10 > 0"},
-    {"t": 2.0, "job": 1, "event": "suspended", "bytes": 40 * GiB},
-    {"t": 3.0, "job": 1, "event": "resumed"},
-    {"t": 4.0, "job": 2, "event": "suspended", "bytes": 10 * GiB},  # a `gpuq suspend` by hand
+    Preempted(1.0, 1, "priority 10 > 0", preemptor=3),
+    Suspended(2.0, 1, 40 * GiB),
+    Resumed(3.0, 1),
+    Suspended(4.0, 2, 10 * GiB),  # a `gpuq suspend` by hand
     # A suspend the driver refused, then the requeue: one preemption, requeued.
-    {"t": 5.0, "job": 4, "event": "preempted", "for": 3, "why": "job 4 is --preemptible"},
-    {"t": 6.0, "job": 4, "event": "preempted", "for": 3, "why": "job 4 is --preemptible", "requeue": "MPS"},
-    {"t": 7.0, "job": "junk", "event": "suspended"},
-    {"t": 8.0, "job": 5, "event": "started", "gpus": [0]},
+    Preempted(5.0, 4, "job 4 is --preemptible", preemptor=3),
+    Preempted(6.0, 4, "job 4 is --preemptible", preemptor=3, requeue="MPS"),
+    Started(8.0, 5, (0,)),
 ]
 
 
@@ -118,8 +118,9 @@ def test_the_journal_is_read_for_the_kinds_and_job_asked(tmp_path: Path) -> None
     from gpuq_scheduler.launcher.views.suspensions import read
 
     path = tmp_path / "events.jsonl"
-    journal.append(path, [dict(e) for e in EVENTS])
+    journal.append(path, [e.to_json() for e in EVENTS])
     with path.open("ab") as handle:
+        handle.write(b'{"t": 7.0, "job": "junk", "event": "suspended"}\n')  # not an event: left out
         handle.write(b'{"t": 9.0, "job": 1, "event": "suspe')  # a torn last line (a crash mid-write)
     assert read(path) == from_events(EVENTS)
     assert read(path, job=1) == {1: Moves(preemptions=1, suspends=1, bytes=40 * GiB)}

@@ -49,23 +49,36 @@ def launched(scheduler: SchedulerState, record: JobRecord) -> None:
 
 
 def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None:
-    """Count the peaks sampled just now. A probe that has run ``settle`` seconds teaches its kinds, and from
-    then on holds only its own learned share, so its GPU takes packed jobs beside it: an array waits for its
-    probe for ``settle`` seconds, not for a whole run. (The probe itself started with no fence; a probe
-    that grows later is the one job of its kind that can still crowd its neighbours.)"""
+    """Count the peaks sampled just now. A probe whose peak has held still for ``auto_steady`` seconds, or
+    that has run ``auto_settle`` seconds (``policy.memory.counts``), teaches its kinds, and from then on
+    holds only its own learned share, so its GPU takes packed jobs beside it: an array waits seconds for its
+    probe, not a whole run. Its later samples keep teaching, so a member that outgrew the early figure comes
+    back with the probe's peak when that is more than twice its share. (The probe itself started with no
+    fence; a probe that grows later is the one job of its kind that can still crowd its neighbours.)"""
+    probes = set(scheduler.mem_auto.probes.values())
+    grew_at = scheduler.mem_auto.grew_at
     for job_id, held in peaks.items():
+        if held > scheduler.mem_auto.job_peaks.get(job_id, 0) and job_id in probes:
+            grew_at[job_id] = now
         scheduler.mem_auto.job_peaks[job_id] = max(scheduler.mem_auto.job_peaks.get(job_id, 0), held)
-    for job_id in set(scheduler.mem_auto.probes.values()):
+    for job_id in [j for j in grew_at if j not in probes]:
+        del grew_at[job_id]  # no longer a probe (ended, or its kind was learned otherwise)
+    policy = scheduler.policy
+    for job_id in probes:
         job = scheduler.running.get(job_id)
         peak = scheduler.mem_auto.job_peaks.get(job_id, 0)
-        if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
+        if job is None or peak <= 0:
+            continue
+        ran = now - (job.record.started_at or now)
+        still = now - grew_at[job_id] if job_id in grew_at else None
+        if not memory.counts(ran, still, settle=policy.auto_settle, steady=policy.auto_steady):
             continue
         _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
         spec = job.record.spec
         if spec.mem_per_gpu is None and spec.mem_auto:
             found = memory.estimate(
-                job_id, keys(job.record), scheduler.mem_auto.learned, {}, margin=scheduler.policy.auto_margin,
-                overhead=scheduler.policy.overhead,
+                job_id, keys(job.record), scheduler.mem_auto.learned, {}, margin=policy.auto_margin,
+                overhead=policy.overhead,
             )  # fmt: skip
             if isinstance(found, memory.Estimate) and found.mem is not None:
                 note = f"a probe; since it settled, {found.note}"

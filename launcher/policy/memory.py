@@ -8,9 +8,11 @@ so an array's members and tomorrow's run of the same script share it). The first
 gives the reservation: that peak plus a margin. With none known, one job of the kind runs as the *probe*
 (on a whole GPU, or on ``probe_mem`` when configured) and the others of its kind wait for the probe's
 peak: all of them running as probes would take every GPU whole, which is what ``auto`` is meant to avoid.
-A running probe's peak counts once the probe has run ``settle`` seconds, so an array does not wait for
-its first member to finish; a job whose memory grows later is stopped at its fence (CUDA out of memory),
-comes back with twice its reservation, and the raised figure is what its kind learns.
+A running probe's peak counts once it has held still for ``steady`` seconds, or at the latest once the probe
+has run ``settle`` seconds (``counts``), so an array waits seconds for its probe, not a whole run; the
+others start fenced at that early peak plus the margin. A job whose memory grows later is stopped at its
+fence (CUDA out of memory), comes back with twice its reservation (or the probe's larger peak since), and
+the raised figure is what its kind learns.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from gpuq_scheduler.jobs.units import format_size
 
 MARGIN = 0.20  # of the peak: NVML is sampled every 2 s and misses short spikes; allocators vary run to run
 FLOOR = 256 << 20  # the least margin: a CUDA context alone moves by this much between driver versions
-SETTLE = 20.0  # seconds a probe runs before its peak so far counts for the rest of its kind
+SETTLE = 20.0  # seconds a probe runs before its peak so far counts for the rest of its kind, still or not
+# Seconds a probe's peak must hold still before it counts sooner: the daemon samples every 2 s, so three
+# samples in a row showing the same peak (a training job's memory stops growing after its first steps).
+STEADY = 4.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,16 @@ def estimate(
             return Wait(f"--mem auto: waiting for the peak memory of job {prober}, which runs first as a probe")
     where = "a whole GPU" if probe_mem is None else f"{format_size(probe_mem)} (auto.probe_mem)"
     return Estimate(probe_mem, f"a probe on {where}: no earlier run of its kind", probe=True)
+
+
+def counts(ran: float, still: float | None, *, settle: float = SETTLE, steady: float | None = STEADY) -> bool:
+    """Whether a running probe's peak so far counts for the rest of its kind. ``ran``: seconds the probe has
+    run; ``still``: seconds since its peak last grew (None: no memory seen yet); ``steady`` None: only
+    ``settle`` counts. A peak that held still early can still be the CUDA context alone, before the job's
+    real work: the others are fenced at it, so one that needs more meets its fence, not a neighbour."""
+    if still is None:
+        return False
+    return ran >= settle or (steady is not None and still >= steady)
 
 
 def learn(peaks: Mapping[str, Peak], keys: Sequence[str], seen: Peak) -> dict[str, Peak]:

@@ -91,6 +91,7 @@ class Policy:
     auto_margin: float = memory.MARGIN  # --mem auto: the learned reservation is the peak plus this much
     auto_probe_mem: int | None = None  # --mem auto with no history: the probe's share (None: a whole GPU)
     auto_settle: float = memory.SETTLE  # seconds a probe runs before its peak so far counts
+    auto_steady: float | None = memory.STEADY  # ... or sooner, once its peak held still this long (None: off)
 
 
 @dataclass

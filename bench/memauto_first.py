@@ -79,8 +79,11 @@ def machine(fake: bool) -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """GPUQ_BENCH_COMMIT where the tree was copied without its history (the lent machine), else git's."""
+    if os.environ.get("GPUQ_BENCH_COMMIT"):
+        return os.environ["GPUQ_BENCH_COMMIT"]
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() or os.environ.get("GPUQ_BENCH_COMMIT", "unknown")
+    return done.stdout.strip() or "unknown"
 
 
 def one_run(label: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -146,7 +149,8 @@ def main() -> None:
                 for name, runs in results["runs"].items()
             } if hand else {}  # fmt: skip
             (args.out / "memauto_first.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({"vs_mem_4G (medians)": results["vs_mem_4G"]}), flush=True)
+    left = subprocess.run(["pgrep", "-a", "-x", "nvidia-cuda-mps"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"vs_mem_4G (medians)": results["vs_mem_4G"], "mps_left": left}), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,14 @@
 Each run is a fresh queue (a fresh state directory: nothing learned), one array of ``--jobs`` digits
 trainers (examples/train_digits.py), the daemon started before the submit and stopped after. Runs:
 
-  mem_4G                --mem 4G, the hand-given figure
-  mem_auto              --mem auto, first run (the probe's peak counts once it held still: GPUQ_AUTO_STEADY)
-  mem_auto_steady_2     the same with GPUQ_AUTO_STEADY=2
-  mem_auto_settle_only  GPUQ_AUTO_STEADY=off: the probe's peak counts after GPUQ_AUTO_SETTLE (20 s), as before
+  mem_4G                      --mem 4G, the hand-given figure
+  mem_auto                    --mem auto, first run: every member at once on a fenced first share
+  mem_auto_probe              GPUQ_AUTO_FIRST=probe: one probe, the others once its peak held still 4 s
+  mem_auto_probe_steady_2     the same with GPUQ_AUTO_STEADY=2
+  mem_auto_probe_settle_only  ... and GPUQ_AUTO_STEADY=off: after GPUQ_AUTO_SETTLE (20 s), as before issue 40
 
+(At 611e0db, the H200 run of bench/results/h200-memauto-2026-11-29, there was no first share yet: its
+mem_auto, mem_auto_steady_2 and mem_auto_settle_only are the three probe runs here.)
 For each: the makespan (submit to the last end), how long the others waited for the probe (probe start to
 the next member's start), what they learned, and their attempts (one stopped at its fence comes back).
 Writes DIR/memauto_first.json after every run, so a run cut short still leaves the ones before it.
@@ -35,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "mem_4G": (("--mem", "4G"), {}),
     "mem_auto": (("--mem", "auto"), {}),
-    "mem_auto_steady_2": (("--mem", "auto"), {"GPUQ_AUTO_STEADY": "2"}),
-    "mem_auto_settle_only": (("--mem", "auto"), {"GPUQ_AUTO_STEADY": "off"}),
+    "mem_auto_probe": (("--mem", "auto"), {"GPUQ_AUTO_FIRST": "probe"}),
+    "mem_auto_probe_steady_2": (("--mem", "auto"), {"GPUQ_AUTO_FIRST": "probe", "GPUQ_AUTO_STEADY": "2"}),
+    "mem_auto_probe_settle_only": (("--mem", "auto"), {"GPUQ_AUTO_FIRST": "probe", "GPUQ_AUTO_STEADY": "off"}),
 }
 
 

@@ -11,6 +11,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.mps import Fence
 from gpuq_scheduler.launcher.policy import memory
 
 
@@ -32,6 +33,7 @@ def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
     found = memory.estimate(
         record.id, kinds, scheduler.mem_auto.learned, scheduler.mem_auto.probes, margin=scheduler.policy.auto_margin,
         overhead=scheduler.policy.overhead, probe_mem=scheduler.policy.auto_probe_mem, biggest_gpu=biggest,
+        first=_first_share(scheduler),
     )  # fmt: skip
     if isinstance(found, memory.Wait):
         return found.reason
@@ -41,6 +43,19 @@ def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
     if spec.mem_per_gpu == found.mem and spec.mem_from == found.note:
         return record
     return record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=found.note))
+
+
+def _first_share(scheduler: SchedulerState) -> int | None:
+    """The fenced first share of a kind with no history (``policy.memory.first_share``), on the smallest GPU
+    so that it fits on any; None (a probe runs first) where no fence would hold it, where a probe's size is
+    configured, or where ``GPUQ_AUTO_FIRST=probe``."""
+    policy = scheduler.policy
+    if policy.auto_first is None or policy.auto_probe_mem is not None or scheduler.fence is Fence.NONE:
+        return None
+    if policy.auto_first:
+        return policy.auto_first
+    smallest = min((g.total for g in scheduler.last_snapshot if not g.lost), default=None)
+    return None if smallest is None else memory.first_share(smallest - policy.margin, policy.overhead)
 
 
 def launched(scheduler: SchedulerState, record: JobRecord) -> None:

@@ -5,7 +5,12 @@ Pure: the peaks the daemon has seen come in as plain values, an estimate or a re
 A job's kinds, most specific first: the job named by ``--like``, its array, its ``--name``, and its
 command line with its working directory (``spec.kind``, fixed at submit time from the command as typed,
 so an array's members and tomorrow's run of the same script share it). The first kind with a known peak
-gives the reservation: that peak plus a margin. With none known, one job of the kind runs as the *probe*
+gives the reservation: that peak plus a margin. With none known and a fence to hold it, every job of the
+kind starts at once on a *first share* (``first``: a sixteenth of its GPU by default), fenced: one that
+outgrows it meets its own fence and comes back with twice as much, and its kind learns from every run
+that ends. (A probe made the others wait for its peak, which cost a short sweep most of its run: measured on
+an H200, its 12 s probe was mostly start-up, before the memory it would show.) Where nothing would hold a
+first share (no fence, or ``first`` is None), one job of the kind runs as the *probe*
 (on a whole GPU, or on ``probe_mem`` when configured) and the others of its kind wait for the probe's
 peak: all of them running as probes would take every GPU whole, which is what ``auto`` is meant to avoid.
 A running probe's peak counts once it has held still for ``steady`` seconds, or at the latest once the probe
@@ -28,6 +33,7 @@ SETTLE = 20.0  # seconds a probe runs before its peak so far counts for the rest
 # Seconds a probe's peak must hold still before it counts sooner: the daemon samples every 2 s, so three
 # samples in a row showing the same peak (a training job's memory stops growing after its first steps).
 STEADY = 4.0
+FIRST_RUNS = 16  # the first share is a GPU's room over this many jobs: doubling reaches a whole GPU in 4 steps
 
 
 @dataclass(frozen=True)
@@ -75,17 +81,24 @@ def reservation(peak: int, margin: float = MARGIN, floor: int = FLOOR) -> int:
     return -(-wanted // (1 << 20)) << 20
 
 
+def first_share(gpu_room: int, overhead: int, floor: int = FLOOR) -> int:
+    """The share every job of a kind with no history starts on: ``gpu_room`` (a GPU's memory less the margin
+    placement keeps free) over FIRST_RUNS jobs, less the ``overhead`` placement adds to each share."""
+    return max(gpu_room // FIRST_RUNS - overhead, floor) >> 20 << 20
+
+
 def estimate(
     job_id: int, keys: Sequence[str], peaks: Mapping[str, Peak], probes: Mapping[str, int], *,
     margin: float = MARGIN, floor: int = FLOOR, overhead: int = 0, probe_mem: int | None = None,
-    biggest_gpu: int | None = None,
+    biggest_gpu: int | None = None, first: int | None = None,
 ) -> Estimate | Wait:  # fmt: skip
     """How much ``job_id`` (filed under ``keys``) reserves on each GPU, or why it waits for a probe.
 
     ``peaks`` holds what each key has shown, ``probes`` the job probing each key now. A peak is all the
     process held (NVML counts its CUDA context too), while placement adds ``overhead`` to every share for
     the context: the share is the reservation less that overhead, so the context is not counted twice. A
-    reservation that would not fit under ``biggest_gpu`` is a whole GPU."""
+    reservation that would not fit under ``biggest_gpu`` is a whole GPU. ``first``: the fenced first share of
+    a kind with no history (None: a probe runs first, alone)."""
     for key in keys:
         peak = peaks.get(key)
         if peak is None:
@@ -101,6 +114,8 @@ def estimate(
         if biggest_gpu is not None and total >= biggest_gpu:
             return Estimate(None, f"whole GPU: learned {format_size(total)} from job {peak.job_id}, a GPU's worth")
         return Estimate(share, note)
+    if first is not None:
+        return Estimate(first, f"a first run on {format_size(first)}, fenced: no earlier run of its kind")
     for key in keys:
         prober = probes.get(key)
         if prober is not None and prober != job_id:

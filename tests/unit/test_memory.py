@@ -137,3 +137,15 @@ def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once
     given_mem = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
     assert lifecycle.retry(JobRecord(1, given_mem, 0, "a", JobState.RUNNING, 0.0, attempt=2), outcome, backoff=1,
                            biggest_gpu=80 * GiB) is None  # fmt: skip
+
+
+def test_with_no_history_and_a_fence_every_job_starts_at_once_on_a_first_share() -> None:
+    """Issue 40: no job of a first run waits for a probe; each is fenced at a sixteenth of its GPU."""
+    share = memory.first_share(143 * GiB - 512 * MiB, overhead=1 * GiB)  # an H200, less placement's margin
+    assert share == (143 * GiB - 512 * MiB) // 16 - 1 * GiB >> 20 << 20  # 16 of them fit, with their contexts
+    for job_id in (30, 31):  # no probe filed, none waits
+        found = memory.estimate(job_id, ["array:40", "cmd:x"], {}, {}, overhead=1 * GiB, first=share)
+        assert found == Estimate(share, "a first run on 7.9G, fenced: no earlier run of its kind")
+    learned = memory.estimate(32, ["cmd:x"], {"cmd:x": Peak(1 * GiB, 30)}, {}, overhead=1 * GiB, first=share)
+    assert isinstance(learned, Estimate) and learned.note.startswith("1.2G learned from job 30")  # history wins
+    assert memory.first_share(8 * GiB, overhead=1 * GiB) == memory.FLOOR  # a small GPU: the floor

@@ -33,7 +33,7 @@ SETTLE = 20.0  # seconds a probe runs before its peak so far counts for the rest
 # Seconds a probe's peak must hold still before it counts sooner: the daemon samples every 2 s, so three
 # samples in a row showing the same peak (a training job's memory stops growing after its first steps).
 STEADY = 4.0
-FIRST_RUNS = 16  # the first share is a GPU's room over this many jobs: doubling reaches a whole GPU in 4 steps
+FIRST_RUNS = 16  # the first share is a GPU's room over this many jobs: 5 doublings reach a whole GPU
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def test_a_first_auto_sweep_starts_every_member_at_once_on_a_fenced_first_share(
     running = [first.wait_state(job_id, "running", timeout=120) for job_id in members]
     assert all(r["gpus"] == [0] and r["mem_per_gpu"] == FIRST for r in running)
     assert {r["mem_from"] for r in running} == {"a first run on 4.0G, fenced: no earlier run of its kind"}
+    wait_for(lambda: all(first.job(j)["peak_mem"] for j in members), 120, "their peaks to be sampled")
     gate.touch()
     records = _ended(first, members)
     assert [(r["state"], r["attempt"]) for r in records] == [("succeeded", 1)] * 4

@@ -17,6 +17,9 @@ BAD = [
     ("GPUQ_RETRY_BACKOFF", "1e9", "give a number of seconds from 0 to 86400"),
     ("GPUQ_AUTO_MARGIN", "lots", "give a fraction such as 0.2 from 0 to 10"),
     ("GPUQ_AUTO_PROBE_MEM", "big", "cannot read size"),
+    ("GPUQ_AUTO_STEADY", "soon", "give a number of seconds (or off) from 0 to 86400"),
+    ("GPUQ_AUTO_FIRST", "some", "cannot read size"),
+    ("GPUQ_AUTO_FIRST", "0G", "must be more than zero; or probe"),
     ("GPUQ_IDLE_LIMIT", "soon", "write it like 90s"),
 ]
 

@@ -108,7 +108,16 @@ def test_gpuq_gpus_says_which_fence_each_gpu_has(mps: Gpuq, cooperative: Gpuq) -
         assert "FENCE" in client.run("gpus").stdout
 
 
-def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(mps: Gpuq) -> None:
+@pytest.fixture
+def probing(tmp_path: Path) -> Iterator[Gpuq]:
+    """A queue whose first run of a kind probes (GPUQ_AUTO_FIRST=probe) instead of starting on a first share."""
+    client = _client(tmp_path / "probing", GPUQ_FAKE_MPS="1", GPUQ_AUTO_FIRST="probe")
+    yield client
+    client.cleanup()
+
+
+def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(probing: Gpuq) -> None:
+    mps = probing
     array = int(__import__("json").loads(
         mps.run("submit", "--json", "--mem", "auto", "--array", "0-5", "fake_cuda.py", "3", "4").stdout
     )["id"])  # fmt: skip

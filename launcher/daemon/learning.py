@@ -11,6 +11,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.mps import Fence
 from gpuq_scheduler.launcher.policy import memory
 
 
@@ -32,6 +33,7 @@ def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
     found = memory.estimate(
         record.id, kinds, scheduler.mem_auto.learned, scheduler.mem_auto.probes, margin=scheduler.policy.auto_margin,
         overhead=scheduler.policy.overhead, probe_mem=scheduler.policy.auto_probe_mem, biggest_gpu=biggest,
+        first=_first_share(scheduler),
     )  # fmt: skip
     if isinstance(found, memory.Wait):
         return found.reason
@@ -43,29 +45,55 @@ def resolve(scheduler: SchedulerState, record: JobRecord) -> JobRecord | str:
     return record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=found.note))
 
 
+def _first_share(scheduler: SchedulerState) -> int | None:
+    """The fenced first share of a kind with no history (``policy.memory.first_share``), on the smallest GPU
+    so that it fits on any; None (a probe runs first) where no fence would hold it, where a probe's size is
+    configured, or where ``GPUQ_AUTO_FIRST=probe``."""
+    policy = scheduler.policy
+    if policy.auto_first is None or policy.auto_probe_mem is not None or scheduler.fence is Fence.NONE:
+        return None
+    if policy.auto_first:
+        return policy.auto_first
+    smallest = min((g.total for g in scheduler.last_snapshot if not g.lost), default=None)
+    return None if smallest is None else memory.first_share(smallest - policy.margin, policy.overhead)
+
+
 def launched(scheduler: SchedulerState, record: JobRecord) -> None:
     """An auto job starts: record the reservation it got and where it came from, for `gpuq show`."""
     scheduler.table.update_spec(record.id, record.spec)
 
 
 def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None:
-    """Count the peaks sampled just now. A probe that has run ``settle`` seconds teaches its kinds, and from
-    then on holds only its own learned share, so its GPU takes packed jobs beside it: an array waits for its
-    probe for ``settle`` seconds, not for a whole run. (The probe itself started with no fence; a probe
-    that grows later is the one job of its kind that can still crowd its neighbours.)"""
+    """Count the peaks sampled just now. A probe whose peak has held still for ``auto_steady`` seconds, or
+    that has run ``auto_settle`` seconds (``policy.memory.counts``), teaches its kinds, and from then on
+    holds only its own learned share, so its GPU takes packed jobs beside it: an array waits seconds for its
+    probe, not a whole run. Its later samples keep teaching, so a member that outgrew the early figure comes
+    back with the probe's peak when that is more than twice its share. (The probe itself started with no
+    fence; a probe that grows later is the one job of its kind that can still crowd its neighbours.)"""
+    probes = set(scheduler.mem_auto.probes.values())
+    grew_at = scheduler.mem_auto.grew_at
     for job_id, held in peaks.items():
+        if held > scheduler.mem_auto.job_peaks.get(job_id, 0) and job_id in probes:
+            grew_at[job_id] = now
         scheduler.mem_auto.job_peaks[job_id] = max(scheduler.mem_auto.job_peaks.get(job_id, 0), held)
-    for job_id in set(scheduler.mem_auto.probes.values()):
+    for job_id in [j for j in grew_at if j not in probes]:
+        del grew_at[job_id]  # no longer a probe (ended, or its kind was learned otherwise)
+    policy = scheduler.policy
+    for job_id in probes:
         job = scheduler.running.get(job_id)
         peak = scheduler.mem_auto.job_peaks.get(job_id, 0)
-        if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
+        if job is None or peak <= 0:
+            continue
+        ran = now - (job.record.started_at or now)
+        still = now - grew_at[job_id] if job_id in grew_at else None
+        if not memory.counts(ran, still, settle=policy.auto_settle, steady=policy.auto_steady):
             continue
         _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
         spec = job.record.spec
         if spec.mem_per_gpu is None and spec.mem_auto:
             found = memory.estimate(
-                job_id, keys(job.record), scheduler.mem_auto.learned, {}, margin=scheduler.policy.auto_margin,
-                overhead=scheduler.policy.overhead,
+                job_id, keys(job.record), scheduler.mem_auto.learned, {}, margin=policy.auto_margin,
+                overhead=policy.overhead,
             )  # fmt: skip
             if isinstance(found, memory.Estimate) and found.mem is not None:
                 note = f"a probe; since it settled, {found.note}"

@@ -167,7 +167,9 @@ def _environment(environ: Mapping[str, str]) -> tuple[float, float, Policy]:
 def _policy(environ: Mapping[str, str]) -> Policy:
     """Placement's knobs, from the daemon's environment where it sets them (``GPUQ_AUTO_MARGIN``: the
     fraction --mem auto adds to a learned peak; ``GPUQ_AUTO_PROBE_MEM``: a probe's share instead of a GPU;
-    ``GPUQ_AUTO_SETTLE``: seconds a probe runs before its peak so far counts)."""
+    ``GPUQ_AUTO_SETTLE``: seconds a probe runs before its peak so far counts; ``GPUQ_AUTO_STEADY``: seconds
+    its peak must hold still to count sooner, or ``off``; ``GPUQ_AUTO_FIRST``: the fenced share a kind with no
+    history starts on, or ``probe``)."""
     from gpuq_scheduler.jobs.units import parse_size
     from gpuq_scheduler.launcher.policy.placement import Policy
 
@@ -177,6 +179,18 @@ def _policy(environ: Mapping[str, str]) -> Policy:
         policy = dataclasses.replace(policy, auto_margin=margin)
     if environ.get("GPUQ_AUTO_SETTLE"):
         policy = dataclasses.replace(policy, auto_settle=_seconds(environ, "GPUQ_AUTO_SETTLE", 0.0, low=0.0))
+    if environ.get("GPUQ_AUTO_STEADY") == "off":
+        policy = dataclasses.replace(policy, auto_steady=None)
+    elif environ.get("GPUQ_AUTO_STEADY"):
+        steady = _number(environ, "GPUQ_AUTO_STEADY", 0.0, 0.0, 86400.0, "a number of seconds (or off)")
+        policy = dataclasses.replace(policy, auto_steady=steady)
+    first = environ.get("GPUQ_AUTO_FIRST")
+    if first:
+        try:
+            size = None if first == "probe" else parse_size(first)
+        except BadInput as err:
+            raise DaemonError(f"GPUQ_AUTO_FIRST={first!r}: {err}; or probe") from None
+        policy = dataclasses.replace(policy, auto_first=size)
     text = environ.get("GPUQ_AUTO_PROBE_MEM")
     if text:
         try:

@@ -39,12 +39,13 @@ class Monitor:
 
 class MemAuto:
     """``daemon.learning`` (--mem auto): what each kind of job has shown and the probe of each kind now (both
-    read by placement), and the most each running job has held on one GPU so far."""
+    read by placement), the most each running job has held on one GPU so far, and when each probe's last grew."""
 
     def __init__(self, changes: Changes, learned: dict[str, memory.Peak]) -> None:
         self.learned: TrackedDict[str, memory.Peak] = TrackedDict(changes, learned)
         self.probes: TrackedDict[str, int] = TrackedDict(changes)
         self.job_peaks: dict[int, int] = {}
+        self.grew_at: dict[int, float] = {}  # running probe -> when its peak last grew (a sample's time)
 
 
 @dataclass

@@ -66,7 +66,9 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
 
     Backoff doubles each attempt (``backoff`` seconds first), capped at 10 minutes. With --oom-retry, a
     run that died of CUDA out-of-memory retries with twice the memory, or a whole GPU once twice would
-    not fit any GPU; --oom-retry alone allows one such retry, and so does --mem auto.
+    not fit any GPU; --oom-retry alone allows one such retry. A --mem auto job stopped at its fence retries
+    until its share holds: the share was gpuq's guess (a probe's early peak, issue 40), not the user's, and
+    doubling reaches a whole GPU within a few attempts, where an out-of-memory is the job's own again.
     """
     if outcome.state not in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST):
         return None
@@ -74,6 +76,8 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
     # --mem auto implies --oom-retry: a learned share is a guess, and a job that outgrows it comes back with more.
     oom = (spec.oom_retry or spec.mem_auto) and outcome.cause in GROWS
     allowed = max(spec.retries, 1) if oom else spec.retries
+    if oom and spec.mem_auto and spec.gpus > 0 and spec.mem_per_gpu is not None:
+        allowed = max(allowed, record.attempt)
     if record.attempt > allowed:
         return None
     delay = min(backoff * 2 ** (record.attempt - 1), 600.0)

@@ -90,7 +90,10 @@ class Policy:
     cpu_slots: int | None = None  # how many --gpus 0 jobs run at once (None: no limit)
     auto_margin: float = memory.MARGIN  # --mem auto: the learned reservation is the peak plus this much
     auto_probe_mem: int | None = None  # --mem auto with no history: the probe's share (None: a whole GPU)
+    # --mem auto with no history, where a fence holds it: the first share (0: a sixteenth of the GPU; None: a probe)
+    auto_first: int | None = 0
     auto_settle: float = memory.SETTLE  # seconds a probe runs before its peak so far counts
+    auto_steady: float | None = memory.STEADY  # ... or sooner, once its peak held still this long (None: off)
 
 
 @dataclass

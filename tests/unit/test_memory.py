@@ -5,7 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuq_scheduler.launcher.policy import memory
+from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
+from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.launcher.policy import lifecycle, memory
 from gpuq_scheduler.launcher.policy.memory import Estimate, Peak, Wait
 
 GiB = 1 << 30
@@ -87,3 +90,62 @@ def test_a_reservation_always_covers_the_peak_with_at_least_the_floor_to_spare(p
     reserved = memory.reservation(peak, margin)
     assert reserved >= peak + memory.FLOOR
     assert reserved % MiB == 0
+
+
+def test_a_probe_whose_peak_held_still_counts_before_the_settle_time() -> None:
+    """Issue 40: the first run of a kind waited the whole settle time (20 s) for its probe's peak."""
+    assert memory.counts(5.0, 4.0, settle=20.0, steady=4.0)  # three samples 2 s apart showed the same peak
+    assert not memory.counts(5.0, 2.0, settle=20.0, steady=4.0)  # it grew at the last sample but one
+    assert memory.counts(20.0, 0.0, settle=20.0, steady=4.0)  # still growing at the settle time: counts all the same
+
+
+def test_a_probe_with_no_memory_seen_never_counts_and_steady_off_waits_the_settle_time() -> None:
+    assert not memory.counts(60.0, None, settle=20.0, steady=4.0)  # nothing to teach yet
+    assert not memory.counts(19.9, 19.0, settle=20.0, steady=None)
+    assert memory.counts(20.0, 19.0, settle=20.0, steady=None)
+
+
+@given(st.floats(0, 100), st.floats(0, 100), st.floats(0, 100), st.floats(0, 100) | st.none(), st.floats(0, 100))
+def test_once_a_probe_counts_it_keeps_counting_and_none_waits_past_the_settle_time(
+    ran: float, still: float, settle: float, steady: float | None, later: float
+) -> None:
+    still = min(still, ran)  # its peak cannot have held still longer than the probe has run
+    if memory.counts(ran, still, settle=settle, steady=steady):
+        assert memory.counts(ran + later, still + later, settle=settle, steady=steady)  # no growth since
+    assert memory.counts(max(ran, settle), still, settle=settle, steady=steady)
+
+
+def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once() -> None:
+    """A probe's early peak can be its CUDA context alone: a member fenced at it must come back until its share
+    holds (it once had one retry, so a second fence meant a failed job that the 20 s probe would have run)."""
+    spec = JobSpec(command=("x",), cwd="/", mem_per_gpu=256 * MiB, mem_auto=True)
+    outcome = Outcome.out_of_memory(OutOfMemory(Cause.OOM_PAST_SHARE, share=256 * MiB, asked="auto"), 1, None)
+    shares, attempt = [], 1
+    while (retry := lifecycle.retry(JobRecord(1, spec, 0, "a", JobState.RUNNING, 0.0, attempt=attempt), outcome,
+                                    backoff=1, biggest_gpu=80 * GiB)) is not None:  # fmt: skip
+        if retry.spec.mem_per_gpu is None:
+            break  # a whole GPU: past there, an out-of-memory is the job's own
+        spec, attempt = retry.spec, attempt + 1
+        shares.append(spec.mem_per_gpu)
+    assert retry is not None and retry.spec.mem_per_gpu is None  # it got there, one doubling at a time
+    assert shares == [256 * MiB << k for k in range(1, 9)]  # 512M ... 64G, then the whole 80G GPU
+    whole = JobSpec(command=("x",), cwd="/", mem_per_gpu=None, mem_auto=True)
+    plain = Outcome.out_of_memory(OutOfMemory(Cause.OOM), 1, None)
+    assert lifecycle.retry(JobRecord(1, whole, 0, "a", JobState.RUNNING, 0.0, attempt=10), plain, backoff=1,
+                           biggest_gpu=80 * GiB) is None  # fmt: skip
+    # --oom-retry of a --mem the user gave still retries once: their figure, not gpuq's guess.
+    given_mem = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
+    assert lifecycle.retry(JobRecord(1, given_mem, 0, "a", JobState.RUNNING, 0.0, attempt=2), outcome, backoff=1,
+                           biggest_gpu=80 * GiB) is None  # fmt: skip
+
+
+def test_with_no_history_and_a_fence_every_job_starts_at_once_on_a_first_share() -> None:
+    """Issue 40: no job of a first run waits for a probe; each is fenced at a sixteenth of its GPU."""
+    share = memory.first_share(143 * GiB - 512 * MiB, overhead=1 * GiB)  # an H200, less placement's margin
+    assert share == (143 * GiB - 512 * MiB) // 16 - 1 * GiB >> 20 << 20  # 16 of them fit, with their contexts
+    for job_id in (30, 31):  # no probe filed, none waits
+        found = memory.estimate(job_id, ["array:40", "cmd:x"], {}, {}, overhead=1 * GiB, first=share)
+        assert found == Estimate(share, "a first run on 7.9G, fenced: no earlier run of its kind")
+    learned = memory.estimate(32, ["cmd:x"], {"cmd:x": Peak(1 * GiB, 30)}, {}, overhead=1 * GiB, first=share)
+    assert isinstance(learned, Estimate) and learned.note.startswith("1.2G learned from job 30")  # history wins
+    assert memory.first_share(8 * GiB, overhead=1 * GiB) == memory.FLOOR  # a small GPU: the floor

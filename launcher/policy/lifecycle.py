@@ -81,6 +81,10 @@ def retry(record: JobRecord, outcome: Outcome, *, backoff: float, biggest_gpu: i
     if record.attempt > allowed:
         return None
     delay = min(backoff * 2 ** (record.attempt - 1), 600.0)
+    if oom and spec.mem_auto and outcome.cause is Cause.OOM_PAST_SHARE:
+        # gpuq's guess was short, not the job: nothing to wait out, and a backoff per doubling would make a big
+        # job's first run wait 10 + 20 + 40 + ... seconds on its way to the share it needs.
+        delay = 0.0
     why = outcome.reason or outcome.state.value
     if oom and spec.gpus > 0 and spec.mem_per_gpu is not None:
         more = spec.mem_per_gpu * 2

@@ -125,6 +125,7 @@ def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once
                                     backoff=1, biggest_gpu=80 * GiB)) is not None:  # fmt: skip
         if retry.spec.mem_per_gpu is None:
             break  # a whole GPU: past there, an out-of-memory is the job's own
+        assert retry.delay == 0.0  # gpuq's guess was short: it comes back at once, no backoff per doubling
         spec, attempt = retry.spec, attempt + 1
         shares.append(spec.mem_per_gpu)
     assert retry is not None and retry.spec.mem_per_gpu is None  # it got there, one doubling at a time
@@ -133,7 +134,11 @@ def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once
     plain = Outcome.out_of_memory(OutOfMemory(Cause.OOM), 1, None)
     assert lifecycle.retry(JobRecord(1, whole, 0, "a", JobState.RUNNING, 0.0, attempt=10), plain, backoff=1,
                            biggest_gpu=80 * GiB) is None  # fmt: skip
-    # --oom-retry of a --mem the user gave still retries once: their figure, not gpuq's guess.
+    # --oom-retry of a --mem the user gave still retries once, after its backoff: their figure, not gpuq's guess.
+    first = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
+    again = lifecycle.retry(JobRecord(1, first, 0, "a", JobState.RUNNING, 0.0, attempt=1), outcome, backoff=10,
+                            biggest_gpu=80 * GiB)  # fmt: skip
+    assert again is not None and again.delay == 10 and again.spec.mem_per_gpu == 8 * GiB
     given_mem = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
     assert lifecycle.retry(JobRecord(1, given_mem, 0, "a", JobState.RUNNING, 0.0, attempt=2), outcome, backoff=1,
                            biggest_gpu=80 * GiB) is None  # fmt: skip

@@ -177,7 +177,7 @@ class Resumed(Event):
     job: int
     steps: Any = None
     helper: Any = None
-    pool: int = 0  # the pinned host memory it kept for its next suspend (``launcher.daemon.pools``)
+    pool: int | None = None  # the pinned host memory it kept for its next suspend (``launcher.daemon.pools``)
     kind: Kind = Kind.RESUMED
 
 
@@ -295,8 +295,8 @@ class ReservationWarning(Event):
 
 
 CLASSES: tuple[type[Event], ...] = (
-    Submitted, Started, Ended, Again, ArrayHeld, Asked, QueueSet, Refused, Suspended, Resumed, StepFailed,
-    Rejected, Watchdog, GpuLost, IdleReleased, Preempted, Reserved, ReservationEnded, ReservationWarning,
+    Submitted, Started, Ended, Again, ArrayHeld, Asked, QueueSet, Refused, Suspended, Resumed, PoolGivenBack,
+    StepFailed, Rejected, Watchdog, GpuLost, IdleReleased, Preempted, Reserved, ReservationEnded, ReservationWarning,
 )  # fmt: skip
 CLASS_OF: dict[Kind, type[Event]] = {kind: cls for cls in CLASSES for kind in cls.KINDS}
 

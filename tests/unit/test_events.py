@@ -25,6 +25,7 @@ from gpuq_scheduler.jobs.store.events import (
     GpuLost,
     IdleReleased,
     Kind,
+    PoolGivenBack,
     Preempted,
     QueueSet,
     Refused,
@@ -65,6 +66,8 @@ ONE_OF_EACH: list[Event] = [
     ),
     Suspended(9.1, 2, GiB),  # as gpuq wrote it before suspends had paths
     Resumed(10.0, 1, {"thaw": 0.2}, {"spawned": 9.9}),
+    Resumed(10.1, 2, {"thaw": 0.2}, {"spawned": 9.9}, pool=60 << 30),
+    PoolGivenBack(10.2, 2, 60 << 30, "GPUQ_FAST_POOL=off", (4242,)),
     StepFailed(11.0, Kind.RESUME_FAILED, 1, "no memory"),
     StepFailed(11.1, Kind.SUSPEND_UNDONE, 1, "the driver refused"),
     Rejected(12.0, "control-x.json", "is not JSON", 1000),

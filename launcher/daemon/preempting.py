@@ -43,7 +43,8 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, suspending, watching
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, reservations
@@ -138,7 +139,6 @@ def launch_ready(
         if still:
             continue
         del scheduler.preemption.taking[job_id]
-        scheduler.pending.pop(job_id)
         scheduler.not_before.pop(job_id, None)
         launch(record, taking.gpus, taking.uuids, now)
 

@@ -77,7 +77,7 @@ def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], wait
         if isinstance(resolved, str):
             waiting[record.id] = resolved
         else:
-            scheduler.pending[record.id] = resolved
+            scheduler.lives.update(resolved)
             placed.append(resolved)
     return placed
 

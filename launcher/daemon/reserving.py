@@ -37,8 +37,9 @@ from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
 from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
+from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.owned import Booked
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import reservations as rules
 from gpuq_scheduler.launcher.policy.placement import Holding, Request
 

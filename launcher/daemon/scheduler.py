@@ -47,7 +47,8 @@ from gpuq_scheduler.launcher.daemon import (
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
 from gpuq_scheduler.launcher.daemon.guarding import Watch
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
@@ -166,11 +167,9 @@ class Scheduler(SchedulerState):
 
     def reload(self) -> None:
         """Forget what this tick did in memory and read the active jobs back from the table."""
-        self.pending = {r.id: r for r in self.table.pending()}
-        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
+        self.load_lives()
         for job_id in set(self.suspended) & set(self.suspensions.acting):  # resuming: it holds its GPUs
-            self.running[job_id] = self.suspended.pop(job_id)
+            self.lives.resume(job_id)
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()
@@ -295,7 +294,6 @@ class Scheduler(SchedulerState):
     def launch_fenced(self, now: float) -> None:
         """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
         for record, gpus, uuids in fences.step(self):
-            self.pending.pop(record.id, None)
             self._launch(record, gpus, uuids, now)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -327,7 +325,7 @@ class Scheduler(SchedulerState):
             plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
-            record = self.pending.pop(decision.job_id)
+            record = self.pending[decision.job_id]  # pending until it starts (``_launch``)
             self.not_before.pop(record.id, None)
             self._requests.pop(record.id, None)
             if withdrawn(self, record, now):  # its client went since the last look: its GPUs wait for the next pass
@@ -462,7 +460,7 @@ class Scheduler(SchedulerState):
         self.table.mark_running(record.id, gpus, uuids, now, info)
         self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
-        self.running[record.id] = Running(running, info)
+        self.lives.start(Running(running, info))
         self.journal.append({"t": now, "job": record.id, "event": "started", "gpus": list(gpus)})
 
     def _record_reasons(self, waiting: dict[int, str], now: float) -> None:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,8 @@ from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
@@ -90,7 +92,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         events.append({"t": now, "job": record.id, "event": "suspending", "by": who})
 
 
-def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
+def _named(pool: Mapping[int, Running], job_id: int) -> list[Running]:
     if job_id in pool:
         return [pool[job_id]]
     return [job for job in pool.values() if job.record.array_id == job_id]
@@ -251,7 +253,7 @@ def recover(scheduler: SchedulerState) -> None:
             )
     for job_id, job in list(scheduler.suspended.items()):
         if job.record.step is Step.RESUMING:
-            scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # it holds its GPUs again
+            scheduler.lives.resume(job_id)  # it holds its GPUs again
             resuming = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
             scheduler.suspensions.acting[job_id] = resuming
     for acting in scheduler.suspensions.acting.values():
@@ -303,7 +305,7 @@ def _settle(
         scheduler.table.mark_suspended(job_id, host_bytes, now)
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
-        scheduler.suspended[job_id] = scheduler.running.pop(job_id)
+        scheduler.lives.suspend(job_id)
         scheduler.monitor.held.pop(job_id, None)
         event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
         events.append(event | dict(result.get("path") or {}))  # the path it took, and why (daemon/fastpath.py)
@@ -370,7 +372,7 @@ def _start_resumes(scheduler: SchedulerState, now: float, events: list[dict[str,
         if not scheduler.table.mark_step(job_id, Step.RESUMING):
             continue
         job.record = job.record.replace(step=Step.RESUMING)
-        scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
+        scheduler.lives.resume(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
         _begin(scheduler, job, Step.RESUMING, "resume", who, now)
         events.append({"t": now, "job": job_id, "event": "resuming", "by": who})

@@ -1,0 +1,157 @@
+"""One typed life per live job (issue 41, part 1): each phase carries its own data, the moves a phase does not
+allow are refused, a job's end is one removal, and the indexes the steps read follow the moves."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.launcher.daemon.lives import (
+    ImpossibleMove,
+    Lives,
+    Pending,
+    Phase,
+    Running,
+    RunningLife,
+    Staged,
+    StagedLife,
+    SuspendedLife,
+)
+from gpuq_scheduler.launcher.daemon.tracked import Changes
+
+
+def _record(job_id: int, **fields: object) -> JobRecord:
+    spec = JobSpec(command=("true",), cwd="/tmp", env={"PATH": "/usr/bin:/bin"})
+    return JobRecord(id=job_id, spec=spec, uid=os.getuid(), user="me", state=JobState.PENDING, submitted_at=0.0,
+                     log="", **fields)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _running(job_id: int) -> Running:
+    record = _record(job_id).replace(state=JobState.RUNNING, gpus=(0,))
+    return Running(record, Launch(shim_pid=1, shim_start=1.0, boot_id="boot"))
+
+
+def _views(lives: Lives) -> tuple[set[int], set[int], set[int], set[int]]:
+    return set(lives.pending), set(lives.staged), set(lives.running), set(lives.suspended)
+
+
+def test_a_life_goes_through_every_phase_and_the_indexes_follow() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    assert lives.phase(1) is Phase.PENDING and _views(lives) == ({1}, set(), set(), set())
+    staged = Staged(after=9, gpus=(0,), uuids=("GPU-0",))
+    lives.stage(1, staged)
+    assert isinstance(lives.get(1), StagedLife) and lives.staged[1] is staged
+    assert _views(lives) == ({1}, {1}, set(), set())  # staged jobs stay pending, out of placement
+    assert lives.unstage(1) is staged and isinstance(lives.get(1), Pending)
+    assert _views(lives) == ({1}, set(), set(), set())
+    job = _running(1)
+    lives.start(job)
+    assert lives.running[1] is job and _views(lives) == (set(), set(), {1}, set())
+    assert lives.suspend(1) is job and isinstance(lives.get(1), SuspendedLife)
+    assert _views(lives) == (set(), set(), set(), {1})
+    assert lives.resume(1) is job and isinstance(lives.get(1), RunningLife)
+    lives.requeue(_record(1, attempt=2))
+    assert lives.pending[1].attempt == 2 and _views(lives) == ({1}, set(), set(), set())
+
+
+def test_a_staged_job_starts_from_staged() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    lives.stage(1, Staged(after=9, gpus=(0,), uuids=("GPU-0",)))
+    lives.start(_running(1))
+    assert _views(lives) == (set(), set(), {1}, set())
+
+
+@pytest.mark.parametrize(
+    ("setup", "move", "words"),
+    [
+        ("pending", lambda lives: lives.suspend(1), "job 1 cannot be suspended: it is pending"),
+        ("pending", lambda lives: lives.resume(1), "job 1 cannot resume: it is pending"),
+        ("pending", lambda lives: lives.unstage(1), "job 1 cannot be unstaged: it is pending"),
+        ("pending", lambda lives: lives.add(_record(1)), "job 1 is already pending"),
+        ("staged", lambda lives: lives.stage(1, Staged(2, (1,), ("GPU-1",))), "job 1 cannot be staged: it is staged"),
+        ("staged", lambda lives: lives.requeue(_record(1)), "job 1 cannot be requeued: it is staged"),
+        ("running", lambda lives: lives.start(_running(1)), "job 1 cannot start: it is running"),
+        ("running", lambda lives: lives.update(_record(1)), "job 1 cannot be updated: it is running"),
+        ("running", lambda lives: lives.resume(1), "job 1 cannot resume: it is running"),
+        ("running", lambda lives: lives.stage(1, Staged(2, (1,), ("GPU-1",))), "job 1 cannot be staged: it is running"),
+        ("suspended", lambda lives: lives.suspend(1), "job 1 cannot be suspended: it is suspended"),
+        ("suspended", lambda lives: lives.start(_running(1)), "job 1 cannot start: it is suspended"),
+        ("ended", lambda lives: lives.resume(1), "job 1 cannot resume: it is not live"),
+        ("ended", lambda lives: lives.update(_record(1)), "job 1 cannot be updated: it is not live"),
+    ],
+)  # fmt: skip
+def test_an_impossible_move_is_refused_and_changes_nothing(setup: str, move, words: str) -> None:  # type: ignore[no-untyped-def]
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    if setup == "staged":
+        lives.stage(1, Staged(after=9, gpus=(0,), uuids=("GPU-0",)))
+    elif setup in ("running", "suspended"):
+        lives.start(_running(1))
+        if setup == "suspended":
+            lives.suspend(1)
+    elif setup == "ended":
+        lives.end(1)
+    before, life = _views(lives), lives.get(1)
+    with pytest.raises(ImpossibleMove, match=words):
+        move(lives)
+    assert _views(lives) == before and lives.get(1) is life
+
+
+def test_an_end_is_one_removal_from_every_index() -> None:
+    lives = Lives(Changes())
+    for job_id in (1, 2, 3, 4):
+        lives.add(_record(job_id))
+    lives.stage(2, Staged(after=3, gpus=(0,), uuids=("GPU-0",)))
+    lives.start(_running(3))
+    lives.start(_running(4))
+    lives.suspend(4)
+    for job_id in (1, 2, 3, 4):
+        assert lives.end(job_id) is not None
+    assert _views(lives) == (set(), set(), set(), set()) and len(lives) == 0
+    assert lives.end(1) is None  # already gone: nothing to do
+
+
+def test_every_move_marks_a_change_for_placement_and_a_record_replaced_marks_one() -> None:
+    changes = Changes()
+    lives = Lives(changes)
+    moves = [
+        lambda: lives.add(_record(1)),
+        lambda: lives.stage(1, Staged(after=9, gpus=(0,), uuids=("GPU-0",))),
+        lambda: lives.unstage(1),
+        lambda: lives.start(_running(1)),
+        lambda: lives.suspend(1),
+        lambda: lives.resume(1),
+        lambda: lives.requeue(_record(1)),
+        lambda: lives.end(1),
+    ]
+    for move in moves:
+        before = changes.count
+        move()
+        assert changes.count > before
+    lives.add(_record(2))
+    before = changes.count
+    lives.update(_record(2, held=True))
+    assert changes.count == before + 1 and lives.pending[2].held
+
+
+def test_narrowed_shows_one_pending_job_and_keeps_what_moves_did_inside() -> None:
+    lives = Lives(Changes())
+    for job_id in (1, 2, 3):
+        lives.add(_record(job_id))
+    with lives.narrowed(2):
+        assert set(lives.pending) == {2}
+        lives.update(_record(2, held=True))
+        lives.end(3)  # e.g. a dependency that failed ends another job
+    assert set(lives.pending) == {1, 2} and lives.pending[2].held
+
+
+def test_load_starts_again_from_the_table() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(7))
+    lives.load([_record(1)], [_running(2)], [_running(3)])
+    assert _views(lives) == ({1}, set(), {2}, {3}) and 7 not in lives

@@ -1,17 +1,20 @@
 """One typed life per live job (pueue's ``TaskStatus``): what the daemon holds of each job between its submit
 and its end is one record, in one phase, carrying that phase's own data and nothing else:
 
-    pending ──stage──> staged ──start──> running ──suspend──> suspended
-       ^  <──unstage──   │                │  ^                   │
-       │                 └──start─────────┘  └──────resume───────┘
-       └──────────────requeue (from running or suspended)──────────┘
+    pending ──stage──> staged ──start──> running ──act──> suspending ──suspend──> suspended
+       ^  <──unstage──   │                ^  ^  <──acted──┘                         │
+       │                 └─────start──────┘  └─acted── resuming <──act── running <──resume
+       └──────requeue (from running, suspending, resuming or suspended)──────┘
+
+A suspended job holds its GPUs again from the moment its resume begins (``resume``); its helper then acts
+(``act``: resuming) until it is done (``acted``). A suspend that fails is undone the same way (``acted``).
 
 A phase is changed only by its moves (:class:`Lives`' methods), and a move the phase does not allow raises
 :class:`ImpossibleMove`: a bug in the daemon, never bad input. A job's end is one removal (``Lives.end``).
 
 The steps read the lives through the indexes placement has always read (``pending``, ``running``,
-``suspended``, ``staged``): read-only views kept by the moves, each a tracked dict (``launcher.daemon.tracked``),
-so a move is what makes placement look again.
+``suspended``, ``staged``, and ``acting``: the suspends and resumes under way): read-only views kept by the
+moves, tracked (``launcher.daemon.tracked``) where placement reads them, so a move is what makes it look again.
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ import contextlib
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch
+from gpuq_scheduler.jobs.outcome import Step
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
+
+if TYPE_CHECKING:  # the helper is the suspend step's to start; only its name is needed here
+    from gpuq_scheduler.launcher.daemon.suspender import Helper
 
 
 class Phase(enum.Enum):
     PENDING = "pending"
     STAGED = "staged"
     RUNNING = "running"
+    SUSPENDING = "suspending"
     SUSPENDED = "suspended"
+    RESUMING = "resuming"
 
 
 class ImpossibleMove(RuntimeError):
@@ -58,6 +67,22 @@ class Staged:
     cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
 
 
+@dataclass
+class Acting:
+    """A suspend or resume under way (``launcher.daemon.suspending``): its child, or (after a restart) the one an
+    earlier daemon left."""
+
+    step: Step
+    by: str
+    child: Helper | None = None
+    left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
+    action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
+    began: float = 0.0  # wall time
+    bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
+    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
+    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
+
+
 @dataclass(frozen=True)
 class Pending:
     phase: ClassVar[Phase] = Phase.PENDING
@@ -76,14 +101,45 @@ class RunningLife:
     phase: ClassVar[Phase] = Phase.RUNNING
     job: Running
 
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
+
+
+@dataclass(frozen=True)
+class SuspendingLife:
+    phase: ClassVar[Phase] = Phase.SUSPENDING
+    job: Running
+    acting: Acting
+
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
+
 
 @dataclass(frozen=True)
 class SuspendedLife:
     phase: ClassVar[Phase] = Phase.SUSPENDED
     job: Running
 
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
 
-Life = Pending | StagedLife | RunningLife | SuspendedLife
+
+@dataclass(frozen=True)
+class ResumingLife:
+    phase: ClassVar[Phase] = Phase.RESUMING
+    job: Running
+    acting: Acting
+
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
+
+
+Life = Pending | StagedLife | RunningLife | SuspendingLife | SuspendedLife | ResumingLife
+ON_GPUS = (Phase.RUNNING, Phase.SUSPENDING, Phase.RESUMING)  # a job with a helper acting holds its GPUs
 
 
 class Lives:
@@ -92,9 +148,10 @@ class Lives:
     def __init__(self, changes: Changes) -> None:
         self._lives: dict[int, Life] = {}
         self._pending: TrackedDict[int, JobRecord] = TrackedDict(changes)  # pending and staged jobs' records
-        self._running: TrackedDict[int, Running] = TrackedDict(changes)
+        self._running: TrackedDict[int, Running] = TrackedDict(changes)  # running, suspending and resuming
         self._suspended: TrackedDict[int, Running] = TrackedDict(changes)
         self._staged: TrackedDict[int, Staged] = TrackedDict(changes)
+        self._acting: dict[int, Acting] = {}  # suspending and resuming (placement does not read it)
 
     # What the steps read.
     @property
@@ -104,6 +161,7 @@ class Lives:
 
     @property
     def running(self) -> Mapping[int, Running]:
+        """The jobs on their GPUs, those being suspended or resumed among them."""
         return self._running
 
     @property
@@ -113,6 +171,11 @@ class Lives:
     @property
     def staged(self) -> Mapping[int, Staged]:
         return self._staged
+
+    @property
+    def acting(self) -> Mapping[int, Acting]:
+        """The suspends and resumes under way."""
+        return self._acting
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._lives
@@ -148,10 +211,7 @@ class Lives:
     def update(self, record: JobRecord) -> None:
         """A pending or staged job's record as it is now (held, released, resolved, modified)."""
         life = self._life(record.id, "be updated", Phase.PENDING, Phase.STAGED)
-        if isinstance(life, StagedLife):
-            self._put(StagedLife(record, life.staged))
-        else:
-            self._put(Pending(record))
+        self._put(StagedLife(record, life.staged) if isinstance(life, StagedLife) else Pending(record))
 
     def stage(self, job_id: int, staged: Staged) -> None:
         """A pending job handed to a running job's shim, to start when that one ends."""
@@ -171,10 +231,26 @@ class Lives:
         self._life(job.record.id, "start", Phase.PENDING, Phase.STAGED)
         self._put(RunningLife(job))
 
+    def act(self, job_id: int, acting: Acting) -> None:
+        """A running job's suspend (or resume) begins, or one under way starts again with a new helper."""
+        suspends = acting.step is Step.SUSPENDING
+        phase = Phase.SUSPENDING if suspends else Phase.RESUMING
+        life = self._life(job_id, f"begin {acting.step.value}", Phase.RUNNING, phase)
+        assert isinstance(life, (RunningLife, SuspendingLife, ResumingLife))
+        self._put(SuspendingLife(life.job, acting) if suspends else ResumingLife(life.job, acting))
+
+    def acted(self, job_id: int) -> Acting:
+        """The suspend or resume under way is over and the job runs on its GPUs: resumed, its suspend undone,
+        or about to act again."""
+        life = self._life(job_id, "end a suspend or resume", Phase.SUSPENDING, Phase.RESUMING)
+        assert isinstance(life, (SuspendingLife, ResumingLife))
+        self._put(RunningLife(life.job))
+        return life.acting
+
     def suspend(self, job_id: int) -> Running:
-        """A running job now suspended to host memory: its GPUs are free for others."""
-        life = self._life(job_id, "be suspended", Phase.RUNNING)
-        assert isinstance(life, RunningLife)
+        """A job being suspended is now in host memory: its GPUs are free for others."""
+        life = self._life(job_id, "be suspended", Phase.SUSPENDING)
+        assert isinstance(life, SuspendingLife)
         self._put(SuspendedLife(life.job))
         return life.job
 
@@ -186,16 +262,18 @@ class Lives:
         return life.job
 
     def requeue(self, record: JobRecord) -> None:
-        """A running or suspended job back in the queue, as ``record`` (pending). Or a job the daemon does not
-        hold (its record read back from the table): pending all the same."""
+        """A job that ran (running, suspended, or between the two) back in the queue, as ``record``. Or a job the
+        daemon does not hold (its record read back from the table): pending all the same."""
         if record.id in self._lives:
-            self._life(record.id, "be requeued", Phase.RUNNING, Phase.SUSPENDED)
+            self._life(record.id, "be requeued", *ON_GPUS, Phase.SUSPENDED)
         self._put(Pending(record))
 
     def end(self, job_id: int) -> Life | None:
         """The job ended (or left the daemon's view): its life goes, with everything it held. None: not live."""
         life = self._lives.pop(job_id, None)
-        self._unindex(job_id, life)
+        if life is not None:
+            for index, _ in self._entries(life):
+                index.pop(job_id, None)
         return life
 
     @contextlib.contextmanager
@@ -214,6 +292,7 @@ class Lives:
                     self._pending[other] = life.record
 
     def _life(self, job_id: int, verb: str, *allowed: Phase) -> Life:
+        """The job's life, in one of the phases ``allowed``."""
         life = self._lives.get(job_id)
         if life is None:
             raise ImpossibleMove(f"job {job_id} cannot {verb}: it is not live")
@@ -221,32 +300,27 @@ class Lives:
             raise ImpossibleMove(f"job {job_id} cannot {verb}: it is {life.phase.value}")
         return life
 
-    def _put(self, life: Life) -> None:
-        job_id = life.job.record.id if isinstance(life, (RunningLife, SuspendedLife)) else life.record.id
-        self._unindex(job_id, self._lives.get(job_id), keep=life)
-        self._lives[job_id] = life
+    def _entries(self, life: Life) -> list[tuple[dict[int, Any], Any]]:
+        """The indexes a life is in, each with what it holds of it."""
         if isinstance(life, Pending):
-            self._pending[job_id] = life.record
-        elif isinstance(life, StagedLife):
-            self._pending[job_id] = life.record
-            self._staged[job_id] = life.staged
-        elif isinstance(life, RunningLife):
-            self._running[job_id] = life.job
-        else:
-            self._suspended[job_id] = life.job
+            return [(self._pending, life.record)]
+        if isinstance(life, StagedLife):
+            return [(self._pending, life.record), (self._staged, life.staged)]
+        if isinstance(life, RunningLife):
+            return [(self._running, life.job)]
+        if isinstance(life, SuspendedLife):
+            return [(self._suspended, life.job)]
+        return [(self._running, life.job), (self._acting, life.acting)]
 
-    def _unindex(self, job_id: int, life: Life | None, keep: Life | None = None) -> None:
-        """Take ``job_id`` out of the indexes ``life`` put it in (those ``keep`` puts it back in stay, so that
-        a record replaced in place is one change, not two)."""
-        if life is None:
-            return
-        kept = {keep.phase} if keep is not None else set()
-        stays_pending = kept & {Phase.PENDING, Phase.STAGED}
-        if isinstance(life, (Pending, StagedLife)) and not stays_pending:
-            self._pending.pop(job_id, None)
-        if isinstance(life, StagedLife) and Phase.STAGED not in kept:
-            self._staged.pop(job_id, None)
-        if isinstance(life, RunningLife) and Phase.RUNNING not in kept:
-            self._running.pop(job_id, None)
-        if isinstance(life, SuspendedLife) and Phase.SUSPENDED not in kept:
-            self._suspended.pop(job_id, None)
+    def _put(self, life: Life) -> None:
+        """``life`` in place of the job's last: out of the indexes it leaves, into those it enters (one it stays
+        in is written once, so that a record replaced in place is one change, not two)."""
+        job_id = life.record.id
+        entries = self._entries(life)
+        old = self._lives.get(job_id)
+        for index, _ in self._entries(old) if old is not None else []:
+            if not any(index is kept for kept, _ in entries):
+                index.pop(job_id, None)
+        self._lives[job_id] = life
+        for index, value in entries:
+            index[job_id] = value

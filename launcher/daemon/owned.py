@@ -49,10 +49,10 @@ class MemAuto:
 
 @dataclass
 class Suspensions:
-    """``daemon.suspending``: the suspends and resumes under way (job -> its helper), the resumes asked for,
-    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``forker.Forker``)."""
+    """``daemon.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the server
+    that forks the helpers (``forker.Forker``). The suspends and resumes under way are their jobs' phases
+    (``launcher.daemon.lives``)."""
 
-    acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)
     forker: Forker | None = None
 

@@ -27,7 +27,7 @@ from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
-from gpuq_scheduler.launcher.daemon.lives import Lives, Running, Staged
+from gpuq_scheduler.launcher.daemon.lives import Acting, Lives, Running, Staged
 from gpuq_scheduler.launcher.daemon.owned import Booked, MemAuto, Monitor, Preemption, Suspensions
 from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
@@ -164,6 +164,11 @@ class SchedulerState:
         return self.lives.suspended
 
     @property
+    def acting(self) -> Mapping[int, Acting]:
+        """The suspends and resumes under way (``daemon.suspending``): their jobs hold their GPUs."""
+        return self.lives.acting
+
+    @property
     def staged(self) -> Mapping[int, Staged]:
         """The pending jobs handed to the shim of a running one, to start when it ends (daemon/handoff.py)."""
         return self.lives.staged
@@ -247,7 +252,6 @@ class SchedulerState:
     def forget(self, job_id: int) -> None:
         """Drop an ended job from the in-memory view of the queue."""
         self.lives.end(job_id)
-        self.suspensions.acting.pop(job_id, None)
         self.suspensions.resume_wanted.pop(job_id, None)
         preemption = self.preemption
         for table in (preemption.taking, preemption.preempted, preemption.preemptions, preemption.resumed_at,

@@ -25,7 +25,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
@@ -37,9 +36,9 @@ from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
-from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.lives import Acting, Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
+from gpuq_scheduler.launcher.daemon.suspender import freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import processes
@@ -48,21 +47,6 @@ from gpuq_scheduler.launcher.supervisor.containment import Box
 log = logging.getLogger("gpuq.suspend")
 
 RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
-
-
-@dataclass
-class Acting:
-    """A suspend or resume under way: its child, or (after a restart) the one an earlier daemon left."""
-
-    step: Step
-    by: str
-    child: Helper | None = None
-    left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
-    action: str = ""  # what the child does: "suspend", or "resume" (a resume, or a suspend undone)
-    began: float = 0.0  # wall time
-    bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
-    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
-    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
 
 
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
@@ -76,7 +60,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append({"t": now, "job": record.id, "event": f"{request.action}-refused", "by": who})
             continue
-        if record.id in scheduler.suspensions.acting or record.id in scheduler.suspensions.resume_wanted:
+        if record.id in scheduler.acting or record.id in scheduler.suspensions.resume_wanted:
             continue  # already under way
         if request.action == "resume":
             scheduler.suspensions.resume_wanted[record.id] = who
@@ -167,7 +151,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: str, who
         return
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
-    scheduler.suspensions.acting[record.id] = acting
+    scheduler.lives.act(record.id, acting)
     order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
 
     def start() -> None:
@@ -248,15 +232,14 @@ def recover(scheduler: SchedulerState) -> None:
     now = time.time()
     for job in list(scheduler.running.values()):
         if job.record.step is Step.SUSPENDING:
-            scheduler.suspensions.acting[job.record.id] = Acting(
-                Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True
-            )
+            acting = Acting(Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True)
+            scheduler.lives.act(job.record.id, acting)
     for job_id, job in list(scheduler.suspended.items()):
         if job.record.step is Step.RESUMING:
             scheduler.lives.resume(job_id)  # it holds its GPUs again
             resuming = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
-            scheduler.suspensions.acting[job_id] = resuming
-    for acting in scheduler.suspensions.acting.values():
+            scheduler.lives.act(job_id, resuming)
+    for acting in scheduler.acting.values():
         acting.began = now
     forker(scheduler)  # ready before the first suspend (NVML's thread runs by now, where it starts one)
 
@@ -270,23 +253,19 @@ def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
 
 def advance(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """Once a pass: collect the children that finished, start the resumes whose GPUs are free."""
-    for job_id, acting in list(scheduler.suspensions.acting.items()):
+    for job_id, acting in list(scheduler.acting.items()):
         if acting.child is None and not acting.again:
             continue  # its child starts once this pass is committed
         if acting.child is None:  # recovered: run again once the earlier daemon's child is gone
             if (acting.left is not None and processes.is_alive(*acting.left)) or now < acting.retry_at:
                 continue
-            job = scheduler.running.get(job_id)
-            if job is None:
-                del scheduler.suspensions.acting[job_id]
-                continue
-            del scheduler.suspensions.acting[job_id]
+            job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
+            scheduler.lives.acted(job_id)
             _begin(scheduler, job, acting.step, "resume", acting.by, now)
             continue
         result = acting.child.result()
         if result is None:
             continue
-        del scheduler.suspensions.acting[job_id]
         _settle(scheduler, job_id, acting, result, now, events)
     _start_resumes(scheduler, now, events)
 
@@ -295,9 +274,7 @@ def _settle(
     scheduler: SchedulerState, job_id: int, acting: Acting, result: dict[str, Any], now: float,
     events: list[dict[str, Any]],
 ) -> None:  # fmt: skip
-    job = scheduler.running.get(job_id)
-    if job is None:
-        return  # it ended meanwhile (its exit file was read): nothing to record
+    job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action == "suspend" and result.get("ok"):
@@ -318,6 +295,7 @@ def _settle(
         return
     if acting.step is Step.RESUMING and result.get("ok"):
         scheduler.table.mark_resumed(job_id, now)
+        scheduler.lives.acted(job_id)
         _unpause(scheduler, job_id)
         scheduler.preemption.preempted.pop(job_id, None)
         scheduler.preemption.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
@@ -334,10 +312,11 @@ def _settle(
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
         events.append({"t": now, "job": job_id, "event": "resume-failed", "why": str(result.get("why"))})
         again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
-        scheduler.suspensions.acting[job_id] = again
+        scheduler.lives.act(job_id, again)
         return
     if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
         scheduler.table.undo_step(job_id)
+        scheduler.lives.acted(job_id)
         _unpause(scheduler, job_id)
         job.record = job.record.replace(step=None)
         why = str(result.get("why") or "a daemon restarted in the middle of it")

@@ -53,11 +53,11 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
     then on holds only its own learned share, so its GPU takes packed jobs beside it: an array waits for its
     probe for ``settle`` seconds, not for a whole run. (The probe itself started with no fence; a probe
     that grows later is the one job of its kind that can still crowd its neighbours.)"""
-    for job_id, held in peaks.items():
-        scheduler.mem_auto.job_peaks[job_id] = max(scheduler.mem_auto.job_peaks.get(job_id, 0), held)
+    for job_id, held in peaks.items():  # sampled from the running jobs
+        scheduler.running[job_id].peak = max(scheduler.running[job_id].peak, held)
     for job_id in set(scheduler.mem_auto.probes.values()):
         job = scheduler.running.get(job_id)
-        peak = scheduler.mem_auto.job_peaks.get(job_id, 0)
+        peak = job.peak if job is not None else 0
         if job is None or peak <= 0 or now - (job.record.started_at or now) < scheduler.policy.auto_settle:
             continue
         _teach(scheduler, keys(job.record), memory.Peak(peak, job_id, running=True))
@@ -76,7 +76,8 @@ def settle(scheduler: SchedulerState, now: float, peaks: dict[int, int]) -> None
 def ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> None:
     """Learn from a job that ended: its peak, or, stopped out of memory at a share, twice that share. A
     victim of another job's memory teaches nothing: its run says nothing of its own need."""
-    peak = scheduler.mem_auto.job_peaks.get(record.id, 0) or (record.peak_mem or 0)
+    job = scheduler.running.get(record.id)  # it ran: still on its GPUs until it is forgotten
+    peak = (job.peak if job is not None else 0) or (record.peak_mem or 0)
     share = record.spec.mem_per_gpu
     if outcome.cause.not_its_fault:
         return

@@ -48,11 +48,15 @@ class ImpossibleMove(RuntimeError):
 
 @dataclass
 class Running:
-    """A job on its shim (running, or suspended to host memory): its record, how it was launched, its processes."""
+    """A job on its shim (running, or suspended to host memory): its record, how it was launched, its processes,
+    and what the samples of its GPUs said of it this run (``daemon.watching``, ``daemon.learning``)."""
 
     record: JobRecord
     launch: Launch
     pids: set[int] = field(default_factory=set)
+    held: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes its processes held, the last sample
+    peak: int = 0  # the most it held on one GPU in a sample
+    active_at: float | None = None  # monotonic: when its GPUs last did work, or this daemon first watched it
 
 
 @dataclass
@@ -251,6 +255,7 @@ class Lives:
         """A job being suspended is now in host memory: its GPUs are free for others."""
         life = self._life(job_id, "be suspended", Phase.SUSPENDING)
         assert isinstance(life, SuspendingLife)
+        life.job.held = {}  # its GPUs hold nothing of it now
         self._put(SuspendedLife(life.job))
         return life.job
 

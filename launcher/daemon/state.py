@@ -264,9 +264,6 @@ class SchedulerState:
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
-        self.mem_auto.job_peaks.pop(job_id, None)
-        self.monitor.held.pop(job_id, None)
-        self.monitor.active_at.pop(job_id, None)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

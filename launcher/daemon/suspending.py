@@ -121,9 +121,8 @@ def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
 def gpu_state(scheduler: SchedulerState, job: Running) -> int:
     """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
     lists for its processes."""
-    held = scheduler.monitor.held.get(job.record.id)
-    if held:
-        return sum(held.values())
+    if job.held:
+        return sum(job.held.values())
     return sum(
         used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
         for pid, used in (gpu.processes or {}).items() if pid in job.pids
@@ -283,7 +282,6 @@ def _settle(
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
         scheduler.lives.suspend(job_id)
-        scheduler.monitor.held.pop(job_id, None)
         event = {"t": now, "job": job_id, "event": "suspended", "bytes": host_bytes, "steps": steps, "helper": helper}
         events.append(event | dict(result.get("path") or {}))  # the path it took, and why (daemon/fastpath.py)
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running

@@ -61,7 +61,9 @@ def test_a_life_goes_through_every_phase_and_the_indexes_follow() -> None:
     life = lives.get(1)
     assert isinstance(life, SuspendingLife) and life.acting is SUSPEND and life.job is job
     assert _views(lives) == (set(), set(), {1}, set(), {1})  # a job being suspended holds its GPUs
+    job.held = {0: 2**30}  # the last sample of its GPUs
     assert lives.suspend(1) is job and isinstance(lives.get(1), SuspendedLife)
+    assert job.held == {}  # suspended, its GPUs hold nothing of it
     assert _views(lives) == (set(), set(), set(), {1}, set())
     assert lives.resume(1) is job and isinstance(lives.get(1), RunningLife)
     lives.act(1, RESUME)

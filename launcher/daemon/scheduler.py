@@ -118,7 +118,7 @@ class Scheduler(SchedulerState):
         self.place_and_launch(now, snapshot)
         preempting.decide(self, now, snapshot)
         watching.sample(self, now, snapshot)
-        outsiders.look(self, now, snapshot)  # memory held outside gpuq, named (and its command run)
+        outsiders.look(self.outsiders, self.lives, self.state, now, snapshot)  # memory held outside gpuq, named
         return snapshot
 
     def _watch_due(self, now: float) -> bool:

@@ -177,15 +177,17 @@ def test_every_move_that_changes_what_placement_reads_marks_a_change_and_a_recor
     assert changes.count == before + 1 and lives.pending[2].held
 
 
-def test_narrowed_shows_one_pending_job_and_keeps_what_moves_did_inside() -> None:
+def test_a_job_ended_while_the_pending_jobs_are_tried_one_at_a_time_stays_ended() -> None:
+    """daemon.isolation tries each pending job alone. It used to swap the state's dict for one holding that job
+    and put the whole dict back after, so any other job ended meanwhile would have come back pending."""
     lives = Lives(Changes())
     for job_id in (1, 2, 3):
         lives.add(_record(job_id))
     with lives.narrowed(2):
         assert set(lives.pending) == {2}
         lives.update(_record(2, held=True))
-        lives.end(3)  # e.g. a dependency that failed ends another job
-    assert set(lives.pending) == {1, 2} and lives.pending[2].held
+        lives.end(3)
+    assert set(lives.pending) == {1, 2} and lives.pending[2].held and 3 not in lives
 
 
 def test_load_starts_again_from_the_table() -> None:

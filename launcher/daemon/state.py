@@ -1,5 +1,6 @@
-"""What the daemon knows between ticks: the job table, the active jobs in memory, the shims, the GPUs it
-last saw; and the few acts every step shares (forget an ended job, stop a running one, charge fair share).
+"""What the daemon knows between ticks: the job table, each live job's life (``launcher.daemon.lives``), the
+shims, the GPUs it last saw; and the few acts every step shares (forget an ended job, stop a running one,
+charge fair share).
 
 The steps (``intake``, ``requests``, ``endings``, ``watching``) take this state, and ``scheduler`` runs
 them in order over it; so the steps never import the scheduler, and the scheduler imports the steps.
@@ -250,7 +251,8 @@ class SchedulerState:
         self.stop(job)
 
     def forget(self, job_id: int) -> None:
-        """Drop an ended job from the in-memory view of the queue."""
+        """Drop an ended job from the in-memory view of the queue: its life, in one removal, and what the steps
+        below still keep of it by job id (data that belongs on its life, where it would need no line here)."""
         self.lives.end(job_id)
         self.suspensions.resume_wanted.pop(job_id, None)
         preemption = self.preemption

@@ -35,7 +35,7 @@ def finish(
     ran = record.id in scheduler.running
     if ran:
         scheduler.charge(record, ended)
-        learning.ended(scheduler, record, outcome)
+        learning.ended(scheduler.mem_auto, scheduler.table, scheduler.lives, record, outcome)
         fences.ended(scheduler, record.id)
         said = stopped_line(record.id, outcome, ended)
         if said is not None and record.log:  # after the commit: a crash before it reads the exit file again

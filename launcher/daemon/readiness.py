@@ -73,7 +73,9 @@ def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], wait
         if not record.spec.mem_auto:
             placed.append(record)
             continue
-        resolved = learning.resolve(scheduler, record)
+        resolved = learning.resolve(
+            scheduler.mem_auto, scheduler.table, scheduler.policy, scheduler.last_snapshot, record
+        )
         if isinstance(resolved, str):
             waiting[record.id] = resolved
         else:

@@ -451,7 +451,7 @@ class Scheduler(SchedulerState):
                 log.warning("job %d: no fast suspend: %s", record.id, err)
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
-            learning.launched(self, record)
+            learning.launched(self.table, record)
         launch = self.shim_launch(record, gpus, env, port, account)
         endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's, which would say it ended
         try:

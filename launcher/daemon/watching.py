@@ -109,7 +109,7 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
                 job.held[gpu.index] = held
     if peaks:
         scheduler.table.set_peak_mem(peaks)
-    learning.settle(scheduler, now, peaks)
+    learning.settle(scheduler.mem_auto, scheduler.table, scheduler.policy, scheduler.lives, now, peaks)
 
 
 def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:

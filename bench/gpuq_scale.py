@@ -66,7 +66,8 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
     from gpuq_scheduler.jobs.outcome import JobState
     from gpuq_scheduler.jobs.store.statedir import StateDir
     from gpuq_scheduler.jobs.store.table import JobTable
-    from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
+    from gpuq_scheduler.launcher.daemon.lives import Running
+    from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
     from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 
     state = StateDir(work / "pass-home")
@@ -86,7 +87,8 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
         for i in range(gpus):  # every GPU runs a job of ours, so nothing can start and every job gets a reason
             busy = JobRecord(id=100_000 + i, spec=spec, uid=0, user="root", state=JobState.RUNNING,
                              submitted_at=now, started_at=now, gpus=(i,), log="")  # fmt: skip
-            scheduler.running[busy.id] = Running(busy, Launch(shim_pid=0, shim_start=None, boot_id="", port=None))
+            scheduler.lives.add(busy)
+            scheduler.lives.start(Running(busy, Launch(shim_pid=0, shim_start=None, boot_id="", port=None)))
         snapshot = scheduler.snapshot()
         started = time.perf_counter()
         scheduler.place_and_launch(time.time(), snapshot)  # the first pass also writes 10,000 reasons
@@ -102,7 +104,8 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
         quiet, _ = _median_ms(lambda: scheduler.place_and_launch(time.time(), scheduler.snapshot()), repeat)
         launched = pending - len(scheduler.pending)
     finally:
-        scheduler.running.clear()
+        for job_id in list(scheduler.running):
+            scheduler.lives.end(job_id)
         scheduler.close()
     return {"daemon_pass_ms": steady, "daemon_first_pass_ms": first, "daemon_unchanged_pass_ms": quiet,
             "daemon_pass_launched": launched}  # fmt: skip

@@ -192,7 +192,8 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
     from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
     from gpuq_scheduler.jobs.outcome import JobState
     from gpuq_scheduler.jobs.store.statedir import StateDir
-    from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
+    from gpuq_scheduler.launcher.daemon.lives import Running
+    from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
     from gpuq_scheduler.launcher.daemon.watching import Readings
     from gpuq_scheduler.launcher.gpus.fake import FakeGpus
     from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -216,11 +217,12 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
         record = JobRecord(id=1, spec=spec, uid=os.getuid(), user="me", state=JobState.RUNNING, submitted_at=0.0,
                            started_at=0.0, gpus=(0,), log="")  # fmt: skip
         launch = Launch(shim_pid=0, shim_start=None, boot_id=scheduler.boot_id, port=None)
-        scheduler.running[1] = Running(record, launch)
+        scheduler.lives.add(record)
+        scheduler.lives.start(Running(record, launch))
         for now in (101.0, 103.0, 103.5):  # within 2 s of the last check; due; within 2 s again
             with scheduler.table.batch():
                 scheduler.watch.check(scheduler, now, Readings(scheduler.source, plain))
         assert asked == [(False, False), (True, False)]
     finally:
-        scheduler.running.clear()
+        scheduler.lives.end(1)
         scheduler.close()

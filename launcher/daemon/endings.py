@@ -21,7 +21,8 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Again, ArrayHeld, Ended, Kind
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import fastpath, fences, learning
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
 from gpuq_scheduler.launcher.supervisor import containment, joblog, processes
 
@@ -35,7 +36,7 @@ def finish(
     ran = record.id in scheduler.running
     if ran:
         scheduler.charge(record, ended)
-        learning.ended(scheduler, record, outcome)
+        learning.ended(scheduler.mem_auto, scheduler.table, scheduler.lives, record, outcome)
         fences.ended(scheduler, record.id)
         said = stopped_line(record.id, outcome, ended)
         if said is not None and record.log:  # after the commit: a crash before it reads the exit file again
@@ -172,8 +173,6 @@ def _queue_again(
     """Put a job that was running (or launching) back in the queue: in the table (``JobTable.requeue`` says
     what each argument keeps), in the daemon's view, and its ``run_files`` gone once that is committed."""
     scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
-    scheduler.running.pop(job_id, None)
-    scheduler.suspended.pop(job_id, None)
     fast = scheduler.state.fast_dir(job_id)  # the next run gets its own (``fastpath.prepare``)
     scheduler.after_commit.append(lambda: unlink(*run_files))
     scheduler.after_commit.append(lambda: fastpath.remove(fast))
@@ -181,7 +180,9 @@ def _queue_again(
         scheduler.not_before[job_id] = not_before
     full = scheduler.table.get(job_id, with_env=True)
     if full is not None:
-        scheduler.pending[job_id] = full
+        scheduler.lives.requeue(full)
+    else:
+        scheduler.lives.end(job_id)
 
 
 def unlink(*paths: str | os.PathLike[str]) -> None:
@@ -206,7 +207,7 @@ def _array_member_ended(
             scheduler.table.set_held(unheld, True, why)
             for job_id in unheld:
                 if job_id in scheduler.pending:
-                    scheduler.pending[job_id] = scheduler.pending[job_id].replace(held=True, reason=why)
+                    scheduler.lives.update(scheduler.pending[job_id].replace(held=True, reason=why))
             events.append(ArrayHeld(now, array_id, why).to_json())
             log.warning("array %d %s", array_id, why)
     done = all(m.state.finished for m in members)

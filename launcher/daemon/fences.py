@@ -80,9 +80,9 @@ def environment(
 
 
 def wait(scheduler: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...]) -> None:
-    """A placed job waits for its control daemon, pending on the GPU it was given (its memory reserved)."""
+    """A placed job waits for its control daemon, pending on the GPU it was given (its memory reserved): it
+    stays pending, as every job does until it starts."""
     scheduler.fence_waits[record.id] = (gpus, uuids)
-    scheduler.pending[record.id] = record
 
 
 def waiting_reason(scheduler: SchedulerState, job_id: int) -> str:

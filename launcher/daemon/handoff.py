@@ -38,7 +38,8 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import endings, outcomes, watching
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState, Staged
+from gpuq_scheduler.launcher.daemon.lives import Running, Staged
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
 from gpuq_scheduler.launcher.supervisor import processes
@@ -51,7 +52,8 @@ def load(scheduler: SchedulerState) -> None:
     """Read back what an earlier daemon (or this one, before a rolled-back tick) staged. A record whose job
     is no longer pending, or whose predecessor no longer runs, was settled in the same commit as that
     predecessor's end: it goes."""
-    scheduler.staged = {}
+    for job_id in list(scheduler.staged):
+        scheduler.lives.unstage(job_id)
     with contextlib.suppress(OSError):
         for name in os.listdir(scheduler.state.run):
             if not name.endswith(".next") or not name[: -len(".next")].isdigit():
@@ -67,7 +69,7 @@ def load(scheduler: SchedulerState) -> None:
             if staged is None or job_id not in scheduler.pending or staged.after not in scheduler.running:
                 endings.unlink(path)
                 continue
-            scheduler.staged[job_id] = staged
+            scheduler.lives.stage(job_id, staged)
 
 
 def reason(staged: Staged) -> str:
@@ -153,7 +155,7 @@ def _stage(scheduler: SchedulerState, record: JobRecord, job: Running) -> None:
     staged = Staged(job.record.id, gpus, uuids)
     endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's
     _write(scheduler, record.id, staged)
-    scheduler.staged[record.id] = staged
+    scheduler.lives.stage(record.id, staged)
     scheduler.on_rollback.append(functools.partial(endings.unlink, scheduler.state.next_file(record.id)))
     after = job.record.id
 
@@ -217,7 +219,7 @@ def settle(
         back = staged.after not in ended and _given_back(scheduler, job_id, written)
         if staged.after not in ended and not back:
             continue
-        del scheduler.staged[job_id]
+        scheduler.lives.unstage(job_id)
         exit_data, first = ended.get(staged.after, (None, None))
         started = exit_data is not None and first is not None and exit_data.next == job_id
         # Not started: a give-back's exit file goes too. Started, its exit file is its own (it may have ended).
@@ -258,12 +260,11 @@ def _started(
     scheduler.table.mark_running(record.id, staged.gpus, staged.uuids, started, info)
     if staged.cancel_by:
         scheduler.table.set_cancel_by(record.id, staged.cancel_by)
-    scheduler.pending.pop(record.id, None)
     scheduler.not_before.pop(record.id, None)
     running = record.replace(
         state=JobState.RUNNING, gpus=staged.gpus, gpu_uuids=staged.uuids, started_at=started, held=False
     )
-    scheduler.running[record.id] = Running(running, info)
+    scheduler.lives.start(Running(running, info))
     if staged.cancel_by:  # its shim was told; a restarted daemon, with no pipe to that shim, signals it
         scheduler.stop(scheduler.running[record.id])
     events.append(Started(started, record.id, staged.gpus, staged.after).to_json())

@@ -19,7 +19,8 @@ from typing import Any
 from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL, Path
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.daemon import fastpath, watching
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy.placement import Holding, Request, place
 
 

@@ -88,7 +88,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
         if problem:
             endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
         else:
-            scheduler.pending[record.id] = record
+            scheduler.lives.add(record)
     scheduler.ingested.extend(submits)
     for other in found:
         if isinstance(other, spool.CancelRequest):

@@ -122,20 +122,15 @@ def unplaceable(scheduler: SchedulerState, attempt: Callable[[], object]) -> lis
     """The pending jobs that make ``attempt`` (the scheduler's eligibility and planning) raise on their own.
     What an attempt legitimately did to a job (a learned reservation, an end because a dependency failed)
     stays done."""
-    everyone, found = scheduler.pending, []
-    try:
-        for record in list(everyone.values()):
-            scheduler.pending = {record.id: record}
+    found = []
+    for record in list(scheduler.pending.values()):
+        if record.id not in scheduler.pending:
+            continue  # ended by an earlier one's attempt
+        with scheduler.lives.narrowed(record.id):
             try:
                 attempt()
             except INPUT_ERRORS as err:
                 found.append((record, err))
-            if record.id in scheduler.pending:
-                everyone[record.id] = scheduler.pending[record.id]
-            else:
-                everyone.pop(record.id, None)
-    finally:
-        scheduler.pending = everyone
     return found
 
 

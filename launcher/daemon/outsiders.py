@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.store import outside
-from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.daemon.lives import Lives
 from gpuq_scheduler.launcher.gpus.holders import Holder
 from gpuq_scheduler.launcher.gpus.holders import outside as named
 from gpuq_scheduler.launcher.gpus.mps import server_pids
@@ -43,18 +44,18 @@ def command(shared: Shared | None, environ: Mapping[str, str]) -> str | None:
     return environ.get("GPUQ_OUTSIDE_NOTIFY") or None
 
 
-def look(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
-    watch: Outsiders | None = getattr(scheduler, "outsiders", None)
+def look(watch: Outsiders | None, lives: Lives, state: StateDir, now: float, snapshot: list[GpuSnapshot]) -> None:
+    """Name what ``snapshot`` shows on the GPUs that is not the live jobs' (nor gpuq's MPS servers' in ``state``)."""
     if watch is None or now < watch.next_look:
         return
     watch.next_look = now + LOOK_EVERY
-    ours = {pid for job in [*scheduler.running.values(), *scheduler.suspended.values()] for pid in job.pids}
+    ours = {pid for job in [*lives.running.values(), *lives.suspended.values()] for pid in job.pids}
     on_gpus = {pid for gpu in snapshot for pid in (gpu.processes or {})}
-    ours |= server_pids(scheduler.state.mps, on_gpus - ours)  # gpuq's fence: not outside
+    ours |= server_pids(state.mps, on_gpus - ours)  # gpuq's fence: not outside
     found = named(snapshot, ours)
     if found != watch.last:
         watch.last = found
-        outside.write(scheduler.state, [h.to_json() for h in found])
+        outside.write(state, [h.to_json() for h in found])
     seen = {(h.pid, h.gpu) for h in found}
     watch.told &= seen  # a pid gone and reused later is news again
     for holder in found:

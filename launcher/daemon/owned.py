@@ -21,15 +21,14 @@ if TYPE_CHECKING:  # the forker is the daemon's to import (suspending); only its
 
 @dataclass
 class Monitor:
-    """``daemon.watching`` and ``daemon.clients``: GPU samples, idle jobs, lost GPUs, and when each looks next."""
+    """``daemon.watching`` and ``daemon.clients``: the idle limits, lost GPUs, and when each looks next (what a
+    sample says of a running job is that job's own: ``lives.Running``)."""
 
     # Interactive jobs (gpuq run, gpuq alloc) are released after this many seconds without GPU work (None:
     # never), and batch jobs whose GPUs did no work this long say so in their reason (None: never): a shared
     # queue's config sets them, a personal one GPUQ_IDLE_LIMIT and GPUQ_IDLE_REPORT.
     idle_limit: float | None = None
     idle_report: float | None = None
-    active_at: dict[int, float] = field(default_factory=dict)  # job -> when it last did some GPU work
-    held: dict[int, dict[int, int]] = field(default_factory=dict)  # running job -> GPU index -> bytes, last sample
     lost_since: dict[int, float] = field(default_factory=dict)  # GPU index -> when it was first seen lost
     next_sample: float = 0.0
     next_idle_check: float = 0.0
@@ -39,22 +38,22 @@ class Monitor:
 
 class MemAuto:
     """``daemon.learning`` (--mem auto): what each kind of job has shown and the probe of each kind now (both
-    read by placement), the most each running job has held on one GPU so far, and when each probe's last grew."""
+    read by placement), when each probe's peak last grew; the most each running job has held on one GPU so far
+    is its own (``lives.Running``)."""
 
     def __init__(self, changes: Changes, learned: dict[str, memory.Peak]) -> None:
         self.learned: TrackedDict[str, memory.Peak] = TrackedDict(changes, learned)
         self.probes: TrackedDict[str, int] = TrackedDict(changes)
-        self.job_peaks: dict[int, int] = {}
         self.grew_at: dict[int, float] = {}  # running probe -> when its peak last grew (a sample's time)
 
 
 @dataclass
 class Suspensions:
-    """``daemon.suspending``: the suspends and resumes under way (job -> its helper), the resumes asked for,
-    waiting for their GPUs (job -> who asked), and the server that forks the helpers (``forker.Forker``);
-    ``daemon.pools``: GPUQ_FAST_POOL, and the jobs told to give their pools back (-> monotonic time told)."""
+    """``daemon.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the server
+    that forks the helpers (``forker.Forker``); ``daemon.pools``: GPUQ_FAST_POOL, and the jobs told to give their
+    pools back (-> monotonic time told). The suspends and resumes under way are their jobs' phases
+    (``launcher.daemon.lives``)."""
 
-    acting: dict[int, Any] = field(default_factory=dict)
     resume_wanted: dict[int, str] = field(default_factory=dict)
     forker: Forker | None = None
     pool_mode: str = "auto"

@@ -29,7 +29,8 @@ from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
 from gpuq_scheduler.jobs.store.events import PoolGivenBack
 from gpuq_scheduler.launcher.daemon import fastpath
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 
@@ -63,9 +64,8 @@ def _fake(scheduler: SchedulerState) -> bool:
 def gpu_state(scheduler: SchedulerState, job: Running) -> int:
     """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
     lists for its processes."""
-    held = scheduler.monitor.held.get(job.record.id)
-    if held:
-        return sum(held.values())
+    if job.held:
+        return sum(job.held.values())
     return sum(
         used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
         for pid, used in (gpu.processes or {}).items() if pid in job.pids
@@ -76,7 +76,7 @@ def _others_need(scheduler: SchedulerState, but: int, pools: Mapping[int, int]) 
     """What the suspends of the running preemptible jobs other than ``but`` would take from host memory:
     their GPU state less their pools. A job being suspended or resumed counts as it stands: the host's
     available memory shows its copy so far."""
-    acting = scheduler.suspensions.acting
+    acting = scheduler.acting
     return sum(
         max(0, gpu_state(scheduler, job) - pools.get(job_id, 0)) for job_id, job in scheduler.running.items()
         if job_id != but and job_id not in acting and job.record.spec.preemptible
@@ -85,7 +85,7 @@ def _others_need(scheduler: SchedulerState, but: int, pools: Mapping[int, int]) 
 
 def pooled(scheduler: SchedulerState) -> dict[int, int]:
     """The running jobs that keep a pool (not one being suspended or resumed), and its bytes."""
-    acting = scheduler.suspensions.acting
+    acting = scheduler.acting
     found = {job_id: held(scheduler, job) for job_id, job in scheduler.running.items() if job_id not in acting}
     return {job_id: size for job_id, size in found.items() if size > 0}
 

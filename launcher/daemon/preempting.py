@@ -44,7 +44,8 @@ from gpuq_scheduler.jobs.store.events import Preempted
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, pools, suspending, watching
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare, reservations
@@ -124,7 +125,7 @@ def launch_ready(
         record = scheduler.pending.get(job_id)
         still = [v for v in taking.victims if v in scheduler.running]
         # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
-        failed = [v for v in still if v not in scheduler.suspensions.acting and v not in scheduler.stopped_for]
+        failed = [v for v in still if v not in scheduler.acting and v not in scheduler.stopped_for]
         for victim in [v for v in failed if scheduler.running[v].record.spec.preemptible and record is not None]:
             why = scheduler.preemption.preempted.pop(victim, (job_id, ""))[1]
             _requeue(scheduler, scheduler.running[victim], job_id, why, now)
@@ -139,7 +140,6 @@ def launch_ready(
         if still:
             continue
         del scheduler.preemption.taking[job_id]
-        scheduler.pending.pop(job_id)
         scheduler.not_before.pop(job_id, None)
         launch(record, taking.gpus, taking.uuids, now)
 
@@ -163,7 +163,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     holdings_now = holdings(scheduler) + fences.holdings(scheduler)
     for job_id, job in scheduler.running.items():
         if (
-            job_id in scheduler.suspensions.acting or job_id in victims_of or job_id in staged_before
+            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before
             or not job.record.gpus or job_id in scheduler.stopped_for
         ):  # fmt: skip
             holdings_now.append(_holding(job.record))

@@ -73,11 +73,13 @@ def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], wait
         if not record.spec.mem_auto:
             placed.append(record)
             continue
-        resolved = learning.resolve(scheduler, record)
+        resolved = learning.resolve(
+            scheduler.mem_auto, scheduler.table, scheduler.policy, scheduler.last_snapshot, scheduler.fence, record
+        )
         if isinstance(resolved, str):
             waiting[record.id] = resolved
         else:
-            scheduler.pending[record.id] = resolved
+            scheduler.lives.update(resolved)
             placed.append(resolved)
     return placed
 

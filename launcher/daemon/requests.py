@@ -112,7 +112,7 @@ def _release(scheduler: SchedulerState, record: JobRecord, request: spool.Contro
 
 def _set_held(scheduler: SchedulerState, record: JobRecord, held: bool, reason: str) -> bool:
     scheduler.table.set_held([record.id], held, reason)
-    scheduler.pending[record.id] = record.replace(held=held, reason=reason)
+    scheduler.lives.update(record.replace(held=held, reason=reason))
     return True
 
 
@@ -127,7 +127,7 @@ def _update(scheduler: SchedulerState, record: JobRecord, request: spool.Control
         log.warning("refused update of job %d: %s", record.id, err)
         return False
     scheduler.table.update_spec(record.id, spec)
-    scheduler.pending[record.id] = record.replace(spec=spec)
+    scheduler.lives.update(record.replace(spec=spec))
     return True
 
 

@@ -45,8 +45,9 @@ from gpuq_scheduler.jobs.store.events import (
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
 from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
+from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.owned import Booked
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import reservations as rules
 from gpuq_scheduler.launcher.policy.placement import Holding, Request
 
@@ -215,7 +216,7 @@ def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, 
     book = scheduler.booked
     for job_id, name in list(book.victims.items()):  # its suspend was undone (a restart) or failed
         job = scheduler.running.get(job_id)
-        if job is not None and job_id not in scheduler.suspensions.acting and job_id not in scheduler.stopped_for:
+        if job is not None and job_id not in scheduler.acting and job_id not in scheduler.stopped_for:
             del book.victims[job_id]
             _forget_victim(scheduler, job_id)
             if job_id in book.undone:  # the second time: requeued instead, as preemption does
@@ -223,7 +224,7 @@ def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, 
             book.undone.add(job_id)  # the first: suspended again below
     for work, reservation in rules.victims(book.calendar.reservations, _work(scheduler), now):
         job = scheduler.running.get(work.job_id)
-        if job is None or work.job_id in scheduler.suspensions.acting or work.job_id in scheduler.stopped_for:
+        if job is None or work.job_id in scheduler.acting or work.job_id in scheduler.stopped_for:
             continue  # being suspended or stopped already (a requeued one too)
         why = f"reserved for {reservation.user} until {clock(reservation.end, now)}"
         if suspending.refusal(scheduler, job):
@@ -241,9 +242,9 @@ def label(scheduler: SchedulerState, now: float) -> None:
     the same transaction as its state, so no reader sees one without the other)."""
     book = scheduler.booked
     for job_id in list(book.returning):  # one still suspending when its reservation ended: resumes once suspended
-        if job_id in scheduler.suspended and job_id not in scheduler.suspensions.acting:
+        if job_id in scheduler.suspended and job_id not in scheduler.acting:
             scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
-        elif job_id not in scheduler.suspended and job_id not in scheduler.suspensions.acting:
+        elif job_id not in scheduler.suspended and job_id not in scheduler.acting:
             book.returning.discard(job_id)  # running again (resumed, or its suspend undone), or ended
     for job_id, name in book.victims.items():
         job = scheduler.suspended.get(job_id)

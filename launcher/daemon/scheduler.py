@@ -49,7 +49,8 @@ from gpuq_scheduler.launcher.daemon import (
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
 from gpuq_scheduler.launcher.daemon.guarding import Watch
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
@@ -120,7 +121,7 @@ class Scheduler(SchedulerState):
         preempting.decide(self, now, snapshot)
         watching.sample(self, now, snapshot)
         pools.tend(self, now, self.journal)  # pools the host can no longer afford are given back
-        outsiders.look(self, now, snapshot)  # memory held outside gpuq, named (and its command run)
+        outsiders.look(self.outsiders, self.lives, self.state, now, snapshot)  # memory held outside gpuq, named
         return snapshot
 
     def _watch_due(self, now: float) -> bool:
@@ -169,11 +170,13 @@ class Scheduler(SchedulerState):
 
     def reload(self) -> None:
         """Forget what this tick did in memory and read the active jobs back from the table."""
-        self.pending = {r.id: r for r in self.table.pending()}
-        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
-        for job_id in set(self.suspended) & set(self.suspensions.acting):  # resuming: it holds its GPUs
-            self.running[job_id] = self.suspended.pop(job_id)
+        acting = dict(self.acting)  # the helpers under way: the table knows only their steps
+        self.load_lives()
+        for job_id, helper in acting.items():
+            if job_id in self.suspended:  # resuming: it holds its GPUs
+                self.lives.resume(job_id)
+            if job_id in self.running:
+                self.lives.act(job_id, helper)
         self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()
@@ -204,7 +207,7 @@ class Scheduler(SchedulerState):
             return 0.0  # a flood of one user's requests, read a part a pass: the next part at once
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
-        if self.suspensions.acting or self.suspensions.resume_wanted:
+        if self.acting or self.suspensions.resume_wanted:
             return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
         soonest = max(0.0, reserving.next_change(self, now) - now)  # a reservation starts or ends then
         if self.pending:
@@ -298,7 +301,6 @@ class Scheduler(SchedulerState):
     def launch_fenced(self, now: float) -> None:
         """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
         for record, gpus, uuids in fences.step(self):
-            self.pending.pop(record.id, None)
             self._launch(record, gpus, uuids, now)
 
     def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
@@ -330,7 +332,7 @@ class Scheduler(SchedulerState):
             plan = self.plan(now, snapshot, ready)
         uuids = {g.index: g.uuid for g in snapshot}
         for decision in plan.decisions:
-            record = self.pending.pop(decision.job_id)
+            record = self.pending[decision.job_id]  # pending until it starts (``_launch``)
             self.not_before.pop(record.id, None)
             self._requests.pop(record.id, None)
             if withdrawn(self, record, now):  # its client went since the last look: its GPUs wait for the next pass
@@ -456,7 +458,7 @@ class Scheduler(SchedulerState):
                 log.warning("job %d: no fast suspend: %s", record.id, err)
         self.on_rollback.append(lambda: fences.forget(self, record.id))
         if spec.mem_auto:
-            learning.launched(self, record)
+            learning.launched(self.table, record)
         launch = self.shim_launch(record, gpus, env, port, account)
         endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's, which would say it ended
         try:
@@ -469,7 +471,7 @@ class Scheduler(SchedulerState):
         self.table.mark_running(record.id, gpus, uuids, now, info)
         self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
         running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
-        self.running[record.id] = Running(running, info)
+        self.lives.start(Running(running, info))
         self.journal.append(Started(now, record.id, tuple(gpus)).to_json())
 
     def _record_reasons(self, waiting: dict[int, str], now: float) -> None:

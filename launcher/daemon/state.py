@@ -1,5 +1,6 @@
-"""What the daemon knows between ticks: the job table, the active jobs in memory, the shims, the GPUs it
-last saw; and the few acts every step shares (forget an ended job, stop a running one, charge fair share).
+"""What the daemon knows between ticks: the job table, each live job's life (``launcher.daemon.lives``), the
+shims, the GPUs it last saw; and the few acts every step shares (forget an ended job, stop a running one,
+charge fair share).
 
 The steps (``intake``, ``requests``, ``endings``, ``watching``) take this state, and ``scheduler`` runs
 them in order over it; so the steps never import the scheduler, and the scheduler imports the steps.
@@ -13,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
-from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import calendar, outbox, spool
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
@@ -28,6 +28,7 @@ from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import shims
 from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.daemon.lives import Acting, Lives, Running, Staged
 from gpuq_scheduler.launcher.daemon.owned import Booked, MemAuto, Monitor, Preemption, Suspensions
 from gpuq_scheduler.launcher.daemon.tracked import Changes, DictField, SetField
 from gpuq_scheduler.launcher.gpus.mps import Fence, Key, Mps
@@ -38,34 +39,10 @@ from gpuq_scheduler.launcher.policy.placement import Policy, Request
 from gpuq_scheduler.launcher.supervisor import containment, processes, shim
 
 
-@dataclass
-class Running:
-    record: JobRecord
-    launch: Launch
-    pids: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Staged:
-    """A pending job handed to the shim of the running job ``after``, to start on its GPUs when it ends
-    (``launcher.daemon.handoff``). It stays pending, out of placement, until that job's end says whether it
-    started."""
-
-    after: int
-    gpus: tuple[int, ...]
-    uuids: tuple[str, ...]
-    dropping: bool = False  # taken back: it starts only if the drop reached the shim too late
-    cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
-
-
 class SchedulerState:
     # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``), with the
     # learned memory, the probes, the takings and no_handoff (``launcher.daemon.owned``): placement skips a pass
     # only when none of them, the GPUs, the pause or the running jobs' records moved.
-    pending = DictField[int, JobRecord]()
-    running = DictField[int, Running]()
-    suspended = DictField[int, Running]()
-    staged = DictField[int, Staged]()
     not_before = DictField[int, float]()
     arrays = DictField[int, ArrayInfo]()
     drained = SetField[int]()
@@ -99,10 +76,10 @@ class SchedulerState:
         if shared is not None:
             now, half_life = time.time(), shared.fair_share_half_life
             self.usage = Usage.from_history(self.table.runs_since(now - 10 * half_life), now, half_life)
-        self.pending = {r.id: r for r in self.table.pending()}
-        self.running = {r.id: Running(r, launch) for r, launch in self.table.running()}
-        # Jobs suspended to host memory (``daemon.suspending``): alive, their GPUs free for others.
-        self.suspended = {r.id: Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)}
+        # Each live job's life (``launcher.daemon.lives``): pending, staged, running, or suspended to host
+        # memory (alive, its GPUs free for others).
+        self.lives = Lives(self.changes)
+        self.load_lives()
         # What each step keeps to itself (``launcher.daemon.owned``).
         self.suspensions = Suspensions()
         self.preemption = Preemption(self.changes)
@@ -125,7 +102,6 @@ class SchedulerState:
         self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
         self.waiting: dict[int, str] = {}
-        self.staged = {}  # pending job id -> the running job it follows (daemon/handoff.py)
         self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
@@ -166,6 +142,37 @@ class SchedulerState:
         self.mps_jobs: dict[Key, set[int]] = {}
         self.fence_waits = {}
         self.fence_fallback: set[int] = set()
+
+    def load_lives(self) -> None:
+        """The live jobs as the table has them."""
+        running = [Running(r, launch) for r, launch in self.table.running()]
+        suspended = [Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)]
+        self.lives.load(self.table.pending(), running, suspended)
+
+    # The lives' indexes, which the steps read; only the lives' moves change them.
+    @property
+    def pending(self) -> Mapping[int, JobRecord]:
+        """The jobs waiting for GPUs, those staged behind a running job among them."""
+        return self.lives.pending
+
+    @property
+    def running(self) -> Mapping[int, Running]:
+        """The jobs on their GPUs (a suspend or a resume under way among them: they hold their GPUs)."""
+        return self.lives.running
+
+    @property
+    def suspended(self) -> Mapping[int, Running]:
+        return self.lives.suspended
+
+    @property
+    def acting(self) -> Mapping[int, Acting]:
+        """The suspends and resumes under way (``daemon.suspending``): their jobs hold their GPUs."""
+        return self.lives.acting
+
+    @property
+    def staged(self) -> Mapping[int, Staged]:
+        """The pending jobs handed to the shim of a running one, to start when it ends (daemon/handoff.py)."""
+        return self.lives.staged
 
     def close(self) -> None:
         self.shims.close(set(self.running) | set(self.suspended) | set(self.staged))  # a blank's cgroup goes
@@ -244,11 +251,9 @@ class SchedulerState:
         self.stop(job)
 
     def forget(self, job_id: int) -> None:
-        """Drop an ended job from the in-memory view of the queue."""
-        self.pending.pop(job_id, None)
-        self.running.pop(job_id, None)
-        self.suspended.pop(job_id, None)
-        self.suspensions.acting.pop(job_id, None)
+        """Drop an ended job from the in-memory view of the queue: its life, in one removal, and what the steps
+        below still keep of it by job id (data that belongs on its life, where it would need no line here)."""
+        self.lives.end(job_id)
         self.suspensions.resume_wanted.pop(job_id, None)
         preemption = self.preemption
         for table in (preemption.taking, preemption.preempted, preemption.preemptions, preemption.resumed_at,
@@ -261,9 +266,6 @@ class SchedulerState:
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
         self._requests.pop(job_id, None)
-        self.mem_auto.job_peaks.pop(job_id, None)
-        self.monitor.held.pop(job_id, None)
-        self.monitor.active_at.pop(job_id, None)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

@@ -24,8 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuq_scheduler.jobs import accounts
@@ -39,9 +38,10 @@ from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.launcher.daemon import inplace, pools
 from gpuq_scheduler.launcher.daemon.forker import Forker
 from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
+from gpuq_scheduler.launcher.daemon.lives import Acting, Running
 from gpuq_scheduler.launcher.daemon.pools import gpu_state
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
-from gpuq_scheduler.launcher.daemon.suspender import Helper, freeze, start_helper
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspender import freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.policy.placement import Holding
@@ -51,21 +51,6 @@ from gpuq_scheduler.launcher.supervisor.containment import Box
 log = logging.getLogger("gpuq.suspend")
 
 RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
-
-
-@dataclass
-class Acting:
-    """A suspend or resume under way: its child, or (after a restart) the one an earlier daemon left."""
-
-    step: Step
-    by: str
-    child: Helper | None = None
-    left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
-    action: Action | None = None  # what the child does: suspend, or resume (a resume, or a suspend undone)
-    began: float = 0.0  # wall time
-    bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
-    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
-    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
 
 
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
@@ -79,7 +64,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
             continue
-        if record.id in scheduler.suspensions.acting or record.id in scheduler.suspensions.resume_wanted:
+        if record.id in scheduler.acting or record.id in scheduler.suspensions.resume_wanted:
             continue  # already under way
         if request.action is Action.RESUME:
             scheduler.suspensions.resume_wanted[record.id] = who
@@ -95,7 +80,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         events.append(Asked(now, Kind.SUSPENDING, record.id, who).to_json())
 
 
-def _named(pool: dict[int, Running], job_id: int) -> list[Running]:
+def _named(pool: Mapping[int, Running], job_id: int) -> list[Running]:
     if job_id in pool:
         return [pool[job_id]]
     return [job for job in pool.values() if job.record.array_id == job_id]
@@ -158,13 +143,13 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
         return
     job.record = record.replace(step=step)
     acting = Acting(step, who, action=action, began=now, bytes=gpu_state(scheduler, job))
+    scheduler.lives.act(record.id, acting)
     order = {"action": action, "bytes": acting.bytes or 0, **subject(scheduler, record.id)}
     if action == "suspend":  # other jobs' pools given back where its copy needs the room: its helper waits
         need = host_need(scheduler, job)
         order["room_coming"] = pools.make_room(scheduler, {record.id}, need, now, scheduler.journal)
     else:  # whether its processes keep their pinned host memory afterwards, by the host's room now
         order["keep"] = pools.keep_after_resume(scheduler, job)
-    scheduler.suspensions.acting[record.id] = acting
 
     def start() -> None:
         paused = _pause(scheduler, record.id)
@@ -244,15 +229,14 @@ def recover(scheduler: SchedulerState) -> None:
     now = time.time()
     for job in list(scheduler.running.values()):
         if job.record.step is Step.SUSPENDING:
-            scheduler.suspensions.acting[job.record.id] = Acting(
-                Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True
-            )
+            acting = Acting(Step.SUSPENDING, "gpuq", left=_left(scheduler, job.record.id), again=True)
+            scheduler.lives.act(job.record.id, acting)
     for job_id, job in list(scheduler.suspended.items()):
         if job.record.step is Step.RESUMING:
-            scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # it holds its GPUs again
+            scheduler.lives.resume(job_id)  # it holds its GPUs again
             resuming = Acting(Step.RESUMING, "gpuq", left=_left(scheduler, job_id), again=True)
-            scheduler.suspensions.acting[job_id] = resuming
-    for acting in scheduler.suspensions.acting.values():
+            scheduler.lives.act(job_id, resuming)
+    for acting in scheduler.acting.values():
         acting.began = now
     forker(scheduler)  # ready before the first suspend (NVML's thread runs by now, where it starts one)
 
@@ -269,23 +253,19 @@ def advance(
 ) -> None:
     """Once a pass: collect the children that finished, start the resumes whose GPUs are free (``claims``:
     placement's holdings, for a job suspended in place: ``inplace.fits``)."""
-    for job_id, acting in list(scheduler.suspensions.acting.items()):
+    for job_id, acting in list(scheduler.acting.items()):
         if acting.child is None and not acting.again:
             continue  # its child starts once this pass is committed
         if acting.child is None:  # recovered: run again once the earlier daemon's child is gone
             if (acting.left is not None and processes.is_alive(*acting.left)) or now < acting.retry_at:
                 continue
-            job = scheduler.running.get(job_id)
-            if job is None:
-                del scheduler.suspensions.acting[job_id]
-                continue
-            del scheduler.suspensions.acting[job_id]
+            job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
+            scheduler.lives.acted(job_id)
             _begin(scheduler, job, acting.step, Action.RESUME, acting.by, now)
             continue
         result = acting.child.result()
         if result is None:
             continue
-        del scheduler.suspensions.acting[job_id]
         _settle(scheduler, job_id, acting, result, now, events)
     _start_resumes(scheduler, now, events, claims)
 
@@ -294,9 +274,7 @@ def _settle(
     scheduler: SchedulerState, job_id: int, acting: Acting, result: dict[str, Any], now: float,
     events: list[dict[str, Any]],
 ) -> None:  # fmt: skip
-    job = scheduler.running.get(job_id)
-    if job is None:
-        return  # it ended meanwhile (its exit file was read): nothing to record
+    job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action is Action.SUSPEND and result.get("ok"):
@@ -305,8 +283,7 @@ def _settle(
         scheduler.table.mark_suspended(job_id, host_bytes, now)
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
-        scheduler.suspended[job_id] = scheduler.running.pop(job_id)
-        scheduler.monitor.held.pop(job_id, None)
+        scheduler.lives.suspend(job_id)
         events.append(Suspended.of(now, job_id, host_bytes, steps, helper, facts).to_json())
         if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
             scheduler.suspensions.resume_wanted[job_id] = "gpuq"
@@ -317,6 +294,7 @@ def _settle(
         return
     if acting.step is Step.RESUMING and result.get("ok"):
         scheduler.table.mark_resumed(job_id, now)
+        scheduler.lives.acted(job_id)
         _unpause(scheduler, job_id)
         scheduler.preemption.preempted.pop(job_id, None)
         scheduler.preemption.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
@@ -334,10 +312,11 @@ def _settle(
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
         events.append(StepFailed(now, Kind.RESUME_FAILED, job_id, str(result.get("why"))).to_json())
         again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
-        scheduler.suspensions.acting[job_id] = again
+        scheduler.lives.act(job_id, again)
         return
     if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
         scheduler.table.undo_step(job_id)
+        scheduler.lives.acted(job_id)
         _unpause(scheduler, job_id)
         job.record = job.record.replace(step=None)
         why = str(result.get("why") or "a daemon restarted in the middle of it")
@@ -378,7 +357,7 @@ def _start_resumes(
         if not scheduler.table.mark_step(job_id, Step.RESUMING):
             continue
         job.record = job.record.replace(step=Step.RESUMING)
-        scheduler.running[job_id] = scheduler.suspended.pop(job_id)  # its GPUs are its own again, from now
+        scheduler.lives.resume(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
         _begin(scheduler, job, Step.RESUMING, Action.RESUME, who, now)
         events.append(Asked(now, Kind.RESUMING, job_id, who).to_json())

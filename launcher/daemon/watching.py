@@ -14,7 +14,8 @@ from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
-from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import blame
@@ -98,7 +99,8 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         return
     scheduler.monitor.next_sample = now + SAMPLE_EVERY
     peaks: dict[int, int] = {}
-    scheduler.monitor.held = {}
+    for job in scheduler.running.values():
+        job.held = {}
     for gpu in snapshot:
         if not gpu.processes:
             continue
@@ -107,10 +109,10 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
             if held:
                 peaks[job_id] = max(peaks.get(job_id, 0), held)
-                scheduler.monitor.held.setdefault(job_id, {})[gpu.index] = held
+                job.held[gpu.index] = held
     if peaks:
         scheduler.table.set_peak_mem(peaks)
-    learning.settle(scheduler, now, peaks)
+    learning.settle(scheduler.mem_auto, scheduler.table, scheduler.policy, scheduler.lives, now, peaks)
 
 
 def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
@@ -119,12 +121,12 @@ def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
     share = record.spec.mem_per_gpu if record.spec.gpus else None
     asked = "auto" if record.spec.mem_auto else format_size(share) if share is not None else ""
     others = [
-        blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, scheduler.monitor.held.get(other.record.id, {}))
+        blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, other.held)
         for other in scheduler.running.values() if other.record.id != record.id
     ]  # fmt: skip
     free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
     return blame.out_of_memory(
-        blame.Sampled(record.id, share, scheduler.monitor.held.get(record.id, {})), record.gpus, others,
+        blame.Sampled(record.id, share, job.held), record.gpus, others,
         overhead=scheduler.policy.overhead, fenced=scheduler.fence is not fences.NONE, asked=asked, free=free,
     )  # fmt: skip
 
@@ -152,9 +154,9 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
     clock = time.monotonic()  # idle time is a duration: a jump of the wall clock must not release a busy job
     for job_id, job in watched:
         record = job.record
-        if any(busy.get(pid, 0) > 0 for pid in job.pids):
-            scheduler.monitor.active_at[job_id] = clock
-        idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)  # from when this daemon first watched it
+        if job.active_at is None or any(busy.get(pid, 0) > 0 for pid in job.pids):
+            job.active_at = clock  # busy now, or first watched by this daemon now
+        idle = clock - job.active_at
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)
@@ -199,9 +201,9 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
         record = job.record
         if not set(record.gpus) <= judged or (record.reason and not record.reason.startswith(causes.IDLE_BATCH)):
             continue  # cannot tell, or its reason says something else that matters more
-        if any(busy.get(pid, 0) > 0 for pid in job.pids):
-            scheduler.monitor.active_at[job_id] = clock
-        idle = clock - scheduler.monitor.active_at.setdefault(job_id, clock)
+        if job.active_at is None or any(busy.get(pid, 0) > 0 for pid in job.pids):
+            job.active_at = clock
+        idle = clock - job.active_at
         reason = causes.idle_batch(idle) if idle >= after else ""
         if reason:
             idle_now[job_id] = round(idle, 1)

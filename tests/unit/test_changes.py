@@ -15,7 +15,8 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import parse_size
-from gpuq_scheduler.launcher.daemon.scheduler import Running, Scheduler
+from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 
@@ -40,7 +41,8 @@ def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
         yield scheduler
     finally:
         scheduler.after_commit, scheduler.on_rollback = [], []  # no job is started: the test looks at placement
-        scheduler.running.clear()
+        for job_id in list(scheduler.running):
+            scheduler.lives.end(job_id)
         scheduler.close()
 
 
@@ -51,8 +53,8 @@ def _pass(scheduler: Scheduler, now: float) -> None:
 
 def _release_the_hold(scheduler: Scheduler) -> Callable[[], None]:
     record = scheduler.pending[WAITING]
-    scheduler.pending[WAITING] = record.replace(held=True, reason="held")
-    return lambda: scheduler.pending.__setitem__(WAITING, record)
+    scheduler.lives.update(record.replace(held=True, reason="held"))
+    return lambda: scheduler.lives.update(record)
 
 
 def _shrink_the_running_job(scheduler: Scheduler) -> Callable[[], None]:
@@ -60,7 +62,8 @@ def _shrink_the_running_job(scheduler: Scheduler) -> Callable[[], None]:
     busy = JobRecord(id=2, spec=_spec("70GiB"), uid=os.getuid(), user="me", state=JobState.RUNNING,
                      submitted_at=0.0, started_at=0.0, gpus=(0,), log="")  # fmt: skip
     job = Running(busy, Launch(shim_pid=0, shim_start=None, boot_id=scheduler.boot_id, port=None))
-    scheduler.running[busy.id] = job
+    scheduler.lives.add(busy)
+    scheduler.lives.start(job)
 
     def shrink() -> None:
         job.record = busy.replace(spec=_spec("30GiB"))
@@ -81,7 +84,7 @@ def test_a_change_nobody_announced_still_wakes_placement(
     _pass(scheduler, 1.0)
     _pass(scheduler, 2.0)  # nothing changed: this pass is skipped
     assert WAITING in scheduler.pending
-    unblock()  # through the state's own collections, no counter touched
+    unblock()  # through the state's own collections and the lives' moves, no counter touched
     _pass(scheduler, 3.0)
     assert WAITING not in scheduler.pending
     assert WAITING in scheduler.running
@@ -90,7 +93,7 @@ def test_a_change_nobody_announced_still_wakes_placement(
 
 
 def test_a_blocked_queue_costs_no_pass_when_nothing_changed(scheduler: Scheduler) -> None:
-    scheduler.pending[WAITING] = scheduler.pending[WAITING].replace(held=True, reason="held")
+    scheduler.lives.update(scheduler.pending[WAITING].replace(held=True, reason="held"))
     _pass(scheduler, 1.0)
     seen = scheduler.changes.count
     for now in (2.0, 3.0, 4.0):
@@ -137,11 +140,11 @@ def test_every_change_to_a_tracked_collection_is_marked_and_no_change_is_not() -
 def test_a_collection_put_in_place_whole_is_tracked_too(scheduler: Scheduler) -> None:
     """A reload assigns plain dicts and sets: they are wrapped, and changing them later still counts."""
     seen = scheduler.changes.count
-    scheduler.pending = dict(scheduler.pending)
+    scheduler.not_before = {WAITING: 5.0}
     scheduler.drained = set()
-    assert isinstance(scheduler.pending, TrackedDict) and isinstance(scheduler.drained, TrackedSet)
+    assert isinstance(scheduler.not_before, TrackedDict) and isinstance(scheduler.drained, TrackedSet)
     assert scheduler.changes.count > seen
     seen = scheduler.changes.count
-    scheduler.pending.pop(WAITING)
+    scheduler.not_before.pop(WAITING)
     scheduler.drained |= {0}
     assert scheduler.changes.count == seen + 2

@@ -1,0 +1,160 @@
+"""How much the daemon's steps lean on its shared state (issue 41, part 1), counted from the source.
+
+    python bench/state_shape.py [TREE]        TREE: a checkout (default: this one)
+
+- **attributes**: the distinct attributes of the shared state (``SchedulerState``, the scheduler) that the step
+  modules reach for. A step module is a module of ``launcher/daemon/`` other than the state's own
+  (``state.py``, ``owned.py``, ``tracked.py``, ``lives.py``) and the scheduler's; an attribute is a name read
+  or written on a parameter annotated with the state's type (``scheduler.pending``, ``state.shims``). Per
+  module, and in all.
+- **forget**: the collections ``SchedulerState.forget`` names (each one it pops, discards or deletes from,
+  or loops over to do so): each is one a new map must be added to, or it leaks.
+- **walk**: ``python bench/state_shape.py --walk`` follows one submit through the daemon's ingest (a real
+  state directory, what ``gpuq submit -- true`` spools, fake GPUs) with ``sys.setprofile``: the calls of
+  gpuq's functions and how many distinct functions they are, the rooms (distinct modules), the calls into a
+  room the walk had already left, the calls from a step back into the state's rooms (state, scheduler,
+  owned, lives) and the user's name looked up (``accounts.user_name`` or ``account``, or ``pwd`` itself).
+  Needs the package importable (the venv).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+STATE_TYPES = {"SchedulerState", "Scheduler"}
+STATE_ROOMS = {f"gpuq_scheduler.launcher.daemon.{name}" for name in ("state", "scheduler", "owned", "lives")}
+NOT_STEPS = {"state.py", "owned.py", "tracked.py", "lives.py", "scheduler.py", "__init__.py", "__main__.py"}
+
+
+def _state_params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    names = set()
+    for arg in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]:
+        note = arg.annotation
+        text = ast.unparse(note) if note is not None else ""
+        if text.strip("'\"").split(".")[-1] in STATE_TYPES:
+            names.add(arg.arg)
+    return names
+
+
+def attributes(tree: Path) -> dict[str, set[str]]:
+    """Step module -> the state's attributes it uses."""
+    used: dict[str, set[str]] = {}
+    for path in sorted((tree / "launcher" / "daemon").glob("*.py")):
+        if path.name in NOT_STEPS:
+            continue
+        found: set[str] = set()
+        for func in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = _state_params(func)
+            for node in ast.walk(func):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in params:
+                    found.add(node.attr)
+        if found:
+            used[path.stem] = found
+    return used
+
+
+def forget_maps(tree: Path) -> list[str]:
+    """The collections ``SchedulerState.forget`` names, as written (``self.`` left off)."""
+    source = (tree / "launcher" / "daemon" / "state.py").read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "forget":
+            forget = node
+            break
+    else:
+        raise SystemExit("no SchedulerState.forget")
+    named: list[str] = []
+
+    def add(expr: ast.expr) -> None:
+        text = ast.unparse(expr).removeprefix("self.")
+        if text not in named:
+            named.append(text)
+
+    for node in ast.walk(forget):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in {"pop", "discard", "remove", "lost"}:
+                add(node.func.value)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript):
+                    add(target.value)
+        elif isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
+            for element in node.iter.elts:  # for table in (a, b, c): table.pop(...)
+                add(element)
+    return [name for name in named if name not in {"table"}]
+
+
+def walk(tree: Path) -> dict[str, int]:
+    import tempfile
+    import time
+
+    from gpuq_scheduler.jobs import api
+    from gpuq_scheduler.jobs.model import JobSpec
+    from gpuq_scheduler.jobs.store.statedir import StateDir
+    from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+    from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+
+    with tempfile.TemporaryDirectory(prefix="gpuq walk ") as tmp:
+        state = StateDir(Path(tmp) / "state")
+        # What `gpuq submit -- true` writes to the spool (api.submit without starting a daemon).
+        api.queue_job(state, JobSpec.from_json(api._capture(["true"], {"cwd": tmp})))
+        scheduler = Scheduler(state, FakeGpus("4x80GiB"))
+        try:
+            stops: list[tuple[str, str]] = []  # (module, function) of each call of gpuq's code, in order
+            climbs, back, names = 0, 0, 0
+            stack: list[str] = []
+
+            def profile(frame, event, arg):  # type: ignore[no-untyped-def]
+                nonlocal climbs, back, names
+                if event == "c_call" and getattr(arg, "__module__", None) == "pwd":
+                    names += 1
+                if event == "call":
+                    module = frame.f_globals.get("__name__", "")
+                    ours = module.startswith("gpuq_scheduler")
+                    if ours:
+                        if frame.f_code.co_name in {"user_name", "account"}:
+                            names += 1
+                        caller = next((m for m in reversed(stack) if m), None)
+                        if caller and caller != module:
+                            if module in STATE_ROOMS and caller not in STATE_ROOMS:
+                                climbs += 1
+                            if any(m == module for m, _ in stops):
+                                back += 1
+                        stops.append((module, frame.f_code.co_name))
+                    stack.append(module if ours else "")
+                elif event == "return" and stack:
+                    stack.pop()
+
+            sys.setprofile(profile)
+            try:
+                scheduler.ingest(time.time())
+            finally:
+                sys.setprofile(None)
+        finally:
+            scheduler.close()
+    return {
+        "calls": len(stops), "functions": len(set(stops)), "rooms": len({m for m, _ in stops}),
+        "calls into a room already left": back, "calls back into the state": climbs, "user name looked up": names,
+    }  # fmt: skip
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if a != "--walk"]
+    tree = Path(args[0] if args else Path(__file__).resolve().parent.parent)
+    used = attributes(tree)
+    everything = set().union(*used.values())
+    for module, names in sorted(used.items()):
+        print(f"{module:12s} {len(names):3d}  {' '.join(sorted(names))}")
+    print(f"attributes of the shared state used by {len(used)} step modules: {len(everything)}")
+    maps = forget_maps(tree)
+    print(f"collections listed in forget: {len(maps)}  ({', '.join(maps)})")
+    if "--walk" in sys.argv:
+        print("submit walk through ingest:", walk(tree))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

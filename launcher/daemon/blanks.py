@@ -20,12 +20,12 @@ a waiter; a spawn built for the cgroup gone is not used).
 from __future__ import annotations
 
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.supervisor import containment, spawncg
+from gpuq_scheduler.launcher.supervisor import containment, spawncg, switches
 
 
 def expected(scheduler: SchedulerState) -> int | None:
     """The id the next submit gets, where jobs have cgroups and none waits."""
-    if scheduler.containment.kind != containment.CGROUP or scheduler.pending:
+    if scheduler.containment.kind != containment.CGROUP or scheduler.pending or switches.off("blanks"):
         return None
     if scheduler.shared is not None:
         return scheduler.next_id

@@ -47,7 +47,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.supervisor import ahead, containment, starting
+from gpuq_scheduler.launcher.supervisor import ahead, containment, starting, switches
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
 from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, open_output
@@ -321,8 +321,9 @@ def _requests(
         elif kind == NEXT:
             assert isinstance(value, Launch)
             following = value
-            ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
-            if value.box is not None and value.box.cgroup is not None:
+            if not switches.off("files"):
+                ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            if value.box is not None and value.box.cgroup is not None and not switches.off("born"):
                 argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
                 ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, starting.output_pipe())
         elif kind in (CANCEL, DROP) and following is not None and value == following.job_id:

@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 
-from gpuq_scheduler.launcher.supervisor import spawncg, waiter
+from gpuq_scheduler.launcher.supervisor import spawncg, switches, waiter
 
 _pid = 0  # the zygote's
 _socket: socket.socket | None = None
@@ -30,6 +30,8 @@ def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int 
     ``inode``, if given): its pid; None where the zygote cannot make it (not started yet, or it cannot be had:
     the caller clones the waiter instead). OSError if the cgroup is another (ESTALE) or the clone failed (its
     errno)."""
+    if switches.off("zygote"):
+        return None
     if _socket is None:  # started now for the waiters after this one, which the shim clones meanwhile: the
         _start()  # zygote's own start takes longer than that (10-20 ms on the VM), and the job may come sooner
         return None

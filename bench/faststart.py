@@ -86,8 +86,9 @@ def main() -> None:
             if config != "all":
                 env["GPUQ_FASTSTART_OFF"] = config
             folder = args.out / f"{config}-{round_}"
+            sizes = [] if args.full else ["--quick"]
             command = [sys.executable, str(ROOT / "bench" / "harness.py"), "--tools", "gpuq", "--workloads", "A",
-                       "--repeat", str(args.repeat), "--out", str(folder), *([] if args.full else ["--quick"])]  # fmt: skip
+                       "--repeat", str(args.repeat), "--out", str(folder), *sizes]  # fmt: skip
             subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=600)
             line = f"round {round_} {config:8} " + " ".join(f"{g:.2f}" for g in gaps(folder)) + " ms"
             print(line, flush=True)

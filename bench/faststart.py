@@ -71,10 +71,10 @@ def main() -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="gpuq-faststart-"))
     if not os.environ.get("GPUQ_BENCH_COMMAND"):
-        command, how = gpuq_peer.install_regular(work)
-        if command is None:
+        regular, how = gpuq_peer.install_regular(work)
+        if regular is None:
             raise SystemExit(f"gpuq could not be installed: {how}")
-        os.environ["GPUQ_BENCH_COMMAND"] = command
+        os.environ["GPUQ_BENCH_COMMAND"] = regular
     lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} {platform.node()} {os.cpu_count()} cores "
              f"{platform.release()} load {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {' '.join(configs)}, "
              f"A {'full' if args.full else 'quick'}, {args.repeat} run(s) a turn"]  # fmt: skip

@@ -4,7 +4,7 @@
 #   DIR      a folder holding before/ and after/ (`git archive` trees) and peers/ (task-spooler's .deb and
 #            simple_gpu_scheduler's wheel: the host reaches nothing outside)
 #   ROUNDS   bench/faststart.py's rounds (default 3), REPEAT its runs a turn (default 1)
-#   PARTS    the parts switched off in turn (default handoff,files,born,zygote,blanks)
+#   PARTS    the parts switched off in turn (default handoff,files,born,zygote)
 # Results: $OUT/res.tgz, the summary in $OUT/device.log.
 set -u
 res=/tmp/res && rm -rf "$res" && mkdir -p "$res"
@@ -17,10 +17,10 @@ for tree in before after; do
     python3 -m pip install -q --no-deps --no-build-isolation -e "$DIR/$tree" 2>&1 | tail -2
     export GPUQ_BENCH_COMMAND=$(command -v gpuq)
     if [ $tree = before ]; then
-        (cd "$DIR/before" && timeout 300 python3 bench/faststart.py "$res/faststart" --rounds "${ROUNDS:-3}" \
-            --repeat "${REPEAT:-1}" --parts "${PARTS:-handoff,files,born,zygote,blanks}")
+        (cd "$DIR/before" && timeout 150 python3 bench/faststart.py "$res/faststart" --rounds "${ROUNDS:-3}" \
+            --repeat "${REPEAT:-1}" --parts "${PARTS:-handoff,files,born,zygote}")
     else
-        (cd "$DIR/after" && timeout 200 python3 bench/harness.py --tools tsp,sgs,gpuq --workloads A --quick \
+        (cd "$DIR/after" && timeout 100 python3 bench/harness.py --tools tsp,sgs,gpuq --workloads A --quick \
             --repeat 3 --out "$res/peers" 2>&1 | grep -E "A (tsp|sgs|gpuq)|skipped|ERROR")
         cat "$res"/peers/*.md | grep -E "^\| A "
     fi

@@ -3,7 +3,7 @@ part switched off on its own (``GPUQ_FASTSTART_OFF``, ``launcher/supervisor/swit
 turn, round after round, in one run (the order turns by one each round: what runs later in a call runs slower
 on a lent host):
 
-    python bench/faststart.py OUT [--rounds 3] [--repeat 3] [--parts handoff,files,born,zygote,blanks] [--full]
+    python bench/faststart.py OUT [--rounds 3] [--repeat 3] [--parts handoff,files,born,zygote] [--full]
 
 Each turn is ``bench/harness.py --tools gpuq --workloads A --repeat N`` (``--quick``: 40 jobs, unless ``--full``)
 into ``OUT/<config>-<round>/``; ``OUT/summary.txt`` has every run's mean gap and, per configuration, the median
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--parts", default="handoff,files,born,zygote,blanks")
+    parser.add_argument("--parts", default="handoff,files,born,zygote")
     parser.add_argument("--full", action="store_true", help="200 jobs a run rather than 40")
     parser.add_argument("--repeat", type=int, default=3, help="runs a turn (1: the finest interleaving)")
     parser.add_argument("--table", action="store_true", help="only the table of what OUT holds")

@@ -87,7 +87,7 @@ def forked(events: list[Event], parent: int | None = None, child: int | None = N
 def milestones(events: list[Event], submit: int, daemon: int, stamp: float, shims: set[int]) -> dict[str, Any]:
     """One run's milestones, ms after the submit's exit, and the lines of its daemon, shim and job. ``shims``:
     the daemon's idle shims before the submit, one of which may hold the job's process, born before it (a
-    blank, launcher.daemon.blanks): then the shim is the one that read the job."""
+    blank, at revisions before 2026-11-29 that had them): then the shim is the one that read the job."""
     exits = [ts for ts, tid, _, kind, _ in events if kind == "gone" and tid == submit]
     execs = [(ts, tid, text) for ts, tid, _, kind, text in events if kind == "exec"]
     job = next(((ts, tid) for ts, tid, text in execs if _field(text, "filename").endswith("job.sh")), None)

@@ -39,8 +39,7 @@ WRITES_ITS_PID = 'echo $$ > "$1"'
 
 
 def born(queue: Gpuq, job_id: int) -> int:
-    """The one process waiting in job ``job_id``'s cgroup: its waiter (a staged job's, or a blank born for the
-    job before its submit), not yet the job."""
+    """The one process waiting in job ``job_id``'s cgroup: its waiter (a staged job's), not yet the job."""
     procs = Path(group(queue), f"job-{job_id}", "cgroup.procs")
 
     def waiting() -> list[int]:
@@ -75,16 +74,12 @@ def let_go(queue: Gpuq) -> None:
 
 def submit_staged(queue: Gpuq, ahead: int, *argv: str) -> int:
     """Submit ``argv``, to be staged behind job ``ahead`` (running), and wait until its shim has made its
-    cgroup. Until then the cgroup at its path may be the one the daemon made for a blank (the next submit's,
-    ``launcher.daemon.blanks``), which the staging ends; so the blank's is waited for first, and its inode
-    told apart from the cgroup made afresh."""
+    cgroup."""
     path = Path(group(queue), f"job-{ahead + 1}")
-    wait_for(lambda: inode(path) is not None, 10, "the cgroup of a blank for the next submit")
-    blank = inode(path)
     job_id = queue.submit(*argv)
     assert job_id == ahead + 1
     staged_behind(queue, job_id, ahead)
-    wait_for(lambda: inode(path) not in (None, blank), 10, f"job {job_id}'s cgroup made when it was staged")
+    wait_for(lambda: inode(path) is not None, 10, f"job {job_id}'s cgroup made when it was staged")
     return job_id
 
 

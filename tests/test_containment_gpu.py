@@ -16,29 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from gpuq_scheduler.launcher.supervisor.waiter import is_waiter
 from tests.conftest import Gpuq, make_env, nvml_gpu_count, wait_for
 from tests.test_containment import alive
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(params=["spawned", "blank"])
+@pytest.fixture(params=["spawned", "cloned"])
 def queue(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Gpuq]:
-    """A queue on the host's GPUs whose next job is started as the C library spawns it where it can (glibc
-    2.39+), or (``blank``, jobs cloned as on older hosts) runs as the blank born for it before its submit, its
-    limits set on its cgroup at its go (launcher.daemon.blanks)."""
+    """A queue on the host's GPUs whose jobs are started as the C library spawns them where it can (glibc
+    2.39+), or (``cloned``, as on older hosts) cloned into their cgroups (launcher.supervisor.intocgroup)."""
     if not nvml_gpu_count():
         pytest.skip("no NVIDIA GPU here (NVML found none); runs on a lent GPU host")
     home, work = tmp_path / "state", tmp_path / "work"
     work.mkdir()
-    extra = {"GPUQ_SPAWN": "clone"} if request.param == "blank" else {}
+    extra = {"GPUQ_SPAWN": "clone"} if request.param == "cloned" else {}
     client = Gpuq(home, make_env(home, fake=None, **extra), work)
     first = client.submit("--gpus", "0", "true")
     client.wait_state(first, "succeeded")  # the daemon records its containment
-    if request.param == "blank":
-        procs = Path(str(_containment(client)["group"]), f"job-{first + 1}", "cgroup.procs")
-        wait_for(lambda: procs.exists() and any(map(is_waiter, procs.read_text().split())), 10, "the next job's blank")
     yield client
     client.cleanup()
 

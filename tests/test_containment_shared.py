@@ -7,7 +7,6 @@ submits as that user jobs that try to leave their cgroup and leave processes beh
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -121,33 +120,6 @@ def test_a_root_daemons_fallback_finds_a_users_setsid_child_by_its_marker(queue:
     assert record["state"] == "succeeded" and record["reason"] == "1 process outlived the job and was ended", record
     wait_for(lambda: not alive(sleeper), 10, "mallory's sleeper to end")
     assert "containment: fallback: process group + session + marker" in queue.gpuq(mallory, "gpus").stdout
-
-
-def test_a_users_job_on_an_idle_shared_queue_runs_as_the_blank_root_held_for_its_id_as_that_user(
-    queue: SharedQueue, mallory: User
-) -> None:
-    """The shared daemon gives the ids, so it knows the next: an idle shim (root) holds a blank for it, a waiter
-    in that job's cgroup that takes its user's credentials only at its go (launcher.daemon.blanks). Mallory's
-    job runs as that process, as mallory, never as root."""
-    _start(queue)
-    inventory = queue.home / "gpus.json"  # written once the daemon has looked at its GPUs and containment
-    wait_for(inventory.exists, 20, "the daemon's record of its containment")
-    group = json.loads(inventory.read_text())["containment"]["group"]
-    procs = Path(group, "job-1", "cgroup.procs")
-    wait_for(lambda: procs.exists() and procs.read_text().split(), 20, "a blank for job 1")
-    (blank,) = (int(word) for word in procs.read_text().split())
-    assert _uids(blank) == [0, 0, 0, 0]  # root's while it waits: no user can signal it or read its memory
-    stamps = queue.stamps
-    job = queue.submit(mallory, "--gpus", "0", "sh", "-c", f"echo $$ $(id -u) > {stamps}/$GPUQ_JOB_ID.ran")
-    assert job == 1
-    queue.wait(mallory, job)
-    assert queue.records(mallory)[job]["state"] == "succeeded"
-    assert (stamps / "1.ran").read_text().split() == [str(blank), str(mallory.uid)]
-
-
-def _uids(pid: int) -> list[int]:
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return [int(word) for word in next(line for line in status if line.startswith("Uid:")).split()[1:]]
 
 
 # A request written by hand, past the client's check, asking for more processes than the queue allows.

@@ -7,7 +7,6 @@ process with more), in a real cgroup v2 cgroup.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
@@ -49,12 +48,12 @@ def cgroup() -> Iterator[Path]:
 
 
 # Each way a job's first process is started in its cgroup: a clone of the starter at once, or born ahead and
-# told to go later, or born blank before the job is known and given it with its go, or (a job of the starter's
-# own user, where the C library can) glibc's posix_spawn into it, at once or built ahead and run later.
+# told to go later, or (a job of the starter's own user, where the C library can) glibc's posix_spawn into it, at
+# once or built ahead and run later.
 SPAWNCG = spawncg.usable()
 _GLIBC = pytest.mark.skipif(not SPAWNCG, reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can; "
                             "run on such a host)")  # fmt: skip
-WAYS = ("cloned", "prepare", "blank", pytest.param("spawn", marks=_GLIBC), pytest.param("ready", marks=_GLIBC))
+WAYS = ("cloned", "prepare", pytest.param("spawn", marks=_GLIBC), pytest.param("ready", marks=_GLIBC))
 
 
 def _spawn(
@@ -67,9 +66,6 @@ def _spawn(
     start = f"intocgroup.{way}({str(cgroup)!r}, {command!r}, {where!r}, dict(os.environ), {credentials}, out)"
     if way == "prepare":
         start = f"born = {start}; time.sleep(0.3); {meanwhile or 'pass'}; pid = born.go()"
-    elif way == "blank":  # as the shim gives a blank its job (launcher.supervisor.starting)
-        start = f"born = intocgroup.blank({str(cgroup)!r}, out); time.sleep(0.3); {meanwhile or 'pass'}"
-        start += f"; pid = given(born, {command!r}, {where!r}, dict(os.environ), {credentials})"
     elif way == "ready":
         start = f"built = intocgroup.ready({str(cgroup)!r}, {command!r}, {where!r}, dict(os.environ), out)"
         start += f"; time.sleep(0.3); {meanwhile or 'pass'}; pid = built.run()"
@@ -78,14 +74,6 @@ def _spawn(
     script = textwrap.dedent(f"""
         import json, os, signal, sys, time
         from gpuq_scheduler.launcher.supervisor import containment, intocgroup
-        def given(born, *job):
-            try:
-                details = intocgroup.details(*job)
-            except OSError:
-                os.kill(born.pid, signal.SIGKILL)
-                born.abandon()
-                raise
-            return born.go(details)
         {before}
         out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
         mine = containment.own_cgroup()
@@ -167,16 +155,15 @@ def test_a_process_with_threads_is_refused_and_the_shim_moves_instead(cgroup: Pa
         assert result == {"unsupported": "this process runs more than one thread"}
 
 
-@pytest.mark.parametrize("way", ["prepare", "blank"])
 def test_born_ahead_it_waits_as_the_shims_user_and_takes_the_jobs_credentials_at_its_turn(
-    cgroup: Path, tmp_path: Path, way: str
+    cgroup: Path, tmp_path: Path
 ) -> None:
     # Waiting, it is the shim's (root's): no user can signal it; the job runs as the user it was given (from
     # "/": a shared queue's jobs enter their own directory as their user, launcher.supervisor.processes.as_user).
     status = tmp_path / "waiting"
     meanwhile = f"open({str(status)!r}, 'w').write(open(f'/proc/{{born.pid}}/status').read())"
     nobody = "{'user': 65534, 'group': 65534, 'extra_groups': []}"
-    result = _spawn(cgroup, ["sh", "-c", "id -u; id -g"], tmp_path, "", way, meanwhile, nobody, cwd="/")
+    result = _spawn(cgroup, ["sh", "-c", "id -u; id -g"], tmp_path, "", "prepare", meanwhile, nobody, cwd="/")
     assert result["code"] == 0
     uid = next(line for line in status.read_text().splitlines() if line.startswith("Uid:"))
     assert uid.split()[1:] == [str(os.getuid())] * 4
@@ -206,29 +193,6 @@ def test_born_ahead_and_let_go_it_ends_and_runs_nothing(cgroup: Path, tmp_path: 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip().isdigit()
     assert (cgroup / "cgroup.procs").read_text() == "" and not (tmp_path / "ran").exists()
-
-
-def test_a_blank_is_never_born_in_a_cgroup_made_afresh_under_its_name(cgroup: Path, tmp_path: Path) -> None:
-    # The daemon made the cgroup for the job it expects; by the time the shim clones, that job may have gone to
-    # another shim, which made its cgroup afresh under the same name: a blank born there would be that job's.
-    job = cgroup / "job-7"
-    job.mkdir()
-    made = job.stat().st_ino
-    job.rmdir()
-    job.mkdir()
-    script = textwrap.dedent(f"""
-        import os
-        from gpuq_scheduler.launcher.supervisor import intocgroup
-        out = os.open({str(tmp_path / "out")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            intocgroup.blank({str(job)!r}, out, {made})
-        except OSError as err:
-            print(err.errno)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.strip() == str(errno.ESTALE)
-    assert (job / "cgroup.procs").read_text() == ""
-    job.rmdir()
 
 
 ZYGOTE = """

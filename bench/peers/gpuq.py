@@ -78,7 +78,7 @@ class Gpuq(Tool):
         self.fake = "" if os.environ.get("GPUQ_BENCH_REAL_GPUS") else fake
         self.env = clean_env({"GPUQ_HOME": str(self.home), "GPUQ_FAKE_GPUS": self.fake})
         # The settings passed through: costs with and without a cgroup, and cloned where the C library could spawn.
-        for name in ("GPUQ_CONTAINMENT", "GPUQ_SPAWN"):
+        for name in ("GPUQ_CONTAINMENT", "GPUQ_SPAWN", "GPUQ_FASTSTART_OFF"):
             if os.environ.get(name):
                 self.env[name] = os.environ[name]
         self._up = False

@@ -42,7 +42,7 @@ from gpuq_scheduler.launcher.daemon.lives import Running, Staged
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
-from gpuq_scheduler.launcher.supervisor import processes
+from gpuq_scheduler.launcher.supervisor import processes, switches
 from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile
 
 log = logging.getLogger("gpuq.handoff")
@@ -82,7 +82,7 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     """After a placement pass: take back staged jobs that no longer come next, then stage the jobs that come
     next (``upcoming``: the ready jobs this pass placed nowhere, in queue order) behind the running jobs whose
     GPUs they would get. Inside the tick's transaction; the shims are told after the commit."""
-    if scheduler.shared is not None:
+    if scheduler.shared is not None or switches.off("handoff"):
         return  # fair share decides who goes next at the moment a GPU frees: nothing is staged
     head = next(upcoming, None)
     views: dict[int, GpuView] = {}

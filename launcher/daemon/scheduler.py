@@ -30,7 +30,6 @@ from gpuq_scheduler.jobs.store import journal, spool
 from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
-    blanks,
     endings,
     fastpath,
     fences,
@@ -184,7 +183,7 @@ class Scheduler(SchedulerState):
         handoff.load(self)
 
     def wants_spares(self) -> bool:
-        return not self._spares_wanted() <= self.shims.idle <= self._spares_kept() or blanks.wanted(self)
+        return not self._spares_wanted() <= self.shims.idle <= self._spares_kept()
 
     def fork_spares(self) -> None:
         """Fork idle shims so that the next launches need no fork: one per GPU while work waits, one once
@@ -193,7 +192,6 @@ class Scheduler(SchedulerState):
         than a fresh one, and jobs that come one at a time then fork none. Each holds about 5 MB of memory of
         its own (the rest it shares with the daemon; 2-core VM, 2026-11-27)."""
         self.shims.keep(self._spares_wanted(), self._spares_kept())
-        blanks.keep(self)  # the next submit's first process, born in an idle shim (daemon/blanks.py)
 
     def _spares_wanted(self) -> int:
         return min(max(len(self.pending), 1), max(len(self.last_snapshot), 1), SPARES)

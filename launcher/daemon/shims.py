@@ -8,9 +8,8 @@ import contextlib
 import os
 import signal
 
-from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.processes import is_alive, start_time
-from gpuq_scheduler.launcher.supervisor.shim import BLANK, CANCEL, DROP, JOB, NEXT, Blank, Launch, message, serve
+from gpuq_scheduler.launcher.supervisor.shim import CANCEL, DROP, JOB, NEXT, Launch, message, serve
 
 
 class Shim:
@@ -57,13 +56,8 @@ class Shim:
         return self._write(message(CANCEL, job_id))
 
     def drop(self, job_id: int) -> bool:
-        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on. Idle,
-        end the blank born for it."""
+        """Take back job ``job_id`` if it is staged here and has not started; a running one carries on."""
         return self._write(message(DROP, job_id))
-
-    def blank(self, blank: Blank) -> bool:
-        """Idle: have a waiter born for the job the queue expects next (``launcher.supervisor.ahead.blank``)."""
-        return self._write(message(BLANK, blank))
 
     def _write(self, message: bytes) -> bool:
         view = memoryview(message)
@@ -90,90 +84,23 @@ class Shims:
     def __init__(self) -> None:
         self._idle: list[Shim] = []
         self._busy: dict[int, Shim] = {}  # job id -> its shim
-        self._blank: tuple[Blank, Shim] | None = None  # a blank an idle shim holds, and that shim
-        self._dropped: dict[int, Blank] = {}  # job id -> a blank let go: its cgroup and unused log to remove
 
     @property
     def idle(self) -> int:
         return len(self._idle)
 
-    @property
-    def blank_for(self) -> int | None:
-        """The job an idle shim holds a blank for."""
-        return None if self._blank is None else self._blank[0].job_id
-
     def take(self, job_id: int) -> Shim:
-        """A shim for ``job_id``: the one holding its blank, else the idle one that finished a job last (a
-        spare that never ran one only where none did, one holding a blank for another job last), else a new
-        fork (OSError if none)."""
-        holder = None if self._blank is None else self._blank[1]
-        if self._blank is not None and self._blank[0].job_id == job_id and holder in self._idle:
-            self._idle.remove(holder)
-            self._idle.append(holder)  # taken below, with its blank
-            self._blank = holder = None
+        """A shim for ``job_id``: the idle one that finished a job last (a spare that never ran one only where
+        none did), else a new fork (OSError if none)."""
         while self._idle:
-            # Spares are forked to the front, shims whose jobs ended come to the back.
-            shim = self._idle.pop(-2 if self._idle[-1] is holder and len(self._idle) > 1 else -1)
-            if shim is holder:
-                self.unblank(tell=False)  # it ends its blank itself once it has started this job
+            shim = self._idle.pop()  # spares are forked to the front, shims whose jobs ended come to the back
             if shim.alive():
                 break
             shim.abandon()  # a stray signal ended it
         else:
             shim = Shim()
         self._busy[job_id] = shim
-        self._sent(job_id)
         return shim
-
-    def blank(self, job_id: int, box: containment.Box, spawned: bool, log: str) -> None:
-        """Have the idle shim that would be taken next hold a blank for ``job_id`` (the id the queue gives
-        next) in ``box``'s cgroup, made here: its first process is then born before the job is submitted, or,
-        ``spawned``, the C library's spawn into it built; ``log`` (if given) opened. The daemon makes and removes
-        a blank's cgroup and log, as it places the job: a shim never removes them, so no shim can remove those
-        of a job sent to another."""
-        self.unblank()
-        self._dropped.pop(job_id, None)  # its cgroup is made afresh below
-        if not self._idle or box.cgroup is None:
-            return
-        with contextlib.suppress(OSError):  # none made: the job is started as any other
-            containment.make(box)
-            blank = Blank(job_id, box, os.stat(box.cgroup).st_ino, spawned, log)
-            if self._idle[-1].blank(blank):
-                self._blank = (blank, self._idle[-1])
-            else:
-                self._dropped[job_id] = blank
-
-    def unblank(self, tell: bool = True) -> None:
-        """Let the blank go (``tell``: its shim ends it now); its cgroup is removed by ``tidy``."""
-        if self._blank is not None:
-            blank, holder = self._blank
-            self._blank = None
-            if tell:
-                holder.drop(blank.job_id)
-            self._dropped[blank.job_id] = blank
-
-    @property
-    def blank_misplaced(self) -> bool:
-        """Whether the blank is held by another shim than the one a job would be given next (the one that
-        finished a job last): a shim that ran jobs starts the next sooner than a spare (``keep``)."""
-        return self._blank is not None and bool(self._idle) and self._blank[1] is not self._idle[-1]
-
-    @property
-    def untidy(self) -> bool:
-        return bool(self._dropped)
-
-    def tidy(self, sent: set[int]) -> None:
-        """Remove the cgroups of blanks let go, ending what is left in them, and their logs if nothing was
-        written there, but not those of a job ``sent`` to a shim (running or staged; one sent through this
-        daemon's ``take`` or ``stage`` is forgotten here then): that shim made its cgroup afresh, with the job in
-        it, and writes its log. One sent later makes both afresh."""
-        for job_id, blank in list(self._dropped.items()):
-            if job_id not in sent:
-                containment.end(blank.box, -1)
-                with contextlib.suppress(OSError):
-                    if blank.log and os.stat(blank.log).st_size == 0:
-                        os.unlink(blank.log)
-            del self._dropped[job_id]
 
     def ended(self, job_id: int) -> None:
         """The job's exit file was read (its shim wrote it last and waits for the next job), or its launch was
@@ -204,17 +131,8 @@ class Shims:
         shim = self._busy.get(after)
         if shim is None:
             return False
-        if self.blank_for == launch.job_id:
-            self.unblank()  # that shim makes the job's cgroup afresh, which ends the blank: its holder lets it go
-        self._sent(launch.job_id)
         shim.stage(launch)
         return True
-
-    def _sent(self, job_id: int) -> None:
-        """Job ``job_id`` goes to a shim, which makes its cgroup afresh and writes its log: what a blank let go
-        left at those paths is the job's now, never to be removed by ``tidy``, even once the job has ended (a
-        job that wrote nothing leaves an empty log, which is still its log)."""
-        self._dropped.pop(job_id, None)
 
     def drop(self, after: int, job_id: int) -> None:
         shim = self._busy.get(after)
@@ -237,18 +155,13 @@ class Shims:
         most = count if most is None else max(most, count)
         self._idle.sort(key=lambda shim: shim.jobs)
         while len(self._idle) > most:
-            shim = self._idle.pop(0)
-            if self._blank is not None and shim is self._blank[1]:
-                self.unblank(tell=False)  # it ends its blank as it exits
-            shim.abandon()
+            self._idle.pop(0).abandon()
         with contextlib.suppress(OSError):  # no fork now (out of processes): a launch forks, or says why
             while len(self._idle) < count:
                 self._idle.insert(0, Shim())
 
-    def close(self, sent: set[int]) -> None:
-        """Let every shim go: idle ones exit now, busy ones once their job has ended. A blank's cgroup goes."""
-        self.unblank()
-        self.tidy(sent)
+    def close(self) -> None:
+        """Let every shim go: idle ones exit now, busy ones once their job has ended."""
         self.keep(0)
         for shim in self._busy.values():
             shim.abandon()

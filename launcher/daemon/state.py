@@ -175,7 +175,7 @@ class SchedulerState:
         return self.lives.staged
 
     def close(self) -> None:
-        self.shims.close(set(self.running) | set(self.suspended) | set(self.staged))  # a blank's cgroup goes
+        self.shims.close()
         self.containment.close(set(self.running) | set(self.suspended))
         self.table.close(rollback_mode=True)
         self.source.close()

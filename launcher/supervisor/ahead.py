@@ -57,8 +57,6 @@ _temps: dict[str, tuple[int, str]] = {}  # a file to write -> its temp file (``n
 _logs: dict[str, int] = {}  # a staged job's log -> the log, open for appending
 _waiting: dict[int, Waiting] = {}  # a staged job's id -> its first process
 _made: dict[int, Built] = {}  # a staged job's id -> its spawn built
-_blank: dict[int, Waiting | Built] = {}  # at most one, while this shim is idle: the id of the job it is for -> it
-_blank_log: dict[int, tuple[str, int]] = {}  # the blank's job -> its log, opened (the daemon removes it if unused)
 
 
 RESERVED = 4096  # bytes: an exit or pid file holds a few hundred
@@ -137,76 +135,8 @@ def _born(make: Callable[[], intocgroup.Born], box: containment.Box, output: tup
     return Waiting(born, start, out_read, box)
 
 
-def blank(
-    job_id: int, box: containment.Box, inode: int, output: tuple[int, int], spawned: bool, log: str = ""
-) -> None:
-    """A blank writing to the pipe ``output`` (both ends taken over) in the cgroup the daemon made for the job it
-    expects next (``box``, its directory's ``inode``): a waiter cloned there (``intocgroup.blank``), after which
-    that job, started on an idle GPU, only execs; or, ``spawned`` (it will run as this shim's user, and the C
-    library spawns into a cgroup), the C library's spawn into it built, after which only ``posix_spawn`` is left.
-    The cgroup is the daemon's to make and remove, never this shim's: sent elsewhere, the job makes it afresh
-    there, which ends a waiter (a spawn built is refused there: ESTALE). Where this fails, the job is started
-    as any other. ``log``: the job's log, opened now (a job of this shim's user): its creation cost 0.1 ms of an
-    idle start on the H200. Never removed here: the daemon removes it if the job does not come (``Shims.tidy``),
-    as only it knows whether another shim has it open by then."""
-    drop_blank()
-    if log:
-        with contextlib.suppress(OSError):  # opened at the start instead
-            _blank_log[job_id] = (log, open_log(log, None, None))
-    cgroup = box.cgroup
-    assert cgroup is not None
-    if spawned and spawncg.usable():
-        try:
-            _blank[job_id] = Built(box, output, spawncg.Prepared(cgroup, output[1], inode))
-        except OSError:
-            os.close(output[0])
-            os.close(output[1])
-        return
-    made = _born(lambda: intocgroup.blank(cgroup, output[1], inode), box, output)
-    if made is not None:
-        _blank[job_id] = made
-
-
-def blank_for(job_id: int, box: containment.Box) -> Waiting | Built | None:
-    """The blank made for ``job_id`` in ``box``'s cgroup if this shim holds one, a waiter only once it is up
-    and waiting (the caller owns it now). A waiter still starting is left to end with its cgroup: the job is
-    started afresh."""
-    found = _blank.get(job_id)
-    if found is None or found.box.cgroup != box.cgroup:
-        return None
-    if isinstance(found, Waiting) and not found.born.ready():
-        return None
-    del _blank[job_id]
-    if isinstance(found, Built) and not _still(found):  # made afresh elsewhere, and maybe removed since
-        found.close()
-        return None
-    return found
-
-
-def _still(built: Built) -> bool:
-    """Whether the cgroup a spawn was built for is still the one at its path."""
-    assert built.box.cgroup is not None
-    try:
-        return os.stat(built.box.cgroup).st_ino == built.ready.inode
-    except OSError:
-        return False
-
-
-def drop_blank(job_id: int | None = None) -> None:
-    """End this shim's blank (only if it was made for ``job_id``, if given): nothing ran in it. Its cgroup is
-    the daemon's to remove."""
-    for held in [held for held in _blank_log if job_id in (None, held)]:
-        os.close(_blank_log.pop(held)[1])
-    for held in [held for held in _blank if job_id in (None, held)]:
-        found = _blank.pop(held)
-        if isinstance(found, Waiting):
-            let_go(found)
-        else:
-            found.close()
-
-
 def let_go(job: Waiting) -> None:
-    """End a waiter that has run nothing (a blank, or one whose job could not be given to it) and reap it."""
+    """End a waiter that has run nothing (its job was dropped) and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(job.born.pid, signal.SIGKILL)  # not yet reaped: the pid is still this one's
     job.born.abandon()
@@ -225,11 +155,7 @@ def made(job_id: int) -> Built | None:
 
 
 def log(path: str) -> int | None:
-    """The log at ``path`` if it was opened ahead, for a staged job or a blank's (the caller owns it now)."""
-    for job_id, (opened, fd) in list(_blank_log.items()):
-        if opened == path:
-            del _blank_log[job_id]
-            return fd
+    """The log at ``path`` if it was opened ahead for a staged job (the caller owns it now)."""
     return _logs.pop(path, None)
 
 

@@ -19,8 +19,6 @@ code: every path out of it is an exec or ``os._exit``.
   execs the job when told (``Born.go``). The shim's zygote (``launcher.supervisor.zygote``) makes it, a copy of
   itself; where it cannot, the shim's clone execs into a fresh waiter. Either happens while the job ahead
   still runs; at the job's turn only the waiter's own exec is left.
-- ``blank``: a waiter for a job not yet submitted (the id its queue gives next), born while the queue is
-  idle, whose details come with its go: a start on an idle GPU then costs what a hand-off's does.
 """
 
 from __future__ import annotations
@@ -93,12 +91,6 @@ def ready(cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], ou
     return spawncg.Prepared(cgroup, output).given(program, argv, cwd, env)
 
 
-def given(built: spawncg.Prepared, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> spawncg.Prepared:
-    """A spawn built for a blank (``spawncg.Prepared``), given its job. OSError if the program is not there (the
-    caller closes ``built``, as after any failed start)."""
-    return built.given(_find(argv[0], cwd, env), argv, cwd, env)
-
-
 def cloned(
     cgroup: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any], output: int
 ) -> int:
@@ -127,14 +119,12 @@ class Born:
     """A job's first process, cloned into its cgroup ahead of its turn: a waiter that execs the job on ``go``.
 
     It runs as the shim's user (the job's credentials are taken at ``go``) with an empty environment and
-    nothing of the shim's memory, holding only its pipes, the job's output and the job's details (a blank's:
-    its memfd, written at ``go``)."""
+    nothing of the shim's memory, holding only its pipes, the job's output and the job's details."""
 
-    def __init__(self, pid: int, go: int, report: int, details: int = -1) -> None:
+    def __init__(self, pid: int, go: int, report: int) -> None:
         self.pid = pid
         self._go = go  # a byte: exec the job; end of file: exit
         self._report = report  # "+": ready; then end of file: the job's exec happened; digits: the errno it failed with
-        self._details = details  # a blank's memfd, for the job's details at its go
         self._ready = False
 
     def ready(self) -> bool:
@@ -144,12 +134,9 @@ class Born:
             self._ready = os.read(self._report, 1) == b"+"  # anything else (end of file, "W"): it failed
         return self._ready
 
-    def go(self, job: Job | None = None) -> int:
-        """Exec the job (a blank: ``job``, its details): its pid. OSError if the exec failed (the process is
-        reaped); Gone if it cannot be."""
+    def go(self) -> int:
+        """Exec the job: its pid. OSError if the exec failed (the process is reaped); Gone if it cannot be."""
         try:
-            if job is not None:
-                _write_all(self._details, marshal.dumps(job))  # trusted: only this shim writes it
             os.write(self._go, b"!")
         except BrokenPipeError:
             self.abandon()
@@ -174,10 +161,10 @@ class Born:
             os.waitpid(self.pid, 0)
 
     def _close(self) -> None:
-        for fd in (self._go, self._report, self._details):
+        for fd in (self._go, self._report):
             if fd >= 0:
                 os.close(fd)
-        self._go = self._report = self._details = -1
+        self._go = self._report = -1
 
 
 def prepare(
@@ -188,47 +175,37 @@ def prepare(
     return _waiter(cgroup, details(argv, cwd, env, credentials), output)
 
 
-def blank(cgroup: str, output: int, inode: int | None = None) -> Born:
-    """A waiter cloned into ``cgroup`` (its directory's inode ``inode``, if given: a cgroup of that name made
-    afresh meanwhile is another job's) for a job not known yet, whose details ``Born.go`` gives. OSError if the
-    clone fails or the cgroup is not that one; Unsupported if this way cannot be used here."""
-    return _waiter(cgroup, None, output, inode)
-
-
 def details(argv: Sequence[str], cwd: str, env: Mapping[str, str], credentials: Mapping[str, Any]) -> Job:
     """What the clone or a waiter execs: OSError if the program is not there (see ``spawn``)."""
     return _find(argv[0], cwd, env), list(argv), dict(env), cwd, _creds(credentials)
 
 
-def _waiter(cgroup: str, job: Job | None, output: int, inode: int | None = None) -> Born:
+def _waiter(cgroup: str, job: Job, output: int) -> Born:
     memfd = os.memfd_create("gpuq-job", os.MFD_CLOEXEC)
     go_read, go_write = os.pipe()
     report_read, report_write = os.pipe()
     try:
-        if job is not None:
-            _write_all(memfd, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
+        _write_all(memfd, marshal.dumps(job))  # trusted: only this shim writes it, only its waiter reads it
         fds = (go_read, report_write, memfd, output)
-        pid = _from_zygote(cgroup, fds, inode) or _clone(cgroup, functools.partial(_exec_waiter, fds), inode)
+        pid = _from_zygote(cgroup, fds) or _clone(cgroup, functools.partial(_exec_waiter, fds))
     except BaseException:
-        for fd in (go_write, report_read, memfd):
+        for fd in (go_write, report_read):
             os.close(fd)
         raise
     finally:
         os.close(go_read)
         os.close(report_write)
-    if job is not None:
         os.close(memfd)
-        memfd = -1
-    return Born(pid, go_write, report_read, memfd)
+    return Born(pid, go_write, report_read)
 
 
-def _from_zygote(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
+def _from_zygote(cgroup: str, fds: tuple[int, int, int, int]) -> int | None:
     """A waiter made by the shim's zygote (``launcher.supervisor.zygote``): its pid, or None where it cannot."""
     global _unsupported
     if _unsupported is not None:
         raise Unsupported(_unsupported)
     try:
-        return zygote.make(cgroup, fds, inode)
+        return zygote.make(cgroup, fds)
     except OSError as err:
         if err.errno in _REFUSED:
             _unsupported = f"clone3 into a cgroup: {os.strerror(err.errno)}"
@@ -242,19 +219,15 @@ def _creds(credentials: Mapping[str, Any]) -> tuple[int, int, list[int]] | None:
     return int(credentials["user"]), int(credentials["group"]), [int(g) for g in credentials["extra_groups"]]
 
 
-def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], None], inode: int | None = None) -> int:
-    """clone3 into ``cgroup`` (its directory's inode ``inode``, if given): the child's pid. The child runs
-    ``child(handled, mask)``, which must exec or exit; OSError if the clone fails or the cgroup is another,
-    Unsupported if it cannot be done here."""
+def _clone(cgroup: str, child: Callable[[list[int], set[int | signal.Signals]], None]) -> int:
+    """clone3 into ``cgroup``: the child's pid. The child runs ``child(handled, mask)``, which must exec or exit;
+    OSError if the clone fails, Unsupported if it cannot be done here."""
     global _unsupported
     if _unsupported is not None:
         raise Unsupported(_unsupported)
     if len(os.listdir("/proc/self/task")) > 1:  # C threads too (a library's pool), which threading does not count
         raise Unsupported("this process runs more than one thread")
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    if inode is not None and os.fstat(where).st_ino != inode:
-        os.close(where)
-        raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
     args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=where)
     # The shim's handlers (and SIGPIPE and SIGXFSZ, which Python ignores and the job must not) go back to their
     # defaults in the child, and no signal is let in there before: no Python handler may run in the child.

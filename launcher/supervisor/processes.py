@@ -88,9 +88,8 @@ def spawn_ready(ready: spawncg.Prepared) -> tuple[int, float | None, Callable[[]
 
 
 def born_ahead(make: Callable[[], intocgroup.Born]) -> tuple[intocgroup.Born, float | None]:
-    """A job's waiter, made by ``make`` (``intocgroup.prepare``, or ``intocgroup.blank`` for a job not known yet),
-    cloned into the job's cgroup now and waiting to exec (``intocgroup.Born.go``), and its start time: the job's
-    first process is this one."""
+    """A job's waiter, made by ``make`` (``intocgroup.prepare``), cloned into the job's cgroup now and waiting to
+    exec (``intocgroup.Born.go``), and its start time: the job's first process is this one."""
     before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     born = make()
     return born, started_between(born.pid, before, time.clock_gettime_ns(time.CLOCK_BOOTTIME))

@@ -47,7 +47,7 @@ from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.shown import shown
-from gpuq_scheduler.launcher.supervisor import ahead, containment, starting
+from gpuq_scheduler.launcher.supervisor import ahead, containment, starting, switches
 from gpuq_scheduler.launcher.supervisor.exits import ExitFile, Stop
 from gpuq_scheduler.launcher.supervisor.joblog import JobLog, log_limit
 from gpuq_scheduler.launcher.supervisor.processes import as_user, open_log, open_output
@@ -63,8 +63,6 @@ _HEADER = 8  # bytes of the length that comes before a pickled Launch, and of a 
 # then its length and its pickled Launch); a cancel, or a drop of a staged job (each then a job id). A cancel
 # names its job, so a late one cannot stop the job handed the GPUs after it; naming a staged job, it drops it.
 JOB, NEXT, CANCEL, DROP = b"J", b"N", b"C", b"D"
-# To an idle shim: a Blank, a waiter to be born for the job the queue expects next (a drop naming it ends it).
-BLANK = b"B"
 HANDED_OFF = b"h"  # the poke after a hand-off: the daemon may wait for the burst to settle before it records it
 
 
@@ -89,25 +87,13 @@ class Launch:
     output: str = ""  # --output: a file of the user's that gets a copy of the log, opened as the job's user
 
 
-@dataclass(frozen=True)
-class Blank:
-    """A blank for job ``job_id``, which the queue expects next (``ahead.blank``), in ``box``'s cgroup made by the
-    daemon (its directory's ``inode``): a waiter, or, ``spawned``, the C library's spawn into it built."""
-
-    job_id: int
-    box: containment.Box
-    inode: int
-    spawned: bool = False
-    log: str = ""  # the job's log, to open now (a personal queue's: the job runs as the shim's user)
-
-
-def message(kind: bytes, value: Launch | Blank | int) -> bytes:
-    """One message down a shim's pipe, as the shim reads it: ``JOB`` or ``NEXT`` and a Launch, ``BLANK`` and a
-    Blank, ``CANCEL`` or ``DROP`` and a job id. The daemon's handle on a shim (``launcher.daemon.shims``) writes
+def message(kind: bytes, value: Launch | int) -> bytes:
+    """One message down a shim's pipe, as the shim reads it: ``JOB`` or ``NEXT`` and a Launch, ``CANCEL`` or
+    ``DROP`` and a job id. The daemon's handle on a shim (``launcher.daemon.shims``) writes
     only these."""
     if kind in (CANCEL, DROP) and isinstance(value, int):
         return kind + value.to_bytes(_HEADER, "big")
-    if (kind in (JOB, NEXT) and isinstance(value, Launch)) or (kind == BLANK and isinstance(value, Blank)):
+    if kind in (JOB, NEXT) and isinstance(value, Launch):
         data = pickle.dumps(value)
         return kind + len(data).to_bytes(_HEADER, "big") + data
     raise ValueError(f"no shim message {kind!r} of a {type(value).__name__}")
@@ -157,26 +143,19 @@ def serve(pipe: int) -> int:
 
 
 def _receive(pipe: int) -> Launch | None:
-    """The next job the daemon sent, or None at end of file; meanwhile a blank born or dropped as the daemon
-    asks. A cancel or another drop read here came for a job that had already ended when the daemon sent it,
-    and a staged job for one that had ended (its exit file, naming no successor, tells the daemon it did not
-    start): there is nothing to do."""
+    """The next job the daemon sent, or None at end of file. A cancel or a drop read here came for a job that had
+    already ended when the daemon sent it, and a staged job for one that had ended (its exit file, naming no
+    successor, tells the daemon it did not start): there is nothing to do."""
     while True:
         kind, value = _message(pipe)
         if kind == JOB:
             assert isinstance(value, Launch)
             return value
-        if kind == BLANK:
-            assert isinstance(value, Blank)
-            ahead.blank(value.job_id, value.box, value.inode, starting.output_pipe(), value.spawned, value.log)
-        elif kind == DROP and isinstance(value, int):
-            ahead.drop_blank(value)
-        elif not kind:
-            ahead.drop_blank()
+        if not kind:
             return None
 
 
-def _message(pipe: int) -> tuple[bytes, Launch | Blank | int | None]:
+def _message(pipe: int) -> tuple[bytes, Launch | int | None]:
     """One message from the daemon: (kind, its Launch or job id); (b"", None) at end of file, also when the
     daemon died in the middle of writing one."""
     kind = os.read(pipe, 1)
@@ -216,7 +195,6 @@ def _supervise(
     except starting.NotStarted as failed:
         _discard_behind()
         ahead.drop()
-        ahead.drop_blank()
         os.write(log_fd, f"gpuq: could not start {shown(failed.what)}: {failed.why}\n".encode())
         os.close(log_fd)
         if launch.box is not None and launch.box.cgroup is not None:
@@ -226,7 +204,6 @@ def _supervise(
     started = time.monotonic()  # the time limit is a duration: a jump of the wall clock must not end a job
     box = None if launch.box is None else launch.box.to_json()  # for a daemon that finds this shim gone
     ahead.write(launch.pid_file, json.dumps({"pid": pid, "start": start, "box": box}).encode())
-    ahead.drop_blank()  # one born for another job, now that this one has started
     # The exit file's space, reserved before the job can fill the disk: a staged job's was made when it was
     # staged; a job started on an idle GPU gets it now, just after its start rather than before it (two files
     # made there cost its start 1-2 ms). One that filled the disk within that moment is still recorded once
@@ -321,8 +298,9 @@ def _requests(
         elif kind == NEXT:
             assert isinstance(value, Launch)
             following = value
-            ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
-            if value.box is not None and value.box.cgroup is not None:
+            if not switches.off("files"):
+                ahead.make(launch.exit_file, value.exit_file, value.pid_file, value.log, value.account, value.log_group)
+            if value.box is not None and value.box.cgroup is not None and not switches.off("born"):
                 argv, cwd, credentials = as_user(value.argv, value.cwd, value.account)
                 ahead.clone(value.job_id, value.box, argv, cwd, dict(value.env), credentials, starting.output_pipe())
         elif kind in (CANCEL, DROP) and following is not None and value == following.job_id:

@@ -14,7 +14,6 @@ shared queue's jobs, which run as their users, are still cloned. Where the C lib
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import os
 import signal
@@ -41,16 +40,14 @@ def usable() -> bool:
 
 
 class Prepared:
-    """The start of a job in ``cgroup`` (its directory's ``inode``, if given: one made afresh meanwhile is
-    refused with ESTALE), as ``processes.spawn`` does (its own session, stdin /dev/null, stdout and stderr to
-    ``output``, no descriptor of the shim's but those, SIGPIPE, SIGXFSZ and the shim's handled signals back to
-    default, the shim's signal mask), its C structures built now; ``given`` adds the program (a path: found
-    already), its ``argv``, ``env`` and ``cwd``; ``run`` starts it (its pid), ``close`` lets it go. Built when a
-    job is staged behind a running one, only ``posix_spawn`` itself is left at its turn: the rest, in Python
-    through ctypes, took 0.25 ms of a hand-off on a lent H200 (2026-11-27). Built for a blank (the job a queue
-    expects next, not known yet: ``launcher.daemon.blanks``), only ``given`` is left besides."""
+    """The start of a job in ``cgroup``, as ``processes.spawn`` does (its own session, stdin /dev/null, stdout
+    and stderr to ``output``, no descriptor of the shim's but those, SIGPIPE, SIGXFSZ and the shim's handled
+    signals back to default, the shim's signal mask), its C structures built now; ``given`` adds the program
+    (a path: found already), its ``argv``, ``env`` and ``cwd``; ``run`` starts it (its pid), ``close`` lets it
+    go. Built when a job is staged behind a running one, only ``posix_spawn`` itself is left at its turn: the
+    rest, in Python through ctypes, took 0.25 ms of a hand-off on a lent H200 (2026-11-27)."""
 
-    def __init__(self, cgroup: str, output: int, inode: int | None = None) -> None:
+    def __init__(self, cgroup: str, output: int) -> None:
         libc = _libc()
         self._attr, self._actions = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
         self._where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -58,9 +55,6 @@ class Prepared:
         libc.posix_spawn_file_actions_init(self._actions)
         self._program = b""
         try:
-            self.inode = os.fstat(self._where).st_ino
-            if inode is not None and self.inode != inode:
-                raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
             _check(libc.posix_spawnattr_setflags(self._attr, ctypes.c_short(_SETSIGDEF | _SETSID | _SETCGROUP)))
             _check(libc.posix_spawnattr_setsigdefault(self._attr, _sigset(to_default())))
             _check(libc.posix_spawnattr_setcgroup_np(self._attr, self._where))

@@ -18,7 +18,6 @@ from typing import Any
 from gpuq_scheduler.launcher.supervisor import ahead, containment, intocgroup
 from gpuq_scheduler.launcher.supervisor.joblog import CHUNK
 from gpuq_scheduler.launcher.supervisor.processes import reaper, spawn, spawn_ready
-from gpuq_scheduler.launcher.supervisor.waiter import Job
 
 
 class NotStarted(Exception):
@@ -36,20 +35,11 @@ def start(
     """Start job ``job_id``'s first process (``name``: its program as the user gave it): its pid, start time,
     what reaps it, and the read end of its stdout and stderr. ``handed``: it follows the job that just ended
     here, and may have been born ahead. NotStarted says what could not be made or run."""
-    job: Job | None = None  # a blank's details, given at its go
     waiting = ahead.waiting(job_id) if handed else None
     made = ahead.made(job_id) if handed else None  # its cgroup made and the C library's spawn into it built
-    blank = ahead.blank_for(job_id, box) if not handed and box is not None else None  # made before its submit
-    if isinstance(blank, ahead.Waiting):  # a waiter: given its details now
-        assert box is not None
-        waiting, job, blank = blank, _for_blank(blank, box, name, argv, cwd, env, credentials), None
-    elif blank is not None and credentials:
-        blank.close()  # the C library cannot spawn as another user (the daemon asks for no such blank)
-        blank = None
-    made = made or blank
     if waiting is not None:
         try:
-            return waiting.born.go(job), waiting.start, reaper(waiting.born.pid), waiting.output
+            return waiting.born.go(), waiting.start, reaper(waiting.born.pid), waiting.output
         except intocgroup.Gone:  # it ended before its turn (a signal): started afresh below
             os.close(waiting.output)
         except OSError as err:
@@ -66,13 +56,6 @@ def start(
             what = f"its cgroup {cgroup}"
             containment.make(box)
             what = name
-        elif blank is not None and box is not None:
-            # Its spawn was built before its submit, in a cgroup the daemon made without the job's limits: its
-            # own box carries them.
-            what = f"its cgroup {cgroup}"
-            containment.limit(box)
-            what = name
-            ready = intocgroup.given(blank.ready, argv, cwd, env)
         try:
             if ready is not None:
                 pid, started, reap = spawn_ready(ready)
@@ -96,23 +79,6 @@ def start(
         containment.leave(back)
         os.close(out_write)  # only the job's processes hold it now: end of file means they are all gone
     return pid, started, reap, out_read
-
-
-def _for_blank(
-    blank: ahead.Waiting, box: containment.Box, name: str, argv: list[str], cwd: str, env: dict[str, str],
-    credentials: dict[str, Any],
-) -> Job:
-    """The job's details for its blank, and its limits set on its cgroup, which the daemon made without them.
-    NotStarted (the blank ended) if either cannot be."""
-    what = name
-    try:
-        job = intocgroup.details(argv, cwd, env, credentials)
-        what = f"its cgroup {box.cgroup}"
-        containment.limit(box)
-    except OSError as err:
-        ahead.let_go(blank)
-        raise NotStarted(what, err) from None
-    return job
 
 
 def output_pipe() -> tuple[int, int]:

@@ -5,8 +5,7 @@ Run as a script (``python -I -S waiter.py GO REPORT DETAILS OUTPUT``): it import
 nothing from the job's environment reaches it. It reads the job's details (marshalled by the shim into the
 memfd DETAILS), writes ``+`` down REPORT (ready), waits for one byte on GO (end of file: it exits, nothing
 run), and then becomes the job as the shim's clone would (``become``). REPORT closes at the job's exec; if the
-exec fails, the errno is written there instead. A *blank* (``intocgroup.blank``: born for the job a queue
-expects next, before it is submitted) finds DETAILS empty at first, and reads them once told to go.
+exec fails, the errno is written there instead.
 
 It imports only modules built into the interpreter: ``posix`` for ``os`` (the same functions) and ``_signal``
 for ``signal``, whose enums pull in enum, functools and collections. A waiter is born for every job handed
@@ -68,13 +67,12 @@ def main(go: int, report: int, details: int, output: int) -> None:
     for signum in (signals.SIGPIPE, signals.SIGXFSZ):  # ignored by Python at start-up; the job gets defaults
         signals.signal(signum, signals.SIG_DFL)
     posix.set_inheritable(report, False)
-    job = _details(details)  # None: a blank's, written at its go
+    job = _details(details)
     posix.write(report, b"+")
     code = errno.EIO
     try:
         if posix.read(go, 1) != b"!":
             posix._exit(0)  # let go, or its shim died: nothing runs
-        job = job or _details(details)
         if job is None:
             raise OSError(errno.EINVAL, "told to go with no job")
         become(job, output, report)

@@ -2,11 +2,11 @@
 the shim's later waiters as copies of itself, cloned into their jobs' cgroups as children of the shim.
 
 A waiter cloned from the shim costs a copy of the shim, its teardown at the exec into a fresh interpreter, and
-that interpreter's start: 10-12 ms of CPU on the 2-core VM (2026-11-27), for every job handed off or started
-from a blank, while the jobs starting on the other GPUs want the same cores. A copy of the zygote costs a clone,
-and its exec at the job's turn tears down less: its pages are still the zygote's (``bench/zygote.py``). Where
-the zygote cannot be had, or dies, the shim clones its waiters itself, as before (``intocgroup``).
-"""
+that interpreter's start: 10-12 ms of CPU on the 2-core VM (2026-11-27), for every job handed off, while the
+jobs starting on the other GPUs want the same cores. A copy of the zygote costs a clone, and its exec at the
+job's turn tears down less: its pages are still the zygote's (``bench/zygote.py``). Where the zygote cannot be
+had, or dies, the shim clones its waiters itself, as before (``intocgroup``). Switched off, workload A's gap on
+the 2-core VM grew by 3.4 ms (``bench/faststart.py``, 2026-11-29): it earns its lines there."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 
-from gpuq_scheduler.launcher.supervisor import spawncg, waiter
+from gpuq_scheduler.launcher.supervisor import spawncg, switches, waiter
 
 _pid = 0  # the zygote's
 _socket: socket.socket | None = None
@@ -25,18 +25,17 @@ _failed = False  # it could not start, or died: none again
 _PATIENCE = 10.0  # seconds for a waiter's clone (about a millisecond): past that the zygote hangs, and is ended
 
 
-def make(cgroup: str, fds: tuple[int, int, int, int], inode: int | None) -> int | None:
-    """A waiter holding ``fds`` (go, report, details, output) cloned into ``cgroup`` (its directory's inode
-    ``inode``, if given): its pid; None where the zygote cannot make it (not started yet, or it cannot be had:
-    the caller clones the waiter instead). OSError if the cgroup is another (ESTALE) or the clone failed (its
-    errno)."""
+def make(cgroup: str, fds: tuple[int, int, int, int]) -> int | None:
+    """A waiter holding ``fds`` (go, report, details, output) cloned into ``cgroup``: its pid; None where the
+    zygote cannot make it (not started yet, or it cannot be had: the caller clones the waiter instead). OSError
+    if the clone failed (its errno)."""
+    if switches.off("zygote"):
+        return None
     if _socket is None:  # started now for the waiters after this one, which the shim clones meanwhile: the
         _start()  # zygote's own start takes longer than that (10-20 ms on the VM), and the job may come sooner
         return None
     where = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if inode is not None and os.fstat(where).st_ino != inode:
-            raise OSError(errno.ESTALE, f"{cgroup} was made afresh since")
         try:
             socket.send_fds(_socket, [b"!"], [where, *fds])
         except OSError:  # it had died: nothing was made, and the shim clones its waiters from now on

@@ -1,4 +1,5 @@
-"""The issue's 100 GiB bar (#40) with today's default pool (``launcher.daemon.pools``), one run on a lent GPU host:
+"""The issue's 100 GiB bar (#40) with today's default pool (``launcher.daemon.suspension.pools``), one run on a
+lent GPU host:
 
     python3 bench/gpu_pool100.py --out pool100.json [--gib 100] [--driver-after 330]
 

@@ -2,8 +2,8 @@
 
     python bench/journal_read.py [--rounds 3] [--events 100000] REV...    e.g. python bench/journal_read.py 1f61ec5 HEAD
 
-``gpuq show N`` reads one job's preemptions and suspends from the journal (``suspensions.read(path, N)``);
-``gpuq report``, ``gpuq status --json`` and ``/metrics`` read every job's (``suspensions.read(path)``). The
+``gpuq show N`` reads one job's preemptions and suspends from the journal (``suspend_costs.read(path, N)``);
+``gpuq report``, ``gpuq status --json`` and ``/metrics`` read every job's (``suspend_costs.read(path)``). The
 journal is made once: the lines of tests/fixtures/journal-1f61ec5/events.jsonl (a real daemon's, 20 kinds)
 repeated, job ids renumbered, to ``--events`` lines. For each revision in turn and for ``--rounds`` rounds, a
 fresh interpreter that imports that revision's code (``git archive`` of it laid out as it installs; ``python
@@ -28,10 +28,10 @@ FIXTURE = ROOT / "tests" / "fixtures" / "journal-1f61ec5" / "events.jsonl"
 TIMER = """
 import sys, time
 from pathlib import Path
-from gpuq_scheduler.launcher.views import suspensions
+from gpuq_scheduler.launcher.views import suspend_costs
 path, job = Path(sys.argv[1]), int(sys.argv[2])
 best = {}
-for name, read in (("one job", lambda: suspensions.read(path, job)), ("all jobs", lambda: suspensions.read(path))):
+for name, read in (("one job", lambda: suspend_costs.read(path, job)), ("all jobs", lambda: suspend_costs.read(path))):
     times = []
     for _ in range(5):
         began = time.process_time()

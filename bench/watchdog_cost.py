@@ -4,7 +4,7 @@
 
 One pass is what the daemon does every two seconds while anything holds a GPU: the snapshot (NVML's memory
 and per-process lists, which every tick takes anyway, for placement) and the watchdog's own work over it
-(``launcher.daemon.guarding``: each GPU process attributed to its job through /proc, then the rules); while a
+(``launcher.daemon.watching.watchdog``: each GPU process attributed to its job through /proc, then the rules); while a
 job holds a GPU the watchdog also reads each GPU's energy counter, after the pass's starts
 (``snapshot_with_energy``).
 Both are measured as CPU time (``time.process_time``), per pass, median of ``--passes``, in a real
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from gpuq_scheduler.jobs.store.statedir import StateDir  # noqa: E402
 from gpuq_scheduler.launcher.daemon.attribution import MARKER, queue_key  # noqa: E402
 from gpuq_scheduler.launcher.daemon.scheduler import Scheduler  # noqa: E402
-from gpuq_scheduler.launcher.daemon.watching import Readings  # noqa: E402
+from gpuq_scheduler.launcher.daemon.watching.sight import Readings  # noqa: E402
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus  # noqa: E402
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource  # noqa: E402
 

@@ -113,7 +113,7 @@ class Shared:
 
 @dataclass(frozen=True)
 class Watchdog:
-    """The GPU watchdog's rules: each "stop" or "warn" (``launcher.policy.watchdog``)."""
+    """The GPU watchdog's rules: each "stop" or "warn" (``launcher.policy.watchdog_rules``)."""
 
     other_gpu: str = "stop"
     past_share: str = "stop"

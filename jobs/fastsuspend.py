@@ -11,7 +11,7 @@ included, stay valid.
 
 The mechanism is ``fastmove``; this module is the job's side of gpuq's request, and the typed facts both
 ends read. Run in the job's main thread, between two of its Python steps (``install``: a signal handler), so that no
-kernel of the job runs on a page while it is away. The daemon's helper (``launcher.daemon.suspender``) sends
+kernel of the job runs on a page while it is away. The daemon's helper (``launcher.daemon.suspension.suspender``) sends
 ``SUSPEND_SIGNAL`` and waits for ``<dir>/<pid>.released``; it freezes the job; at resume it thaws it, sends
 ``RESUME_SIGNAL`` and waits for ``<dir>/<pid>.restored``. Standard library only at import; torch and libcuda
 are touched only when a request comes.

@@ -1,6 +1,6 @@
 """The options of ``gpuq submit``, each declared once (``SUBMIT``); everything else reads them from here.
 
-click's ``gpuq submit`` (``launcher.cli.queue``) builds its options and help from this table, the quick
+click's ``gpuq submit`` (``launcher.cli.own_jobs``) builds its options and help from this table, the quick
 parser (``launcher.cli.submit``) its flags, kinds and defaults, ``api.submit`` the keywords it takes,
 ``capture_spec`` the options it keeps in the spec as given, and ``JobSpec`` their JSON (``to_json``,
 ``from_json``, and so the job table). An option the spec keeps as given (``field``) is the whole change:

@@ -30,7 +30,7 @@ class JobState(str, enum.Enum):
 
 class Step(str, enum.Enum):
     """A suspend or resume in progress, recorded before its first act so that a daemon restarted in the
-    middle of it knows which to finish or undo (``launcher.daemon.suspending``). None: none in progress."""
+    middle of it knows which to finish or undo (``launcher.daemon.suspension.suspending``). None: none in progress."""
 
     SUSPENDING = "suspending"  # running -> suspended: freezing, locking, checkpointing
     RESUMING = "resuming"  # suspended -> running: restoring, unlocking, thawing

@@ -81,20 +81,20 @@ def test_a_shared_queues_daemon_that_is_down_is_said_once_by_a_wait(
 
 
 def test_status_names_a_shared_queue_and_who_starts_its_daemon(tmp_path: Path) -> None:
-    """``notices.queue_line`` for a shared queue (a state directory another uid owns) whose daemon is down: its
+    """``daemon_health.queue_line`` for a shared queue (a state directory another uid owns) whose daemon is down: its
     admin starts it, not `gpuq daemon start`. The end-to-end shared queue is test_shared*.py's."""
-    from gpuq_scheduler.launcher.views import notices
+    from gpuq_scheduler.launcher.views import daemon_health
 
     if os.geteuid() != 0:
         pytest.skip("makes a directory owned by another user: needs root, as CI runs")
     state = StateDir(tmp_path / "shared queue")
     state.ensure()
     os.chown(state.root, 4242, 4242)
-    assert notices.daemon_down(state)
-    said = notices.queue_line(state, down=True)
+    assert daemon_health.daemon_down(state)
+    said = daemon_health.queue_line(state, down=True)
     assert said.startswith(f"shared queue in {state.root}: its daemon is not running")
     assert said.endswith("(ask its admin: `sudo systemctl start gpuq`)")
-    assert notices.queue_line(state, down=False) == f"shared queue in {state.root}"
+    assert daemon_health.queue_line(state, down=False) == f"shared queue in {state.root}"
 
 
 # -- friction 6: the right noun -------------------------------------------------------------------------

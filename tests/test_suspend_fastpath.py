@@ -88,7 +88,7 @@ def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_i
     """What ``fastpath.prepare`` adds to a --preemptible job's environment, and that the sitecustomize it
     writes installs the handler in a real Python process, then still runs the job's own sitecustomize."""
     from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL
-    from gpuq_scheduler.launcher.daemon import fastpath
+    from gpuq_scheduler.launcher.daemon.suspension import fastpath
 
     own = tmp_path / "own site"
     own.mkdir()
@@ -196,7 +196,7 @@ def test_a_suspend_is_refused_where_host_memory_or_the_jobs_ram_limit_cannot_hol
 def test_a_jobs_room_under_its_ram_is_its_cgroups_limit_less_what_it_holds_that_cannot_be_reclaimed(
     tmp_path: Path,
 ) -> None:
-    from gpuq_scheduler.launcher.daemon.hostmem import room
+    from gpuq_scheduler.launcher.daemon.suspension.hostmem import room
 
     cgroup = tmp_path / "job-7"
     cgroup.mkdir()
@@ -212,8 +212,8 @@ def test_a_jobs_room_under_its_ram_is_its_cgroups_limit_less_what_it_holds_that_
 def test_a_pool_a_job_claims_counts_only_as_far_as_it_holds_memory(tmp_path: Path) -> None:
     """The daemon's host check and the helper's budget leave out a job's pool (pinned already), as far as its
     process really holds memory: its word alone buys no room."""
-    from gpuq_scheduler.launcher.daemon.fastpath import pool_of
-    from gpuq_scheduler.launcher.daemon.hostmem import resident
+    from gpuq_scheduler.launcher.daemon.suspension.fastpath import pool_of
+    from gpuq_scheduler.launcher.daemon.suspension.hostmem import resident
 
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; b = bytearray(64 << 20); print(1, flush=True); time.sleep(60)"],
@@ -239,7 +239,7 @@ def test_a_suspend_whose_copy_no_longer_fits_in_host_memory_is_refused_by_its_he
     since the daemon's check (taken by something else), nothing is done (the job is not asked, not locked,
     not frozen: the driver's checkpoint would need the same memory, bench/cgroup_checkpoint_probe.py), and
     the result says why; with room again, the fast path."""
-    from gpuq_scheduler.launcher.daemon import fastpath, suspender
+    from gpuq_scheduler.launcher.daemon.suspension import fastpath, suspender
     from gpuq_scheduler.launcher.gpus.checkpoint import CudaState, FakeCheckpoint
 
     usage, fast, counts = tmp_path / "usage", tmp_path / "run" / "7.fast", tmp_path / "counts"

@@ -1,5 +1,5 @@
-"""The suspend helper's plumbing (launcher/daemon/suspender.py's ``start_helper``): a fork of a single-threaded
-daemon; from a threaded one, a fork of its Forker (a server of one thread), or without one a fresh
+"""The suspend helper's plumbing (launcher/daemon/suspension/suspender.py's ``start_helper``): a fork of a
+single-threaded daemon; from a threaded one, a fork of its Forker (a server of one thread), or without one a fresh
 interpreter; each answers down its pipe, then wakes the daemon."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuq_scheduler.launcher.daemon import suspender
-from gpuq_scheduler.launcher.daemon.forker import Forker
+from gpuq_scheduler.launcher.daemon.suspension import suspender
+from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 from tests.conftest import wait_for
 
 

@@ -1,4 +1,4 @@
-"""The fast path's pool kept where it pays (#40, ``launcher.daemon.pools``), with real daemons and real job
+"""The fast path's pool kept where it pays (#40, ``launcher.daemon.suspension.pools``), with real daemons and real job
 processes on the fake inventory: a --preemptible fake CUDA job that allocates as PyTorch would (its host copy
 is real memory, scaled down: jobs/fastmove_fake.py) keeps its pinned host memory after a resume when the host
 can afford it, and is told to give it back when another job's suspend needs the room; its resident memory

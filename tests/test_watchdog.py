@@ -194,7 +194,7 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
     from gpuq_scheduler.jobs.store.statedir import StateDir
     from gpuq_scheduler.launcher.daemon.lives import Running
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
-    from gpuq_scheduler.launcher.daemon.watching import Readings
+    from gpuq_scheduler.launcher.daemon.watching.sight import Readings
     from gpuq_scheduler.launcher.gpus.fake import FakeGpus
     from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 

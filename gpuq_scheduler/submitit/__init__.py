@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuq_scheduler.submitit import helpers
-    from gpuq_scheduler.submitit.environment import JobEnvironment
-    from gpuq_scheduler.submitit.executor import (
+    from gpuq_scheduler.submitit.core import (
         AutoExecutor,
         IgnoredParameter,
         Job,
@@ -27,16 +26,17 @@ if TYPE_CHECKING:
         LocalExecutor,
         UncompletedJobError,
     )
+    from gpuq_scheduler.submitit.environment import JobEnvironment
     from gpuq_scheduler.submitit.helpers import DelayedSubmission
     from gpuq_scheduler.submitit.parameters import UnknownParameter
 
 _EXPORTS = {
-    "AutoExecutor": "gpuq_scheduler.submitit.executor",
-    "LocalExecutor": "gpuq_scheduler.submitit.executor",
-    "Job": "gpuq_scheduler.submitit.executor",
-    "JobPaths": "gpuq_scheduler.submitit.executor",
-    "IgnoredParameter": "gpuq_scheduler.submitit.executor",
-    "UncompletedJobError": "gpuq_scheduler.submitit.executor",
+    "AutoExecutor": "gpuq_scheduler.submitit.core",
+    "LocalExecutor": "gpuq_scheduler.submitit.core",
+    "Job": "gpuq_scheduler.submitit.core",
+    "JobPaths": "gpuq_scheduler.submitit.core",
+    "IgnoredParameter": "gpuq_scheduler.submitit.core",
+    "UncompletedJobError": "gpuq_scheduler.submitit.core",
     "DelayedSubmission": "gpuq_scheduler.submitit.helpers",
     "JobEnvironment": "gpuq_scheduler.submitit.environment",
     "UnknownParameter": "gpuq_scheduler.submitit.parameters",

@@ -24,7 +24,7 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
-from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable
+from gpuq_scheduler.jobs.slurm.records import ClusterArray, ClusterTable
 from gpuq_scheduler.jobs.store import outbox, spool
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir, read_bytes

@@ -147,7 +147,7 @@ class Refused(Event):
 @dataclass(frozen=True)
 class Suspended(Event):
     """A suspend done: ``bytes`` the job held on its GPUs, now in host memory; ``steps`` and ``helper`` its
-    timings; the path it took and why (``launcher.daemon.fastpath``: None before gpuq had one), and
+    timings; the path it took and why (``launcher.daemon.suspension.fastpath``: None before gpuq had one), and
     ``more`` of its facts gpuq does not name here."""
 
     KINDS = _only(Kind.SUSPENDED)
@@ -177,7 +177,7 @@ class Resumed(Event):
     job: int
     steps: Any = None
     helper: Any = None
-    pool: int | None = None  # the pinned host memory it kept for its next suspend (``launcher.daemon.pools``)
+    pool: int | None = None  # pinned host memory kept for its next suspend (``launcher.daemon.suspension.pools``)
     kind: Kind = Kind.RESUMED
 
 
@@ -216,7 +216,7 @@ class Rejected(Event):
 
 @dataclass(frozen=True)
 class Watchdog(Event):
-    """A rule of the watchdog broken (``rule`` and ``action``: ``launcher.policy.watchdog``'s values, which
+    """A rule of the watchdog broken (``rule`` and ``action``: ``launcher.policy.watchdog_rules``'s values, which
     jobs/ may not import)."""
 
     KINDS = _only(Kind.WATCHDOG)

@@ -38,7 +38,7 @@ class Kind(str, enum.Enum):
     RESUMING = "resuming"
     RESUMED = "resumed"
     RESUME_FAILED = "resume-failed"
-    POOL_GIVEN_BACK = "pool-given-back"  # a running job told to unpin the host memory it kept (``daemon.pools``)
+    POOL_GIVEN_BACK = "pool-given-back"  # a job told to unpin the host memory it kept (``daemon.suspension.pools``)
     CANCEL_REFUSED = "cancel-refused"  # a request refused: its action's value, "-refused" (``Kind.refused``)
     HOLD_REFUSED = "hold-refused"
     RELEASE_REFUSED = "release-refused"

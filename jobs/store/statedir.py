@@ -52,7 +52,7 @@ SPOOL = "spool"
 WAKE = "wake.fifo"
 INNER_WAKE = "wake.fifo"  # inside RUN: the FIFO only the daemon's own shims and helpers can write
 INVENTORY = "gpus.json"
-DB = "jobs.db"  # the quick `gpuq suspend` reads the job table (``jobs.store.suspension``)
+DB = "jobs.db"  # the quick `gpuq suspend` reads the job table (``jobs.store.suspend_requests``)
 CLUSTERS_DB = "clusters.db"
 # Directories whose files are named per job (``StateDir.exit_file`` and its neighbours) or per request.
 RUN = "run"

@@ -12,7 +12,7 @@ from gpuq_scheduler.jobs.selection import Selection
 from gpuq_scheduler.jobs.selection import parse as parse_selection
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, pass_ctx
-from gpuq_scheduler.launcher.cli.queue import _members
+from gpuq_scheduler.launcher.cli.own_jobs import _members
 from gpuq_scheduler.launcher.cli.select import JOB_ID, chosen, listed, need_some, nothing, selection_options
 
 

@@ -98,7 +98,7 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     ))  # fmt: skip
     spec = dataclasses.replace(spec, client=os.getpid() if client else None)
     if ctx.queue.inventory() is None:  # no daemon has recorded the GPUs yet: check --gpus against them here
-        from gpuq_scheduler.launcher.cli.queue import check_live_inventory
+        from gpuq_scheduler.launcher.cli.own_jobs import check_live_inventory
 
         check_live_inventory(spec)
     job_id = queue_job(ctx.state, spec, patience=None)  # waits for a shared queue's daemon to give the id

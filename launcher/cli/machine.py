@@ -63,7 +63,7 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
     from gpuq_scheduler.jobs.units import parse_duration
     from gpuq_scheduler.launcher.policy.placement import Policy
-    from gpuq_scheduler.launcher.views import suspensions
+    from gpuq_scheduler.launcher.views import suspend_costs
     from gpuq_scheduler.launcher.views.report import build_report, render_text
     from gpuq_scheduler.launcher.views.report_html import render_html
 
@@ -74,7 +74,7 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     totals = inventory.totals if inventory else ()
     result = build_report(
         records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead,
-        array_names=queue.array_names(), moves=suspensions.read(ctx.state.events),
+        array_names=queue.array_names(), moves=suspend_costs.read(ctx.state.events),
     )  # fmt: skip
     click.echo(render_text(result))
     if html_file is not None:

@@ -1,10 +1,10 @@
 """`gpuq suspend` and `gpuq resume` without click: a plain one (job ids and nothing else) runs here
-(``launcher.cli.entry`` sends it here), and click's commands (``launcher.cli.suspending``) call the same
+(``launcher.cli.entry`` sends it here), and click's commands (``launcher.cli.suspend_resume``) call the same
 ``act``, so both ask the same of the daemon, print the same and refuse in the same words.
 
 A suspend is waited for between two phases of someone's work, and its whole time counts against the
 driver's own checkpoint (issue #28: within 5 % of it): click and the job model together cost several times
-Python's own start. The jobs are read and checked by ``jobs.store.suspension`` (sqlite3 alone, in the
+Python's own start. The jobs are read and checked by ``jobs.store.suspend_requests`` (sqlite3 alone, in the
 plain case), and the daemon is woken through its FIFO (``outbox.ensure_daemon``), so it takes the request
 at once rather than at its next poll.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from gpuq_scheduler.jobs.errors import BadInput, UnknownJob
-from gpuq_scheduler.jobs.store import suspension
+from gpuq_scheduler.jobs.store import suspend_requests
 from gpuq_scheduler.jobs.store.statedir import INVENTORY, StateDir
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from gpuq_scheduler.jobs.model import JobRecord
     from gpuq_scheduler.jobs.store.actions import Action
-    from gpuq_scheduler.jobs.store.suspension import Named
+    from gpuq_scheduler.jobs.store.suspend_requests import Named
 
 
 def parse(args: Sequence[str]) -> list[int] | None:
@@ -53,7 +53,7 @@ def act(state: StateDir, action: Action, job_ids: Sequence[int]) -> None:
 
     try:
         refuse = (lambda chosen: refuse_mps_clients(state, chosen)) if action == "suspend" else None
-        chosen = suspension.ask(state, action, job_ids, resolve=lambda ids: _resolve(state, ids), refuse=refuse)
+        chosen = suspend_requests.ask(state, action, job_ids, resolve=lambda ids: _resolve(state, ids), refuse=refuse)
     except UnknownJob:  # ids that name jobs are jobs, whatever their state: only unknown ones may be GPUs
         if action == "resume":
             old_spelling(state, job_ids)
@@ -66,7 +66,7 @@ def act(state: StateDir, action: Action, job_ids: Sequence[int]) -> None:
 
 def _resolve(state: StateDir, job_ids: list[int]) -> list[JobRecord]:
     """The jobs named, as `gpuq status` finds them (the spool, jobs sent to clusters): what the table alone
-    does not answer (``jobs.store.suspension.in_table``)."""
+    does not answer (``jobs.store.suspend_requests.in_table``)."""
     from gpuq_scheduler.jobs.api import readers
 
     return readers(state).resolve(job_ids)

@@ -20,9 +20,10 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Again, ArrayHeld, Ended, Kind
 from gpuq_scheduler.jobs.store.statedir import read_bytes
-from gpuq_scheduler.launcher.daemon import fastpath, fences, learning
+from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import fastpath
 from gpuq_scheduler.launcher.policy import lifecycle
 from gpuq_scheduler.launcher.supervisor import containment, joblog, processes
 

@@ -167,7 +167,7 @@ def _quit_if_idle(scheduler: SchedulerState, server: Key) -> None:
 
 def adopt(scheduler: SchedulerState) -> None:
     """At start-up: running packed jobs keep their control daemon, and so do those suspended in place (frozen,
-    their context on its server: ``daemon.inplace``); any other left behind is quit."""
+    their context on its server: ``daemon.suspension.inplace``); any other left behind is quit."""
     if scheduler.controls is None:
         return
     found = set(scheduler.controls.mps.running())

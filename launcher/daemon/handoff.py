@@ -37,9 +37,10 @@ from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.launcher.daemon import endings, outcomes, watching
+from gpuq_scheduler.launcher.daemon import endings, outcomes
 from gpuq_scheduler.launcher.daemon.lives import Running, Staged
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
 from gpuq_scheduler.launcher.supervisor import processes, switches
@@ -87,7 +88,7 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     head = next(upcoming, None)
     views: dict[int, GpuView] = {}
     if scheduler.staged:
-        views = {v.index: v for v in watching.views(scheduler, snapshot)}
+        views = {v.index: v for v in sight.views(scheduler, snapshot)}
         _review(scheduler, head, views)
     if scheduler.paused_by is not None or head is None:
         return
@@ -98,7 +99,7 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     )  # fmt: skip
     if not ahead:
         return
-    views = views or {v.index: v for v in watching.views(scheduler, snapshot)}
+    views = views or {v.index: v for v in sight.views(scheduler, snapshot)}
     for job, record in zip(ahead, itertools.chain([head], upcoming), strict=False):
         if not _may_follow(scheduler, record, job) or not _fits(scheduler, record, job, views, now):
             return  # never past a job that cannot go next: it would be overtaken

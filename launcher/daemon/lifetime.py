@@ -237,8 +237,10 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
     ``shared``: serve a whole machine's users (as root), with these settings (the config's [shared]).
     ``lock_fd``: the state directory's lock, already taken by the client that started us (``start_daemon``).
     """
-    from gpuq_scheduler.launcher.daemon import guarding, outsiders, pools, preempting, reserving
+    from gpuq_scheduler.launcher.daemon import outsiders, preempting, reserving
     from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
+    from gpuq_scheduler.launcher.daemon.suspension import pools
+    from gpuq_scheduler.launcher.daemon.watching import watchdog
     from gpuq_scheduler.launcher.gpus import mps
     from gpuq_scheduler.launcher.gpus.fake import FakeGpus
     from gpuq_scheduler.launcher.gpus.sources import open_source
@@ -289,7 +291,7 @@ def serve(state: StateDir, *, burst: bool = False, shared: Shared | None = None,
             scheduler.controls.retry = _seconds(os.environ, "GPUQ_MPS_RETRY", RETRY)
         if os.environ.get("GPUQ_IDLE_LIMIT"):  # a personal queue's (off by default); a shared one's config wins
             scheduler.monitor.idle_limit = _duration(os.environ, "GPUQ_IDLE_LIMIT")
-        scheduler.watch.settings = guarding.settings(config.load().watchdog, os.environ, policy.overhead)
+        scheduler.watch.settings = watchdog.settings(config.load().watchdog, os.environ, policy.overhead)
         scheduler.preemption.settings = preempting.settings(shared, os.environ)
         scheduler.suspensions.pool_mode = pools.mode(os.environ)
         scheduler.booked.idle, scheduler.booked.quota = reserving.settings(shared, os.environ)

@@ -31,7 +31,7 @@ from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
 
 if TYPE_CHECKING:  # the helper is the suspend step's to start; only its name is needed here
-    from gpuq_scheduler.launcher.daemon.suspender import Helper
+    from gpuq_scheduler.launcher.daemon.suspension.suspender import Helper
 
 
 class Phase(enum.Enum):
@@ -74,8 +74,8 @@ class Staged:
 
 @dataclass
 class Acting:
-    """A suspend or resume under way (``launcher.daemon.suspending``): its child, or (after a restart) the one an
-    earlier daemon left."""
+    """A suspend or resume under way (``launcher.daemon.suspension.suspending``): its child, or (after a restart)
+    the one an earlier daemon left."""
 
     step: Step
     by: str

@@ -16,7 +16,7 @@ from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
 
 if TYPE_CHECKING:  # the forker is the daemon's to import (suspending); only its name is needed here
-    from gpuq_scheduler.launcher.daemon.forker import Forker
+    from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 
 
 @dataclass
@@ -49,9 +49,9 @@ class MemAuto:
 
 @dataclass
 class Suspensions:
-    """``daemon.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the server
-    that forks the helpers (``forker.Forker``); ``daemon.pools``: GPUQ_FAST_POOL, and the jobs told to give their
-    pools back (-> monotonic time told). The suspends and resumes under way are their jobs' phases
+    """``daemon.suspension.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the
+    server that forks the helpers (``forker.Forker``); ``daemon.suspension.pools``: GPUQ_FAST_POOL, and the jobs
+    told to give their pools back (-> monotonic time told). The suspends and resumes under way are their jobs' phases
     (``launcher.daemon.lives``)."""
 
     resume_wanted: dict[int, str] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Automatic preemption, the daemon's side: a waiting job takes the GPUs of running preemptible jobs.
 
 Which jobs, and whether at all, is ``launcher.policy.preemption`` (pure); here the daemon gathers what that
-policy looks at, suspends the victims (``launcher.daemon.suspending``, as ``gpuq suspend`` does), starts the
+policy looks at, suspends the victims (``launcher.daemon.suspension.suspending``, as ``gpuq suspend`` does), starts the
 waiting job on their GPUs once they are off them, and keeps their places:
 
 * **One taking at a time.** ``decide`` looks at the first job in queue order that could not start (not one
@@ -43,12 +43,14 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Preempted
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import fences, handoff, hostmem, pools, suspending, watching
+from gpuq_scheduler.launcher.daemon import fences, handoff
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import hostmem, pools, suspending
+from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy import fairshare, reservations
+from gpuq_scheduler.launcher.policy import fairshare, reserved
 from gpuq_scheduler.launcher.policy.placement import GpuView, Holding, Request
 from gpuq_scheduler.launcher.policy.preemption import Job, Settings, choose, why_preemptible
 from gpuq_scheduler.launcher.supervisor import containment
@@ -180,7 +182,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         candidates.append(dataclasses.replace(candidate, requeue=requeue))
     if not candidates:
         return
-    views = watching.views(scheduler, snapshot)
+    views = sight.views(scheduler, snapshot)
     pinned = head.spec.value(GPU_IDS)
     if pinned:  # --gpu-ids: only the jobs on the GPUs it named may make room for it
         views = [view for view in views if view.index in pinned]
@@ -226,11 +228,11 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
 
 
 def _unreserved(scheduler: SchedulerState, head: JobRecord, views: list[GpuView], now: float) -> list[GpuView]:
-    """The GPUs a reservation lets the head use (``launcher.policy.reservations``): it takes no others' jobs."""
+    """The GPUs a reservation lets the head use (``launcher.policy.reserved``): it takes no others' jobs."""
     booked = scheduler.booked.calendar.reservations
     name, preemptible = str(head.spec.value(RESERVATION) or ""), head.spec.preemptible
     request = Request(head.id, head.spec.gpus, head.spec.mem_per_gpu, head.spec.time_limit, user=head.user)
-    allowed, _, _ = reservations.fence([request], booked, now, [v.index for v in views], lambda _: name,
+    allowed, _, _ = reserved.fence([request], booked, now, [v.index for v in views], lambda _: name,
                                        lambda _: preemptible)  # fmt: skip
     only = set(allowed[0].only or [v.index for v in views]) if allowed else set()
     return [view for view in views if view.index in only]

@@ -1,5 +1,5 @@
 """Applying what clients asked for through the spool: cancel, hold, release, update, drain, pause (and
-suspend and resume, which ``daemon.suspending`` carries out).
+suspend and resume, which ``daemon.suspension.suspending`` carries out).
 
 Who asked is the request file's owner (from the OS). A job's owner, root, or the user the daemon runs
 as may act on a job; refusals are logged and journalled, never silently dropped.
@@ -21,8 +21,9 @@ from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.events import Asked, Kind, QueueSet, Refused
 from gpuq_scheduler.jobs.units import parse_duration
-from gpuq_scheduler.launcher.daemon import endings, handoff, reserving, suspending
+from gpuq_scheduler.launcher.daemon import endings, handoff, reserving
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import suspending
 
 log = logging.getLogger("gpuq.requests")
 
@@ -86,7 +87,7 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     if queue_wide is not None:
         _queue_control(scheduler, request, who, now, events, queue_wide)
         return
-    if on_running is not None:  # suspend, resume: running and suspended jobs (``daemon.suspending`` checks who)
+    if on_running is not None:  # suspend, resume: running and suspended jobs (``suspension.suspending`` checks who)
         on_running(scheduler, request, now, events)
         return
     assert on_job is not None

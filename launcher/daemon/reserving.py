@@ -1,6 +1,6 @@
 """Reservations, the daemon's side: requests to reserve and cancel, and once a pass, what their times ask.
 
-The rules are pure (``launcher.policy.reservations``); here the daemon applies them:
+The rules are pure (``launcher.policy.reserved``); here the daemon applies them:
 
 * **Requests** (``request``): `gpuq reserve` and `gpuq reserve --cancel` travel through the spool as control
   requests (``reserve``, ``unreserve``); the requester is the file's owner. Only an admin reserves for
@@ -10,7 +10,7 @@ The rules are pure (``launcher.policy.reservations``); here the daemon applies t
 * **Each pass** (``step``, before suspends advance and placement looks): a reservation whose end passed is
   dropped and its victims resume; an unused one is released after the idle time (its owner reads why in
   `gpuq status`); at the start, the preemptible jobs on its GPUs are suspended as preemption suspends them
-  (``daemon.suspending``; requeued where they cannot be, ``preempting.requeue``), their pause files naming
+  (``daemon.suspension.suspending``; requeued where they cannot be, ``preempting.requeue``), their pause files naming
   the reservation, so a restarted daemon knows whose they are; work that cannot step aside is said ahead.
 * **Placement** (``fence``) and the wake-up (``next_change``) read the calendar in memory.
 """
@@ -44,11 +44,12 @@ from gpuq_scheduler.jobs.store.events import (
 )
 from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
-from gpuq_scheduler.launcher.daemon import handoff, preempting, suspending
+from gpuq_scheduler.launcher.daemon import handoff, preempting
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.owned import Booked
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.policy import reservations as rules
+from gpuq_scheduler.launcher.daemon.suspension import suspending
+from gpuq_scheduler.launcher.policy import reserved as rules
 from gpuq_scheduler.launcher.policy.placement import Holding, Request
 
 log = logging.getLogger("gpuq.reserve")
@@ -374,7 +375,7 @@ def _forget_victim(scheduler: SchedulerState, job_id: int) -> None:
 
 
 def _write_pause(scheduler: SchedulerState, job_id: int, paused: dict[str, Any]) -> None:
-    """The pause file as ``daemon.suspending`` keeps it, with the reservation's name beside its keys."""
+    """The pause file as ``daemon.suspension.suspending`` keeps it, with the reservation's name beside its keys."""
     write_atomic(scheduler.state.pause_file(job_id), json.dumps(paused).encode(), durable=False)
 
 

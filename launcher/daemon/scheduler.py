@@ -31,7 +31,6 @@ from gpuq_scheduler.jobs.store.events import Started
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
     endings,
-    fastpath,
     fences,
     handoff,
     intake,
@@ -39,17 +38,16 @@ from gpuq_scheduler.launcher.daemon import (
     learning,
     outcomes,
     outsiders,
-    pools,
     preempting,
     readiness,
     reserving,
-    suspending,
-    watching,
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
-from gpuq_scheduler.launcher.daemon.guarding import Watch
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
+from gpuq_scheduler.launcher.daemon.watching import sight
+from gpuq_scheduler.launcher.daemon.watching.watchdog import Watch
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
@@ -77,7 +75,7 @@ class Scheduler(SchedulerState):
         # The fast directories of jobs that ended while no daemon ran (or before one removed them); a
         # suspended job's stays, since its resume asks its processes through it.
         fastpath.sweep(os.path.dirname(self.state.fast_dir(0)), set(self.running) | set(self.suspended))
-        # The GPU watchdog (daemon/guarding.py), with its defaults until serve() gives it the settings.
+        # The GPU watchdog (daemon/watching/watchdog.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
         self.fenced_off: set[int] = set()  # pending jobs a reservation keeps off some GPUs (plan)
         self.outsiders: outsiders.Outsiders | None = None  # memory held outside gpuq (serve() sets it up)
@@ -94,7 +92,7 @@ class Scheduler(SchedulerState):
         notification) waits in ``after_commit``, so a crash before the commit repeats nothing and loses
         nothing, and a job ending and the next one starting cost one fsync between them. What only watches
         the running jobs (the watchdog, their GPU energy, idle GPUs) comes once those placed were told to go,
-        in a transaction of its own: it may read what NVML is slow to answer (``watching.Readings``).
+        in a transaction of its own: it may read what NVML is slow to answer (``sight.Readings``).
         """
         self.reap()
         self.ingest(now)
@@ -102,7 +100,7 @@ class Scheduler(SchedulerState):
         snapshot = self._transaction(lambda: self._place(now))
         self.forget_ingested()
         if self._watch_due(now):
-            readings = watching.Readings(self.source, snapshot)
+            readings = sight.Readings(self.source, snapshot)
             self._transaction(lambda: self._watch(now, readings))
 
     def _place(self, now: float) -> list[GpuSnapshot]:
@@ -112,13 +110,13 @@ class Scheduler(SchedulerState):
         reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
-        watching.stop_on_lost_gpus(self, now, snapshot)
+        sight.stop_on_lost_gpus(self, now, snapshot)
         withdraw_gone(self, now)
         self.launch_fenced(now)
         preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
         self.place_and_launch(now, snapshot)
         preempting.decide(self, now, snapshot)
-        watching.sample(self, now, snapshot)
+        sight.sample(self, now, snapshot)
         pools.tend(self, now, self.journal)  # pools the host can no longer afford are given back
         outsiders.look(self.outsiders, self.lives, self.state, now, snapshot)  # memory held outside gpuq, named
         return snapshot
@@ -131,10 +129,10 @@ class Scheduler(SchedulerState):
             checks.append(self.monitor.next_batch_check)
         return now >= min(checks)
 
-    def _watch(self, now: float, readings: watching.Readings) -> None:
+    def _watch(self, now: float, readings: sight.Readings) -> None:
         self.watch.check(self, now, readings)
-        watching.release_idle(self, now, readings)
-        watching.report_idle_batch(self, now, readings)
+        sight.release_idle(self, now, readings)
+        sight.report_idle_batch(self, now, readings)
 
     def _transaction(self, steps: Callable[[], T]) -> T:
         """``steps`` in one transaction of the table; then what waits for its commit (``after_commit``)."""
@@ -276,7 +274,7 @@ class Scheduler(SchedulerState):
                 else:
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(
-                    exit_data, job.record, job.launch, functools.partial(watching.out_of_memory, self, job)
+                    exit_data, job.record, job.launch, functools.partial(sight.out_of_memory, self, job)
                 )  # fmt: skip
                 outcome = outcome and outcomes.contained(outcome, exit_data)
                 if job_id in self.suspended and outcome is not None and job.launch.cancel_by is None:
@@ -376,7 +374,7 @@ class Scheduler(SchedulerState):
                 in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
         requests, reserved, notes = reserving.fence(self, requests, now, [g.index for g in snapshot])
         plan = place(
-            requests, watching.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
+            requests, sight.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
             limits, in_group, user_caps=caps, user_gpus=held,
         )  # fmt: skip
         plan.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
@@ -449,7 +447,7 @@ class Scheduler(SchedulerState):
         env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
         env.update(fence)
         env.update(processes.preemption_env(spec, self.state.restarts_file(record.id)))
-        if spec.preemptible and spec.mode.value != "torchrun":  # the fast suspend's handler (daemon/fastpath.py)
+        if spec.preemptible and spec.mode.value != "torchrun":  # the fast suspend's handler (suspension/fastpath.py)
             try:
                 env.update(fastpath.prepare(self.state.fast_dir(record.id), env, account))
             except OSError as err:  # the driver's path stays: a suspend says why the fast one was not asked

@@ -125,7 +125,7 @@ class SchedulerState:
         self._inventory_key: object = None
         self._next_liveness = 0.0
         # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
-        # lost (daemon/watching.py); the watchdog's stops go here too.
+        # lost (daemon/watching/sight.py); the watchdog's stops go here too.
         self.stopped_for = {}
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
@@ -166,7 +166,7 @@ class SchedulerState:
 
     @property
     def acting(self) -> Mapping[int, Acting]:
-        """The suspends and resumes under way (``daemon.suspending``): their jobs hold their GPUs."""
+        """The suspends and resumes under way (``daemon.suspension.suspending``): their jobs hold their GPUs."""
         return self.lives.acting
 
     @property

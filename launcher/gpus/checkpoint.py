@@ -5,7 +5,7 @@ Every call names another process by pid and acts on all of its CUDA state. ``sta
 stands (None: it holds no CUDA state, or is gone), so that a suspend or resume cut short by a crash can be
 finished or undone from what the driver says, not from what a dead daemon meant to do.
 
-Order (``launcher.daemon.suspender``): lock and checkpoint a process while it runs, and only then stop it;
+Order (``launcher.daemon.suspension.suspender``): lock and checkpoint a process while it runs, and only then stop it;
 restore and unlock it once it runs again. The driver does the work through a thread of its own inside the
 target process: a process frozen before its lock makes the lock hang (CRIU's CUDA plugin met this, and locks
 every process of a container before freezing it: checkpoint-restore/criu #2458, #2470).

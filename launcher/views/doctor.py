@@ -38,7 +38,7 @@ from gpuq_scheduler.jobs.store.schema import LIVE_STATES, TABLE_VERSION, states
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.gpus.mps import CONTROL, Mps
-from gpuq_scheduler.launcher.views import notices
+from gpuq_scheduler.launcher.views import daemon_health
 
 Severity = Literal["error", "warning"]
 ERROR: Severity = "error"
@@ -502,7 +502,7 @@ def _idle_batch(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
 
 
 def _failing_pass(state: StateDir) -> Iterator[Problem]:
-    failing = notices.failing_pass(state)
+    failing = daemon_health.failing_pass(state)
     if failing:
         yield Problem(ERROR, failing)
 

@@ -27,7 +27,7 @@ from gpuq_scheduler.launcher.gpus.holders import Holder
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy.placement import Policy
 from gpuq_scheduler.launcher.supervisor import containment, limits, processes
-from gpuq_scheduler.launcher.views import calendar as reserved
+from gpuq_scheduler.launcher.views import reservation_lines as reserved
 from gpuq_scheduler.launcher.views.gpu_rows import GpuRow, gpu_rows
 from gpuq_scheduler.launcher.views.tables import runtime
 

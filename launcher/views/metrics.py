@@ -37,8 +37,8 @@ from prometheus_client.registry import Collector
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.launcher.views.live import Picture
-from gpuq_scheduler.launcher.views.suspensions import Moves
-from gpuq_scheduler.launcher.views.suspensions import by_user as by_user_moves
+from gpuq_scheduler.launcher.views.suspend_costs import Moves
+from gpuq_scheduler.launcher.views.suspend_costs import by_user as by_user_moves
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
 RAM_BUCKETS = tuple(float(1 << shift) for shift in range(26, 42, 2))  # 64 MiB, 256 MiB, ... 1 TiB: --ram's sizes

@@ -17,8 +17,8 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, signal_name
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.views.suspensions import Moves, of_job
-from gpuq_scheduler.launcher.views.suspensions import by_user as by_user_moves
+from gpuq_scheduler.launcher.views.suspend_costs import Moves, of_job
+from gpuq_scheduler.launcher.views.suspend_costs import by_user as by_user_moves
 from gpuq_scheduler.launcher.views.tables import _table, member_arguments, runtime
 
 HOUR = 3600.0

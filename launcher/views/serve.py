@@ -31,8 +31,8 @@ from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.gpus import holders
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
-from gpuq_scheduler.launcher.views import calendar as reserved
 from gpuq_scheduler.launcher.views import live, report_html
+from gpuq_scheduler.launcher.views import reservation_lines as reserved
 from gpuq_scheduler.launcher.views.report import build_report, hours_text, when
 from gpuq_scheduler.launcher.views.report_html import html_table
 
@@ -67,14 +67,14 @@ class Dashboard:
         queue's is root's)."""
         from gpuq_scheduler.jobs.store import journal
         from gpuq_scheduler.jobs.store.events import Event, Kind
-        from gpuq_scheduler.launcher.views import suspensions
+        from gpuq_scheduler.launcher.views import suspend_costs
 
         events: list[Event]
         try:
             events = list(journal.read(self.queue.state.events, (Kind.SUSPENDED, Kind.RESUMED)))
         except OSError:
             events = []
-        return suspensions.away(events, records, now)
+        return suspend_costs.away(events, records, now)
 
     def gpus(self, picture: live.Picture) -> list[dict[str, Any]]:
         return [
@@ -281,11 +281,11 @@ class BoundedServer(ThreadingHTTPServer):
 
 def serve(queue: Queue, source: GpuSource, host: str, port: int, ready: Callable[[str], None]) -> None:
     """Serve until interrupted; ``ready`` gets the address once the socket listens."""
-    from gpuq_scheduler.launcher.views import metrics, suspensions
+    from gpuq_scheduler.launcher.views import metrics, suspend_costs
 
     dashboard = Dashboard(queue, source)
     answer_metrics = metrics.exposition(
-        dashboard.picture, dashboard.queue.records, lambda: suspensions.read(queue.state.events)
+        dashboard.picture, dashboard.queue.records, lambda: suspend_costs.read(queue.state.events)
     )
     server = BoundedServer((host, port), handler(dashboard, answer_metrics))
     name, bound = str(server.server_address[0]), server.server_address[1]

@@ -21,7 +21,7 @@ from gpuq_scheduler.jobs.model import Mode
 from gpuq_scheduler.jobs.rules import MODES
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.submission import inventory_json
-from gpuq_scheduler.launcher.cli import queue as click_commands
+from gpuq_scheduler.launcher.cli import own_jobs as click_commands
 from gpuq_scheduler.launcher.cli import submit as cli_submit
 from gpuq_scheduler.launcher.cli.context import NUMBER
 from tests.conftest import ROOT, Gpuq, make_env

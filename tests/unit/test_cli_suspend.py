@@ -21,7 +21,7 @@ import pytest
 from gpuq_scheduler.jobs.errors import NotPermitted
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
-from gpuq_scheduler.jobs.store import outbox, suspension
+from gpuq_scheduler.jobs.store import outbox, suspend_requests
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -201,20 +201,20 @@ def test_the_table_read_straight_names_the_jobs_resolve_names(tmp_path: Path) ->
     queue = Queue(state)
     for ids in ID_LISTS:
         plain = all(i in range(1, 10) for i in ids)  # in the table, as a job or an array
-        read = suspension.in_table(state, ids)
+        read = suspend_requests.in_table(state, ids)
         assert (read is not None) is plain, ids
         if read is not None:
-            assert read == [suspension.Named.of(r) for r in queue.resolve(ids)], ids
+            assert read == [suspend_requests.Named.of(r) for r in queue.resolve(ids)], ids
 
 
 def test_the_table_read_straight_leaves_the_unusual_to_resolve(tmp_path: Path) -> None:
     state = _queue(tmp_path / "state")
     (tmp_path / "state" / "clusters.db").write_bytes(b"")  # jobs sent to clusters: readers() looks there too
-    assert suspension.in_table(state, [1]) is None
+    assert suspend_requests.in_table(state, [1]) is None
     (tmp_path / "state" / "clusters.db").unlink()
-    assert suspension.in_table(state, [1]) is not None
+    assert suspend_requests.in_table(state, [1]) is not None
     (tmp_path / "state" / "jobs.db").write_bytes(b"not a table")
-    assert suspension.in_table(state, [1]) is None  # resolve says what is wrong, in the readers' words
+    assert suspend_requests.in_table(state, [1]) is None  # resolve says what is wrong, in the readers' words
 
 
 def test_another_users_job_is_refused_in_one_line_and_nothing_is_asked(tmp_path: Path) -> None:
@@ -225,10 +225,11 @@ def test_another_users_job_is_refused_in_one_line_and_nothing_is_asked(tmp_path:
 
     for ids, owner in (([1], "me"), ([9], "nobody"), ([4], "me")):
         with pytest.raises(NotPermitted) as refused:
-            suspension.ask(state, Action.SUSPEND, ids, resolve=resolve, uid=NOBODY + 1)
+            suspend_requests.ask(state, Action.SUSPEND, ids, resolve=resolve, uid=NOBODY + 1)
         assert str(refused.value).endswith(f"only {owner} or an admin can suspend it")
     assert not list((tmp_path / "state" / "spool").glob("control-*"))
-    assert suspension.ask(state, Action.SUSPEND, [9], resolve=resolve, uid=NOBODY) == suspension.in_table(state, [9])
+    asked = suspend_requests.ask(state, Action.SUSPEND, [9], resolve=resolve, uid=NOBODY)
+    assert asked == suspend_requests.in_table(state, [9])
 
 
 # -- with a real daemon -----------------------------------------------------------------------------------

@@ -71,6 +71,17 @@ def test_nothing_imports_the_old_top_level_names() -> None:
     assert stray == []
 
 
+def test_no_two_modules_of_the_package_share_a_name() -> None:
+    """Issue 41: two ``queue.py``, two ``table.py``, a ``suspending.py`` in the CLI and another in the daemon made
+    every mention ambiguous; a module's name says its room once (``__init__`` and ``__main__`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for top in PACKAGE_FOLDERS:
+        for path in (ROOT / top).rglob("*.py"):
+            if path.stem not in ("__init__", "__main__"):
+                seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_a_module_past_400_lines_argues_for_itself_at_its_top() -> None:
     """The house rule: split by concern, or say in one line at the top why not."""
     silent = []

@@ -1,5 +1,5 @@
 """When the fast path's pool is kept and which pools a suspend takes back (#40): the pure rules of
-``launcher.policy.hostroom``, and GPUQ_FAST_POOL's values (``launcher.daemon.pools.mode``)."""
+``launcher.policy.hostroom``, and GPUQ_FAST_POOL's values (``launcher.daemon.suspension.pools.mode``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuq_scheduler.jobs.errors import DaemonError
-from gpuq_scheduler.launcher.daemon.pools import mode
+from gpuq_scheduler.launcher.daemon.suspension.pools import mode
 from gpuq_scheduler.launcher.policy.hostroom import give_back, keeps
 
 GiB = 1 << 30

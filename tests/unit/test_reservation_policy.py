@@ -1,4 +1,4 @@
-"""Reservations' pure rules (launcher/policy/reservations.py) and the start-time grammar (jobs/reservations.py),
+"""Reservations' pure rules (launcher/policy/reserved.py) and the start-time grammar (jobs/reservations.py),
 over plain values: no daemon, no clock."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.reservations import Reservation, ask_from, clock, parse_start
-from gpuq_scheduler.launcher.policy import reservations as rules
+from gpuq_scheduler.launcher.policy import reserved as rules
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
 
 UTC = datetime.timezone.utc

@@ -23,7 +23,7 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.slurm import commands as slurm
 from gpuq_scheduler.jobs.slurm import sbatch
 from gpuq_scheduler.jobs.slurm.clusters import read_exit
-from gpuq_scheduler.jobs.slurm.table import ClusterArray, ClusterTable
+from gpuq_scheduler.jobs.slurm.records import ClusterArray, ClusterTable
 from gpuq_scheduler.jobs.store.spool import ArrayPlan
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from tests.conftest import REPORT, ROOT, make_env, read_reports

@@ -1,4 +1,4 @@
-"""What suspending and preemption cost each job and user (launcher/views/suspensions.py): counted from the
+"""What suspending and preemption cost each job and user (launcher/views/suspend_costs.py): counted from the
 journal's events and the records, shown by `gpuq show`, `gpuq report` and /metrics. Plain values here; the
 real daemon's journal is checked in tests/test_preemption.py."""
 
@@ -13,7 +13,7 @@ from gpuq_scheduler.launcher.views.live import Picture
 from gpuq_scheduler.launcher.views.metrics import exposition
 from gpuq_scheduler.launcher.views.report import build_report, render_text
 from gpuq_scheduler.launcher.views.report_html import render_html
-from gpuq_scheduler.launcher.views.suspensions import Moves, by_user, from_events, of_job
+from gpuq_scheduler.launcher.views.suspend_costs import Moves, by_user, from_events, of_job
 
 GiB = 1 << 30
 NOW = 1_700_000_000.0
@@ -115,7 +115,7 @@ def test_without_the_journal_show_says_the_time_suspended_alone() -> None:
 
 def test_the_journal_is_read_for_the_kinds_and_job_asked(tmp_path: Path) -> None:
     from gpuq_scheduler.jobs.store import journal
-    from gpuq_scheduler.launcher.views.suspensions import read
+    from gpuq_scheduler.launcher.views.suspend_costs import read
 
     path = tmp_path / "events.jsonl"
     journal.append(path, [e.to_json() for e in EVENTS])

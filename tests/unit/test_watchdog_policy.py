@@ -1,4 +1,4 @@
-"""The GPU watchdog's rules with plain values (``launcher.policy.watchdog``): no processes, no daemon."""
+"""The GPU watchdog's rules with plain values (``launcher.policy.watchdog_rules``): no processes, no daemon."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq_scheduler.launcher.policy.watchdog import (
+from gpuq_scheduler.launcher.policy.watchdog_rules import (
     TOLERANCE,
     Action,
     Finding,
@@ -172,7 +172,7 @@ def test_every_finding_is_justified_and_every_breach_is_found(
 def test_the_daemons_settings_come_from_the_config_and_gpuq_watchdog_sets_every_rule() -> None:
     from gpuq_scheduler.jobs.config import Watchdog
     from gpuq_scheduler.jobs.errors import BadInput
-    from gpuq_scheduler.launcher.daemon.guarding import settings as daemon_settings
+    from gpuq_scheduler.launcher.daemon.watching.watchdog import settings as daemon_settings
 
     config = Watchdog(past_share="warn", tolerance=64 * MiB)
     chosen = daemon_settings(config, {}, overhead=GiB)

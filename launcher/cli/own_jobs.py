@@ -143,8 +143,8 @@ def status(
     from gpuq_scheduler.jobs.listing import Line
     from gpuq_scheduler.jobs.submission import parse_ids
     from gpuq_scheduler.launcher.cli.select import me as my_name
-    from gpuq_scheduler.launcher.views import calendar as reserved
-    from gpuq_scheduler.launcher.views import notices
+    from gpuq_scheduler.launcher.views import daemon_health
+    from gpuq_scheduler.launcher.views import reservation_lines as reserved
     from gpuq_scheduler.launcher.views.tables import fold_arrays, many_rows, status_table
 
     if me and user is not None:
@@ -153,11 +153,11 @@ def status(
     picked = None if as_json else _columns(columns)
     wanted = [*job_ids, *(i for text in listed for i in parse_ids(text, option="-j"))]
     queue = ctx.jobs()
-    down = notices.daemon_down(ctx.state)
+    down = daemon_health.daemon_down(ctx.state)
     with many_rows():
         chosen_records = queue.resolve(wanted) if wanted else None  # an unknown id's error is one line: first
         if not as_json:  # first: which queue this is, and whether its daemon runs (stderr: the table stays a table)
-            click.echo(notices.queue_line(ctx.state, down), err=True)
+            click.echo(daemon_health.queue_line(ctx.state, down), err=True)
             for line in [reserved.status_line(ctx.state), *reserved.outside_lines(ctx.state)]:
                 if line:  # reservations now or to come; GPU memory held outside gpuq, named
                     click.echo(line, err=True)
@@ -199,8 +199,8 @@ def status(
     for note in getattr(queue, "notes", []):  # a cluster that did not answer
         click.echo(f"note: {note}", err=True)
     if not as_json:
-        failing = notices.failing_pass(ctx.state)
-        mine = [*notices.set_aside(ctx.state, os.getuid()), *reserved.notes(ctx.state, os.getuid())]
+        failing = daemon_health.failing_pass(ctx.state)
+        mine = [*daemon_health.set_aside(ctx.state, os.getuid()), *reserved.notes(ctx.state, os.getuid())]
         for note in [*([failing] if failing else []), *mine]:
             click.echo(f"note: {note}", err=True)
 
@@ -246,13 +246,14 @@ def _active_and_recent(queue: Queue, recent: int = 20) -> list[JobRecord]:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Everything gpuq knows about one job; for an array, its members, one line each."""
-    from gpuq_scheduler.launcher.views import notices
+    from gpuq_scheduler.launcher.views import daemon_health
     from gpuq_scheduler.launcher.views.live import with_host_usage
     from gpuq_scheduler.launcher.views.tables import array_view
     from gpuq_scheduler.launcher.views.tables import show as show_view
 
-    down = notices.daemon_down(ctx.state)
-    said = "" if as_json else notices.queue_line(ctx.state, down)  # said once the job is found: an error is one line
+    down = daemon_health.daemon_down(ctx.state)
+    # said once the job is found: an error is one line
+    said = "" if as_json else daemon_health.queue_line(ctx.state, down)
     queue = ctx.jobs()
     members = _members(queue, job_id)
     if members:
@@ -263,12 +264,12 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(said, err=True)
             click.echo(array_view(job_id, name, members, down=down))
         return
-    from gpuq_scheduler.launcher.views import suspensions
+    from gpuq_scheduler.launcher.views import suspend_costs
 
     record = with_host_usage(ctx.state, queue.details(job_id))
     if said:
         click.echo(said, err=True)
-    moved = suspensions.of_job(record, suspensions.read(ctx.state.events, record.id), time.time())
+    moved = suspend_costs.of_job(record, suspend_costs.read(ctx.state.events, record.id), time.time())
     if as_json:
         counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
                   "bytes_moved": moved.bytes,

@@ -1,4 +1,4 @@
-"""The server that forks suspend helpers for a daemon with threads (``launcher.daemon.suspender``), and keeps
+"""The server that forks suspend helpers for a daemon with threads (``launcher.daemon.suspension.suspender``), and keeps
 one forked ahead, the driver already open in it: a *spare*.
 
 A fresh process's ``cuInit`` costs 10-20 ms while some process holds the driver, and 180-230 ms when none
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuq_scheduler.launcher.daemon.suspender import Opened, act, answer, fork_helper, forked
+from gpuq_scheduler.launcher.daemon.suspension.suspender import Opened, act, answer, fork_helper, forked
 from gpuq_scheduler.launcher.supervisor.processes import start_time
 
 

@@ -2,7 +2,7 @@
 released keeps only its CUDA context on its GPU, frozen in its cgroup, while its neighbours run on.
 
 The driver cannot checkpoint an MPS client (its lock answers 801), so only a job the fast path can take is
-suspended there: a ``--preemptible`` one, whose processes answer gpuq's request (``launcher.daemon.fastpath``);
+suspended there: a ``--preemptible`` one, whose processes answer gpuq's request (``fastpath`` beside this);
 the helper takes the driver's 801 for such a process as "keep its context" (``suspender.suspend``). Its share
 is free for others meanwhile: a suspended job holds nothing placement counts. So it cannot wait, as a job
 the driver checkpointed does, until no running job holds its GPU (its neighbours always do): it resumes once
@@ -18,9 +18,10 @@ from typing import Any
 
 from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL, Path
 from gpuq_scheduler.jobs.units import format_size
-from gpuq_scheduler.launcher.daemon import fastpath, watching
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import fastpath
+from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.policy.placement import Holding, Request, place
 
 
@@ -57,7 +58,7 @@ def fits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> 
         own[gpu.index] = sum(used for pid, used in (gpu.processes or {}).items() if pid in job.pids)
     views = [
         dataclasses.replace(view, external=max(0, view.external - own.get(view.index, 0)))
-        for view in watching.views(scheduler, scheduler.last_snapshot) if view.index in record.gpus
+        for view in sight.views(scheduler, scheduler.last_snapshot) if view.index in record.gpus
     ]  # fmt: skip
     if len(views) != len(record.gpus):
         return False  # its GPU is not seen (lost): it cannot resume there

@@ -24,7 +24,7 @@ from typing import Any
 from gpuq_scheduler.jobs import fastsuspend
 from gpuq_scheduler.jobs.accounts import Account
 from gpuq_scheduler.jobs.fastsuspend import DIR_ENV, RESUME_SIGNAL, SUSPEND_SIGNAL, Fallback, Order, Path, pool_file
-from gpuq_scheduler.launcher.daemon.hostmem import resident
+from gpuq_scheduler.launcher.daemon.suspension.hostmem import resident
 
 POLL = 0.005  # seconds between looks for an answer
 ANSWER_BASE = 30.0  # seconds a job may take to start answering, beyond its copy
@@ -242,7 +242,7 @@ def release(members: list[int], cuda: set[int], directory: str | None, gpu_bytes
 def restore(pids: list[int], directory: str | None, keep: bool = False) -> int:
     """Ask every process that released its memory (its ``released`` file says so) to bring it back, and wait
     for each; OSError if one says it could not or does not answer. ``keep``: hold the pinned host memory
-    for the next suspend (the daemon's word on the host's room, ``daemon.pools``). The bytes kept so."""
+    for the next suspend (the daemon's word on the host's room, ``daemon.suspension.pools``). The bytes kept so."""
     if directory is None:
         return 0
     held = [pid for pid in pids if (_answer(directory, pid, "released") or {}).get("ok")]

@@ -1,7 +1,7 @@
 """Suspending a running job to host memory and resuming it (``gpuq suspend/resume``), beside the pass.
 
 A suspend or resume is recorded as begun in the job table (``Step``) before its first act, then done by a
-child process (``launcher.daemon.suspender``; ``forker``) that wakes the daemon's pass once its result is
+child process (``launcher.daemon.suspension.suspender``; ``forker``) that wakes the daemon's pass once its result is
 written: a checkpoint of tens of gigabytes takes tens of seconds, and the queue goes on meanwhile. While it
 suspends, a job still holds its GPUs; once suspended, it is out of ``scheduler.running`` (placement, the
 watchdog and hand-offs see no job on its GPUs) and in ``scheduler.suspended``, whose exit files are still
@@ -35,13 +35,13 @@ from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.events import Asked, Kind, Refused, Resumed, StepFailed, Suspended
 from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
-from gpuq_scheduler.launcher.daemon import inplace, pools
-from gpuq_scheduler.launcher.daemon.forker import Forker
-from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.lives import Acting, Running
-from gpuq_scheduler.launcher.daemon.pools import gpu_state
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspender import freeze, start_helper
+from gpuq_scheduler.launcher.daemon.suspension import inplace, pools
+from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
+from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin, room
+from gpuq_scheduler.launcher.daemon.suspension.pools import gpu_state
+from gpuq_scheduler.launcher.daemon.suspension.suspender import freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.policy.placement import Holding
@@ -109,7 +109,7 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
 
 def host_need(scheduler: SchedulerState, job: Running) -> int:
     """Bytes of host memory the job's suspend would take: its GPU state, less the pinned host memory its
-    processes kept from their last suspend (a pool, ``daemon.pools``), which the host's available memory
+    processes kept from their last suspend (a pool, ``daemon.suspension.pools``), which the host's available memory
     already leaves out (``fastpath.pool_of``: never more than they hold resident)."""
     return max(0, gpu_state(scheduler, job) - pools.held(scheduler, job))
 
@@ -172,7 +172,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
 
 
 def forker(scheduler: SchedulerState) -> Forker | None:
-    """The server that forks this daemon's helpers (``launcher.daemon.forker``), started with the daemon and
+    """The server that forks this daemon's helpers (``launcher.daemon.suspension.forker``), started with the daemon and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
     found = scheduler.suspensions.forker
     if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
@@ -278,7 +278,7 @@ def _settle(
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
     if acting.step is Step.SUSPENDING and acting.action is Action.SUSPEND and result.get("ok"):
-        facts = dict(result.get("path") or {})  # the path it took, and why (daemon/fastpath.py)
+        facts = dict(result.get("path") or {})  # the path it took, and why (daemon/suspension/fastpath.py)
         host_bytes = inplace.moved(facts) or acting.bytes
         scheduler.table.mark_suspended(job_id, host_bytes, now)
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
@@ -303,7 +303,7 @@ def _settle(
             state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
             suspended_for=job.record.suspended_for + spent, reason="",
         )  # fmt: skip
-        pool = int(result.get("pool") or 0)  # pinned host memory it kept for its next suspend (``daemon.pools``)
+        pool = int(result.get("pool") or 0)  # pinned host memory it kept for its next suspend (``pools``)
         events.append(Resumed(now, job_id, steps, helper, pool).to_json())
         return
     if not result.get("ok") and (acting.action is Action.RESUME or result.get("undone") is False):

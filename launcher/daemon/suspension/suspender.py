@@ -1,5 +1,5 @@
 """The child process that suspends or resumes one job, beside the daemon's pass (a checkpoint of 40 GB takes
-half a minute): ``python -m gpuq_scheduler.launcher.daemon.suspender '<json>'``, which prints one JSON line.
+half a minute): ``python -m gpuq_scheduler.launcher.daemon.suspension.suspender '<json>'``, which prints one JSON line.
 
 Both actions are idempotent: each step looks at where every process stands (``Checkpointer.state``) and
 does only what is left, so a daemon restarted in the middle of one runs it again to finish it, or runs the
@@ -9,7 +9,7 @@ unlock each. A suspend that fails part way is undone (the job runs on, on its GP
 
 The daemon starts it with ``start_helper``: a fork that runs ``act``, not a fresh interpreter, whose start and
 imports cost 100-150 ms before the first driver call (an H200 host; bench/gpu_suspend.py). The fork is of the
-daemon itself where it is single-threaded (the fake inventory), else of a ``Forker`` (``launcher.daemon.forker``):
+daemon itself where it is single-threaded (the fake inventory), else of a ``Forker`` (``forker`` beside this):
 a small server of one thread, a fresh interpreter started once, whose helpers open the driver before their
 order comes. NVML starts a thread in the daemon
 on a real host (two threads seen), and a fork of a threaded process may inherit a lock another thread held
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
 from gpuq_scheduler.jobs.fastsuspend import Fallback
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
-from gpuq_scheduler.launcher.daemon import fastpath, hostmem
+from gpuq_scheduler.launcher.daemon.suspension import fastpath, hostmem
 from gpuq_scheduler.launcher.gpus.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -108,7 +108,7 @@ def suspend(
     (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
     First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
     else nothing is done, and the job runs on. ``room_coming``: other jobs were told to give their pools back
-    to make that room (``daemon.pools``): waited for, as long as unpinning them at 1 GB/s would take."""
+    to make that room (``daemon.suspension.pools``): waited for, as long as unpinning them at 1 GB/s would take."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
     at = time.monotonic()

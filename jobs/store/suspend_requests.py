@@ -1,6 +1,6 @@
 """What `gpuq suspend` and `gpuq resume` ask of the daemon, checked before it is asked: every job named must
 be the caller's to act on (or the caller the queue's owner or an admin), and in the state the action takes
-a job from, or nothing is written. The daemon carries the request out (``launcher.daemon.suspending``) and
+a job from, or nothing is written. The daemon carries the request out (``launcher.daemon.suspension.suspending``) and
 checks who asked again, from the request file's owner.
 
 Light on purpose (no job model, dataclasses, enum or typing at run time): the quick `gpuq suspend` path

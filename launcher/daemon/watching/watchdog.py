@@ -18,13 +18,14 @@ from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Watchdog as Broken
-from gpuq_scheduler.launcher.daemon import attribution, inplace
+from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.watching import Readings
+from gpuq_scheduler.launcher.daemon.suspension import inplace
+from gpuq_scheduler.launcher.daemon.watching.sight import Readings
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import energy
-from gpuq_scheduler.launcher.policy import watchdog as rules
+from gpuq_scheduler.launcher.policy import watchdog_rules as rules
 
 log = logging.getLogger("gpuq.watchdog")
 

@@ -27,10 +27,10 @@ from typing import Any
 from gpuq_scheduler.jobs.errors import DaemonError
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
 from gpuq_scheduler.jobs.store.events import PoolGivenBack
-from gpuq_scheduler.launcher.daemon import fastpath
-from gpuq_scheduler.launcher.daemon.hostmem import host_memory, margin
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.suspension import fastpath
+from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 

@@ -18,7 +18,7 @@ from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Watchdog as Broken
-from gpuq_scheduler.launcher.daemon import attribution, inplace
+from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.state import Running, SchedulerState
 from gpuq_scheduler.launcher.daemon.watching import Readings
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -84,9 +84,8 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, readings: Reading
         watch.said.clear()
         return
     running = {job_id: _given(job) for job_id, job in scheduler.running.items()}
-    for job_id, job in scheduler.suspended.items():  # suspended in place: its frozen context is no leftover
-        if inplace.is_client(scheduler, job_id):
-            running[job_id] = _given(job)
+    for job_id, job in scheduler.suspended.items():  # its frozen context, kept on its GPU, is no leftover:
+        running[job_id] = _given(job)  # in place (an MPS client), or kept as nothing else was left (#40)
     for job_id, staged in scheduler.staged.items():  # its shim may start it before this daemon hears of it
         record = scheduler.pending.get(job_id)
         running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)

@@ -162,6 +162,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
     if action == "suspend":  # other jobs' pools given back where its copy needs the room: its helper waits
         need = host_need(scheduler, job)
         order["room_coming"] = pools.make_room(scheduler, {record.id}, need, now, scheduler.journal)
+        order["keep_context"] = inplace.context_room(scheduler, job)  # what may stay on its GPUs, frozen
     else:  # whether its processes keep their pinned host memory afterwards, by the host's room now
         order["keep"] = pools.keep_after_resume(scheduler, job)
     scheduler.suspensions.acting[record.id] = acting

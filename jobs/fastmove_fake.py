@@ -2,7 +2,8 @@
 of ``fastmove`` in a fake CUDA process that allocates as PyTorch would (``$GPUQ_FAKE_USAGE/<pid>.torch``
 beside what it holds, ``<pid>.json``: tests/fixtures/fake_cuda.py). As the real one, it needs PyTorch's
 expandable segments, moves all the process holds but its context (CONTEXT bytes, left to the driver's
-checkpoint) into host memory it holds itself (a real buffer of that size, scaled down by SCALE: the fake's
+checkpoint) and what its ``<pid>.torch`` says PyTorch does not hold (bytes per GPU, if any) into host memory
+it holds itself (a real buffer of that size, scaled down by SCALE: the fake's
 gigabytes are not this machine's), gives that GPU memory back, and puts it all back at the restore; with
 ``keep`` the host memory stays held for the next suspend (a pool). Its state lives in the process alone, as
 the real one's: a daemon's death does not touch it. What it holds in host memory, unscaled, it says in
@@ -78,14 +79,15 @@ class Mover:
         if "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
             raise NotApplicable("PyTorch's memory is not in expandable segments (PYTORCH_CUDA_ALLOC_CONF)")
         data = json.loads(self.usage.read_text())
-        moved = sum(max(0, int(v) - CONTEXT) for k, v in data.items() if k != "busy")
+        stays = CONTEXT + int(self.usage.with_suffix(".torch").read_text() or 0)  # and what PyTorch does not hold
+        moved = sum(max(0, int(v) - stays) for k, v in data.items() if k != "busy")
         if self.pool and len(self.pool[-1]) * SCALE >= moved:
             host = self.pool.pop()
         else:
             host = mmap.mmap(-1, max(1, moved // SCALE))
             for at in range(0, len(host), mmap.PAGESIZE):
                 host[at] = 1  # touched: resident, as pinned memory is
-        self._write({k: (min(int(v), CONTEXT) if k != "busy" else v) for k, v in data.items()})
+        self._write({k: (min(int(v), stays) if k != "busy" else v) for k, v in data.items()})
         self.held = (data, host, moved)
         self._pinned()
         return moved

@@ -42,6 +42,9 @@ class Path(str, Enum):
 
     FAST = "fast"  # the job copied its pages out itself; the driver's checkpoint took the rest (the context)
     IN_PLACE = "fast-in-place"  # the same for an MPS client, whose context stays: the driver cannot take it
+    # the same for a job whose fast release left little (its context): kept on its GPU, the job frozen, no
+    # driver's checkpoint to take it (seconds for under a gigabyte, launcher/daemon/suspension/suspender.py)
+    CONTEXT_KEPT = "fast-context-kept"
     DRIVER = "driver"  # the driver's checkpoint took it all, as before the fast path
 
 

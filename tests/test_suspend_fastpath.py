@@ -123,29 +123,32 @@ def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_i
         job.wait()
 
 
+@pytest.mark.parametrize(("outside", "path"), [([], "fast-context-kept"), (["2"], "fast")])
 def test_kill_9_of_the_daemon_while_a_job_is_suspended_on_the_fast_path_loses_nothing_and_its_fast_dir_goes_at_its_end(
-    tmp_path: Path,
+    tmp_path: Path, outside: list[str], path: str
 ) -> None:
     """#40: a --preemptible fake CUDA job that allocates as PyTorch would takes the fast path (its handler moves
-    all but its context out, jobs/fastmove_fake.py; the fake driver's checkpoint takes the context); the daemon
-    is killed with kill -9 while it is suspended. The next daemon keeps its fast directory (its resume asks the
-    job through it) but removes a stale one of a job that is no more, resumes it on the fast path, and the job
-    counts on from where it stopped, holding all it held. Its fast directory goes once it ends."""
+    all but its context out, jobs/fastmove_fake.py): its context alone is kept on its GPU, the job frozen; with
+    2 GiB outside PyTorch, the fake driver's checkpoint takes that and the context. The daemon is killed with
+    kill -9 while it is suspended. The next daemon keeps its fast directory (its resume asks the job through
+    it) but removes a stale one of a job that is no more, resumes it, and the job counts on from where it
+    stopped, holding all it held. Its fast directory goes once it ends."""
     queue = fake_cuda_queue(tmp_path, "1x80GiB", GPUQ_FAKE_HOST_MEMORY="256GiB")
     shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
     counts, usage = queue.cwd / "counts", tmp_path / "usage"
     fast = queue.home / "run"
     try:
-        job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1000000", "torch")
+        job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1000000", "torch", *outside)
         wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         pid = json.loads((fast / f"{job}.pid").read_text())["pid"]
         whole = json.loads((usage / f"{pid}.json").read_text())
         queue.run("suspend", str(job))
         queue.wait_state(job, "suspended", timeout=60)
         event = wait_for(lambda: (found := _suspended_events(queue, job)) and found[-1], 30, "the suspended event")
-        assert (event["path"], event["fallback"], event["fast_bytes"]) == ("fast", None, 60 * GiB)
-        # the fake driver's checkpoint took what the fast path left: the context alone
-        assert json.loads((usage / f"{pid}.host").read_text()) == {"0": 512 << 20}
+        left = (512 << 20) + (2 * GiB if outside else 0)
+        assert (event["path"], event["fallback"], event["fast_bytes"]) == (path, None, 60 * GiB + (512 << 20) - left)
+        # what the fast path left: on its GPU still (its context alone), or taken by the fake driver's checkpoint
+        assert json.loads((usage / f"{pid}.{'host' if outside else 'json'}").read_text()) == {"0": left}
         stopped = _counts(counts)
         stale = fast / "999.fast"
         stale.mkdir()
@@ -160,7 +163,8 @@ def test_kill_9_of_the_daemon_while_a_job_is_suspended_on_the_fast_path_loses_no
         wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
         assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         assert json.loads((usage / f"{pid}.json").read_text()) == whole
-        assert json.loads((fast / f"{job}.fast" / f"{pid}.restored").read_text())["bytes"] == 60 * GiB
+        restored = json.loads((fast / f"{job}.fast" / f"{pid}.restored").read_text())
+        assert restored["bytes"] == 60 * GiB + (512 << 20) - left
         queue.run("cancel", str(job))
         queue.wait_state(job, "cancelled")
         wait_for(lambda: not (fast / f"{job}.fast").exists(), 30, "its fast directory to go with it")

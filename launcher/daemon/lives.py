@@ -23,15 +23,24 @@ import contextlib
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import Step
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
 
-if TYPE_CHECKING:  # the helper is the suspend step's to start; only its name is needed here
-    from gpuq_scheduler.launcher.daemon.suspension.suspender import Helper
+
+class Child(Protocol):
+    """The helper process acting on a job (``suspension.suspender.Helper``), as its phase holds it: the
+    suspension folder stands on the lives, so they name what they need of it rather than import it."""
+
+    pid: int
+    started: float
+
+    def times(self, result: dict[str, Any]) -> dict[str, float]: ...
+
+    def result(self) -> dict[str, Any] | None: ...
 
 
 class Phase(enum.Enum):
@@ -79,7 +88,7 @@ class Acting:
 
     step: Step
     by: str
-    child: Helper | None = None
+    child: Child | None = None
     left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
     action: Action | None = None  # what the child does: suspend, or resume (a resume, or a suspend undone)
     began: float = 0.0  # wall time

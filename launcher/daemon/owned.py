@@ -8,15 +8,12 @@ state's ``Changes``, so that changing it is what makes placement look again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuq_scheduler.jobs.store.calendar import Calendar
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
-
-if TYPE_CHECKING:  # the forker is the daemon's to import (suspending); only its name is needed here
-    from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 
 
 @dataclass
@@ -55,7 +52,7 @@ class Suspensions:
     (``launcher.daemon.lives``)."""
 
     resume_wanted: dict[int, str] = field(default_factory=dict)
-    forker: Forker | None = None
+    forker: object | None = None  # a suspension.forker.Forker: owned sits below that folder, which checks it
     pool_mode: str = "auto"
     told: dict[int, float] = field(default_factory=dict)
 

@@ -64,7 +64,10 @@ class Moves:
                 why = fallback.explain(detail) if fallback is not None else ""
                 parts.append(f"last by the driver's checkpoint ({why})" if why else "last by the driver's checkpoint")
             else:
-                place = ", in place: its context kept on the GPU" if path is SuspendPath.IN_PLACE else ""
+                place = {
+                    SuspendPath.IN_PLACE: ", in place: its context kept on the GPU",
+                    SuspendPath.CONTEXT_KEPT: ", its context kept on the GPU (no driver's checkpoint)",
+                }.get(path, "")
                 parts.append(f"last by the fast path{place}")
         return "; ".join(parts)
 

@@ -1,5 +1,6 @@
 """Packed jobs suspended in place (#40): a client of gpuq's MPS server whose PyTorch memory the fast path
-released keeps only its CUDA context on its GPU, frozen in its cgroup, while its neighbours run on.
+released keeps only its CUDA context on its GPU, frozen in its cgroup, while its neighbours run on. Another
+job whose fast release left no more than its context may keep it so too (``context_room``).
 
 The driver cannot checkpoint an MPS client (its lock answers 801), so only a job the fast path can take is
 suspended there: a ``--preemptible`` one, whose processes answer gpuq's request (``fastpath`` beside this);
@@ -73,7 +74,23 @@ def waits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) ->
     return "" if fits(scheduler, job, claims) else f"its {share} share to fit on GPU(s)"
 
 
+def context_room(scheduler: SchedulerState, job: Running) -> int:
+    """Bytes a job that is no MPS client may leave on its GPUs, frozen, when its fast release left no more
+    (``Path.CONTEXT_KEPT``: its context, a gigabyte at most, whose driver's checkpoint and restore cost seconds).
+    What it leaves is outside use to placement while it is suspended (its pids are no running job's), and a
+    whole-GPU job starts only beside negligible outside use: so it may leave what keeps each of its GPUs
+    within that, a whole-GPU job (the one that preempted it, say) still placed there. 0: none (its context
+    goes with the driver's checkpoint)."""
+    if is_client(scheduler, job.record.id):
+        return 0  # the driver cannot take its context anyway: in place (``suspender.suspend``)
+    views = [view for view in sight.views(scheduler, scheduler.last_snapshot) if view.index in job.record.gpus]
+    if len(views) != len(job.record.gpus):
+        return 0  # a GPU of its not seen: nothing to judge by
+    return max(0, min(scheduler.policy.negligible - view.external for view in views))
+
+
 def moved(path: dict[str, Any]) -> int | None:
     """What a suspend in place put in host memory (its context stays on its GPU): what the fast path moved;
     None for another path (the whole of what the job held)."""
-    return int(path.get("fast_bytes") or 0) if path.get("path") == Path.IN_PLACE.value else None
+    kept = (Path.IN_PLACE.value, Path.CONTEXT_KEPT.value)
+    return int(path.get("fast_bytes") or 0) if path.get("path") in kept else None

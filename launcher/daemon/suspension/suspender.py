@@ -102,13 +102,15 @@ def _until_frozen(cgroup: str, frozen: bool) -> None:
 
 def suspend(
     cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False,
-    room_coming: bool = False,
+    room_coming: bool = False, keep_context: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
     (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
     First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
     else nothing is done, and the job runs on. ``room_coming``: other jobs were told to give their pools back
-    to make that room (``daemon.suspension.pools``): waited for, as long as unpinning them at 1 GB/s would take."""
+    to make that room (``pools``): waited for, as long as unpinning them at 1 GB/s would take.
+    ``keep_context``: bytes the job may leave on its GPUs (``inplace.context_room``): where every CUDA process
+    released its memory and what is left is no more, it stays there, the job frozen: no driver's checkpoint."""
     found = cuda_processes(cuda, box, leader)
     steps: dict[str, float] = {}
     at = time.monotonic()
@@ -130,10 +132,16 @@ def suspend(
     released = fastpath.release(sorted(members), set(found), fast, gpu_bytes)
     steps["fast"] = time.monotonic() - at
     in_place: set[int] = set()
+    kept = False
+    if keep_context > 0 and found and set(found) <= released.released:
+        at = time.monotonic()
+        left_now = cuda.left(set(found))
+        steps["left"] = time.monotonic() - at
+        kept = left_now is not None and left_now <= keep_context
     try:
         at = time.monotonic()
         for pid, state in found.items():
-            if state is not CudaState.RUNNING:
+            if state is not CudaState.RUNNING or kept:  # kept: never locked, never checkpointed
                 continue
             try:
                 cuda.lock(pid)
@@ -159,7 +167,9 @@ def suspend(
                 why += f", and {released.fallback.explain(released.detail)}"
         return {"ok": False, "why": why, "undone": undone["ok"], "undo_why": undone.get("why", "")}
     facts = released.facts()
-    if in_place or released.released - set(found):
+    if kept:
+        facts["path"] = SuspendPath.CONTEXT_KEPT.value
+    elif in_place or released.released - set(found):
         facts["path"] = SuspendPath.IN_PLACE.value
     return {"ok": True, "pids": sorted(found), "steps": steps, "path": facts}
 
@@ -214,7 +224,7 @@ def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
     if order["action"] == "suspend":
         result = suspend(
             opened.cuda, box, leader, fast, int(order.get("bytes") or 0), bool(order.get("fake")),
-            bool(order.get("room_coming")),
+            bool(order.get("room_coming")), int(order.get("keep_context") or 0),
         )  # fmt: skip
     else:
         result = resume(opened.cuda, box, leader, fast, bool(order.get("keep")))

@@ -148,6 +148,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
     if action == "suspend":  # other jobs' pools given back where its copy needs the room: its helper waits
         need = host_need(scheduler, job)
         order["room_coming"] = pools.make_room(scheduler, {record.id}, need, now, scheduler.journal)
+        order["keep_context"] = inplace.context_room(scheduler, job)  # what may stay on its GPUs, frozen
     else:  # whether its processes keep their pinned host memory afterwards, by the host's room now
         order["keep"] = pools.keep_after_resume(scheduler, job)
 
@@ -175,10 +176,10 @@ def forker(scheduler: SchedulerState) -> Forker | None:
     """The server that forks this daemon's helpers (``launcher.daemon.suspension.forker``), started with the daemon and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
     found = scheduler.suspensions.forker
-    if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
+    if not (isinstance(found, Forker) and found.alive) and len(os.listdir("/proc/self/task")) > 1:
         with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
             found = scheduler.suspensions.forker = Forker()
-    return found if found is not None and found.alive else None
+    return found if isinstance(found, Forker) and found.alive else None
 
 
 def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from gpuq_scheduler.jobs.store.events import Watchdog as Broken
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspension import inplace
 from gpuq_scheduler.launcher.daemon.watching.sight import Readings
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import energy
@@ -86,9 +85,8 @@ def check(scheduler: SchedulerState, watch: Watch, now: float, readings: Reading
         watch.said.clear()
         return
     running = {job_id: _given(job) for job_id, job in scheduler.running.items()}
-    for job_id, job in scheduler.suspended.items():  # suspended in place: its frozen context is no leftover
-        if inplace.is_client(scheduler, job_id):
-            running[job_id] = _given(job)
+    for job_id, job in scheduler.suspended.items():  # its frozen context, kept on its GPU, is no leftover:
+        running[job_id] = _given(job)  # in place (an MPS client), or kept as nothing else was left (#40)
     for job_id, staged in scheduler.staged.items():  # its shim may start it before this daemon hears of it
         record = scheduler.pending.get(job_id)
         running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)

@@ -37,7 +37,8 @@ FLOOD = r"""
 import json, os, sys, time
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import outbox
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 s, count = StateDir(sys.argv[1]), int(sys.argv[2])
 spec = JobSpec(("true",), os.getcwd(), gpus=1).to_json()
 for at in range(count):

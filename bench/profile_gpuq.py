@@ -73,7 +73,7 @@ def serve_traced(home: Path) -> int:
             wrap(scheduler.Scheduler, step, step)
     for write in ("mark_running", "finish", "finish_many", "insert_pending", "set_reasons", "owners", "batch"):
         wrap(JobTable, write, f"table.{write}")
-    from gpuq_scheduler.jobs.store import table as tables
+    from gpuq_scheduler.jobs.store import table_base
 
     def wrap_function(where: str, name: str) -> None:  # module functions, looked up at each call
         try:
@@ -104,7 +104,7 @@ def serve_traced(home: Path) -> int:
                         (f"{daemon_}.watching", "report_idle_batch"), (f"{daemon_}.watching", "stop_on_lost_gpus"),
                         (f"{daemon_}.guarding", "check"), (f"{daemon_}.endings", "follow_up_arrays")):  # fmt: skip
         wrap_function(where, name)
-    exit_ = tables._Transaction.__exit__
+    exit_ = table_base.Transaction.__exit__
 
     def commit(self: Any, *args: Any) -> None:  # a transaction's end, timed where it commits (not a joined one)
         started = time.time()
@@ -114,7 +114,7 @@ def serve_traced(home: Path) -> int:
             if self._owner:
                 trace.write(json.dumps({"f": "table commit", "t0": started, "t1": time.time()}) + "\n")
 
-    tables._Transaction.__exit__ = commit  # type: ignore[method-assign]
+    table_base.Transaction.__exit__ = commit  # type: ignore[method-assign]
     shim_init, shim_start = shims.Shim.__init__, shims.Shim.start
 
     def init(self: Any) -> None:

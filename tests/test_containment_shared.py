@@ -126,7 +126,8 @@ def test_a_root_daemons_fallback_finds_a_users_setsid_child_by_its_marker(queue:
 FORGED = (
     "import json, os, sys, time\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
     "from gpuq_scheduler.jobs.model import JobSpec\nfrom gpuq_scheduler.jobs.store import outbox\n"
-    "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+    "from gpuq_scheduler.jobs.store.atomic import write_atomic\n"
+    "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
     "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
     "spec = JobSpec(('true',), os.getcwd(), gpus=0, options={'pids': 500}).to_json()\n"
     "body = {'schema': 1, 'kind': 'submit', 'submitted_at': time.time(), 'spec': spec}\n"

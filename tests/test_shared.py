@@ -409,7 +409,8 @@ def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
     code = (
         "import json, os, time\nfrom pathlib import Path\nfrom gpuq_scheduler.jobs.store import outbox\n"
         "from gpuq_scheduler.jobs.model import JobSpec\n"
-        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+        "from gpuq_scheduler.jobs.store.atomic import write_atomic\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         f"s = StateDir(Path({str(queue.home)!r}))\ntoken = os.urandom(16).hex()\n"
         f"spec = JobSpec(tuple({command!r}), os.getcwd(), dict(os.environ), gpus=0).to_json()\n"
         "body = {'schema': 1, 'kind': 'submit', 'id': 1, 'submitted_at': time.time(), 'spec': spec,\n"

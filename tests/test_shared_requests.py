@@ -48,7 +48,8 @@ REPLAY = r"""
 import json, os, sys, time
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import outbox
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 s = StateDir(sys.argv[1])
 for token in sys.argv[2:]:
     spec = JobSpec(("sh", "-c", "echo mallory-was-here; id -u"), os.getcwd(), gpus=1)
@@ -144,7 +145,8 @@ FLOOD = r"""
 import json, os, sys, time
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import outbox
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 s, count = StateDir(sys.argv[1]), int(sys.argv[2])
 spec = JobSpec(("sleep", "300"), os.getcwd(), gpus=1).to_json()
 for _ in range(count):
@@ -179,7 +181,8 @@ def test_requests_over_the_user_cap_are_set_aside_with_their_owner_told_not_kept
     awaited = (  # a request past the client's check (written by hand, or racing another): its client is told
         "import json, os, sys, time\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
         "from gpuq_scheduler.jobs.model import JobSpec\nfrom gpuq_scheduler.jobs.store import outbox\n"
-        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+        "from gpuq_scheduler.jobs.store.atomic import write_atomic\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
         "body = {'schema': 1, 'kind': 'submit', 'submitted_at': time.time(),\n"
         "        'spec': JobSpec(('true',), os.getcwd(), gpus=1).to_json()}\n"

@@ -165,8 +165,8 @@ def test_nothing_a_user_writes_decides_another_users_job_id(shared: SharedQueue,
     assert shared.python_as(mal, rewind, str(shared.home / "next_id"), str(hers)).strip() == "refused"
     squat = (
         "import json, os, sys, time\nfrom gpuq_scheduler.jobs.model import JobSpec\n"
-        "from gpuq_scheduler.jobs.store import outbox\nfrom gpuq_scheduler.jobs.store.statedir import StateDir, "
-        "write_atomic\ns = StateDir(sys.argv[1])\n"
+        "from gpuq_scheduler.jobs.store import outbox\nfrom gpuq_scheduler.jobs.store.atomic import write_atomic\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\ns = StateDir(sys.argv[1])\n"
         "body = {'schema': 1, 'kind': 'submit', 'id': 200, 'submitted_at': time.time(),\n"
         "        'spec': JobSpec(('true',), os.getcwd(), gpus=0).to_json()}\n"
         "write_atomic(s.submit_request(200), json.dumps(body).encode())\noutbox.poke(s)\n"
@@ -183,7 +183,8 @@ def test_nothing_a_user_writes_decides_another_users_job_id(shared: SharedQueue,
     broken = (  # a request of her own that the daemon sets aside: its client is told why, not left waiting
         "import os, sys\nfrom gpuq_scheduler.jobs.errors import BadInput\n"
         "from gpuq_scheduler.jobs.store import outbox\n"
-        "from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic\n"
+        "from gpuq_scheduler.jobs.store.atomic import write_atomic\n"
+        "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
         "body = b'{\"schema\": 1, \"kind\": \"submit\", \"submitted_at\": 1}'\n"
         "write_atomic(s.token_request(token), body)\n"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq_scheduler.jobs.reservations import SCHEMA, Reservation
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 
 FILE = "reservations.json"
 KEEP_REFUSED = 50  # the latest refusals: each client reads its answer within seconds

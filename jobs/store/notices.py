@@ -18,7 +18,8 @@ import json
 import os
 from typing import Any
 
-from gpuq_scheduler.jobs.store.statedir import NOTICES, StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import NOTICES, StateDir
 
 KEEP = 20  # set-aside notices kept per user: the latest say what to fix
 PASS = "pass.json"

@@ -21,7 +21,8 @@ import time
 
 from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.errors import BadInput, DaemonError, NoIdYet, StateDirError
-from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import NEXT_ID, REQUEST_SCHEMA, SPOOL, WAKE, StateDir, submit_name
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 
 FILE = "outside.json"
 

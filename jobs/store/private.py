@@ -23,7 +23,8 @@ from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 
 HIDDEN = "(private)"
 MAX_BYTES = 8 << 20  # as a spool request (``spool.MAX_REQUEST_BYTES``), which these fields came from

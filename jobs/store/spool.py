@@ -27,7 +27,8 @@ from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import checks
 from gpuq_scheduler.jobs.store.actions import Action
-from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
 MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded

@@ -1,4 +1,3 @@
-# One module past 400 lines on purpose: every name in the state directory lives here, and only here (STYLE.md 3).
 """The only code that knows the names of files inside the state directory.
 
 $GPUQ_HOME/
@@ -27,15 +26,21 @@ $GPUQ_HOME/
 
 Shared mode (a root daemon for a whole machine) sets permissions so that users can drop requests in the
 spool and read the queue but nothing else: the spool is like cron's (sticky, writable, not listable).
+
+Writing a file there whole (a temp file renamed in) is ``jobs.store.atomic``'s.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 
 from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.locations import any_config
+from gpuq_scheduler.jobs.store.atomic import discard
+
+# launcher/daemon/ (being reworked on branches life2 and context) still imports write_atomic from here: once they
+# land, those imports name jobs.store.atomic and this line goes.
+from gpuq_scheduler.jobs.store.atomic import write_atomic as write_atomic
 
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
@@ -343,82 +348,14 @@ class StateDir:
                 os.chmod(self.lock, 0o600)
             # The daemon gives a shared queue's ids: a counter its users could write (as earlier gpuq's was)
             # would let one user decide another's job id.
-            _remove(os.fspath(self.next_id))
+            discard(os.fspath(self.next_id))
         except OSError as err:
             raise StateDirError(f"cannot set up the shared queue in {self.root}: {err.strerror}") from None
 
 
-# Temp files are made where others may write (a shared queue's spool): exclusively, never through a link, under
-# a name nobody can guess (os.urandom is what secrets.token_hex reads; importing secrets, with hmac and random,
-# cost 9 ms here), so another user can neither read what we write nor make us write elsewhere.
-def new_temp(path: str | os.PathLike[str], mode: int = 0o600) -> tuple[int, str]:
-    """The temp file ``write_atomic`` fills for ``path``, open: (fd, ``.<name>.<random>.tmp`` beside it)."""
-    directory, name = os.path.split(os.fspath(path))
-    tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
-    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), tmp
-
-
-def write_atomic(
-    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600,
-    opened: tuple[int, str] | None = None,
-) -> None:  # fmt: skip
-    """Write ``data`` to a new temp file beside ``path`` and rename it in, so readers see all or nothing.
-
-    ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
-    On failure (a full disk, say) the temp file is removed and nothing is left half-written.
-    ``opened``: that temp file (``new_temp``), made ahead by the caller; closed here.
-    """
-    target = os.fspath(path)
-    directory = os.path.dirname(target)
-    tmp = ""
-    try:
-        fd, tmp = new_temp(target, mode) if opened is None else opened
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        if durable:
-            _sync_directory_of(target)
-    except OSError as err:
-        if tmp:
-            _remove(tmp)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StateDirError(
-                f"no space left to write {target}: free some disk space under {directory or '.'} and try again"
-            ) from None
-        raise StateDirError(f"cannot write {target}: {err.strerror}") from None
-
-
-# Not contextlib.suppress in these two: contextlib (with functools) costs ~1 ms of the quick `gpuq submit`.
+# Not contextlib.suppress: contextlib (with functools) costs ~1 ms of the quick `gpuq submit`.
 def _make_fifo(path: str, mode: int) -> None:
     try:
         os.mkfifo(path, mode)
     except FileExistsError:
         return  # made by an earlier client or daemon
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        return  # never made, or gone already
-
-
-def _sync_directory_of(path: str) -> None:
-    """Make a rename into ``path``'s directory durable. A shared queue's spool cannot be opened by its users
-    (it is write-only, like cron's): then the renamed file is synced once more, which on ext4 and XFS commits
-    the journal that holds the rename too (POSIX does not promise it; the daemon's ingest, moments later,
-    is fsynced either way)."""
-    try:
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

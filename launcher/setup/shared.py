@@ -16,7 +16,8 @@ from pathlib import Path
 
 from gpuq_scheduler.jobs import config
 from gpuq_scheduler.jobs.errors import BadInput, DaemonError
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 
 UNIT_DIR = Path("/etc/systemd/system")  # $GPUQ_UNIT_DIR overrides it (tests, or a distribution's own layout)
 

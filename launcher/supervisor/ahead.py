@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuq_scheduler.jobs.accounts import Account
-from gpuq_scheduler.jobs.store.statedir import new_temp, write_atomic
+from gpuq_scheduler.jobs.store.atomic import new_temp, write_atomic
 from gpuq_scheduler.launcher.supervisor import containment, intocgroup, spawncg
 from gpuq_scheduler.launcher.supervisor.processes import born_ahead, open_log
 

@@ -1,5 +1,6 @@
-"""The house's shape: gpuq installs one top-level import name, every folder of the package installs, and
-every module past ~400 lines says at its top why it stays one module."""
+"""The house's shape: gpuq installs one top-level import name, every folder of the package installs, no module
+of the package passes 400 lines (but the few listed here, each saying at its top why it stays one), and a test,
+bench or example module past 400 lines says at its top why it stays one."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ PACKAGE_FOLDERS = {
     "gpuq_scheduler": "gpuq_scheduler", "jobs": "gpuq_scheduler.jobs", "launcher": "gpuq_scheduler.launcher",
 }  # fmt: skip
 LONG = 400
+# The package's modules allowed past LONG, each arguing for itself at its top; a new one is split by concern instead.
+LONG_ALLOWED = {
+    "launcher/daemon/scheduler.py",  # being split by concern on branch life2: its line goes when that lands
+}
 
 
 def _python_files() -> list[Path]:
@@ -82,14 +87,37 @@ def test_no_two_modules_of_the_package_share_a_name() -> None:
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
 
 
+def _argues(text: str) -> bool:
+    return "One module past 400 lines" in "\n".join(text.splitlines()[:3])
+
+
 def test_a_module_past_400_lines_argues_for_itself_at_its_top() -> None:
     """The house rule: split by concern, or say in one line at the top why not."""
     silent = []
     for path in _python_files():
         text = path.read_text()
-        if text.count("\n") > LONG and "One module past 400 lines" not in "\n".join(text.splitlines()[:3]):
+        if text.count("\n") > LONG and not _argues(text):
             silent.append(str(path.relative_to(ROOT)))
     assert silent == []
+
+
+def test_no_module_of_the_package_is_past_400_lines_but_the_listed_ones() -> None:
+    """Issue 41: jobs/store/table.py, launcher/views/doctor.py and jobs/store/statedir.py each argued at their
+    top for staying one module past 400 lines, and one argument is easy to write: a module of the package past
+    400 lines is split by concern, unless it is on LONG_ALLOWED (and argues for itself). A listed module that
+    came back under the limit leaves the list, so the list never outlives its reason."""
+    long = {}
+    for top in PACKAGE_FOLDERS:
+        for path in (ROOT / top).rglob("*.py"):
+            text = path.read_text()
+            if text.count("\n") > LONG:
+                long[str(path.relative_to(ROOT))] = _argues(text)
+    unlisted = sorted(path for path in long if path not in LONG_ALLOWED)
+    assert unlisted == [], f"split these by concern: {unlisted}"
+    short = sorted(LONG_ALLOWED - set(long))
+    assert short == [], f"these are at most {LONG} lines now: take them off LONG_ALLOWED: {short}"
+    silent = sorted(path for path, argued in long.items() if not argued)
+    assert silent == [], f"say in one line at the top of these why each stays one module: {silent}"
 
 
 def _imported(path: Path) -> set[str]:

@@ -19,7 +19,8 @@ import pytest
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.views.report import build_report, outcome_table, user_table
+from gpuq_scheduler.launcher.views.report import build_report
+from gpuq_scheduler.launcher.views.report_text import outcome_table, user_table
 from tests.conftest import Gpuq, make_env, wait_for
 from tests.test_containment import needs_cgroup2, script
 from tests.test_serve import Served

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("CI"), reason="needs Debian's chromium: apt-get install chromium"
 )
 WIDTH, HEIGHT = 1400, 900
-GREEN, RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # succeeded and failed bars (launcher.views.report._COLOURS)
+GREEN, RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # succeeded and failed bars (launcher.views.report_html._COLOURS)
 
 # Copied into a test-only copy of the page: the real page has no script, and its CSP would refuse this one.
 MEASURE = """<script>

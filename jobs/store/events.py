@@ -1,7 +1,7 @@
 """The journal's events (``events.jsonl``), typed: one dataclass per kind of event, or per small family of
 kinds that carry the same facts, with one writer (``to_json``) and one reader (``from_json``) derived from
-their fields (``jobs.plain``), so no call site builds an event as a dict of its own, and no reader picks
-one apart by its keys.
+their fields (``jobs.store.event_codec``), so no call site builds an event as a dict of its own, and no
+reader picks one apart by its keys.
 
 On disk each event stays what gpuq wrote before its events were typed (tests/fixtures/journal-1f61ec5 is a
 real one, read by the tests): ``{"t": ..., "job": ..., "event": "<kind>", <its fields>}``, a field whose
@@ -13,17 +13,16 @@ others, and reading gathers every key the event does not declare back into it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpuq_scheduler.jobs import plain
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.fastsuspend import Fallback
 from gpuq_scheduler.jobs.fastsuspend import Path as SuspendPath
 from gpuq_scheduler.jobs.outcome import JobState
+from gpuq_scheduler.jobs.store.event_codec import codec
 from gpuq_scheduler.jobs.store.kinds import Kind as Kind
 
 
@@ -42,7 +41,7 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         """The event as the journal holds it: the one writer."""
-        return _codec(type(self)).write(self)
+        return codec(type(self)).write(self)
 
 
 def _only(*kinds: Kind) -> Any:
@@ -309,80 +308,4 @@ def from_json(data: Mapping[str, Any]) -> Event:
         kind = Kind(name)
     except ValueError:
         raise BadInput(f"an event of unknown kind {str(name)[:40]!r}") from None
-    return _codec(CLASS_OF[kind]).read(data)
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    key: str  # its name on disk
-    write: plain.Writer
-    read: plain.Reader
-    required: bool
-    default: dataclasses.Field[Any]
-    left_out_when_none: bool
-
-
-class _Codec:
-    """How one class is written and read, made once from its fields (``jobs.plain``)."""
-
-    def __init__(self, cls: type[Event]) -> None:
-        hints = plain.hints(cls)
-        self.cls = cls
-        self.fields: list[_Field] = []
-        self.flat: str | None = None
-        for found in dataclasses.fields(cls):
-            if found.metadata.get("flat"):
-                self.flat = found.name
-                continue
-            key = "event" if found.name == "kind" else found.metadata.get("key", found.name)
-            required = found.default is dataclasses.MISSING and found.default_factory is dataclasses.MISSING
-            self.fields.append(_Field(
-                found.name, key, plain.writer(hints[found.name]), plain.reader(hints[found.name], key), required,
-                found, found.default is None and not found.metadata.get("null"),
-            ))  # fmt: skip
-        # On disk: "t", then "job" (or "array"), then "event", then the rest, as gpuq wrote them before #41.
-        first = {"t": 0, "job": 1, "array": 1, "event": 2}
-        self.fields.sort(key=lambda f: first.get(f.key, 3))
-        self.keys = frozenset(f.key for f in self.fields)
-
-    def write(self, event: Event) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for each in self.fields:
-            value = getattr(event, each.name)
-            if value is None and each.left_out_when_none:
-                continue
-            out[each.key] = each.write(value)
-        if self.flat is not None:
-            for key, value in getattr(event, self.flat).items():
-                out.setdefault(key, value)
-        return out
-
-    def read(self, data: Mapping[str, Any]) -> Event:
-        given: dict[str, Any] = {}
-        for each in self.fields:
-            if each.key in data:
-                try:
-                    given[each.name] = each.read(data[each.key])
-                except (ValueError, KeyError):  # an enum's value it does not have
-                    said = str(data[each.key])[:40]
-                    raise BadInput(f"a {data.get('event')} event whose {each.key} is {said!r}") from None
-            elif each.required:
-                raise BadInput(f"a {data.get('event')} event without its {each.key}")
-        if self.flat is not None:
-            given[self.flat] = {key: value for key, value in data.items() if key not in self.keys}
-        try:
-            return self.cls(**given)
-        except ValueError as err:
-            raise BadInput(str(err)) from None
-
-
-_CODECS: dict[type[Event], _Codec] = {}
-
-
-def _codec(cls: type[Event]) -> _Codec:
-    """Made once per class, not per event: the daemon writes thousands of events in a pass."""
-    found = _CODECS.get(cls)
-    if found is None:
-        found = _CODECS[cls] = _Codec(cls)
-    return found
+    return codec(CLASS_OF[kind]).read(data)

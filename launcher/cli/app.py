@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import click
 
 from gpuq_scheduler.jobs.errors import GpuqError
-from gpuq_scheduler.launcher.cli import acting, interactive, machine, own_jobs, reserve, suspend_resume
+from gpuq_scheduler.launcher.cli import acting, interactive, jupyter, machine, own_jobs, reserve, status, suspend_resume
 from gpuq_scheduler.launcher.cli.context import Context
 from gpuq_scheduler.launcher.cli.daemon import daemon
 
@@ -27,11 +27,11 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 
 
 for command in (
-    own_jobs.submit, own_jobs.status, own_jobs.show, own_jobs.logs, acting.cancel, own_jobs.wait_command, acting.hold,
+    own_jobs.submit, status.status, own_jobs.show, own_jobs.logs, acting.cancel, own_jobs.wait_command, acting.hold,
     acting.release, acting.update, suspend_resume.suspend, suspend_resume.resume, machine.gpus, machine.drain,
     machine.undrain, machine.pause, machine.unpause, machine.report,
     machine.doctor, machine.top, machine.serve, interactive.run, interactive.alloc, interactive.release_alloc,
-    interactive.jupyter, reserve.reserve,
+    jupyter.jupyter, reserve.reserve,
     daemon,
 ):  # fmt: skip
     gpuq.add_command(command)

@@ -64,8 +64,9 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     from gpuq_scheduler.jobs.units import parse_duration
     from gpuq_scheduler.launcher.policy.placement import Policy
     from gpuq_scheduler.launcher.views import suspend_costs
-    from gpuq_scheduler.launcher.views.report import build_report, render_text
+    from gpuq_scheduler.launcher.views.report import build_report
     from gpuq_scheduler.launcher.views.report_html import render_html
+    from gpuq_scheduler.launcher.views.report_text import render_text
 
     window = parse_duration(since)
     inventory = ctx.queue.inventory()

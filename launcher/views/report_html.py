@@ -11,10 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.units import format_duration, format_size
-from gpuq_scheduler.launcher.views.report import (
-    HOUR,
+from gpuq_scheduler.launcher.views.report import HOUR, Report
+from gpuq_scheduler.launcher.views.report_text import (
     PACKING_COLUMNS,
-    Report,
     hours_text,
     ordered_counts,
     outcome_table,

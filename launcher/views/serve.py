@@ -33,8 +33,9 @@ from gpuq_scheduler.launcher.gpus import holders
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSource
 from gpuq_scheduler.launcher.views import live, report_html
 from gpuq_scheduler.launcher.views import reservation_lines as reserved
-from gpuq_scheduler.launcher.views.report import build_report, hours_text, when
+from gpuq_scheduler.launcher.views.report import build_report
 from gpuq_scheduler.launcher.views.report_html import html_table
+from gpuq_scheduler.launcher.views.report_text import hours_text, when
 
 TIMELINE_HOURS = 6.0
 GPU_COLUMNS = ("GPU", "NAME", "MEMORY", "JOBS USE", "RESERVED", "OUTSIDE", "TOTAL", "UTIL", "FENCE", "STATE")

@@ -15,8 +15,9 @@ from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.queue import Queue
 from gpuq_scheduler.jobs.store.statedir import StateDir
-from gpuq_scheduler.launcher.views.report import build_report, render_text
+from gpuq_scheduler.launcher.views.report import build_report
 from gpuq_scheduler.launcher.views.report_html import render_html
+from gpuq_scheduler.launcher.views.report_text import render_text
 from tests.conftest import REPORT, Gpuq
 
 H = 3600.0

@@ -11,8 +11,9 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.events import Preempted, Resumed, Started, Suspended
 from gpuq_scheduler.launcher.views.live import Picture
 from gpuq_scheduler.launcher.views.metrics import exposition
-from gpuq_scheduler.launcher.views.report import build_report, render_text
+from gpuq_scheduler.launcher.views.report import build_report
 from gpuq_scheduler.launcher.views.report_html import render_html
+from gpuq_scheduler.launcher.views.report_text import render_text
 from gpuq_scheduler.launcher.views.suspend_costs import Moves, by_user, from_events, of_job
 
 GiB = 1 << 30

@@ -101,18 +101,12 @@ class SchedulerState:
         settings = self.table.settings()
         self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
-        self.waiting: dict[int, str] = {}
-        self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         # This tick's events for events.jsonl, written once what they record is committed (and the launches
         # are sent): one append per tick, off the path from a job's end to the next one's start.
         self.journal: list[dict[str, Any]] = []
         self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
-        self._reasons_due = 0.0
-        self._unsaved_reasons: dict[int, str] | None = None
-        self._last_plan_key: object = None
-        self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         # The next id to give: a shared queue's daemon gives them (launcher.daemon.intake), a personal queue's
         # clients take them from next_id, which must stay above every id the table holds.
@@ -265,7 +259,6 @@ class SchedulerState:
         self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
         self.not_before.pop(job_id, None)
-        self._requests.pop(job_id, None)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

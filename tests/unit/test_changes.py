@@ -15,6 +15,7 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon import placing
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
@@ -48,7 +49,7 @@ def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
 
 def _pass(scheduler: Scheduler, now: float) -> None:
     with scheduler.table.batch():
-        scheduler.place_and_launch(now, scheduler.snapshot())
+        placing.place_and_launch(scheduler, scheduler.placement, now, scheduler.snapshot(), scheduler._launch)
 
 
 def _release_the_hold(scheduler: Scheduler) -> Callable[[], None]:

@@ -261,7 +261,6 @@ def _started(
     scheduler.table.mark_running(record.id, staged.gpus, staged.uuids, started, info)
     if staged.cancel_by:
         scheduler.table.set_cancel_by(record.id, staged.cancel_by)
-    scheduler.not_before.pop(record.id, None)
     running = record.replace(
         state=JobState.RUNNING, gpus=staged.gpus, gpu_uuids=staged.uuids, started_at=started, held=False
     )

@@ -92,6 +92,7 @@ class Acting:
 class Pending:
     phase: ClassVar[Phase] = Phase.PENDING
     record: JobRecord
+    not_before: float | None = None  # wall time: a requeued job's backoff, not placed before it
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class Lives:
         self._suspended: TrackedDict[int, Running] = TrackedDict(changes)
         self._staged: TrackedDict[int, Staged] = TrackedDict(changes)
         self._acting: dict[int, Acting] = {}  # suspending and resuming (placement does not read it)
+        self._not_before: TrackedDict[int, float] = TrackedDict(changes)  # pending jobs in their backoff
 
     # What the steps read.
     @property
@@ -182,6 +184,11 @@ class Lives:
         """The suspends and resumes under way."""
         return self._acting
 
+    @property
+    def not_before(self) -> Mapping[int, float]:
+        """The pending jobs in a backoff (a retry's, a preempted job's), each with when it may start."""
+        return self._not_before
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._lives
 
@@ -196,12 +203,15 @@ class Lives:
         return None if life is None else life.phase
 
     # The moves.
-    def load(self, pending: Iterable[JobRecord], running: Iterable[Running], suspended: Iterable[Running]) -> None:
+    def load(
+        self, pending: Iterable[JobRecord], running: Iterable[Running], suspended: Iterable[Running],
+        not_before: Mapping[int, float],
+    ) -> None:  # fmt: skip
         """Start again from what the table says (a daemon's start, a tick rolled back)."""
         for job_id in list(self._lives):
             self.end(job_id)
         for record in pending:
-            self.add(record)
+            self._put(Pending(record, not_before.get(record.id)))
         for job in running:
             self._put(RunningLife(job))
         for job in suspended:
@@ -216,7 +226,17 @@ class Lives:
     def update(self, record: JobRecord) -> None:
         """A pending or staged job's record as it is now (held, released, resolved, modified)."""
         life = self._life(record.id, "be updated", Phase.PENDING, Phase.STAGED)
-        self._put(StagedLife(record, life.staged) if isinstance(life, StagedLife) else Pending(record))
+        if isinstance(life, StagedLife):
+            self._put(StagedLife(record, life.staged))
+        else:
+            assert isinstance(life, Pending)
+            self._put(Pending(record, life.not_before))
+
+    def due(self, job_id: int) -> None:
+        """A pending job's backoff is over (it is being started): placement need not look at its end again."""
+        life = self._life(job_id, "end its backoff", Phase.PENDING, Phase.STAGED)
+        if isinstance(life, Pending) and life.not_before is not None:
+            self._put(Pending(life.record))
 
     def stage(self, job_id: int, staged: Staged) -> None:
         """A pending job handed to a running job's shim, to start when that one ends."""
@@ -267,12 +287,13 @@ class Lives:
         self._put(RunningLife(life.job))
         return life.job
 
-    def requeue(self, record: JobRecord) -> None:
-        """A job that ran (running, suspended, or between the two) back in the queue, as ``record``. Or a job the
-        daemon does not hold (its record read back from the table): pending all the same."""
+    def requeue(self, record: JobRecord, not_before: float | None = None) -> None:
+        """A job that ran (running, suspended, or between the two) back in the queue, as ``record``, not placed
+        before ``not_before``. Or a job the daemon does not hold (its record read back from the table): pending
+        all the same."""
         if record.id in self._lives:
             self._life(record.id, "be requeued", *ON_GPUS, Phase.SUSPENDED)
-        self._put(Pending(record))
+        self._put(Pending(record, not_before))
 
     def end(self, job_id: int) -> Life | None:
         """The job ended (or left the daemon's view): its life goes, with everything it held. None: not live."""
@@ -309,6 +330,8 @@ class Lives:
     def _entries(self, life: Life) -> list[tuple[dict[int, Any], Any]]:
         """The indexes a life is in, each with what it holds of it."""
         if isinstance(life, Pending):
+            if life.not_before is not None:
+                return [(self._pending, life.record), (self._not_before, life.not_before)]
             return [(self._pending, life.record)]
         if isinstance(life, StagedLife):
             return [(self._pending, life.record), (self._staged, life.staged)]

@@ -72,7 +72,7 @@ def place_and_launch(
     uuids = {g.index: g.uuid for g in snapshot}
     for decision in planned.decisions:
         record = state.pending[decision.job_id]  # pending until it starts (``launching``)
-        state.not_before.pop(record.id, None)
+        state.lives.due(record.id)
         if withdrawn(state, record, now):  # its client went since the last look: its GPUs wait for the next pass
             continue
         launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)

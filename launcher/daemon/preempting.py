@@ -142,7 +142,7 @@ def launch_ready(
         if still:
             continue
         del scheduler.preemption.taking[job_id]
-        scheduler.not_before.pop(job_id, None)
+        scheduler.lives.due(job_id)
         launch(record, taking.gpus, taking.uuids, now)
 
 

@@ -166,7 +166,6 @@ class Scheduler(SchedulerState):
                 self.lives.resume(job_id)
             if job_id in self.running:
                 self.lives.act(job_id, helper)
-        self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()
         endings.judge_arrays(self, list(self.arrays), time.time())

@@ -43,7 +43,6 @@ class SchedulerState:
     # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``), with the
     # learned memory, the probes, the takings and no_handoff (``launcher.daemon.owned``): placement skips a pass
     # only when none of them, the GPUs, the pause or the running jobs' records moved.
-    not_before = DictField[int, float]()
     arrays = DictField[int, ArrayInfo]()
     drained = SetField[int]()
     stopped_for = DictField[int, Outcome]()
@@ -97,7 +96,6 @@ class SchedulerState:
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()  # judged by the scheduler once it is built
-        self.not_before = self.table.not_before()
         settings = self.table.settings()
         self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
@@ -141,7 +139,7 @@ class SchedulerState:
         """The live jobs as the table has them."""
         running = [Running(r, launch) for r, launch in self.table.running()]
         suspended = [Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)]
-        self.lives.load(self.table.pending(), running, suspended)
+        self.lives.load(self.table.pending(), running, suspended, self.table.not_before())
 
     # The lives' indexes, which the steps read; only the lives' moves change them.
     @property
@@ -162,6 +160,11 @@ class SchedulerState:
     def acting(self) -> Mapping[int, Acting]:
         """The suspends and resumes under way (``daemon.suspension.suspending``): their jobs hold their GPUs."""
         return self.lives.acting
+
+    @property
+    def not_before(self) -> Mapping[int, float]:
+        """The pending jobs in a backoff, each with when it may start (on its pending life)."""
+        return self.lives.not_before
 
     @property
     def staged(self) -> Mapping[int, Staged]:
@@ -258,7 +261,6 @@ class SchedulerState:
         self.booked.returning.discard(job_id)
         self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
-        self.not_before.pop(job_id, None)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

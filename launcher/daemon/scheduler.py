@@ -39,7 +39,7 @@ from gpuq_scheduler.launcher.daemon import (
 )
 from gpuq_scheduler.launcher.daemon.clients import withdraw_gone
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
+from gpuq_scheduler.launcher.daemon.suspension import fastpath, inplace, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.daemon.watching.watchdog import Watch
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -122,7 +122,8 @@ class Scheduler(SchedulerState):
         return now >= min(checks)
 
     def _watch(self, now: float, readings: sight.Readings) -> None:
-        self.watch.check(self, now, readings)
+        in_place = {job_id for job_id in self.suspended if inplace.is_client(self, job_id)}
+        self.journal.extend(self.watch.check(self.lives, self.table, self, in_place, now, readings))
         sight.release_idle(self, now, readings)
         sight.report_idle_batch(self, now, readings)
 

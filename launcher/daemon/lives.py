@@ -23,15 +23,12 @@ import contextlib
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import Step
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
-
-if TYPE_CHECKING:  # the helper is the suspend step's to start; only its name is needed here
-    from gpuq_scheduler.launcher.daemon.suspension.suspender import Helper
 
 
 class Phase(enum.Enum):
@@ -72,6 +69,18 @@ class Staged:
     cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
 
 
+class Child(Protocol):
+    """The helper a suspend or resume runs in, as a life holds it (``suspension.suspender.Helper``: the suspend
+    step's to start; typed here by what is asked of it, so the lives import nothing of that step's)."""
+
+    pid: int
+    started: float
+
+    def result(self) -> dict[str, Any] | None: ...
+
+    def times(self, result: dict[str, Any]) -> dict[str, float]: ...
+
+
 @dataclass
 class Acting:
     """A suspend or resume under way (``launcher.daemon.suspension.suspending``): its child, or (after a restart)
@@ -79,7 +88,7 @@ class Acting:
 
     step: Step
     by: str
-    child: Helper | None = None
+    child: Child | None = None
     left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
     action: Action | None = None  # what the child does: suspend, or resume (a resume, or a suspend undone)
     began: float = 0.0  # wall time

@@ -41,7 +41,7 @@ from gpuq_scheduler.launcher.daemon.suspension import inplace, pools
 from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.suspension.pools import gpu_state
-from gpuq_scheduler.launcher.daemon.suspension.suspender import freeze, start_helper
+from gpuq_scheduler.launcher.daemon.suspension.suspender import Forks, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.policy.placement import Holding
@@ -171,7 +171,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
-def forker(scheduler: SchedulerState) -> Forker | None:
+def forker(scheduler: SchedulerState) -> Forks | None:
     """The server that forks this daemon's helpers (``launcher.daemon.suspension.forker``), started with the daemon and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
     found = scheduler.suspensions.forker

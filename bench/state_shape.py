@@ -3,7 +3,7 @@
     python bench/state_shape.py [TREE]        TREE: a checkout (default: this one)
 
 - **attributes**: the distinct attributes of the shared state (``SchedulerState``, the scheduler) that the step
-  modules reach for. A step module is a module of ``launcher/daemon/`` other than the state's own
+  modules reach for. A step module is a module of ``launcher/daemon/`` or its folders other than the state's own
   (``state.py``, ``owned.py``, ``tracked.py``, ``lives.py``) and the scheduler's; an attribute is a name read
   or written on a parameter annotated with the state's type (``scheduler.pending``, ``state.shims``). Per
   module, and in all.
@@ -41,8 +41,9 @@ def _state_params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 def attributes(tree: Path) -> dict[str, set[str]]:
     """Step module -> the state's attributes it uses."""
     used: dict[str, set[str]] = {}
-    for path in sorted((tree / "launcher" / "daemon").glob("*.py")):
-        if path.name in NOT_STEPS:
+    daemon = tree / "launcher" / "daemon"
+    for path in sorted(daemon.rglob("*.py")):  # its folders' too (suspension/, watching/)
+        if (path.name in NOT_STEPS and path.parent == daemon) or path.name == "__init__.py":
             continue
         found: set[str] = set()
         for func in ast.walk(ast.parse(path.read_text())):
@@ -53,7 +54,7 @@ def attributes(tree: Path) -> dict[str, set[str]]:
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in params:
                     found.add(node.attr)
         if found:
-            used[path.stem] = found
+            used[path.relative_to(daemon).with_suffix("").as_posix()] = found
     return used
 
 
@@ -147,7 +148,7 @@ def main() -> int:
     used = attributes(tree)
     everything = set().union(*used.values())
     for module, names in sorted(used.items()):
-        print(f"{module:12s} {len(names):3d}  {' '.join(sorted(names))}")
+        print(f"{module:22s} {len(names):3d}  {' '.join(sorted(names))}")
     print(f"attributes of the shared state used by {len(used)} step modules: {len(everything)}")
     maps = forget_maps(tree)
     print(f"collections listed in forget: {len(maps)}  ({', '.join(maps)})")

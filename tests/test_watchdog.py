@@ -211,7 +211,9 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
     try:
         plain = scheduler.snapshot()  # the pass's
         with scheduler.table.batch():
-            scheduler.watch.check(scheduler, 100.0, Readings(scheduler.source, plain))
+            scheduler.watch.check(
+                scheduler.lives, scheduler.table, scheduler, 100.0, Readings(scheduler.source, plain)
+            )
         assert asked == [(False, False)]
         spec = JobSpec(command=("true",), cwd="/tmp", env={}, gpus=1)
         record = JobRecord(id=1, spec=spec, uid=os.getuid(), user="me", state=JobState.RUNNING, submitted_at=0.0,
@@ -221,7 +223,9 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
         scheduler.lives.start(Running(record, launch))
         for now in (101.0, 103.0, 103.5):  # within 2 s of the last check; due; within 2 s again
             with scheduler.table.batch():
-                scheduler.watch.check(scheduler, now, Readings(scheduler.source, plain))
+                scheduler.watch.check(
+                    scheduler.lives, scheduler.table, scheduler, now, Readings(scheduler.source, plain)
+                )
         assert asked == [(False, False), (True, False)]
     finally:
         scheduler.lives.end(1)

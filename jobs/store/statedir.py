@@ -38,10 +38,6 @@ from gpuq_scheduler.jobs.errors import StateDirError
 from gpuq_scheduler.jobs.locations import any_config
 from gpuq_scheduler.jobs.store.atomic import discard
 
-# launcher/daemon/ (being reworked on branches life2 and context) still imports write_atomic from here: once they
-# land, those imports name jobs.store.atomic and this line goes.
-from gpuq_scheduler.jobs.store.atomic import write_atomic as write_atomic
-
 TYPE_CHECKING = False  # typing costs ~3 ms to import; only the type checker needs these names
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -177,11 +177,9 @@ def _queue_again(
     fast = scheduler.state.fast_dir(job_id)  # the next run gets its own (``fastpath.prepare``)
     scheduler.after_commit.append(lambda: unlink(*run_files))
     scheduler.after_commit.append(lambda: fastpath.remove(fast))
-    if not_before is not None:
-        scheduler.not_before[job_id] = not_before
     full = scheduler.table.get(job_id, with_env=True)
     if full is not None:
-        scheduler.lives.requeue(full)
+        scheduler.lives.requeue(full, not_before)
     else:
         scheduler.lives.end(job_id)
 

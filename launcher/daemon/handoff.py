@@ -35,8 +35,9 @@ from typing import Any
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
 from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import Started
-from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
+from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import endings, outcomes
 from gpuq_scheduler.launcher.daemon.lives import Running, Staged
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
@@ -261,7 +262,6 @@ def _started(
     scheduler.table.mark_running(record.id, staged.gpus, staged.uuids, started, info)
     if staged.cancel_by:
         scheduler.table.set_cancel_by(record.id, staged.cancel_by)
-    scheduler.not_before.pop(record.id, None)
     running = record.replace(
         state=JobState.RUNNING, gpus=staged.gpus, gpu_uuids=staged.uuids, started_at=started, held=False
     )

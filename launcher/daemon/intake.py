@@ -25,9 +25,9 @@ from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import Rejected, Submitted
 from gpuq_scheduler.jobs.store.queue import expand
-from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.jobs.units import format_duration
 from gpuq_scheduler.launcher.daemon import endings, requests

@@ -25,7 +25,8 @@ from gpuq_scheduler.jobs import accounts, config
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.errors import BadInput, DaemonError, GpuqError
 from gpuq_scheduler.jobs.store import notices
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.daemon import testclock
 from gpuq_scheduler.launcher.daemon.wakeups import Wakeups
 

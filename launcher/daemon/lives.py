@@ -31,18 +31,6 @@ from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
 
 
-class Child(Protocol):
-    """The helper process acting on a job (``suspension.suspender.Helper``), as its phase holds it: the
-    suspension folder stands on the lives, so they name what they need of it rather than import it."""
-
-    pid: int
-    started: float
-
-    def times(self, result: dict[str, Any]) -> dict[str, float]: ...
-
-    def result(self) -> dict[str, Any] | None: ...
-
-
 class Phase(enum.Enum):
     PENDING = "pending"
     STAGED = "staged"
@@ -81,6 +69,18 @@ class Staged:
     cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
 
 
+class Child(Protocol):
+    """The helper a suspend or resume runs in, as a life holds it (``suspension.suspender.Helper``: the suspend
+    step's to start; typed here by what is asked of it, so the lives import nothing of that step's)."""
+
+    pid: int
+    started: float
+
+    def result(self) -> dict[str, Any] | None: ...
+
+    def times(self, result: dict[str, Any]) -> dict[str, float]: ...
+
+
 @dataclass
 class Acting:
     """A suspend or resume under way (``launcher.daemon.suspension.suspending``): its child, or (after a restart)
@@ -101,6 +101,7 @@ class Acting:
 class Pending:
     phase: ClassVar[Phase] = Phase.PENDING
     record: JobRecord
+    not_before: float | None = None  # wall time: a requeued job's backoff, not placed before it
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class Lives:
         self._suspended: TrackedDict[int, Running] = TrackedDict(changes)
         self._staged: TrackedDict[int, Staged] = TrackedDict(changes)
         self._acting: dict[int, Acting] = {}  # suspending and resuming (placement does not read it)
+        self._not_before: TrackedDict[int, float] = TrackedDict(changes)  # pending jobs in their backoff
 
     # What the steps read.
     @property
@@ -191,6 +193,11 @@ class Lives:
         """The suspends and resumes under way."""
         return self._acting
 
+    @property
+    def not_before(self) -> Mapping[int, float]:
+        """The pending jobs in a backoff (a retry's, a preempted job's), each with when it may start."""
+        return self._not_before
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._lives
 
@@ -205,12 +212,15 @@ class Lives:
         return None if life is None else life.phase
 
     # The moves.
-    def load(self, pending: Iterable[JobRecord], running: Iterable[Running], suspended: Iterable[Running]) -> None:
+    def load(
+        self, pending: Iterable[JobRecord], running: Iterable[Running], suspended: Iterable[Running],
+        not_before: Mapping[int, float],
+    ) -> None:  # fmt: skip
         """Start again from what the table says (a daemon's start, a tick rolled back)."""
         for job_id in list(self._lives):
             self.end(job_id)
         for record in pending:
-            self.add(record)
+            self._put(Pending(record, not_before.get(record.id)))
         for job in running:
             self._put(RunningLife(job))
         for job in suspended:
@@ -225,7 +235,17 @@ class Lives:
     def update(self, record: JobRecord) -> None:
         """A pending or staged job's record as it is now (held, released, resolved, modified)."""
         life = self._life(record.id, "be updated", Phase.PENDING, Phase.STAGED)
-        self._put(StagedLife(record, life.staged) if isinstance(life, StagedLife) else Pending(record))
+        if isinstance(life, StagedLife):
+            self._put(StagedLife(record, life.staged))
+        else:
+            assert isinstance(life, Pending)
+            self._put(Pending(record, life.not_before))
+
+    def due(self, job_id: int) -> None:
+        """A pending job's backoff is over (it is being started): placement need not look at its end again."""
+        life = self._life(job_id, "end its backoff", Phase.PENDING, Phase.STAGED)
+        if isinstance(life, Pending) and life.not_before is not None:
+            self._put(Pending(life.record))
 
     def stage(self, job_id: int, staged: Staged) -> None:
         """A pending job handed to a running job's shim, to start when that one ends."""
@@ -276,12 +296,13 @@ class Lives:
         self._put(RunningLife(life.job))
         return life.job
 
-    def requeue(self, record: JobRecord) -> None:
-        """A job that ran (running, suspended, or between the two) back in the queue, as ``record``. Or a job the
-        daemon does not hold (its record read back from the table): pending all the same."""
+    def requeue(self, record: JobRecord, not_before: float | None = None) -> None:
+        """A job that ran (running, suspended, or between the two) back in the queue, as ``record``, not placed
+        before ``not_before``. Or a job the daemon does not hold (its record read back from the table): pending
+        all the same."""
         if record.id in self._lives:
             self._life(record.id, "be requeued", *ON_GPUS, Phase.SUSPENDED)
-        self._put(Pending(record))
+        self._put(Pending(record, not_before))
 
     def end(self, job_id: int) -> Life | None:
         """The job ended (or left the daemon's view): its life goes, with everything it held. None: not live."""
@@ -318,6 +339,8 @@ class Lives:
     def _entries(self, life: Life) -> list[tuple[dict[int, Any], Any]]:
         """The indexes a life is in, each with what it holds of it."""
         if isinstance(life, Pending):
+            if life.not_before is not None:
+                return [(self._pending, life.record), (self._not_before, life.not_before)]
             return [(self._pending, life.record)]
         if isinstance(life, StagedLife):
             return [(self._pending, life.record), (self._staged, life.staged)]

@@ -8,7 +8,7 @@ state's ``Changes``, so that changing it is what makes placement look again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.store.calendar import Calendar
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
@@ -44,6 +44,16 @@ class MemAuto:
         self.grew_at: dict[int, float] = {}  # running probe -> when its peak last grew (a sample's time)
 
 
+class Forks(Protocol):
+    """The server that forks the suspend helpers (``suspension.forker.Forker``, the suspend step's to start): typed
+    here by what is asked of it, so the state imports nothing of that step's."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def fork(self, order: dict[str, Any], wake: str, pipe: int) -> tuple[int, float]: ...
+
+
 @dataclass
 class Suspensions:
     """``daemon.suspension.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the
@@ -52,7 +62,7 @@ class Suspensions:
     (``launcher.daemon.lives``)."""
 
     resume_wanted: dict[int, str] = field(default_factory=dict)
-    forker: object | None = None  # a suspension.forker.Forker: owned sits below that folder, which checks it
+    forker: Forks | None = None
     pool_mode: str = "auto"
     told: dict[int, float] = field(default_factory=dict)
 

@@ -40,8 +40,9 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import GPU_IDS, RESERVATION
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import Preempted
-from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
+from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import fences, handoff
 from gpuq_scheduler.launcher.daemon.lives import Running
@@ -142,7 +143,7 @@ def launch_ready(
         if still:
             continue
         del scheduler.preemption.taking[job_id]
-        scheduler.not_before.pop(job_id, None)
+        scheduler.lives.due(job_id)
         launch(record, taking.gpus, taking.uuids, now)
 
 

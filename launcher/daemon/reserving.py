@@ -34,6 +34,7 @@ from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import (
     Kind,
     Preempted,
@@ -42,7 +43,6 @@ from gpuq_scheduler.jobs.store.events import (
     ReservationWarning,
     Reserved,
 )
-from gpuq_scheduler.jobs.store.statedir import write_atomic
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
 from gpuq_scheduler.launcher.daemon import handoff, preempting
 from gpuq_scheduler.launcher.daemon.lives import Running

@@ -1,10 +1,10 @@
-# One module past 400 lines on purpose: the tick and its steps read as one table of contents.
 """The daemon's loop as named steps. ``tick(now)`` reads like a table of contents:
 
     reap -> ingest -> reconcile -> follow up arrays -> place and launch -> sample -> (the go) -> watch
 
-Requests (cancel, hold, drain...) are applied in ``launcher.daemon.requests``; the rules for dependencies,
-retries and fail-fast holds are pure functions in ``launcher.policy.lifecycle``.
+Placement's pass is ``launcher.daemon.placing``, a launch ``launcher.daemon.launching``; requests (cancel, hold,
+drain...) are applied in ``launcher.daemon.requests``; the rules for dependencies, retries and fail-fast holds are
+pure functions in ``launcher.policy.lifecycle``.
 
 The job table on disk is the truth; the scheduler keeps the active jobs in memory because it is the
 table's only writer, so a pass over 10,000 pending jobs reads nothing from disk.
@@ -15,42 +15,34 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import operator
 import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
-from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
-from gpuq_scheduler.jobs.store.events import Started
-from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.launcher.daemon import (
     endings,
     fences,
     handoff,
     intake,
     isolation,
-    learning,
+    launching,
     outcomes,
     outsiders,
+    placing,
     preempting,
-    readiness,
     reserving,
 )
-from gpuq_scheduler.launcher.daemon.clients import withdraw_gone, withdrawn
-from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.clients import withdraw_gone
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.daemon.watching.watchdog import Watch
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
-from gpuq_scheduler.launcher.policy import fairshare
-from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
 from gpuq_scheduler.launcher.supervisor import processes
 from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile
 
@@ -77,7 +69,7 @@ class Scheduler(SchedulerState):
         fastpath.sweep(os.path.dirname(self.state.fast_dir(0)), set(self.running) | set(self.suspended))
         # The GPU watchdog (daemon/watching/watchdog.py), with its defaults until serve() gives it the settings.
         self.watch = Watch.of(self.state.root, self.policy.overhead)
-        self.fenced_off: set[int] = set()  # pending jobs a reservation keeps off some GPUs (plan)
+        self.placement = placing.Placement()  # what placement keeps between passes, for itself
         self.outsiders: outsiders.Outsiders | None = None  # memory held outside gpuq (serve() sets it up)
 
     def close(self) -> None:
@@ -106,7 +98,7 @@ class Scheduler(SchedulerState):
     def _place(self, now: float) -> list[GpuSnapshot]:
         self.reconcile(now)
         reserving.step(self, now)  # before suspends advance: a reservation over lets its victims resume first
-        suspending.advance(self, now, self.journal, self.holdings)
+        suspending.advance(self, now, self.journal, lambda: placing.holdings(self))
         reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
@@ -114,7 +106,7 @@ class Scheduler(SchedulerState):
         withdraw_gone(self, now)
         self.launch_fenced(now)
         preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
-        self.place_and_launch(now, snapshot)
+        placing.place_and_launch(self, self.placement, now, snapshot, self._launch)
         preempting.decide(self, now, snapshot)
         sight.sample(self, now, snapshot)
         pools.tend(self, now, self.journal)  # pools the host can no longer afford are given back
@@ -130,7 +122,7 @@ class Scheduler(SchedulerState):
         return now >= min(checks)
 
     def _watch(self, now: float, readings: sight.Readings) -> None:
-        self.watch.check(self, now, readings)
+        self.journal.extend(self.watch.check(self.lives, self.table, self, now, readings))
         sight.release_idle(self, now, readings)
         sight.report_idle_batch(self, now, readings)
 
@@ -174,7 +166,6 @@ class Scheduler(SchedulerState):
                 self.lives.resume(job_id)
             if job_id in self.running:
                 self.lives.act(job_id, helper)
-        self.not_before = self.table.not_before()
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()
         endings.judge_arrays(self, list(self.arrays), time.time())
@@ -299,194 +290,6 @@ class Scheduler(SchedulerState):
         for record, gpus, uuids in fences.step(self):
             self._launch(record, gpus, uuids, now)
 
-    def place_and_launch(self, now: float, snapshot: list[GpuSnapshot]) -> None:
-        if not self.pending:
-            self._record_reasons({}, now)
-            return
-        # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
-        # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events. What it reads marks
-        # ``changes`` itself (``launcher.daemon.tracked``); a running job's record is replaced, never changed.
-        key = (
-            tuple((g.index, g.used, g.lost) for g in snapshot), self.changes.count, self.paused_by,
-            tuple(job.record for job in self.running.values()), min(self.not_before.values(), default=0.0) <= now,
-            reserving.phase(self, now),
-        )  # fmt: skip
-        if key == self._last_plan_key and not any(now >= t for t in self.not_before.values()):
-            if self._unsaved_reasons is not None and now >= self._reasons_due:
-                self._record_reasons(self._unsaved_reasons, now)  # held back by the once-a-second limit
-            return
-        self._last_plan_key = key
-        try:
-            ready, waiting = readiness.eligible(self, now)
-            plan = self.plan(now, snapshot, ready)
-        except isolation.INPUT_ERRORS:  # a job that breaks planning fails alone, not every pass for everyone
-            bad = isolation.unplaceable(self, lambda: self.plan(now, snapshot, readiness.eligible(self, now)[0]))
-            if not bad:
-                raise
-            isolation.fail(self, bad, now)
-            ready, waiting = readiness.eligible(self, now)
-            plan = self.plan(now, snapshot, ready)
-        uuids = {g.index: g.uuid for g in snapshot}
-        for decision in plan.decisions:
-            record = self.pending[decision.job_id]  # pending until it starts (``_launch``)
-            self.not_before.pop(record.id, None)
-            self._requests.pop(record.id, None)
-            if withdrawn(self, record, now):  # its client went since the last look: its GPUs wait for the next pass
-                continue
-            self._launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
-        placed = {decision.job_id for decision in plan.decisions}
-        skip = placed | self.fenced_off
-        # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
-        upcoming = (self.pending[q.job_id] for q in self.queue_order if q.job_id not in skip)
-        handoff.stage(self, upcoming, snapshot, now)
-        # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
-        behind = {job_id: handoff.reason(staged) for job_id, staged in self.staged.items()}
-        fenced = {job_id: fences.waiting_reason(self, job_id) for job_id in self.fence_waits}
-        taking = {job_id: preempting.reason(self, job_id) for job_id in self.preemption.taking}
-        self._record_reasons({**waiting, **plan.waiting, **behind, **fenced, **taking}, now)
-
-    def plan(self, now: float, snapshot: list[GpuSnapshot], ready: list[JobRecord] | None = None) -> Plan:
-        jobs = list(self.pending.values()) if ready is None else ready
-        caps: dict[str, int] | None = None
-        held: dict[str, int] | None = None
-        used: dict[str, float] = {}
-        queue = jobs
-        if self.shared is None:  # one user: priority, then submission. Two stable sorts on C-level keys, not a
-            requests = [self._request(r) for r in jobs]
-            requests.sort(key=_BY_ID)  # Python key per job: with 10,000 pending that was a third of a pass
-            requests.sort(key=_BY_PRIORITY, reverse=True)  # (reverse keeps equal priorities in id order)
-            self.queue_order = self.plan_order = requests
-        else:
-            used, held = self._use(now)
-            queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=self.shared.priority)
-            cap = self.shared.max_gpus_per_user
-            caps = None if cap is None else {r.user: cap for r in jobs}
-            requests = [self._request(r) for r in queue]
-        self.plan_order = requests
-        holdings = self.holdings()
-        cpu_jobs = sum(1 for job in self.running.values() if not job.record.gpus)
-        # Only the arrays in play (self.arrays also holds those whose pending members all wait: held, say).
-        live = {q.group for q in requests} | {j.record.array_id for j in self.running.values()}
-        limits = {a: info.throttle for a in live if a is not None and (info := self.arrays.get(a)) and info.throttle}
-        in_group: dict[int, int] = {}
-        for job in self.running.values():
-            if job.record.array_id in limits:
-                in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
-        requests, reserved, notes = reserving.fence(self, requests, now, [g.index for g in snapshot])
-        plan = place(
-            requests, sight.views(self, snapshot), holdings, now, self.policy, self.source.distance, cpu_jobs,
-            limits, in_group, user_caps=caps, user_gpus=held,
-        )  # fmt: skip
-        plan.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
-        # While a reservation is on or to come, no job is staged behind a running one: it would start whenever that
-        # one ends, which may be past a start its own time limit was checked against (daemon/reserving.py).
-        self.fenced_off = set(reserved) | ({r.job_id for r in requests} if reserving.live(self, now) else set())
-        if self.shared is not None:
-            plan.waiting.update(fairshare.explain(plan.waiting, queue, _fair_key, used, self.shared.priority))
-        for job_id, words in notes.items():  # narrowed by a reservation, and waiting: say that first
-            if job_id in plan.waiting:
-                plan.waiting[job_id] = f"{words}; {plan.waiting[job_id]}"
-        return plan
-
-    def holdings(self) -> list[Holding]:
-        """Placement's claims on the GPUs: the running jobs' reservations, and the places kept for others."""
-        return [
-            Holding(
-                job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
-                None if job.record.spec.time_limit is None or job.record.started_at is None
-                else job.record.started_at + job.record.spec.time_limit,
-            )
-            for job in self.running.values()
-        ] + fences.holdings(self) + preempting.holdings(self) + reserving.holdings(self)  # fmt: skip
-
-    def _use(self, now: float) -> tuple[dict[str, float], dict[str, int]]:
-        """Each user's recent GPU-seconds (running jobs' time so far included) and GPUs held now."""
-        assert self.usage is not None
-        runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in self.running.values()]
-        return fairshare.recent_use(self.usage, runs, now), fairshare.held_gpus(runs)
-
-    def _request(self, record: JobRecord) -> Request:
-        """Placement's view of a pending job, built once per spec: building 10,000 of them on every pass
-        was most of a pass's time (14 of 17 ms, measured)."""
-        cached = self._requests.get(record.id)
-        if cached is None or cached[0] is not record.spec:
-            spec = record.spec
-            request = Request(
-                record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority,
-                tuple(spec.value(GPU_IDS)),
-            )  # fmt: skip
-            cached = (spec, request)
-            self._requests[record.id] = cached
-        return cached[1]
-
-    # -- helpers --------------------------------------------------------------------------------------
-
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
-        spec = record.spec
-        account = None
-        if self.shared is not None:
-            account = accounts.account(record.uid)
-            problem = "" if account else f"its owner (uid {record.uid}) no longer has an account here"
-            if is_public(spec):
-                where = self.state.private_file(record.id if record.array_id is None else record.array_id)
-                problem = f"its command and environment ({where}) are missing or not its owner's (see `gpuq doctor`)"
-            if problem:
-                endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
-                return
-        problem = self.unenforceable(spec)
-        if problem:
-            endings.finish(self, record, Outcome.failed_to_spawn(problem), now, [])
-            return
-        port = None
-        if spec.mode.value == "torchrun":
-            port = processes.free_port({j.launch.port for j in self.running.values() if j.launch.port})
-        fence = fences.environment(self, record, gpus, uuids)  # MPS's limit, or PyTorch's, at its share
-        if fence is None:  # its user's control daemon on that GPU is starting: it waits for it there
-            fences.wait(self, record, gpus, uuids)
-            return
-        env = processes.job_env(spec, record.id, gpus, uuids, self.state.root, record)
-        env.update(fence)
-        env.update(processes.preemption_env(spec, self.state.restarts_file(record.id)))
-        if spec.preemptible and spec.mode.value != "torchrun":  # the fast suspend's handler (suspension/fastpath.py)
-            try:
-                env.update(fastpath.prepare(self.state.fast_dir(record.id), env, account))
-            except OSError as err:  # the driver's path stays: a suspend says why the fast one was not asked
-                log.warning("job %d: no fast suspend: %s", record.id, err)
-        self.on_rollback.append(lambda: fences.forget(self, record.id))
-        if spec.mem_auto:
-            learning.launched(self.table, record)
-        launch = self.shim_launch(record, gpus, env, port, account)
-        endings.unlink(launch.exit_file, launch.pid_file)  # an earlier attempt's, which would say it ended
-        try:
-            supervisor = self.shims.take(record.id)
-        except OSError as err:
-            endings.finish(self, record, Outcome.failed_to_spawn(f"fork failed: {err.strerror}"), now, [])
-            return
-        info = Launch(supervisor.pid, supervisor.started, self.boot_id, port)
-        self.on_rollback.append(lambda: self.shims.ended(record.id))  # it was sent nothing: idle again
-        self.table.mark_running(record.id, gpus, uuids, now, info)
-        self.after_commit.append(lambda: supervisor.start(launch))  # the job starts only once recorded running
-        running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
-        self.lives.start(Running(running, info))
-        self.journal.append(Started(now, record.id, tuple(gpus)).to_json())
+        launching.launch(self, record, gpus, uuids, now)
 
-    def _record_reasons(self, waiting: dict[int, str], now: float) -> None:
-        """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to
-        read and writing them on every tick would cost the dispatch path a write per tick."""
-        if now < self._reasons_due and set(waiting) <= set(self.waiting):
-            self._unsaved_reasons = waiting
-            return
-        self._unsaved_reasons = None
-        self._reasons_due = now + 1.0
-        changed = {job_id: why for job_id, why in waiting.items() if self.waiting.get(job_id) != why}
-        self.waiting = waiting
-        if changed:
-            self.table.set_reasons(changed)
-
-
-_BY_ID = operator.attrgetter("job_id")
-_BY_PRIORITY = operator.attrgetter("priority")
-
-
-def _fair_key(record: JobRecord) -> tuple[str, int, int, int]:
-    return record.user, record.spec.gpus, record.spec.priority, record.id

@@ -22,8 +22,9 @@ from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import calendar, outbox, spool
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
-from gpuq_scheduler.jobs.store.statedir import StateDir, write_atomic
+from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.submission import Inventory, inventory_json
 from gpuq_scheduler.launcher.daemon import shims
@@ -43,7 +44,6 @@ class SchedulerState:
     # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``), with the
     # learned memory, the probes, the takings and no_handoff (``launcher.daemon.owned``): placement skips a pass
     # only when none of them, the GPUs, the pause or the running jobs' records moved.
-    not_before = DictField[int, float]()
     arrays = DictField[int, ArrayInfo]()
     drained = SetField[int]()
     stopped_for = DictField[int, Outcome]()
@@ -97,22 +97,15 @@ class SchedulerState:
         # members have all ended): what the daemon holds is bounded by its queue, not by its lifetime.
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()  # judged by the scheduler once it is built
-        self.not_before = self.table.not_before()
         settings = self.table.settings()
         self.drained = set(settings.get("drained", []))
         self.paused_by: str | None = settings.get("paused_by")
-        self.waiting: dict[int, str] = {}
-        self.queue_order: list[Request] = []  # the last plan's ready jobs in queue order (personal queue)
         self.after_commit: list[Callable[[], None]] = []  # run once this tick's transaction is on disk
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         # This tick's events for events.jsonl, written once what they record is committed (and the launches
         # are sent): one append per tick, off the path from a job's end to the next one's start.
         self.journal: list[dict[str, Any]] = []
         self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
-        self._reasons_due = 0.0
-        self._unsaved_reasons: dict[int, str] | None = None
-        self._last_plan_key: object = None
-        self._requests: dict[int, tuple[JobSpec, Request]] = {}
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         # The next id to give: a shared queue's daemon gives them (launcher.daemon.intake), a personal queue's
         # clients take them from next_id, which must stay above every id the table holds.
@@ -147,7 +140,7 @@ class SchedulerState:
         """The live jobs as the table has them."""
         running = [Running(r, launch) for r, launch in self.table.running()]
         suspended = [Running(r, launch) for r, launch in self.table.running(JobState.SUSPENDED)]
-        self.lives.load(self.table.pending(), running, suspended)
+        self.lives.load(self.table.pending(), running, suspended, self.table.not_before())
 
     # The lives' indexes, which the steps read; only the lives' moves change them.
     @property
@@ -168,6 +161,11 @@ class SchedulerState:
     def acting(self) -> Mapping[int, Acting]:
         """The suspends and resumes under way (``daemon.suspension.suspending``): their jobs hold their GPUs."""
         return self.lives.acting
+
+    @property
+    def not_before(self) -> Mapping[int, float]:
+        """The pending jobs in a backoff, each with when it may start (on its pending life)."""
+        return self.lives.not_before
 
     @property
     def staged(self) -> Mapping[int, Staged]:
@@ -264,8 +262,6 @@ class SchedulerState:
         self.booked.returning.discard(job_id)
         self.booked.undone.discard(job_id)
         preemption.no_handoff.discard(job_id)
-        self.not_before.pop(job_id, None)
-        self._requests.pop(job_id, None)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

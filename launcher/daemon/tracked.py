@@ -1,5 +1,5 @@
 """Collections that say when they change. Placement skips a pass in which nothing it reads has changed
-(``Scheduler.place_and_launch``), so "something changed" must follow from the change itself, never from a
+(``placing.place_and_launch``), so "something changed" must follow from the change itself, never from a
 caller remembering to say so: each collection placement reads is a :class:`TrackedDict` or
 :class:`TrackedSet` bound to the state's :class:`Changes`, and every way of changing one marks it. A write
 that changes nothing (the same value set again, an absent key popped) marks nothing, so a blocked queue

@@ -15,6 +15,7 @@ from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import parse_size
+from gpuq_scheduler.launcher.daemon import placing
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.scheduler import Scheduler
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
@@ -48,7 +49,7 @@ def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
 
 def _pass(scheduler: Scheduler, now: float) -> None:
     with scheduler.table.batch():
-        scheduler.place_and_launch(now, scheduler.snapshot())
+        placing.place_and_launch(scheduler, scheduler.placement, now, scheduler.snapshot(), scheduler._launch)
 
 
 def _release_the_hold(scheduler: Scheduler) -> Callable[[], None]:
@@ -140,11 +141,11 @@ def test_every_change_to_a_tracked_collection_is_marked_and_no_change_is_not() -
 def test_a_collection_put_in_place_whole_is_tracked_too(scheduler: Scheduler) -> None:
     """A reload assigns plain dicts and sets: they are wrapped, and changing them later still counts."""
     seen = scheduler.changes.count
-    scheduler.not_before = {WAITING: 5.0}
+    scheduler.fence_waits = {WAITING: ((0,), ("GPU-0",))}
     scheduler.drained = set()
-    assert isinstance(scheduler.not_before, TrackedDict) and isinstance(scheduler.drained, TrackedSet)
+    assert isinstance(scheduler.fence_waits, TrackedDict) and isinstance(scheduler.drained, TrackedSet)
     assert scheduler.changes.count > seen
     seen = scheduler.changes.count
-    scheduler.not_before.pop(WAITING)
+    scheduler.fence_waits.pop(WAITING)
     scheduler.drained |= {0}
     assert scheduler.changes.count == seen + 2

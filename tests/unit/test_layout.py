@@ -21,9 +21,7 @@ PACKAGE_FOLDERS = {
 }  # fmt: skip
 LONG = 400
 # The package's modules allowed past LONG, each arguing for itself at its top; a new one is split by concern instead.
-LONG_ALLOWED = {
-    "launcher/daemon/scheduler.py",  # being split by concern on branch life2: its line goes when that lands
-}
+LONG_ALLOWED: set[str] = set()  # none today: a module that must stay one past 400 lines is named here
 
 
 def _python_files() -> list[Path]:

@@ -193,5 +193,39 @@ def test_a_job_ended_while_the_pending_jobs_are_tried_one_at_a_time_stays_ended(
 def test_load_starts_again_from_the_table() -> None:
     lives = Lives(Changes())
     lives.add(_record(7))
-    lives.load([_record(1)], [_running(2)], [_running(3)])
+    lives.load([_record(1)], [_running(2)], [_running(3)], {})
     assert _views(lives) == ({1}, set(), {2}, {3}, set()) and 7 not in lives
+
+
+def test_a_requeued_jobs_backoff_is_on_its_pending_life_and_ends_with_it() -> None:
+    """A job requeued with a backoff waits on its pending life: held or released it keeps it, started it leaves it,
+    and a job that ends leaves nothing behind (the daemon's forget needs no line for it)."""
+    changes = Changes()
+    lives = Lives(changes)
+    lives.add(_record(1))
+    lives.start(_running(1))
+    seen = changes.count
+    lives.requeue(_record(1, attempt=2), not_before=50.0)
+    assert changes.count > seen  # placement looks again: a backoff began
+    assert lives.not_before == {1: 50.0} and isinstance(lives.get(1), Pending)
+    lives.update(_record(1, attempt=2, held=True))
+    assert lives.not_before == {1: 50.0}  # held and released, the backoff stays
+    lives.due(1)
+    assert lives.not_before == {} and 1 in lives.pending  # being started: the backoff is over
+    lives.start(_running(1))
+    lives.requeue(_record(1, attempt=3), not_before=80.0)
+    lives.stage(1, Staged(after=9, gpus=(0,), uuids=("GPU-0",)))
+    assert lives.not_before == {}  # staged behind a running job, it was placed: past its backoff
+    lives.unstage(1)
+    lives.start(_running(1))
+    lives.requeue(_record(1, attempt=4), not_before=90.0)
+    lives.end(1)
+    assert lives.not_before == {} and 1 not in lives
+
+
+def test_a_daemon_that_starts_again_finds_each_pending_jobs_backoff_on_its_life() -> None:
+    lives = Lives(Changes())
+    lives.load([_record(1), _record(2)], [_running(3)], [], {1: 40.0, 3: 99.0})
+    assert lives.not_before == {1: 40.0}  # only pending jobs wait on a backoff
+    lives.load([_record(2)], [], [], {})
+    assert lives.not_before == {}

@@ -33,15 +33,16 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.actions import Action
+from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import Asked, Kind, Refused, Resumed, StepFailed, Suspended
-from gpuq_scheduler.jobs.store.statedir import read_bytes, write_atomic
+from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon.lives import Acting, Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import inplace, pools
 from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.suspension.pools import gpu_state
-from gpuq_scheduler.launcher.daemon.suspension.suspender import freeze, start_helper
+from gpuq_scheduler.launcher.daemon.suspension.suspender import Forks, freeze, start_helper
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.policy.placement import Holding
@@ -172,14 +173,14 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
     scheduler.on_rollback.append(lambda: setattr(acting, "again", True))
 
 
-def forker(scheduler: SchedulerState) -> Forker | None:
+def forker(scheduler: SchedulerState) -> Forks | None:
     """The server that forks this daemon's helpers (``launcher.daemon.suspension.forker``), started with the daemon and
     again if it died; none for a daemon of one thread (the fake inventory's), which forks them itself."""
     found = scheduler.suspensions.forker
-    if not (isinstance(found, Forker) and found.alive) and len(os.listdir("/proc/self/task")) > 1:
+    if (found is None or not found.alive) and len(os.listdir("/proc/self/task")) > 1:
         with contextlib.suppress(OSError):  # none: each helper is a fresh interpreter
             found = scheduler.suspensions.forker = Forker()
-    return found if isinstance(found, Forker) and found.alive else None
+    return found if found is not None and found.alive else None
 
 
 def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:

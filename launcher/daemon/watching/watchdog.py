@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.events import Watchdog as Broken
+from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import attribution
-from gpuq_scheduler.launcher.daemon.lives import Running
-from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.daemon.lives import Lives, Running
 from gpuq_scheduler.launcher.daemon.watching.sight import Readings
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import energy
@@ -29,6 +29,16 @@ from gpuq_scheduler.launcher.policy import watchdog_rules as rules
 log = logging.getLogger("gpuq.watchdog")
 
 EVERY = 2.0  # seconds between checks: one per per-process sample (``watching.SAMPLE_EVERY``)
+
+
+class Stopping(Protocol):
+    """The daemon's stops (the state's): the running jobs gpuq is stopping, each with the outcome it gets unless
+    it succeeds first, and the act of stopping one."""
+
+    @property
+    def stopped_for(self) -> MutableMapping[int, Outcome]: ...
+
+    def stop(self, job: Running) -> None: ...
 
 
 @dataclass
@@ -46,8 +56,11 @@ class Watch:
         """The watchdog of the queue at ``root``, with its rules' defaults until the daemon's settings come."""
         return cls(attribution.queue_key(root), rules.Settings(overhead=overhead))
 
-    def check(self, scheduler: SchedulerState, now: float, readings: Readings) -> None:
-        check(scheduler, self, now, readings)
+    def check(
+        self, lives: Lives, table: JobTable, stopping: Stopping, now: float, readings: Readings
+    ) -> list[dict[str, Any]]:
+        """One check (``check``); the events it journals."""
+        return check(lives, table, stopping, self, now, readings)
 
 
 def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rules.Settings:
@@ -62,54 +75,56 @@ def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rul
     )  # fmt: skip
 
 
-def check(scheduler: SchedulerState, watch: Watch, now: float, readings: Readings) -> None:
-    """One check over this pass's snapshot, at most every ``EVERY`` seconds. Energy counters are read only
-    while a job holds a GPU: a job is charged from the first check after its start, never for what its GPU
-    drew before."""
+def check(
+    lives: Lives, table: JobTable, stopping: Stopping, watch: Watch, now: float, readings: Readings
+) -> list[dict[str, Any]]:
+    """One check over this pass's snapshot, at most every ``EVERY`` seconds; the events to journal. Energy counters
+    are read only while a job holds a GPU: a job is charged from the first check after its start, never for what
+    its GPU drew before."""
     if now < watch.next_at:
-        return
+        return []
     watch.next_at = now + EVERY
-    holding = any(job.record.gpus for job in scheduler.running.values())
+    holding = any(job.record.gpus for job in lives.running.values())
     snapshot = readings.with_energy() if holding else readings.plain
     seen = [
         rules.Seen(gpu.index, pid, used)
         for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()
     ]  # fmt: skip
-    owners = _owners(scheduler, watch.key, {row.pid for row in seen}) if seen else {}
+    owners = _owners(lives, table, watch.key, {row.pid for row in seen}) if seen else {}
     for pid, job_id in owners.items():  # placement, peaks and blame count them as the job's from now on
-        job = scheduler.running.get(job_id) if job_id is not None else None
+        job = lives.running.get(job_id) if job_id is not None else None
         if job is not None:
             job.pids.add(pid)
-    _charge(scheduler, watch, snapshot, owners)
+    _charge(lives, table, watch, snapshot, owners)
     if not seen:
         watch.said.clear()
-        return
-    running = {job_id: _given(job) for job_id, job in scheduler.running.items()}
-    for job_id, job in scheduler.suspended.items():  # its frozen context, kept on its GPU, is no leftover:
+        return []
+    running = {job_id: _given(job) for job_id, job in lives.running.items()}
+    for job_id, job in lives.suspended.items():  # its frozen context, kept on its GPU, is no leftover:
         running[job_id] = _given(job)  # in place (an MPS client), or kept as nothing else was left (#40)
-    for job_id, staged in scheduler.staged.items():  # its shim may start it before this daemon hears of it
-        record = scheduler.pending.get(job_id)
+    for job_id, staged in lives.staged.items():  # its shim may start it before this daemon hears of it
+        record = lives.pending.get(job_id)
         running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)
     findings = rules.check(seen, owners, running, watch.settings)
     stops = rules.to_stop(findings)
     events: list[dict[str, Any]] = []
     for finding in findings:
-        job = scheduler.running.get(finding.job)
+        job = lives.running.get(finding.job)
         if finding.rule is rules.Rule.LEFTOVER and finding.action is rules.Action.STOP:
-            _end_leftover(scheduler, watch, finding, now, events)
-        elif stops.get(finding.job) is finding and job is not None and not _stopping(scheduler, finding.job):
-            _stop(scheduler, job, finding.what())
+            _end_leftover(table, watch, finding, now, events)
+        elif stops.get(finding.job) is finding and job is not None and finding.job not in stopping.stopped_for:
+            _stop(stopping, job, finding.what())  # (not again: a lost GPU or an earlier finding stops it already)
             log.warning("stopping job %d: %s", finding.job, finding.what())
             events.append(_event(finding, now))
         elif finding.action is rules.Action.WARN and _first(watch, finding):
             log.warning("job %d %s (watchdog.%s = warn: not stopped)", finding.job, finding.what(), _key(finding))
             events.append(_event(finding, now))
     watch.said &= {(f.job, f.rule, f.gpu, f.pids) for f in findings}  # said again if it stops and comes back
-    scheduler.journal.extend(events)
+    return events
 
 
 def _charge(
-    scheduler: SchedulerState, watch: Watch, snapshot: list[GpuSnapshot], owners: Mapping[int, int | None]
+    lives: Lives, table: JobTable, watch: Watch, snapshot: list[GpuSnapshot], owners: Mapping[int, int | None]
 ) -> None:
     """Charge each GPU's energy since the last check to the jobs given it (``policy.energy``'s rule)."""
     charges: dict[int, float] = {}
@@ -120,7 +135,7 @@ def _charge(
         watch.energy_at[gpu.uuid] = gpu.energy
         if last is None or gpu.energy <= last:
             continue  # its first reading, or its driver was reloaded (the counter started again)
-        held = {job_id: 0 for job_id, job in scheduler.running.items() if gpu.index in job.record.gpus}
+        held = {job_id: 0 for job_id, job in lives.running.items() if gpu.index in job.record.gpus}
         if not held:
             continue
         outside = 0
@@ -133,7 +148,7 @@ def _charge(
         for job_id, joules in energy.split((gpu.energy - last) / 1000, held, outside).items():
             charges[job_id] = charges.get(job_id, 0.0) + joules
     if charges:
-        scheduler.table.add_energy(charges)
+        table.add_energy(charges)
 
 
 def _given(job: Running) -> rules.Given:
@@ -141,35 +156,30 @@ def _given(job: Running) -> rules.Given:
     return rules.Given(job.record.gpus, spec.mem_per_gpu if spec.gpus else None)
 
 
-def _owners(scheduler: SchedulerState, key: str, pids: set[int]) -> dict[int, int | None]:
+def _owners(lives: Lives, table: JobTable, key: str, pids: set[int]) -> dict[int, int | None]:
     """Each GPU process's job: by containment first; else, for the processes the daemon found under a
     job's supervisor (``watching.attribute``: an interactive job's program under its client, a queue
     without containment), by that."""
-    uids: dict[int, int | None] = {job_id: job.record.uid for job_id, job in scheduler.running.items()}
+    uids: dict[int, int | None] = {job_id: job.record.uid for job_id, job in lives.running.items()}
 
     def uid_of(job_id: int) -> int | None:
         if job_id not in uids:
-            record = scheduler.table.get(job_id)
+            record = table.get(job_id)
             uids[job_id] = record.uid if record is not None else None
         return uids[job_id]
 
-    under = {pid: job_id for job_id, job in scheduler.running.items() for pid in job.pids}
+    under = {pid: job_id for job_id, job in lives.running.items() for pid in job.pids}
     return {pid: attribution.job_of(pid, key, uid_of) or under.get(pid) for pid in pids}
 
 
-def _stopping(scheduler: SchedulerState, job_id: int) -> bool:
-    """Whether gpuq is already stopping this job (a lost GPU, an earlier finding)."""
-    return job_id in scheduler.stopped_for
-
-
-def _stop(scheduler: SchedulerState, job: Running, what: str) -> None:
+def _stop(stopping: Stopping, job: Running, what: str) -> None:
     """Stop a running job for ``what`` it took: unless it succeeds first, it fails with Cause.WATCHDOG."""
-    scheduler.stopped_for[job.record.id] = Outcome.stopped_by_watchdog(what)
-    scheduler.stop(job)  # SIGTERM to every process of the job, SIGKILL after the grace period
+    stopping.stopped_for[job.record.id] = Outcome.stopped_by_watchdog(what)
+    stopping.stop(job)  # SIGTERM to every process of the job, SIGKILL after the grace period
 
 
 def _end_leftover(
-    scheduler: SchedulerState, watch: Watch, finding: rules.Finding, now: float, events: list[dict[str, Any]]
+    table: JobTable, watch: Watch, finding: rules.Finding, now: float, events: list[dict[str, Any]]
 ) -> None:
     """SIGKILL a process of an ended job still on a GPU, through a pidfd opened before its job is read
     again, so a pid reused meanwhile is never the one killed; and say so on the job's record."""
@@ -192,10 +202,10 @@ def _end_leftover(
     note = f"{finding.what()} and was ended by the watchdog"
     log.warning("job %d: %s", finding.job, note)
     events.append(_event(finding, now))
-    record = scheduler.table.get(finding.job)
+    record = table.get(finding.job)
     if record is not None and record.state not in (JobState.PENDING, JobState.RUNNING):
         reason = f"{record.reason}; {note}" if record.reason else note
-        scheduler.table.set_reasons({finding.job: reason}, state=record.state)
+        table.set_reasons({finding.job: reason}, state=record.state)
 
 
 def _first(watch: Watch, finding: rules.Finding) -> bool:

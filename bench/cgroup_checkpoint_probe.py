@@ -44,8 +44,10 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=4.0)
     args = parser.parse_args()
     root = Path("/sys/fs/cgroup")
-    found: dict[str, Any] = {"root_controllers": read(root / "cgroup.controllers"),
-                             "root_subtree": read(root / "cgroup.subtree_control")}  # fmt: skip
+    found: dict[str, Any] = {
+        "root_controllers": read(root / "cgroup.controllers"),
+        "root_subtree": read(root / "cgroup.subtree_control"),
+    }
     group = root / "gpuq-cgroup-probe"
     job = None
     try:
@@ -53,8 +55,13 @@ def main() -> None:
             (root / "cgroup.subtree_control").write_text("+memory")
         group.mkdir(exist_ok=True)
         enter = lambda: (group / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731  (born in it)
-        job = subprocess.Popen([sys.executable, "-c", JOB, str(args.gib)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, preexec_fn=enter)  # fmt: skip
+        job = subprocess.Popen(
+            [sys.executable, "-c", JOB, str(args.gib)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=enter,
+        )
         assert job.stdout is not None and job.stdin is not None
         found["ready"] = job.stdout.readline().strip()
         current = int(read(group / "memory.current"))

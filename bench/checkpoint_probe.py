@@ -198,7 +198,7 @@ def one_size(size: float, rounds: int, work: Path) -> dict[str, Any]:
     medians = {
         c: {k: round(statistics.median(r[k] for r in rows), 4) for k in ("lock", "checkpoint", "restore", "unlock")}
         for c, rows in results.items()
-    }  # fmt: skip
+    }
     return {"size_gib": size, "rounds": results, "medians": medians}
 
 
@@ -211,8 +211,9 @@ def main() -> None:
     args = parser.parse_args()
     persistence = subprocess.run(
         ["nvidia-smi", "--query-gpu=index,name,driver_version,persistence_mode", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "gpus": persistence}
     print(persistence, flush=True)
     out["first_open"] = first_open(args.opens)  # before this process touches the driver

@@ -40,8 +40,13 @@ from bench.peers.gpuq import Gpuq, install_regular  # noqa: E402
 
 def submit_modules(python: str, gpuq: str, env: dict[str, str]) -> list[str]:
     """The modules one ``gpuq submit`` imports after the interpreter's own start (site and what it loads)."""
-    proc = subprocess.run([python, "-X", "importtime", gpuq, "submit", "--gpus", "1", "true"], env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [python, "-X", "importtime", gpuq, "submit", "--gpus", "1", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.MULTILINE)
     return names[names.index("site") + 1 :]
 

@@ -42,8 +42,12 @@ def measure(parent: str, runs: int) -> dict[str, float]:
         ended = time.perf_counter()
         containment.discard(box)
         gone = time.perf_counter()
-        for name, value in (("mkdir", made - at), ("job: clone to reaped", ran - made), ("end", ended - ran),
-                            ("rmdir", gone - ended)):  # fmt: skip
+        for name, value in (
+            ("mkdir", made - at),
+            ("job: clone to reaped", ran - made),
+            ("end", ended - ran),
+            ("rmdir", gone - ended),
+        ):
             steps.setdefault(name, []).append(value * 1e3)
     return {name: statistics.median(values) for name, values in steps.items()}
 
@@ -54,8 +58,10 @@ def main() -> int:
     if mount is None or os.geteuid() != 0:
         raise SystemExit("needs root and a cgroup v2 hierarchy")
     offered = Path(mount, "cgroup.controllers").read_text().split()
-    print(f"{os.cpu_count()} cores, kernel {os.uname().release}, {mount} offers: {' '.join(offered) or 'nothing'}; "
-          f"{runs} jobs each, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
+    print(
+        f"{os.cpu_count()} cores, kernel {os.uname().release}, {mount} offers: {' '.join(offered) or 'nothing'}; "
+        f"{runs} jobs each, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     for wanted in SETS:
         name = "+".join(wanted) or "no controller"
         if any(c not in offered for c in wanted):

@@ -46,8 +46,11 @@ def table(out: Path, configs: list[str], rounds: int) -> list[str]:
     lines = [f"{'off':8} {'runs':>4} {'median gap':>10} {'gain, paired by round':>22}"]
     for config in configs:
         every = [g for r in range(1, rounds + 1) for g in gaps(out / f"{config}-{r}")]
-        paired = [statistics.median(gaps(out / f"{config}-{r}")) - statistics.median(gaps(out / f"all-{r}"))
-                  for r in range(1, rounds + 1) if gaps(out / f"{config}-{r}") and gaps(out / f"all-{r}")]  # fmt: skip
+        paired = [
+            statistics.median(gaps(out / f"{config}-{r}")) - statistics.median(gaps(out / f"all-{r}"))
+            for r in range(1, rounds + 1)
+            if gaps(out / f"{config}-{r}") and gaps(out / f"all-{r}")
+        ]
         median = statistics.median(every) if every else float("nan")
         each = " ".join(f"{d:+.2f}" for d in paired)
         gain = statistics.median(paired) if paired else float("nan")
@@ -75,9 +78,11 @@ def main() -> None:
         if regular is None:
             raise SystemExit(f"gpuq could not be installed: {how}")
         os.environ["GPUQ_BENCH_COMMAND"] = regular
-    lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} {platform.node()} {os.cpu_count()} cores "
-             f"{platform.release()} load {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {' '.join(configs)}, "
-             f"A {'full' if args.full else 'quick'}, {args.repeat} run(s) a turn"]  # fmt: skip
+    lines = [
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} {platform.node()} {os.cpu_count()} cores "
+        f"{platform.release()} load {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {' '.join(configs)}, "
+        f"A {'full' if args.full else 'quick'}, {args.repeat} run(s) a turn"
+    ]
     print(lines[0], flush=True)
     for round_ in range(1, args.rounds + 1):
         turn = (round_ - 1) % len(configs)
@@ -87,8 +92,19 @@ def main() -> None:
                 env["GPUQ_FASTSTART_OFF"] = config
             folder = args.out / f"{config}-{round_}"
             sizes = [] if args.full else ["--quick"]
-            command = [sys.executable, str(ROOT / "bench" / "harness.py"), "--tools", "gpuq", "--workloads", "A",
-                       "--repeat", str(args.repeat), "--out", str(folder), *sizes]  # fmt: skip
+            command = [
+                sys.executable,
+                str(ROOT / "bench" / "harness.py"),
+                "--tools",
+                "gpuq",
+                "--workloads",
+                "A",
+                "--repeat",
+                str(args.repeat),
+                "--out",
+                str(folder),
+                *sizes,
+            ]
             subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=600)
             line = f"round {round_} {config:8} " + " ".join(f"{g:.2f}" for g in gaps(folder)) + " ms"
             print(line, flush=True)

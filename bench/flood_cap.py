@@ -83,14 +83,18 @@ def main() -> None:
     try:
         with revisions.worktrees(work, args.revs):
             subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
-            print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-                  f"a flood of {args.flood} requests over max_queued_per_user = 1000")  # fmt: skip
+            print(
+                f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+                f"a flood of {args.flood} requests over max_queued_per_user = 1000"
+            )
             print("rev       round  idle ms (median)  during flood ms: median  p90     worst   n   drained s  rows")
             for round_, rev in revisions.turns(args):
                 row = one(work, rev, round_, args.flood)
-                print(f"{rev:9} {round_:5}  {row['idle']:16.1f}  {row['median']:23.1f}  {row['p90']:6.1f}  "
-                      f"{row['worst']:6.1f}  {row['n']:3}  {row['drained']:9.2f}  {row['rows']}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{rev:9} {round_:5}  {row['idle']:16.1f}  {row['median']:23.1f}  {row['p90']:6.1f}  "
+                    f"{row['worst']:6.1f}  {row['n']:3}  {row['drained']:9.2f}  {row['rows']}",
+                    flush=True,
+                )
     finally:
         for name in made:
             subprocess.run(["userdel", name], capture_output=True)
@@ -104,19 +108,33 @@ def one(work: Path, rev: str, round_: int, flood: int) -> dict[str, float]:
     config.write_text(f'home = "{home}"\n[shared]\nmax_queued_per_user = 1000\n')
     site = next(p for p in sys.path if p.endswith("site-packages"))
     env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUQ_HOME": str(home), "GPUQ_SYSTEM_CONFIG": str(config),
-        "GPUQ_CONFIG": str(base / "none.toml"), "LANG": "C.UTF-8", "GPUQ_FAKE_GPUS": "1x80GiB",
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUQ_HOME": str(home),
+        "GPUQ_SYSTEM_CONFIG": str(config),
+        "GPUQ_CONFIG": str(base / "none.toml"),
+        "LANG": "C.UTF-8",
+        "GPUQ_FAKE_GPUS": "1x80GiB",
         "PYTHONPATH": f"{work / f'pkg-{rev}'}:{site}",
-    }  # fmt: skip
+    }
     python = os.path.realpath(sys.executable)
     users_python = _python_for_users()
     with (base / "daemon.out").open("wb") as log:
-        daemon = subprocess.Popen([python, "-S", "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env,
-                                  cwd=work, stdout=log, stderr=log)  # fmt: skip
+        daemon = subprocess.Popen(
+            [python, "-S", "-m", "gpuq_scheduler.launcher.daemon", "--shared"],
+            env=env,
+            cwd=work,
+            stdout=log,
+            stderr=log,
+        )
     try:
         _wait(lambda: (home / "daemon.ready").exists(), 30)
-        paused = subprocess.run([python, "-S", "-m", "gpuq_scheduler.launcher.cli.entry", "pause"], env=env, cwd=work,
-                                capture_output=True, text=True)  # fmt: skip
+        paused = subprocess.run(
+            [python, "-S", "-m", "gpuq_scheduler.launcher.cli.entry", "pause"],
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
         if paused.returncode:
             raise SystemExit(f"{rev}: gpuq pause: {paused.stderr.strip()}")
         user_env = {**env, "PYTHONPATH": str(work / f"pkg-{rev}")}  # the users' clients need only the stdlib
@@ -135,10 +153,14 @@ def one(work: Path, rev: str, round_: int, flood: int) -> dict[str, float]:
         flooder = pwd.getpwnam(USERS[0]).pw_uid
         rows = sqlite3.connect(home / "jobs.db").execute("SELECT COUNT(*) FROM jobs WHERE uid=?", (flooder,))
         return {
-            "idle": 1000 * statistics.median(idle), "median": 1000 * statistics.median(during),
-            "p90": 1000 * during[math.ceil(0.9 * len(during)) - 1], "worst": 1000 * during[-1], "n": len(during),
-            "drained": drained, "rows": rows.fetchone()[0],
-        }  # fmt: skip
+            "idle": 1000 * statistics.median(idle),
+            "median": 1000 * statistics.median(during),
+            "p90": 1000 * during[math.ceil(0.9 * len(during)) - 1],
+            "worst": 1000 * during[-1],
+            "n": len(during),
+            "drained": drained,
+            "rows": rows.fetchone()[0],
+        }
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
@@ -156,8 +178,15 @@ def _python_for_users() -> str:
 
 def _as(name: str, python: str, code: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     entry = pwd.getpwnam(name)
-    done = subprocess.run([python, "-S", "-c", code, *args], env={**env, "HOME": "/tmp", "USER": name}, cwd="/tmp",
-                          user=entry.pw_uid, group=entry.pw_gid, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [python, "-S", "-c", code, *args],
+        env={**env, "HOME": "/tmp", "USER": name},
+        cwd="/tmp",
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise SystemExit(f"as {name}: {done.stderr.strip()}")
     return done
@@ -165,9 +194,16 @@ def _as(name: str, python: str, code: str, env: dict[str, str], *args: str) -> s
 
 def _start_as(name: str, python: str, code: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     entry = pwd.getpwnam(name)
-    return subprocess.Popen([python, "-S", "-c", code, *args], env={**env, "HOME": "/tmp", "USER": name},
-                            cwd="/tmp", user=entry.pw_uid, group=entry.pw_gid, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [python, "-S", "-c", code, *args],
+        env={**env, "HOME": "/tmp", "USER": name},
+        cwd="/tmp",
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait(condition: object, timeout: float) -> None:

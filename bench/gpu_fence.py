@@ -108,9 +108,11 @@ def liar(gpuq_factory: Any, work: Path, hold_memory: Any, total_gib: int) -> dic
         teammate.wait()
     fenced = results["fenced"]
     results["passed"] = (
-        fenced["fence"] == "mps" and all(h["state"] == "succeeded" for h in fenced["honest"])
-        and fenced["liar"]["state"] == "failed" and "share (--mem 4.0G)" in fenced["liar"]["reason"]
-    )  # fmt: skip
+        fenced["fence"] == "mps"
+        and all(h["state"] == "succeeded" for h in fenced["honest"])
+        and fenced["liar"]["state"] == "failed"
+        and "share (--mem 4.0G)" in fenced["liar"]["reason"]
+    )
     return results
 
 
@@ -124,16 +126,18 @@ def ensemble(gpuq_factory: Any, work: Path, jobs: int, epochs: int, settle: floa
     runs: tuple[tuple[str, tuple[str, ...], dict[str, str], str], ...] = (
         ("mem_4G", ("--mem", "4G"), {}, "mem_4G"),
         ("mem_4G_time_sliced", ("--mem", "4G"), {"GPUQ_FENCE": "cooperative"}, "mem_4G_time_sliced"),
-        ("mem_auto", ("--mem", "auto"), {}, "mem_auto"), ("mem_auto_again", ("--mem", "auto"), {}, "mem_auto"),
+        ("mem_auto", ("--mem", "auto"), {}, "mem_auto"),
+        ("mem_auto_again", ("--mem", "auto"), {}, "mem_auto"),
         (f"mem_auto_settle_{settle:g}s", ("--mem", "auto"), {"GPUQ_AUTO_SETTLE": str(settle)}, "settle"),
         ("whole_gpu", (), {}, "whole_gpu"),
-    )  # fmt: skip
+    )
     for label, extra, env, queue in runs:
         gpuq = gpuq_factory(work / f"ensemble-{queue}", **env)
         gpuq("daemon", "start")
         started = time.time()
-        array = gpuq.submit(*extra, "--array", f"0-{jobs - 1}", "examples/train_digits.py", "--seed", "{index}",
-                            "--epochs", str(epochs))  # fmt: skip
+        array = gpuq.submit(
+            *extra, "--array", f"0-{jobs - 1}", "examples/train_digits.py", "--seed", "{index}", "--epochs", str(epochs)
+        )
         try:
             gpuq("wait", "--array", str(array))
         except RuntimeError as err:
@@ -145,7 +149,11 @@ def ensemble(gpuq_factory: Any, work: Path, jobs: int, epochs: int, settle: floa
         print(f"ensemble {label}: {jobs} jobs in {makespans[label]:.1f}s; failed {failed}; {notes[label]}", flush=True)
         gpuq("daemon", "stop")
     return {
-        "jobs": jobs, "epochs": epochs, "settle_s": settle, "makespan_s": makespans, "notes": notes,
+        "jobs": jobs,
+        "epochs": epochs,
+        "settle_s": settle,
+        "makespan_s": makespans,
+        "notes": notes,
         "mps_over_time_sliced": round(makespans["mem_4G_time_sliced"] / makespans["mem_4G"], 3),
         "auto_vs_hand": round(makespans["mem_auto"] / makespans["mem_4G"], 3),
         "auto_again_vs_hand": round(makespans["mem_auto_again"] / makespans["mem_4G"], 3),
@@ -153,7 +161,7 @@ def ensemble(gpuq_factory: Any, work: Path, jobs: int, epochs: int, settle: floa
         "whole_vs_auto": round(makespans["whole_gpu"] / makespans["mem_auto"], 2),
         "auto_settle_vs_hand": round(makespans[f"mem_auto_settle_{settle:g}s"] / makespans["mem_4G"], 3),
         "whole_vs_auto_settle": round(makespans["whole_gpu"] / makespans[f"mem_auto_settle_{settle:g}s"], 2),
-    }  # fmt: skip
+    }
 
 
 def compute_heavy(gpuq_factory: Any, work: Path, jobs: int, seconds: float) -> dict[str, Any]:
@@ -171,9 +179,11 @@ def compute_heavy(gpuq_factory: Any, work: Path, jobs: int, seconds: float) -> d
             text = Path(r["log"]).read_text()
             products.append(int(text.split()[-2]) if "products" in text else 0)
         figures[label] = {
-            "wall_s": round(max(r["ended_at"] for r in records) - started, 2), "products": products,
-            "products_per_s": round(sum(products) / seconds, 1), "states": [r["state"] for r in records],
-        }  # fmt: skip
+            "wall_s": round(max(r["ended_at"] for r in records) - started, 2),
+            "products": products,
+            "products_per_s": round(sum(products) / seconds, 1),
+            "states": [r["state"] for r in records],
+        }
         print(f"compute-heavy {label}: {json.dumps(figures[label])}", flush=True)
         gpuq("daemon", "stop")
     figures["mps_over_time_sliced"] = round(
@@ -200,9 +210,11 @@ def kill_nine(gpuq_factory: Any, work: Path) -> dict[str, Any]:
     left = mps_left()
     gpuq("daemon", "stop")
     result = {
-        "mps_while_running": during, "states": [r["state"] for r in records], "mps_left_when_idle": left,
+        "mps_while_running": during,
+        "states": [r["state"] for r in records],
+        "mps_left_when_idle": left,
         "passed": bool(during) and all(r["state"] == "succeeded" for r in records) and not left,
-    }  # fmt: skip
+    }
     print(f"kill -9 under MPS: {json.dumps(result)}", flush=True)
     return result
 
@@ -232,16 +244,18 @@ def non_root(gpuq_factory: Any, work: Path) -> dict[str, Any]:
         deadline = time.time() + 60
         while time.time() < deadline and not owners:
             # By uid: ps cuts a user name longer than 8 characters ("gpuqpro+").
-            owners = subprocess.run(["ps", "-o", "uid=,comm=", "-C", "nvidia-cuda-mps"], capture_output=True,
-                                    text=True).stdout.strip()  # fmt: skip
+            owners = subprocess.run(
+                ["ps", "-o", "uid=,comm=", "-C", "nvidia-cuda-mps"], capture_output=True, text=True
+            ).stdout.strip()
             time.sleep(0.5)
         wait_all(gpuq)
         records = {r["id"]: r for r in gpuq.records()}
         result.update(
-            fence=json.loads(gpuq("gpus", "--json"))[0]["fence"], mps_processes_while_running=owners,
+            fence=json.loads(gpuq("gpus", "--json"))[0]["fence"],
+            mps_processes_while_running=owners,
             honest=[{k: records[i][k] for k in ("state", "reason", "peak_mem")} for i in honest],
             liar={k: records[lie][k] for k in ("state", "reason", "peak_mem")},
-        )  # fmt: skip
+        )
     except RuntimeError as err:
         result["error"] = str(err)[-2000:]
     finally:
@@ -249,10 +263,12 @@ def non_root(gpuq_factory: Any, work: Path) -> dict[str, Any]:
         time.sleep(2)
     result["mps_left"] = mps_left()
     result["passed"] = (
-        result.get("fence") == "mps" and bool(owners)
+        result.get("fence") == "mps"
+        and bool(owners)
         and all(line.split()[0] == str(uid) for line in owners.splitlines())
         and all(h["state"] == "succeeded" for h in result.get("honest", [{}]))
-        and result.get("liar", {}).get("state") == "failed" and not result["mps_left"]
-    )  # fmt: skip
+        and result.get("liar", {}).get("state") == "failed"
+        and not result["mps_left"]
+    )
     print(f"non-root user's queue: {json.dumps(result)}", flush=True)
     return result

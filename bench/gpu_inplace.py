@@ -89,8 +89,10 @@ def lines(path: Path) -> list[str]:
 def gpu_total() -> int:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.strip()) << 20
 
 
@@ -155,7 +157,7 @@ def scenario(
         states = {
             name: until(f"{name} to end", lambda j=j: (s := show(home, j))["state"] in ENDED and s)["state"]
             for name, j in (("packed", job), ("neighbour", neighbour))
-        }  # fmt: skip
+        }
         facts["states"] = states
         reference = lines(alone)
         facts["packed_bit_identical"] = lines(ours) == reference
@@ -204,9 +206,18 @@ def main() -> None:
     finally:  # what came before a failure is kept too
         facts["when"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         args.out.write_text(json.dumps(facts, indent=1))
-    keys = ("suspend_s", "resume_s", "held_before", "held_suspended", "packed_steps_during_suspend",
-            "neighbour_steps_during_suspend", "states", "packed_bit_identical", "neighbour_bit_identical",
-            "mps_left")  # fmt: skip
+    keys = (
+        "suspend_s",
+        "resume_s",
+        "held_before",
+        "held_suspended",
+        "packed_steps_during_suspend",
+        "neighbour_steps_during_suspend",
+        "states",
+        "packed_bit_identical",
+        "neighbour_bit_identical",
+        "mps_left",
+    )
     for key in keys:
         print(f"{key}: {facts.get(key)}")
 

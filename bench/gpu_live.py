@@ -85,11 +85,15 @@ def main() -> None:
         if shutil.which("tmux"):
             sock = work / "tmux.sock"
             env = {**gpuq.env, "TERM": "xterm-256color"}
-            subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "80", "-y", "24",
-                            f"{gpuq.gpuq} top; sleep 60"], env=env, check=True)  # fmt: skip
+            subprocess.run(
+                ["tmux", "-S", str(sock), "new-session", "-d", "-x", "80", "-y", "24", f"{gpuq.gpuq} top; sleep 60"],
+                env=env,
+                check=True,
+            )
             time.sleep(4)
-            screen = subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p"], capture_output=True,
-                                    text=True).stdout  # fmt: skip
+            screen = subprocess.run(
+                ["tmux", "-S", str(sock), "capture-pane", "-p"], capture_output=True, text=True
+            ).stdout
             subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True)
         gpus, metrics = json.loads(api("api/gpus")), api("metrics")
         per_gpu = smi("--query-gpu=index,memory.used,memory.total,utilization.gpu")
@@ -103,11 +107,17 @@ def main() -> None:
         line = next((s for s in screen.splitlines() if s.startswith("[") and " jobs " in s), "")
         top_util = re.search(r"GPU 0 .* util +(\d+)%", screen)
         result.update(
-            tmux=bool(shutil.which("tmux")), screen=screen, mps_servers=servers, gpu0=gpus[0], smi_per_gpu=per_gpu,
+            tmux=bool(shutil.which("tmux")),
+            screen=screen,
+            mps_servers=servers,
+            gpu0=gpus[0],
+            smi_per_gpu=per_gpu,
             smi_apps=apps,
-            smi_jobs_bytes=smi_jobs, smi_outside_bytes=smi_outside, top_gpu0_line=line,
+            smi_jobs_bytes=smi_jobs,
+            smi_outside_bytes=smi_outside,
+            top_gpu0_line=line,
             metrics_gpu0=[m for m in metrics.splitlines() if 'gpu="0"' in m],
-        )  # fmt: skip
+        )
         checks = {
             "jobs_use_matches_nvidia_smi": gpus[0]["used_by_gpuq_jobs"] == smi_jobs,
             "outside_matches_nvidia_smi": gpus[0]["used_outside_gpuq"] == smi_outside,
@@ -120,7 +130,7 @@ def main() -> None:
             "metrics_agree": any(
                 'holder="jobs"' in m and float(m.split()[-1]) == smi_jobs for m in result["metrics_gpu0"]
             ),
-        }  # fmt: skip
+        }
         result["checks"], result["passed"] = checks, all(checks.values())
         for job in jobs:
             gpuq("cancel", str(job))

@@ -69,8 +69,11 @@ def main() -> int:
         started = time.monotonic()
         manager, client = kernel("gpuq-1gpu-8g")
         result["kernel_ready_s"] = round(time.monotonic() - started, 2)
-        result["kernel_says"] = run_cell(client, HOLD + "; print(os.environ['CUDA_VISIBLE_DEVICES'], "
-                                         "os.environ['GPUQ_JOB_ID'], torch.cuda.memory_allocated())").split()
+        result["kernel_says"] = run_cell(
+            client,
+            HOLD + "; print(os.environ['CUDA_VISIBLE_DEVICES'], "
+            "os.environ['GPUQ_JOB_ID'], torch.cuda.memory_allocated())",
+        ).split()
         time.sleep(3)  # a sample of the GPU's processes
         jobs, gpus = gpuq("status", "--all", "--json"), gpuq("gpus", "--json")
         result["status"], result["gpus"] = jobs, gpus

@@ -86,9 +86,12 @@ def cycle(queue: Queue, job: int, log: Path) -> dict[str, Any]:
     queue("resume", str(job))
     resumed = until("resumed", lambda: queue.first(job, "resumed", again))
     return {
-        "suspend_s": round(suspended["t"] - before, 3), "resume_s": round(resumed["t"] - again, 3),
-        **facts(suspended, resumed), "no_progress_while_suspended": still, "went_on": went_on(log, stopped),
-    }  # fmt: skip
+        "suspend_s": round(suspended["t"] - before, 3),
+        "resume_s": round(resumed["t"] - again, 3),
+        **facts(suspended, resumed),
+        "no_progress_while_suspended": still,
+        "went_on": went_on(log, stopped),
+    }
 
 
 def facts(suspended: dict[str, Any], resumed: dict[str, Any]) -> dict[str, Any]:
@@ -97,13 +100,21 @@ def facts(suspended: dict[str, Any], resumed: dict[str, Any]) -> dict[str, Any]:
     out = moved / took if took else 0.0
     into = moved / back if back else 0.0
     return {
-        "bytes": suspended.get("bytes"), "path": suspended.get("path"), "fallback": suspended.get("fallback"),
-        "detail": suspended.get("detail"), "fast_bytes": moved, "fast_out_s": took,
-        "fast_out_GBps": round(out / 1e9, 2), "fast_out_link": round(out / LINK, 3),
-        "fast_in_s (helper's fast step)": back, "fast_in_GBps": round(into / 1e9, 2),
-        "fast_in_link": round(into / LINK, 3), "suspend_steps": suspended.get("steps"),
-        "resume_steps": resumed.get("steps"), "pool_kept_after_resume": resumed.get("pool"),
-    }  # fmt: skip
+        "bytes": suspended.get("bytes"),
+        "path": suspended.get("path"),
+        "fallback": suspended.get("fallback"),
+        "detail": suspended.get("detail"),
+        "fast_bytes": moved,
+        "fast_out_s": took,
+        "fast_out_GBps": round(out / 1e9, 2),
+        "fast_out_link": round(out / LINK, 3),
+        "fast_in_s (helper's fast step)": back,
+        "fast_in_GBps": round(into / 1e9, 2),
+        "fast_in_link": round(into / LINK, 3),
+        "suspend_steps": suspended.get("steps"),
+        "resume_steps": resumed.get("steps"),
+        "pool_kept_after_resume": resumed.get("pool"),
+    }
 
 
 def resident(pid: int) -> int:
@@ -134,8 +145,9 @@ def main() -> None:
 
     job = -1
     try:
-        job = queue.submit("--preemptible", "--gpus", "1", sys.executable, str(work / "train.py"), str(args.gib),
-                           str(log), str(stop))  # fmt: skip
+        job = queue.submit(
+            "--preemptible", "--gpus", "1", sys.executable, str(work / "train.py"), str(args.gib), str(log), str(stop)
+        )
         until("the job to train", lambda: len(steps(log)) > 5 and queue.show(job)["peak_mem"], timeout=300)
         result["job_gpu_bytes"] = queue.show(job)["peak_mem"]
         result["ready_s"] = round(time.monotonic() - began, 1)
@@ -152,12 +164,14 @@ def main() -> None:
         resumed = until("the victim to resume", lambda: queue.first(job, "resumed", submitted))
         resuming = queue.first(job, "resuming", submitted)
         result["preempted"] = {
-            "urgent_wait_s": round(ended["started_at"] - ended["submitted_at"], 3), "urgent_outcome": ended["state"],
+            "urgent_wait_s": round(ended["started_at"] - ended["submitted_at"], 3),
+            "urgent_outcome": ended["state"],
             "within_15s": ended["started_at"] - ended["submitted_at"] <= 15.0,
             "victim_resume_s": round(resumed["t"] - resuming["t"], 3) if resuming else None,
             "resumed_after_urgent_ended": bool(resuming) and resuming["t"] >= (ended["ended_at"] or 0.0),
-            **facts(suspended, resumed), "went_on": went_on(log, stopped),
-        }  # fmt: skip
+            **facts(suspended, resumed),
+            "went_on": went_on(log, stopped),
+        }
         save()
         pid = json.loads((queue.home / "run" / f"{job}.pid").read_text())["pid"]
         held = resident(pid)
@@ -172,9 +186,12 @@ def main() -> None:
         pool_file = queue.home / "run" / f"{job}.fast" / f"{pid}.pool"
         until("its pool unpinned", lambda: json.loads(pool_file.read_text())["bytes"] == 0, timeout=120)
         result["given_back"] = {
-            "resident_before": held, "resident_after": resident(pid), "told_after_start_s": round(given["t"] - at, 3),
-            "fallen_after_start_s": round(time.time() - at, 3), "event": given,
-        }  # fmt: skip
+            "resident_before": held,
+            "resident_after": resident(pid),
+            "told_after_start_s": round(given["t"] - at, 3),
+            "fallen_after_start_s": round(time.time() - at, 3),
+            "event": given,
+        }
         save()
         if time.monotonic() - began < args.driver_after:
             from gpuq_scheduler.launcher.gpus.checkpoint import DriverCheckpoint
@@ -191,9 +208,11 @@ def main() -> None:
                 call(pid)
                 times[name] = round(time.monotonic() - t0, 3)
             result["driver"] = {
-                "times_s": times, "suspend_s": round(times["lock"] + times["checkpoint"], 3),
-                "resume_s": round(times["restore"] + times["unlock"], 3), "went_on": went_on(log, stopped),
-            }  # fmt: skip
+                "times_s": times,
+                "suspend_s": round(times["lock"] + times["checkpoint"], 3),
+                "resume_s": round(times["restore"] + times["unlock"], 3),
+                "went_on": went_on(log, stopped),
+            }
         else:
             result["driver"] = {"skipped": f"past {args.driver_after:g} s into the run"}
         save()

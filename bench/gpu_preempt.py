@@ -171,9 +171,13 @@ class Queue:
 
     def __call__(self, *args: str) -> str:
         return subprocess.run(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=self.env, capture_output=True,
-            text=True, check=True, timeout=600,
-        ).stdout  # fmt: skip
+            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        ).stdout
 
     def submit(self, *args: str) -> int:
         return int(json.loads(self("submit", "--json", *args))["id"])
@@ -205,8 +209,9 @@ def urgent_takes_a_gpu(work: Path, size: float, rounds: int = 1, pool: bool = Fa
     holders = []
     for n in range(gpu_count()):
         counts, stop = work / f"counts-{n}", work / f"stop-{n}"
-        job = queue.submit("--preemptible", "--gpus", "1", sys.executable, str(work / "holder.py"), str(size),
-                           str(counts), str(stop))  # fmt: skip
+        job = queue.submit(
+            "--preemptible", "--gpus", "1", sys.executable, str(work / "holder.py"), str(size), str(counts), str(stop)
+        )
         holders.append((job, counts, stop))
     for job, counts, _ in holders:
         seen = lambda job=job, counts=counts: len(numbers(counts)) > 5 and queue.show(job)["peak_mem"]  # noqa: E731
@@ -237,17 +242,26 @@ def urgent_takes_a_gpu(work: Path, size: float, rounds: int = 1, pool: bool = Fa
         wait = ended["started_at"] - ended["submitted_at"]
         steps = suspended.get("steps") or {}
         suspend_s = suspended["t"] - preempted[0]["t"]
-        result["rounds"].append({
-            "urgent": urgent, "urgent_outcome": ended["state"], "victim": victim, "urgent_wait_s": round(wait, 3),
-            "victim_helper_steps_s": steps, "victim_suspend_s": round(suspend_s, 3),
-            "victim_bytes": suspended.get("bytes"), "path": suspended.get("path"),
-            "fallback": suspended.get("fallback"), "detail": suspended.get("detail"),
-            "fast_bytes": suspended.get("fast_bytes"), "fast_seconds": suspended.get("fast_seconds"),
-            "resume_helper_steps_s": resumed_event.get("steps"),
-            "resume_s": round(resumed_event["t"] - resuming["t"], 3) if resuming else None,
-            "wait_within_15s": wait <= 15.0,
-            "resumed_after_urgent_ended": bool(resuming) and resuming["t"] >= (ended["ended_at"] or 0.0),
-        })  # fmt: skip
+        result["rounds"].append(
+            {
+                "urgent": urgent,
+                "urgent_outcome": ended["state"],
+                "victim": victim,
+                "urgent_wait_s": round(wait, 3),
+                "victim_helper_steps_s": steps,
+                "victim_suspend_s": round(suspend_s, 3),
+                "victim_bytes": suspended.get("bytes"),
+                "path": suspended.get("path"),
+                "fallback": suspended.get("fallback"),
+                "detail": suspended.get("detail"),
+                "fast_bytes": suspended.get("fast_bytes"),
+                "fast_seconds": suspended.get("fast_seconds"),
+                "resume_helper_steps_s": resumed_event.get("steps"),
+                "resume_s": round(resumed_event["t"] - resuming["t"], 3) if resuming else None,
+                "wait_within_15s": wait <= 15.0,
+                "resumed_after_urgent_ended": bool(resuming) and resuming["t"] >= (ended["ended_at"] or 0.0),
+            }
+        )
         print(json.dumps(result["rounds"][-1]), flush=True)
     for _, _, stop in holders:
         stop.touch()
@@ -256,11 +270,14 @@ def urgent_takes_a_gpu(work: Path, size: float, rounds: int = 1, pool: bool = Fa
         state = lambda j=j: (s := queue.show(j)["state"]) not in ("running", "suspended") and s  # noqa: E731
         outcomes[j] = until(f"job {j} to end", state)
     queue("daemon", "stop")
-    result.update({
-        "counted_on_from_where_it_stopped": went_on,
-        "others_never_suspended": all(not queue.first(j, "suspended") for j, _, _ in holders if j not in victims),
-        "outcomes": outcomes, "all_intact": all(s == "succeeded" for s in outcomes.values()),
-    })  # fmt: skip
+    result.update(
+        {
+            "counted_on_from_where_it_stopped": went_on,
+            "others_never_suspended": all(not queue.first(j, "suspended") for j, _, _ in holders if j not in victims),
+            "outcomes": outcomes,
+            "all_intact": all(s == "succeeded" for s in outcomes.values()),
+        }
+    )
     return result
 
 
@@ -274,8 +291,16 @@ def mps_job_is_requeued(work: Path, gib: float, steps: int) -> dict[str, Any]:
     if count > 1:
         queue("drain", *(str(i) for i in range(1, count)))
     steps_file = work / "steps"
-    victim = queue.submit("--preemptible", "--mem", f"{gib + 4:g}G", sys.executable, str(work / "trainer.py"),
-                          str(gib), str(steps_file), str(steps))  # fmt: skip
+    victim = queue.submit(
+        "--preemptible",
+        "--mem",
+        f"{gib + 4:g}G",
+        sys.executable,
+        str(work / "trainer.py"),
+        str(gib),
+        str(steps_file),
+        str(steps),
+    )
     until("the trainer to step", lambda: len(numbers(steps_file)) > 20 and queue.show(victim)["peak_mem"])
     fence = json.loads((queue.home / "gpus.json").read_text()).get("gpus", [{}])[0].get("fence")
     time.sleep(1.5)  # past the queue's minimum runtime of 1 s
@@ -286,20 +311,29 @@ def mps_job_is_requeued(work: Path, gib: float, steps: int) -> dict[str, Any]:
     done = queue.show(victim)
     queue("daemon", "stop")
     preempted = queue.first(victim, "preempted")
-    signalled = [float(v) for v in steps_file.with_suffix(".signalled").read_text().split()] if steps_file.with_suffix(
-        ".signalled").exists() else []  # fmt: skip
+    signalled = (
+        [float(v) for v in steps_file.with_suffix(".signalled").read_text().split()]
+        if steps_file.with_suffix(".signalled").exists()
+        else []
+    )
     requeued = queue.first(victim, "requeued")
     seen = numbers(steps_file)
     starts = steps_file.with_suffix(".starts").read_text().splitlines()
     return {
-        "fence": fence, "victim_gib": gib, "urgent_outcome": ended["state"],
+        "fence": fence,
+        "victim_gib": gib,
+        "urgent_outcome": ended["state"],
         "urgent_wait_s": round(ended["started_at"] - ended["submitted_at"], 3),
-        "why_not_suspended": preempted.get("requeue"), "preempted_event": preempted,
+        "why_not_suspended": preempted.get("requeue"),
+        "preempted_event": preempted,
         "signal_to_exit_s": round(requeued["t"] - signalled[0], 3) if signalled and requeued else None,
-        "requeued_reason": requeued.get("reason"), "starts": starts,
+        "requeued_reason": requeued.get("reason"),
+        "starts": starts,
         "restarted_with_preempted_and_count_1": len(starts) == 2 and starts[1].startswith("1 1 "),
-        "steps_whole": seen == list(range(1, steps + 1)), "victim_outcome": done["state"], "attempt": done["attempt"],
-    }  # fmt: skip
+        "steps_whole": seen == list(range(1, steps + 1)),
+        "victim_outcome": done["state"],
+        "attempt": done["attempt"],
+    }
 
 
 def only_gpu_zero(queue: Queue) -> None:
@@ -388,16 +422,23 @@ def training_is_bit_identical(work: Path, steps: int, ballast: float, pace: floa
     a, b = lines(interrupted), lines(alone)
     differs = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     return {
-        "steps": steps, "ballast_gib": ballast, "pace_s": pace, "urgent": urgent,
-        "suspends": sum(1 for m in moves if m["what"] == "suspend"), "moves": moves,
+        "steps": steps,
+        "ballast_gib": ballast,
+        "pace_s": pace,
+        "urgent": urgent,
+        "suspends": sum(1 for m in moves if m["what"] == "suspend"),
+        "moves": moves,
         "suspend_s": [m["s"] for m in moves if m["what"] == "suspend"],
         "resume_s": [m["s"] for m in moves if m["what"] == "resume"],
-        "interrupted_outcome": first["state"], "alone_outcome": second["state"],
+        "interrupted_outcome": first["state"],
+        "alone_outcome": second["state"],
         "suspended_for_s": round(float(first.get("suspended_for") or 0.0), 3),
-        "losses": [len(a), len(b)], "first_loss": a[0] if a else None, "last_loss": a[-1] if a else None,
+        "losses": [len(a), len(b)],
+        "first_loss": a[0] if a else None,
+        "last_loss": a[-1] if a else None,
         "first_differing_step": differs,
         "bit_identical": len(a) == steps and interrupted.read_bytes() == alone.read_bytes(),
-    }  # fmt: skip
+    }
 
 
 def alive(pid: int) -> bool:
@@ -446,8 +487,9 @@ def daemon_killed_mid_suspend(work: Path, size: float) -> dict[str, Any]:
     (work / "urgent.py").write_text(URGENT)
     only_gpu_zero(queue)
     counts, stop = work / "counts-e", work / "stop-e"
-    victim = queue.submit("--preemptible", "--gpus", "1", sys.executable, str(work / "holder.py"), str(size),
-                          str(counts), str(stop))  # fmt: skip
+    victim = queue.submit(
+        "--preemptible", "--gpus", "1", sys.executable, str(work / "holder.py"), str(size), str(counts), str(stop)
+    )
     until("the victim to count", lambda: len(numbers(counts)) > 5 and queue.show(victim)["peak_mem"])
     daemon = int(json.loads(queue("daemon", "status", "--json"))["pid"])
     time.sleep(1.5)  # past the queue's minimum runtime of 1 s
@@ -469,8 +511,10 @@ def daemon_killed_mid_suspend(work: Path, size: float) -> dict[str, Any]:
     time.sleep(2)
     queue("daemon", "start")
     restarted = time.time()
-    stable = until("the victim to be stable", lambda: (s := queue.show(victim))["step"] is None
-                   and s["state"] in ("running", "suspended") and s)  # fmt: skip
+    stable = until(
+        "the victim to be stable",
+        lambda: (s := queue.show(victim))["step"] is None and s["state"] in ("running", "suspended") and s,
+    )
     stable_at = time.time()
     try:
         finished = until_ended(queue, urgent, "the urgent job to end", timeout=180)
@@ -497,13 +541,21 @@ def daemon_killed_mid_suspend(work: Path, size: float) -> dict[str, Any]:
     kinds = [e["event"] for e in events]
     suspends, resumes = kinds.count("suspended"), kinds.count("resumed")
     return {
-        "victim_gib": size, "helper_alive_at_kill": helper_alive_at_kill,
-        "kill_to_stable_s": round(stable_at - killed, 3), "restart_to_stable_s": round(stable_at - restarted, 3),
-        "stable_state": stable["state"], "victim_events": kinds, "settled_event": settled.get("event"),
+        "victim_gib": size,
+        "helper_alive_at_kill": helper_alive_at_kill,
+        "kill_to_stable_s": round(stable_at - killed, 3),
+        "restart_to_stable_s": round(stable_at - restarted, 3),
+        "stable_state": stable["state"],
+        "victim_events": kinds,
+        "settled_event": settled.get("event"),
         "kill_to_settled_s": round(settled["t"] - killed, 3) if settled else None,
-        "victim_path": "never suspended" if suspends == 0 else
-                       "suspended then resumed" if suspends == resumes else "suspended, not resumed",
-        "victim_outcome": done["state"], "victim_attempt": done["attempt"],
+        "victim_path": "never suspended"
+        if suspends == 0
+        else "suspended then resumed"
+        if suspends == resumes
+        else "suspended, not resumed",
+        "victim_outcome": done["state"],
+        "victim_attempt": done["attempt"],
         "victim_started_once": kinds.count("started") == 1,
         "victim_intact": done["state"] == "succeeded",  # HOLDER exits 0 only when its tensor is intact
         "counts_whole": numbers(counts) == list(range(1, len(numbers(counts)) + 1)),
@@ -511,8 +563,10 @@ def daemon_killed_mid_suspend(work: Path, size: float) -> dict[str, Any]:
         "urgent_wait_s": round(urgent_span[0] - float(finished["submitted_at"]), 3),
         "urgent_waited_for_victim_end": urgent_waited_for_victim_end,
         "gpu_never_double_booked": all(end <= urgent_span[0] or start >= urgent_span[1] for start, end in spans),
-        "victim_spans": spans, "urgent_span": urgent_span, "processes_left": left,
-    }  # fmt: skip
+        "victim_spans": spans,
+        "urgent_span": urgent_span,
+        "processes_left": left,
+    }
 
 
 def main() -> None:
@@ -524,10 +578,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="urgent jobs of (b), one after another")
     parser.add_argument("--pool", action="store_true", help="(b) with GPUQ_FAST_POOL=on")
     args = parser.parse_args()
-    results: dict[str, Any] = {"machine": subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    results: dict[str, Any] = {
+        "machine": subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     with tempfile.TemporaryDirectory(prefix="gpuq-preempt-") as tmp:
         work = Path(tmp)
         if args.only in (None, "a"):

@@ -51,13 +51,28 @@ def run(work: Path, size: float, lead: float, fake: bool) -> dict[str, Any]:
             text = text.replace('device="cuda"', 'device="cpu"').replace("torch.cuda.synchronize()", "pass")
         (work / name).write_text(text)
     count_file, stop = work / "counts", work / "stop"
-    victim = queue.submit("--preemptible", "--name", "victim", sys.executable, str(work / "holder.py"), str(size),
-                          str(count_file), str(stop))  # fmt: skip
+    victim = queue.submit(
+        "--preemptible",
+        "--name",
+        "victim",
+        sys.executable,
+        str(work / "holder.py"),
+        str(size),
+        str(count_file),
+        str(stop),
+    )
     until("the victim counting", lambda: len(counts(count_file)) > 20, 300)
     made = queue("reserve", "--gpus", "1", "--start", f"+{lead:g}s", "--duration", "10m", "--name", "deadline")
     booked = json.loads(queue("reserve", "--list", "--json"))[0]
-    owner = queue.submit("--reservation", "deadline", "--name", "owner", sys.executable, str(work / "owner.py"),
-                         str(work / "owner-started"))  # fmt: skip
+    owner = queue.submit(
+        "--reservation",
+        "deadline",
+        "--name",
+        "owner",
+        sys.executable,
+        str(work / "owner.py"),
+        str(work / "owner-started"),
+    )
     until("the owner's job ended", lambda: queue.show(owner)["state"] in ("succeeded", "failed"), 300)
     at_suspend = len(counts(count_file))
     held_while = queue.show(victim)["state"]
@@ -74,18 +89,25 @@ def run(work: Path, size: float, lead: float, fake: bool) -> dict[str, Any]:
     began = queue.first(owner, "started")["t"]
     suspend_time = suspended["t"] - decided
     figures = {
-        "size_gib": size, "reserve_output": made.strip(), "victim": victim, "owner": owner,
-        "start_to_decided_s": round(decided - start, 3), "suspend_s": round(suspend_time, 3),
+        "size_gib": size,
+        "reserve_output": made.strip(),
+        "victim": victim,
+        "owner": owner,
+        "start_to_decided_s": round(decided - start, 3),
+        "suspend_s": round(suspend_time, 3),
         "suspended_to_owner_started_s": round(began - suspended["t"], 3),
         "start_to_owner_started_s": round(began - start, 3),
-        "bar_s": round(suspend_time + 1.0, 3), "within_bar": began - start <= suspend_time + 1.0,
+        "bar_s": round(suspend_time + 1.0, 3),
+        "within_bar": began - start <= suspend_time + 1.0,
         "owner_process_began_after_start_s": round(float((work / "owner-started").read_text()) - start, 3),
-        "suspended_event": suspended, "victim_state_while_owner_ran": held_while,
+        "suspended_event": suspended,
+        "victim_state_while_owner_ran": held_while,
         "no_progress_while_suspended": at_suspend == still,
         "count_whole": numbers == list(range(1, len(numbers) + 1)),
-        "victim_outcome": queue.show(victim)["state"], "owner_outcome": queue.show(owner)["state"],
+        "victim_outcome": queue.show(victim)["state"],
+        "owner_outcome": queue.show(owner)["state"],
         "log_tail": (queue.home / "logs" / f"{victim}.log").read_text()[-200:],
-    }  # fmt: skip
+    }
     queue("daemon", "stop")
     return figures
 

@@ -101,8 +101,10 @@ def gpu_processes() -> dict[int, int]:
     """pid -> bytes, every compute process NVML lists."""
     out = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     found = {}
     for line in out.strip().splitlines():
         pid, used = (part.strip() for part in line.split(","))
@@ -138,11 +140,13 @@ def phases(command_at: float, command_s: float, seen: dict[str, Any], done: dict
     steps = done.get("steps") or {}
     helper = done.get("helper") or {}
     return {
-        "total_s": round(done["t"] - command_at, 3), "command_s": round(command_s, 3),
-        "seen_after_s": round(seen["t"] - command_at, 3), "daemon_s": round(done["t"] - seen["t"], 3),
+        "total_s": round(done["t"] - command_at, 3),
+        "command_s": round(command_s, 3),
+        "seen_after_s": round(seen["t"] - command_at, 3),
+        "daemon_s": round(done["t"] - seen["t"], 3),
         "helper_s": round(helper["ended"] - helper["spawned"], 3) if {"ended", "spawned"} <= set(helper) else None,
         "driver_calls_s": round(sum(float(v) for k, v in steps.items() if k in DRIVER_CALLS), 3),
-    }  # fmt: skip
+    }
 
 
 DRIVER_CALLS = ("lock", "checkpoint", "restore", "unlock")
@@ -156,8 +160,23 @@ class Job:
         script = work / "job.py"
         script.write_text(JOB)
         self.counts, self.stop = work / f"counts-{size:g}", work / f"stop-{size:g}"
-        self.id = int(json.loads(gpuq(self.home, "submit", "--json", *more, "--gpus", "1", sys.executable, str(script),
-                                      str(size), str(self.counts), str(self.stop)).stdout)["id"])  # fmt: skip
+        self.id = int(
+            json.loads(
+                gpuq(
+                    self.home,
+                    "submit",
+                    "--json",
+                    *more,
+                    "--gpus",
+                    "1",
+                    sys.executable,
+                    str(script),
+                    str(size),
+                    str(self.counts),
+                    str(self.stop),
+                ).stdout
+            )["id"]
+        )
         until("the job to count", lambda: len(counts(self.counts)) > 5 and show(self.home, self.id)["peak_mem"])
         self.pid = int(json.loads((self.home / "run" / f"{self.id}.pid").read_text())["pid"])
         # One thread: the helper is forked from the daemon; more (NVML's, say): from its Forker.
@@ -176,16 +195,20 @@ class Job:
         gpuq(self.home, "resume", str(self.id))
         command_s = time.time() - resume_wall_at
         done = event_after(self.home, self.id, "resumed", resume_wall_at)
-        up = phases(resume_wall_at, command_s, event_after(self.home, self.id, "resume-requested", resume_wall_at - 1),
-                    done)  # fmt: skip
+        up = phases(
+            resume_wall_at, command_s, event_after(self.home, self.id, "resume-requested", resume_wall_at - 1), done
+        )
         return {
-            "suspend_s": down["total_s"], "resume_s": up["total_s"], "host_bytes": suspended.get("bytes"),
+            "suspend_s": down["total_s"],
+            "resume_s": up["total_s"],
+            "host_bytes": suspended.get("bytes"),
             "phases": {"suspend": down, "resume": up},
             "helper_steps": {"suspend": suspended.get("steps"), "resume": done.get("steps")},
             "path": {k: suspended.get(k) for k in ("path", "fallback", "detail", "fast_bytes", "fast_seconds")},
             "helper_times": {"suspend": suspended.get("helper"), "resume": done.get("helper")},
-            **checks, **self._counting_on(checks),
-        }  # fmt: skip
+            **checks,
+            **self._counting_on(checks),
+        }
 
     def bare(self, cuda: DriverCheckpoint) -> dict[str, Any]:
         """The same job's lock + checkpoint and restore + unlock, called from this process, timed."""
@@ -200,15 +223,23 @@ class Job:
             call(self.pid)
             times[name] = round(time.monotonic() - at, 3)
         down, up = times["lock"] + times["checkpoint"], times["restore"] + times["unlock"]
-        return {"times_s": times, "suspend_s": round(down, 3), "resume_s": round(up, 3), **checks,
-                **self._counting_on(checks)}  # fmt: skip
+        return {
+            "times_s": times,
+            "suspend_s": round(down, 3),
+            "resume_s": round(up, 3),
+            **checks,
+            **self._counting_on(checks),
+        }
 
     def _while_suspended(self) -> dict[str, Any]:
         stopped = counts(self.counts)
         on_gpu = gpu_processes()
         time.sleep(2)  # the count must not move while suspended: looked at after a while
-        return {"gpu_empty_of_job": self.pid not in on_gpu, "no_progress": counts(self.counts) == stopped,
-                "stopped_at": len(stopped)}  # fmt: skip
+        return {
+            "gpu_empty_of_job": self.pid not in on_gpu,
+            "no_progress": counts(self.counts) == stopped,
+            "stopped_at": len(stopped),
+        }
 
     def _counting_on(self, checks: dict[str, Any]) -> dict[str, Any]:
         at = checks["stopped_at"]
@@ -245,8 +276,14 @@ def one_size(
     for cycle in cycles:
         cycle["suspend_gb_s"] = round(gb / cycle["suspend_s"], 2)
         cycle["resume_gb_s"] = round(gb / cycle["resume_s"], 2)
-    return {"size_gib": size, "held_bytes": job.held, "daemon_threads": job.threads, "cycles": cycles, **ended,
-            "median": _medians(cycles, gb) if {"gpuq", "bare"} <= {c["kind"] for c in cycles} else {}}  # fmt: skip
+    return {
+        "size_gib": size,
+        "held_bytes": job.held,
+        "daemon_threads": job.threads,
+        "cycles": cycles,
+        **ended,
+        "median": _medians(cycles, gb) if {"gpuq", "bare"} <= {c["kind"] for c in cycles} else {},
+    }
 
 
 def main() -> None:
@@ -259,10 +296,16 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="run this gpuq source tree (default: this one)")
     args = parser.parse_args()
     GPUQ_ROOT[0] = args.root.resolve()
-    results: dict[str, Any] = {"machine": subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M %Z"), "root": str(GPUQ_ROOT[0]), "sizes": []}  # fmt: skip
+    results: dict[str, Any] = {
+        "machine": subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "root": str(GPUQ_ROOT[0]),
+        "sizes": [],
+    }
     cuda = DriverCheckpoint()  # opened once: the bare calls' process holds the driver, as gpuq's spare helper does
     floor = []
     for _ in range(10):

@@ -47,9 +47,12 @@ def two_users(gpuq_factory: Any, work: Path) -> dict[str, Any]:
         client.cwd, client.env["HOME"] = base / f"{name}-home", str(base / f"{name}-home")
     log = (base / "daemon.out").open("ab")
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=admin.env, cwd=ROOT,
-        stdout=log, stderr=log,
-    )  # fmt: skip
+        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"],
+        env=admin.env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+    )
     result: dict[str, Any] = {"users": uids}
     seen_together = ""
     try:
@@ -63,8 +66,9 @@ def two_users(gpuq_factory: Any, work: Path) -> dict[str, Any]:
             jobs[client.submit("--mem", "6G", sys.executable, str(script), "10", "2", "6")] = (name, "liar")
         deadline = time.time() + 120
         while time.time() < deadline:
-            owners = subprocess.run(["ps", "-o", "uid=,comm=", "-C", "nvidia-cuda-mps"], capture_output=True,
-                                    text=True).stdout.strip()  # fmt: skip
+            owners = subprocess.run(
+                ["ps", "-o", "uid=,comm=", "-C", "nvidia-cuda-mps"], capture_output=True, text=True
+            ).stdout.strip()
             if {str(uid) for uid in uids.values()} <= {line.split()[0] for line in owners.splitlines()}:
                 seen_together = owners
                 break
@@ -72,10 +76,16 @@ def two_users(gpuq_factory: Any, work: Path) -> dict[str, Any]:
         gpu_fence.wait_all(admin)
         records = {r["id"]: r for r in admin.records()}
         result["jobs"] = {
-            str(job): {"user": name, "role": role, **{k: records[job][k] for k in (
-                "state", "cause", "reason", "peak_mem", "gpus", "started_at", "ended_at")}}
+            str(job): {
+                "user": name,
+                "role": role,
+                **{
+                    k: records[job][k]
+                    for k in ("state", "cause", "reason", "peak_mem", "gpus", "started_at", "ended_at")
+                },
+            }
             for job, (name, role) in jobs.items()
-        }  # fmt: skip
+        }
     except RuntimeError as err:
         result["error"] = str(err)[-2000:]
     finally:
@@ -86,14 +96,19 @@ def two_users(gpuq_factory: Any, work: Path) -> dict[str, Any]:
     result["mps_left"] = gpu_fence.mps_left()
     runs = list(result.get("jobs", {}).values())
     honest = [r for r in runs if r["role"] == "honest"]
-    overlap = len(honest) == 2 and honest[0]["started_at"] < honest[1]["ended_at"] and (
-        honest[1]["started_at"] < honest[0]["ended_at"]
-    )  # fmt: skip
+    overlap = (
+        len(honest) == 2
+        and honest[0]["started_at"] < honest[1]["ended_at"]
+        and (honest[1]["started_at"] < honest[0]["ended_at"])
+    )
     result["honest_overlapped"] = overlap
     result["passed"] = (
-        len(runs) == 4 and overlap and bool(seen_together) and not result["mps_left"]
+        len(runs) == 4
+        and overlap
+        and bool(seen_together)
+        and not result["mps_left"]
         and all(r["state"] == "succeeded" and r["gpus"] == [0] for r in honest)
         and all(r["state"] == "failed" and r["cause"] == "oom-past-share" for r in runs if r["role"] == "liar")
-    )  # fmt: skip
+    )
     print(f"two users on one GPU: {json.dumps(result)}", flush=True)
     return result

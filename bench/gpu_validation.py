@@ -111,9 +111,20 @@ class Gpuq:
 
 def contract() -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpus_contract.py",
-         "tests/test_allocation_torch.py"], cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_gpus_contract.py",
+            "tests/test_allocation_torch.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     print(f"contract: {summary}", flush=True)
     return {"passed": done.returncode == 0, "summary": summary, "output": done.stdout[-3000:]}
@@ -162,9 +173,13 @@ def crowded_queue(work: Path) -> dict[str, Any]:
 
 
 def check_crowded(
-    records: dict[int, dict[str, Any]], kinds: dict[int, str], mems: dict[int, int],
-    samples: list[dict[str, Any]], owner_cache: dict[int, int | None], foreign_pid: int,
-) -> dict[str, Any]:  # fmt: skip
+    records: dict[int, dict[str, Any]],
+    kinds: dict[int, str],
+    mems: dict[int, int],
+    samples: list[dict[str, Any]],
+    owner_cache: dict[int, int | None],
+    foreign_pid: int,
+) -> dict[str, Any]:
     failures: list[str] = []
     totals = [g["total"] for g in samples[0]["gpus"]]
     foreign_use = max(s["gpus"][0]["procs"].get(foreign_pid, 0) for s in samples)
@@ -220,16 +235,24 @@ def check_crowded(
             failures.append(f"torchrun job {job}: ranks not both on NCCL")
     on_gpu0 = [j for j, r in records.items() if 0 in r["gpus"]]
     result = {
-        "passed": not failures, "failures": failures, "jobs": len(records), "gpu_totals": totals,
-        "foreign_bytes_on_gpu0": foreign_use, "jobs_on_gpu0": sorted(on_gpu0),
-        "jobs_on_gpu0_kinds": sorted(kinds[j] for j in on_gpu0), "nvml_samples": len(samples),
+        "passed": not failures,
+        "failures": failures,
+        "jobs": len(records),
+        "gpu_totals": totals,
+        "foreign_bytes_on_gpu0": foreign_use,
+        "jobs_on_gpu0": sorted(on_gpu0),
+        "jobs_on_gpu0_kinds": sorted(kinds[j] for j in on_gpu0),
+        "nvml_samples": len(samples),
         "max_job_use_over_mem_bytes": max((worst_job_use[j] - mems[j] for j in worst_job_use), default=None),
         "max_job_use_bytes": {j: worst_job_use.get(j) for j in records},
         "peak_mem_recorded": {j: r["peak_mem"] for j, r in records.items()},
         "placements": {j: r["gpus"] for j, r in records.items()},
-    }  # fmt: skip
-    print(f"crowded queue: {'PASS' if not failures else 'FAIL'}; {len(on_gpu0)} jobs on GPU 0 beside "
-          f"{foreign_use / GiB:.1f} GiB foreign; {len(samples)} NVML samples", flush=True)  # fmt: skip
+    }
+    print(
+        f"crowded queue: {'PASS' if not failures else 'FAIL'}; {len(on_gpu0)} jobs on GPU 0 beside "
+        f"{foreign_use / GiB:.1f} GiB foreign; {len(samples)} NVML samples",
+        flush=True,
+    )
     for failure in failures:
         print("  -", failure, flush=True)
     return result
@@ -279,8 +302,12 @@ def fence_only(args: argparse.Namespace, machine: dict[str, Any]) -> None:
             results["auto"] = gpu_fence.ensemble(Gpuq, work, 16, args.epochs, args.settle)
     results["mps_left_at_end"] = gpu_fence.mps_left()
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_fence.json" if args.fence else "gpu_auto.json" if args.auto else (
-        "gpu_users.json" if args.users else "gpu_non_root.json"
+    name = (
+        "gpu_fence.json"
+        if args.fence
+        else "gpu_auto.json"
+        if args.auto
+        else ("gpu_users.json" if args.users else "gpu_non_root.json")
     )
     (args.out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1)[-3000:], flush=True)
@@ -301,10 +328,13 @@ def main() -> None:
     import torch
 
     machine = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": [str(n) for n in names],
-        "driver": str(pynvml.nvmlSystemGetDriverVersion()), "torch": torch.__version__,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpus": [str(n) for n in names],
+        "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
     print(json.dumps(machine), flush=True)
     if args.fence or args.auto or args.non_root or args.users:
         fence_only(args, machine)

@@ -40,10 +40,15 @@ def placement_pass(pending: int = 10_000, gpus: int = 8, repeat: int = 9) -> dic
     uniform = [Request(i, 1) for i in range(1, pending + 1)]
     shapes = [(1, None), (1, 10 * GiB), (2, None), (2, 20 * GiB), (4, None), (1, 4 * GiB), (8, None)]
     mixed = [
-        Request(i, shapes[i % len(shapes)][0], shapes[i % len(shapes)][1], [None, 600.0, 3600.0][i % 3],
-                i // 1000 if i % 5 == 0 else None)
+        Request(
+            i,
+            shapes[i % len(shapes)][0],
+            shapes[i % len(shapes)][1],
+            [None, 600.0, 3600.0][i % 3],
+            i // 1000 if i % 5 == 0 else None,
+        )
         for i in range(1, pending + 1)
-    ]  # fmt: skip
+    ]
     busy = [Holding(100_000 + i, (i,), None, None) for i in range(gpus)]
     half = [Holding(100_000 + i, (i,), 30 * GiB, time.time() + 60 * i) for i in range(gpus // 2)]
     now = time.time()
@@ -76,17 +81,33 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
     now = time.time()
     spec = JobSpec(command=("python", "train.py"), cwd="/tmp", env={"PATH": "/usr/bin"}, gpus=1)
     records = [
-        JobRecord(id=i, spec=spec.__class__(**{**spec.__dict__, "command": ("python", "train.py", str(i))}),
-                  uid=0, user="root", state=JobState.PENDING, submitted_at=now, log="")
+        JobRecord(
+            id=i,
+            spec=spec.__class__(**{**spec.__dict__, "command": ("python", "train.py", str(i))}),
+            uid=0,
+            user="root",
+            state=JobState.PENDING,
+            submitted_at=now,
+            log="",
+        )
         for i in range(1, pending + 1)
-    ]  # fmt: skip
+    ]
     table.insert_pending(records)
     table.close()
     scheduler = Scheduler(state, FakeGpus(f"{gpus}x80GiB"))
     try:
         for i in range(gpus):  # every GPU runs a job of ours, so nothing can start and every job gets a reason
-            busy = JobRecord(id=100_000 + i, spec=spec, uid=0, user="root", state=JobState.RUNNING,
-                             submitted_at=now, started_at=now, gpus=(i,), log="")  # fmt: skip
+            busy = JobRecord(
+                id=100_000 + i,
+                spec=spec,
+                uid=0,
+                user="root",
+                state=JobState.RUNNING,
+                submitted_at=now,
+                started_at=now,
+                gpus=(i,),
+                log="",
+            )
             scheduler.lives.add(busy)
             scheduler.lives.start(Running(busy, Launch(shim_pid=0, shim_start=None, boot_id="", port=None)))
         snapshot = scheduler.snapshot()
@@ -107,8 +128,12 @@ def daemon_pass(work: Path, pending: int = 10_000, gpus: int = 8, repeat: int = 
         for job_id in list(scheduler.running):
             scheduler.lives.end(job_id)
         scheduler.close()
-    return {"daemon_pass_ms": steady, "daemon_first_pass_ms": first, "daemon_unchanged_pass_ms": quiet,
-            "daemon_pass_launched": launched}  # fmt: skip
+    return {
+        "daemon_pass_ms": steady,
+        "daemon_first_pass_ms": first,
+        "daemon_unchanged_pass_ms": quiet,
+        "daemon_pass_launched": launched,
+    }
 
 
 def build_history(home: Path, count: int) -> float:
@@ -126,23 +151,45 @@ def build_history(home: Path, count: int) -> float:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
     records = []
     for i in range(1, count + 1):
-        spec = JobSpec(command=("python", "train.py", "--seed", str(i)), cwd="/work/runs", env=env,
-                       gpus=1 + (i % 8 == 0), mem_per_gpu=None if i % 3 else 8 * GiB, name=f"seed{i}")  # fmt: skip
-        records.append(JobRecord(id=i, spec=spec, uid=0, user="root", state=JobState.PENDING,
-                                 submitted_at=base + i * 10, log=str(state.log(i))))  # fmt: skip
+        spec = JobSpec(
+            command=("python", "train.py", "--seed", str(i)),
+            cwd="/work/runs",
+            env=env,
+            gpus=1 + (i % 8 == 0),
+            mem_per_gpu=None if i % 3 else 8 * GiB,
+            name=f"seed{i}",
+        )
+        records.append(
+            JobRecord(
+                id=i,
+                spec=spec,
+                uid=0,
+                user="root",
+                state=JobState.PENDING,
+                submitted_at=base + i * 10,
+                log=str(state.log(i)),
+            )
+        )
     table.insert_pending(records)
     endings = [
         (i, Outcome.succeeded() if i % 10 else Outcome.failed(1), base + i * 10 + 9) for i in range(1, count + 1)
-    ]  # fmt: skip
+    ]
     table.finish_many(endings)
     table.close()
     db = sqlite3.connect(state.db)
     with db:
         db.execute("UPDATE jobs SET started_at = submitted_at + 1, gpus = json_array(id % 8)")
     db.close()
-    (home / "gpus.json").write_text(json.dumps({"gpus": [
-        {"index": i, "uuid": f"GPU-fake-{i}", "name": "fake", "total": 80 * GiB, "lost": False} for i in range(8)
-    ]}))  # fmt: skip
+    (home / "gpus.json").write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {"index": i, "uuid": f"GPU-fake-{i}", "name": "fake", "total": 80 * GiB, "lost": False}
+                    for i in range(8)
+                ]
+            }
+        )
+    )
     return time.perf_counter() - started
 
 

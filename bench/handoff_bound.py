@@ -80,8 +80,9 @@ class HandOff(Tool):
                 os.mkfifo(self.wake)
             self.daemon = _fork(lambda: _daemon(self.wake, self.tick, self.settle))
         share = [self.jobs[gpu::GPUS] for gpu in range(GPUS)]  # equal jobs: as good as any other split
-        self.lanes = [_fork(lambda g=gpu: _supervise(g, share[g], self.work, self.env, self.modelled))
-                      for gpu in range(GPUS)]  # fmt: skip
+        self.lanes = [
+            _fork(lambda g=gpu: _supervise(g, share[g], self.work, self.env, self.modelled)) for gpu in range(GPUS)
+        ]
         self.jobs = []
 
     def wait_idle(self, timeout: float = 300.0) -> None:
@@ -118,8 +119,9 @@ def _supervise(gpu: int, jobs: list[list[str]], work: Path, env: dict[str, str],
     log = os.open(work / f"lane{gpu}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for number, argv in enumerate(jobs):
         out_read, out_write = os.pipe()
-        job = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
-                               start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write, start_new_session=True
+        )
         os.close(out_write)
         pidfd = os.pidfd_open(job.pid)
         watched = [pidfd, out_read]
@@ -142,8 +144,9 @@ def _supervise(gpu: int, jobs: list[list[str]], work: Path, env: dict[str, str],
             following = number + 1 if number + 1 < len(jobs) else None
             exit_file = work / f"gpu{gpu}.exit"
             temporary = exit_file.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"job": number, "exit_code": job.returncode, "next": following,
-                                             "ended_at": time.time()}))  # fmt: skip
+            temporary.write_text(
+                json.dumps({"job": number, "exit_code": job.returncode, "next": following, "ended_at": time.time()})
+            )
             os.rename(temporary, exit_file)
             with contextlib.suppress(OSError):
                 fd = os.open(work / "wake", os.O_WRONLY | os.O_NONBLOCK)
@@ -205,24 +208,31 @@ def main(argv: list[str] | None = None) -> int:
                 if figures["problems"]:
                     raise SystemExit(f"{name}: {figures['problems']}")
                 runs[name].append(figures)
-                print(f"[{time.strftime('%H:%M:%S')}] {name} run {repeat + 1}: mean gap {figures['gap_mean_ms']:.2f} "
-                      f"ms, makespan {figures['makespan_s']:.3f} s", flush=True)  # fmt: skip
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {name} run {repeat + 1}: mean gap {figures['gap_mean_ms']:.2f} "
+                    f"ms, makespan {figures['makespan_s']:.3f} s",
+                    flush=True,
+                )
     table = _table(runs, args)
     print(table)
     stamp = time.strftime("%Y-%m-%d")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"handoff-bound-{stamp}.json").write_text(json.dumps(
-        {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}, indent=1))
+    (args.out / f"handoff-bound-{stamp}.json").write_text(
+        json.dumps({"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}, indent=1)
+    )
     (args.out / f"handoff-bound-{stamp}.md").write_text(table + "\n")
     return 0
 
 
 def _table(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
-    lines = [f"Workload A, {args.jobs} x 0.2 s on {GPUS} GPUs, medians of {args.repeat} ({_machine()}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); the modelled daemon spends {args.tick_ms} ms "
-             f"of CPU per pass (the settled one after {args.settle_ms} ms).", "",
-             "| tool | mean gap | median gap | makespan | each run's mean gap |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"Workload A, {args.jobs} x 0.2 s on {GPUS} GPUs, medians of {args.repeat} ({_machine()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); the modelled daemon spends {args.tick_ms} ms "
+        f"of CPU per pass (the settled one after {args.settle_ms} ms).",
+        "",
+        "| tool | mean gap | median gap | makespan | each run's mean gap |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, figures in runs.items():
         gaps = [f["gap_mean_ms"] for f in figures]
         lines.append(

@@ -159,8 +159,12 @@ print(json.dumps({"offset_ns": offset, "jobs": per_job, "contained": box_of is n
 _EVENT = re.compile(
     r"^\s*(?P<comm>.+?)-(?P<tid>\d+)\s+\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+): (?P<event>\w+)[:(] ?(?P<rest>.*)"
 )
-EVENTS = ("sched/sched_process_exit", "sched/sched_process_exec", "sched/sched_process_fork",
-          "syscalls/sys_enter_execve")  # fmt: skip
+EVENTS = (
+    "sched/sched_process_exit",
+    "sched/sched_process_exec",
+    "sched/sched_process_fork",
+    "syscalls/sys_enter_execve",
+)
 
 
 class Tracer:
@@ -230,8 +234,11 @@ def run_probe(tree: Path, jobs: int, seconds: float, tracer: Tracer | None) -> d
     with tempfile.TemporaryDirectory(prefix="gpuq-timeline-") as work:
         probe = subprocess.Popen(
             [sys.executable, "-c", PROBE, str(tree), str(jobs), str(seconds), str(ROOT / "bench" / "job.sh"), work],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if tracer is not None:
             tracer.start(probe.pid)
         out, err = probe.communicate("go\n")
@@ -300,8 +307,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", action="append", default=[], help="a git revision to measure beside this")
-    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
-                        help="another checkout's files (git archive, say), to measure beside this")  # fmt: skip
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another checkout's files (git archive, say), to measure beside this",
+    )
     parser.add_argument("--no-self", action="store_true", help="only the --against and --tree checkouts")
     parser.add_argument("--no-trace", action="store_true", help="no kernel events (tracefs)")
     parser.add_argument("--out", type=Path, help="a directory for timeline.md and timeline.json")
@@ -320,8 +332,11 @@ def main() -> int:
         others = []
         for number, revision in enumerate(args.against):
             other = Path(tmp) / f"other{number}"
-            added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), revision],
-                                   capture_output=True, text=True)  # fmt: skip
+            added = subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), revision],
+                capture_output=True,
+                text=True,
+            )
             if added.returncode != 0:
                 parser.error(f"--against {revision}: {added.stderr.strip().splitlines()[-1]}")
             others.append(other)
@@ -340,8 +355,11 @@ def main() -> int:
                         per_tree.setdefault(name, {}).setdefault(step, []).extend(values)
                     gap = statistics.median(found["next job's start stamp"])
                     rounds.setdefault(name, []).append(gap)
-                    print(f"[{time.strftime('%H:%M:%S')}] round {number + 1} {name}: median gap {gap:.2f} ms"
-                          f"{'' if result['contained'] else ' (no cgroup)'}", flush=True)  # fmt: skip
+                    print(
+                        f"[{time.strftime('%H:%M:%S')}] round {number + 1} {name}: median gap {gap:.2f} ms"
+                        f"{'' if result['contained'] else ' (no cgroup)'}",
+                        flush=True,
+                    )
         finally:
             for other in others:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
@@ -352,27 +370,33 @@ def main() -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timeline.md").write_text(text + "\n")
-        (args.out / "timeline.json").write_text(json.dumps({"steps_ms": per_tree, "rounds": rounds,
-                                                            "args": {k: str(v) for k, v in vars(args).items()}}))
+        (args.out / "timeline.json").write_text(
+            json.dumps({"steps_ms": per_tree, "rounds": rounds, "args": {k: str(v) for k, v in vars(args).items()}})
+        )
     return 0
 
 
 def _table(per_tree: dict[str, dict[str, list[float]]], rounds: dict[str, list[float]], args: Any, traced: bool) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     names = list(per_tree)
-    lines = [f"A hand-off's steps, median ms over {args.rounds} rounds x {args.jobs - 6} hand-offs of bench/job.sh "
-             f"({args.seconds} s), {os.cpu_count()} cores, kernel {platform.release()}, {stamp}"
-             f"{'' if traced else ' (no kernel events)'}. Each row: when that step came, ms after the job's end stamp "
-             "(the next job's start stamp: the gap).", "",
-             "| step | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]  # fmt: skip
+    lines = [
+        f"A hand-off's steps, median ms over {args.rounds} rounds x {args.jobs - 6} hand-offs of bench/job.sh "
+        f"({args.seconds} s), {os.cpu_count()} cores, kernel {platform.release()}, {stamp}"
+        f"{'' if traced else ' (no kernel events)'}. Each row: when that step came, ms after the job's end stamp "
+        "(the next job's start stamp: the gap).",
+        "",
+        "| step | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+    ]
     order: list[str] = []
     for found in per_tree.values():
         order += [step for step in found if step not in order]
     for step in order:
         cells = [f"{statistics.median(per_tree[n][step]):.3f}" if step in per_tree[n] else "" for n in names]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    lines.append("| each round's median gap | " + " | ".join(", ".join(f"{g:.2f}" for g in rounds[n]) for n in names)
-                 + " |")  # fmt: skip
+    lines.append(
+        "| each round's median gap | " + " | ".join(", ".join(f"{g:.2f}" for g in rounds[n]) for n in names) + " |"
+    )
     return "\n".join(lines)
 
 

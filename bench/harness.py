@@ -41,10 +41,26 @@ from tests.slurm_local import missing_commands  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
-FULL = {"a_jobs": 200, "c_jobs": 120, "b_singles": 50, "b_many": 1000, "b_idle": 20, "bulk": 10_000,
-        "e_jobs": 16, "e_seconds": 1.0}  # fmt: skip
-QUICK = {"a_jobs": 40, "c_jobs": 24, "b_singles": 10, "b_many": 50, "b_idle": 5, "bulk": 10_000,
-         "e_jobs": 16, "e_seconds": 0.5}  # fmt: skip
+FULL = {
+    "a_jobs": 200,
+    "c_jobs": 120,
+    "b_singles": 50,
+    "b_many": 1000,
+    "b_idle": 20,
+    "bulk": 10_000,
+    "e_jobs": 16,
+    "e_seconds": 1.0,
+}
+QUICK = {
+    "a_jobs": 40,
+    "c_jobs": 24,
+    "b_singles": 10,
+    "b_many": 50,
+    "b_idle": 5,
+    "bulk": 10_000,
+    "e_jobs": 16,
+    "e_seconds": 0.5,
+}
 
 # What the peers reached on the issue's machine (2026-11-22, medians of 3), for the record.
 ISSUE_PEERS = {
@@ -80,8 +96,9 @@ class Installer:
                 subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
                 self.updated = True
             log(f"apt-get install -y {' '.join(packages)}")
-            proc = subprocess.run(["apt-get", "install", "-y", "-q", *packages], env=env, capture_output=True,
-                                  text=True)  # fmt: skip
+            proc = subprocess.run(
+                ["apt-get", "install", "-y", "-q", *packages], env=env, capture_output=True, text=True
+            )
             if proc.returncode == 0:
                 return None
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -175,8 +192,16 @@ def run_tool_workload(name: str, work: Path, body: Callable[[Tool], dict[str, An
 
 
 def summary(figures: dict[str, Any]) -> str:
-    keys = ("makespan_s", "gap_mean_ms", "correct", "submit_ms", "idle_submit_to_start_ms", "many_submits_s",
-            "bulk_cli_s", "speedup")  # fmt: skip
+    keys = (
+        "makespan_s",
+        "gap_mean_ms",
+        "correct",
+        "submit_ms",
+        "idle_submit_to_start_ms",
+        "many_submits_s",
+        "bulk_cli_s",
+        "speedup",
+    )
     parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items() if k in keys]
     if figures.get("problems"):
         parts.append(f"problems={figures['problems'][:3]}")
@@ -196,17 +221,25 @@ def run_all(args: argparse.Namespace, tools: list[str], work: Path) -> dict[str,
         if "A" in args.workloads:
             for name in tools:
                 log(f"A dispatch: {size['a_jobs']} jobs of 0.2 s on {name}")
-                record("A", name, run_tool_workload(
-                    name, work / f"A-{name}-{rep}", lambda t: workloads.workload_a(t, t.work, size["a_jobs"])
-                ))  # fmt: skip
+                record(
+                    "A",
+                    name,
+                    run_tool_workload(
+                        name, work / f"A-{name}-{rep}", lambda t: workloads.workload_a(t, t.work, size["a_jobs"])
+                    ),
+                )
         if "C" in args.workloads:
             for name in tools:
                 if TOOLS[name].max_gpus_per_job < 2:
                     continue
                 log(f"C mixed: {size['c_jobs']} jobs of 1,1,2 GPUs on {name}")
-                record("C", name, run_tool_workload(
-                    name, work / f"C-{name}-{rep}", lambda t: workloads.workload_c(t, t.work, size["c_jobs"])
-                ))  # fmt: skip
+                record(
+                    "C",
+                    name,
+                    run_tool_workload(
+                        name, work / f"C-{name}-{rep}", lambda t: workloads.workload_c(t, t.work, size["c_jobs"])
+                    ),
+                )
         if "B" in args.workloads:
             for name in tools:
                 log(f"B submit on {name}")
@@ -283,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     skipped = ensure_installed(wanted)
     tools = [t for t in wanted if t not in skipped]
     work = Path(tempfile.mkdtemp(prefix="gpuq-bench-"))
-    log(f"work directory {work}; tools {', '.join(tools)}; workloads {','.join(sorted(args.workloads))}; "
-        f"{'quick' if args.quick else 'full'} sizes, {args.repeat} repeat(s)")  # fmt: skip
+    log(
+        f"work directory {work}; tools {', '.join(tools)}; workloads {','.join(sorted(args.workloads))}; "
+        f"{'quick' if args.quick else 'full'} sizes, {args.repeat} repeat(s)"
+    )
     gpuq_install = "editable (the development venv)"
     if "gpuq" in tools and not os.environ.get("GPUQ_BENCH_COMMAND"):
         # Timed as users install it: an editable install loads setuptools' import hook at every start.
@@ -316,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": info,
         "versions": found_versions,
         "args": {
-            "quick": args.quick, "repeat": args.repeat, "tools": wanted, "workloads": sorted(args.workloads),
+            "quick": args.quick,
+            "repeat": args.repeat,
+            "tools": wanted,
+            "workloads": sorted(args.workloads),
             "sizes": size,
         },
         "skipped": skipped,
@@ -329,9 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"{stem}.json"
     json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    head = (f"{result['date']}, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, {info['os']}; "
-            f"load {info['load_at_start'][0]:.2f} at start, {info['load_at_end'][0]:.2f} at end; "
-            f"{'quick sizes' if args.quick else 'full sizes'}, medians of {args.repeat}")  # fmt: skip
+    head = (
+        f"{result['date']}, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, {info['os']}; "
+        f"load {info['load_at_start'][0]:.2f} at start, {info['load_at_end'][0]:.2f} at end; "
+        f"{'quick sizes' if args.quick else 'full sizes'}, medians of {args.repeat}"
+    )
     notes = [f"- {name}: {ver}" for name, ver in found_versions.items()]
     notes += [f"- {TOOLS[name].title} skipped: {why}" for name, why in skipped.items()]
     md = f"{head}\n\n{text}\n\nRatios: the peer's figure over gpuq's (above 1: gpuq is faster).\n\n" + "\n".join(notes)

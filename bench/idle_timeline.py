@@ -96,8 +96,11 @@ def milestones(events: list[Event], submit: int, daemon: int, stamp: float, shim
     zero, (job_exec, job_pid) = exits[0], job
     began = min(ts for ts, tid, *_ in events if tid == submit)
     made = forked(events, child=job_pid)
-    readers = [tid for ts, tid, _, kind, text in events if tid in shims and kind == "exit" and began < ts < job_exec
-               and text.startswith("sys_read ")]  # fmt: skip
+    readers = [
+        tid
+        for ts, tid, _, kind, text in events
+        if tid in shims and kind == "exit" and began < ts < job_exec and text.startswith("sys_read ")
+    ]
     shim = made[0][1] if made else readers[0] if readers else -1
     found: dict[str, Any] = {"job exec done": job_exec, "start stamp": stamp}
     if made:

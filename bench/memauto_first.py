@@ -55,9 +55,12 @@ class Queue:
 
     def __call__(self, *args: str, check: bool = True) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args], env=self.env, cwd=self.cwd,
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"gpuq {' '.join(args)}: {done.stdout}{done.stderr}")
         return done.stdout
@@ -65,9 +68,11 @@ class Queue:
 
 def machine(fake: bool) -> dict[str, Any]:
     found: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "commit": _commit(),
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "commit": _commit(),
+    }
     if fake:
         found["gpus"] = ["fake 1x80GiB (GPUQ_FAKE_GPUS), fake MPS"]
         return found
@@ -120,7 +125,7 @@ def one_run(label: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "attempts": sorted(r["attempt"] for r in records),
         "mem_from": sorted({r.get("mem_from") or "" for r in records}),
         "env": env if not args.fake else RUNS[label][1],
-    }  # fmt: skip
+    }
     print(f"{label}: {json.dumps(result)}", flush=True)
     return result
 
@@ -148,10 +153,14 @@ def main() -> None:
         for count, label in enumerate(labels):
             results["runs"].setdefault(label, []).append(one_run(label, work / str(count), args))
             hand = [run["makespan_s"] for run in results["runs"].get("mem_4G", [])]
-            results["vs_mem_4G"] = {
-                name: round(statistics.median(r["makespan_s"] for r in runs) / statistics.median(hand), 3)
-                for name, runs in results["runs"].items()
-            } if hand else {}  # fmt: skip
+            results["vs_mem_4G"] = (
+                {
+                    name: round(statistics.median(r["makespan_s"] for r in runs) / statistics.median(hand), 3)
+                    for name, runs in results["runs"].items()
+                }
+                if hand
+                else {}
+            )
             (args.out / "memauto_first.json").write_text(json.dumps(results, indent=1) + "\n")
     left = subprocess.run(["pgrep", "-a", "-x", "nvidia-cuda-mps"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({"vs_mem_4G (medians)": results["vs_mem_4G"], "mps_left": left}), flush=True)

@@ -50,8 +50,14 @@ def run_client(env: dict[str, str], user: str | None, marker: Path) -> dict[str,
     if user is not None:
         entry = pwd.getpwnam(user)
         kwargs = {"user": entry.pw_uid, "group": entry.pw_gid}
-    proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(marker)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(marker)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )  # type: ignore[call-overload]
     nvml: object = None
     for _ in range(600):
         if marker.exists() or proc.poll() is not None:
@@ -99,8 +105,9 @@ def control(base: Path, uuid: str, user: str | None, action: str) -> dict[str, o
         env["CUDA_VISIBLE_DEVICES"] = uuid
         done = subprocess.run([CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30, **kwargs)  # type: ignore[call-overload]
     else:
-        done = subprocess.run([CONTROL], input=f"{action}\n", env=env, capture_output=True, text=True, timeout=30,
-                              **kwargs)  # type: ignore[call-overload]
+        done = subprocess.run(
+            [CONTROL], input=f"{action}\n", env=env, capture_output=True, text=True, timeout=30, **kwargs
+        )  # type: ignore[call-overload]
     return {"action": action, "returncode": done.returncode, "out": (done.stdout + done.stderr)[-400:]}
 
 
@@ -139,10 +146,14 @@ def mps_case(root: Path, uuid: str, user: str | None, name: str) -> dict[str, ob
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, object] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "control": shutil.which(CONTROL), "uuids": gpu_uuids()}
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_mode,driver_version", "--format=csv"],
-                         capture_output=True, text=True)
+    report: dict[str, object] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "control": shutil.which(CONTROL),
+        "uuids": gpu_uuids(),
+    }
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,compute_mode,driver_version", "--format=csv"], capture_output=True, text=True
+    )
     report["nvidia_smi"] = smi.stdout
     root = Path(tempfile.mkdtemp(prefix="gpuq-mps-probe-"))
     root.chmod(0o755)
@@ -156,7 +167,8 @@ def main() -> int:
         plain["CUDA_VISIBLE_DEVICES"] = "0"
         report["no_mps_plain"] = run_client({**plain}, None, root / "m3")
         report["no_mps_alloc_conf_fraction_0.02"] = run_client(
-            {**plain, "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.02"}, None, root / "m4")
+            {**plain, "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.02"}, None, root / "m4"
+        )
     finally:
         left = subprocess.run(["pgrep", "-a", "-f", "nvidia-cuda-mps"], capture_output=True, text=True).stdout
         report["mps_processes_left"] = left

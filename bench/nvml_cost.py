@@ -58,9 +58,11 @@ def main() -> int:
     pynvml.nvmlInit()
     count = pynvml.nvmlDeviceGetCount()
     result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": count,
-        "driver": pynvml.nvmlSystemGetDriverVersion(), "per_gpu": {},
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpus": count,
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "per_gpu": {},
+    }
     for index in range(count):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         by_index = timed(lambda: pynvml.nvmlDeviceGetHandleByIndex(index), args.passes)  # noqa: B023

@@ -48,8 +48,11 @@ def grow(gib: float, threads: int = 16) -> dict[str, Any]:
 
 def settings() -> dict[str, str]:
     found = {}
-    for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/defrag",
-                 "/proc/sys/vm/overcommit_memory"):  # fmt: skip
+    for path in (
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/sys/kernel/mm/transparent_hugepage/defrag",
+        "/proc/sys/vm/overcommit_memory",
+    ):
         try:
             found[path] = Path(path).read_text().strip()
         except OSError as err:
@@ -87,10 +90,19 @@ def movers(size: int, pins: list[str], threads: int) -> list[dict[str, Any]]:
         if mover.unpinning is not None:
             mover.unpinning.join()
         intact = [int(t.sum(dtype=torch.int64)) for t in tensors] == sums
-        out.append({"pin": pin, "threads": threads, "bytes": moved, "release_s": round(out_s, 3),
-                    "restore_s": round(in_s, 3),
-                    "out_GBps": round(moved / out_s / 1e9, 2), "in_GBps": round(moved / in_s / 1e9, 2),
-                    "steps": {k: round(v, 3) for k, v in steps.items()}, "intact": intact})  # fmt: skip
+        out.append(
+            {
+                "pin": pin,
+                "threads": threads,
+                "bytes": moved,
+                "release_s": round(out_s, 3),
+                "restore_s": round(in_s, 3),
+                "out_GBps": round(moved / out_s / 1e9, 2),
+                "in_GBps": round(moved / in_s / 1e9, 2),
+                "steps": {k: round(v, 3) for k, v in steps.items()},
+                "intact": intact,
+            }
+        )
         print(json.dumps(out[-1]), flush=True)
     return out
 

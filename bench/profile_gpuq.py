@@ -41,8 +41,21 @@ if str(ROOT) not in sys.path:
 from bench import workloads  # noqa: E402
 from bench.peers.gpuq import Gpuq  # noqa: E402
 
-STEPS = ("tick", "reap", "ingest", "write_journal", "reconcile", "follow_up_arrays", "snapshot", "place_and_launch",
-         "sample", "_launch", "plan", "_record_reasons", "launch_fenced")  # fmt: skip
+STEPS = (
+    "tick",
+    "reap",
+    "ingest",
+    "write_journal",
+    "reconcile",
+    "follow_up_arrays",
+    "snapshot",
+    "place_and_launch",
+    "sample",
+    "_launch",
+    "plan",
+    "_record_reasons",
+    "launch_fenced",
+)
 
 
 def serve_traced(home: Path) -> int:
@@ -89,20 +102,32 @@ def serve_traced(home: Path) -> int:
             try:
                 return original(*args, **kwargs)
             finally:
-                trace.write(json.dumps({"f": f"{module.__name__.rsplit('.', 1)[1]}.{name}", "t0": started,
-                                        "t1": time.time()}) + "\n")  # fmt: skip
+                trace.write(
+                    json.dumps({"f": f"{module.__name__.rsplit('.', 1)[1]}.{name}", "t0": started, "t1": time.time()})
+                    + "\n"
+                )
 
         setattr(module, name, timed_call)
 
     daemon_ = "launcher.daemon"
-    for where, name in (("jobs.store.spool", "scan"), ("jobs.store.spool", "read_request"),
-                        (f"{daemon_}.isolation", "sweep_leftovers"), (f"{daemon_}.intake", "ingest"),
-                        (f"{daemon_}.intake", "expand"), (f"{daemon_}.intake", "_queued_by_user"),
-                        (f"{daemon_}.suspending", "advance"), (f"{daemon_}.preempting", "launch_ready"),
-                        (f"{daemon_}.preempting", "decide"), (f"{daemon_}.scheduler", "withdraw_gone"),
-                        (f"{daemon_}.watching", "sample"), (f"{daemon_}.watching", "release_idle"),
-                        (f"{daemon_}.watching", "report_idle_batch"), (f"{daemon_}.watching", "stop_on_lost_gpus"),
-                        (f"{daemon_}.guarding", "check"), (f"{daemon_}.endings", "follow_up_arrays")):  # fmt: skip
+    for where, name in (
+        ("jobs.store.spool", "scan"),
+        ("jobs.store.spool", "read_request"),
+        (f"{daemon_}.isolation", "sweep_leftovers"),
+        (f"{daemon_}.intake", "ingest"),
+        (f"{daemon_}.intake", "expand"),
+        (f"{daemon_}.intake", "_queued_by_user"),
+        (f"{daemon_}.suspending", "advance"),
+        (f"{daemon_}.preempting", "launch_ready"),
+        (f"{daemon_}.preempting", "decide"),
+        (f"{daemon_}.scheduler", "withdraw_gone"),
+        (f"{daemon_}.watching", "sample"),
+        (f"{daemon_}.watching", "release_idle"),
+        (f"{daemon_}.watching", "report_idle_batch"),
+        (f"{daemon_}.watching", "stop_on_lost_gpus"),
+        (f"{daemon_}.guarding", "check"),
+        (f"{daemon_}.endings", "follow_up_arrays"),
+    ):
         wrap_function(where, name)
     exit_ = table_base.Transaction.__exit__
 
@@ -138,8 +163,14 @@ def serve_traced(home: Path) -> int:
 def start_traced_daemon(tool: Gpuq) -> subprocess.Popen[bytes]:
     tool.home.mkdir(parents=True, exist_ok=True)
     log = (tool.work / "daemon.out").open("ab")
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(tool.home)], env=tool.env,
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(tool.home)],
+        env=tool.env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while not (tool.home / "daemon.pid").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -165,19 +196,27 @@ def breakdown(work: Path, home: Path, jobs: int) -> dict[str, Any]:
         return max((t0 for t0, t1 in ticks if t0 <= t), default=t)
 
     parts: dict[str, list[float]] = collections.defaultdict(list)
-    names = ("1 job's end stamp -> its shim saw the exit (ended_at)",
-             "2 ended_at -> the daemon's tick begins (exit file fsync, FIFO wake-up)",
-             "3 tick begins -> _launch of the next job (reconcile, plan)",
-             "4 _launch -> the job sent to an idle shim (record it running, commit)",
-             "5 sent -> the next job's start stamp (shim spawns sh, sh runs date)",
-             "  whole gap")  # fmt: skip
+    names = (
+        "1 job's end stamp -> its shim saw the exit (ended_at)",
+        "2 ended_at -> the daemon's tick begins (exit file fsync, FIFO wake-up)",
+        "3 tick begins -> _launch of the next job (reconcile, plan)",
+        "4 _launch -> the job sent to an idle shim (record it running, commit)",
+        "5 sent -> the next job's start stamp (shim spawns sh, sh runs date)",
+        "  whole gap",
+    )
     for gpu in range(4):
         on_gpu = sorted((j for j in stamps if stamps[j][2] == gpu), key=lambda j: stamps[j][0])
         for before, after in itertools.pairwise(on_gpu):
             if before not in ended or after not in go:
                 continue
-            marks = [stamps[before][1], ended[before], tick_of(launch[after]), launch[after], go[after],
-                     stamps[after][0]]  # fmt: skip
+            marks = [
+                stamps[before][1],
+                ended[before],
+                tick_of(launch[after]),
+                launch[after],
+                go[after],
+                stamps[after][0],
+            ]
             for name, a, b in zip(names, marks, marks[1:], strict=False):
                 parts[name].append((b - a) * 1000)
             parts[names[-1]].append((marks[-1] - marks[0]) * 1000)
@@ -201,9 +240,11 @@ def profile_dispatch(jobs: int, tmpfs: bool, spy: Path | None) -> None:
         try:
             if spy is not None:
                 pid = tool.daemon_pid()
-                sampler = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-r", "1000", "-f", "raw", "-o",
-                                            str(spy), "--nonblocking"],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                sampler = subprocess.Popen(
+                    ["py-spy", "record", "-p", str(pid), "-r", "1000", "-f", "raw", "-o", str(spy), "--nonblocking"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 time.sleep(1.0)
             figures = workloads.workload_a(tool, base, jobs)
         finally:
@@ -213,8 +254,10 @@ def profile_dispatch(jobs: int, tmpfs: bool, spy: Path | None) -> None:
             tool.stop()
             proc.wait(timeout=30)
         print(f"workload A, {jobs} jobs, state dir on {'tmpfs' if tmpfs else 'disk'} ({base}):")
-        print(f"  makespan {figures['makespan_s']:.3f} s (ideal {figures['ideal_s']:.2f}), "
-              f"mean gap {figures['gap_mean_ms']:.2f} ms, correct {figures['correct']}")  # fmt: skip
+        print(
+            f"  makespan {figures['makespan_s']:.3f} s (ideal {figures['ideal_s']:.2f}), "
+            f"mean gap {figures['gap_mean_ms']:.2f} ms, correct {figures['correct']}"
+        )
         found = breakdown(base, tool.home, jobs)
         print("  the gap between two jobs on one GPU, in parts (mean / median / max, ms):")
         for name, (mean, median, most) in sorted(found["gap_parts_ms"].items()):

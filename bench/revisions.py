@@ -34,8 +34,9 @@ def turns(args: argparse.Namespace) -> Iterator[tuple[int, str]]:
 def worktrees(work: Path, revs: list[str]) -> Iterator[None]:
     """A worktree of each revision under ``work`` (``tree(work, rev)``), removed after."""
     for rev in revs:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree(work, rev)), rev],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree(work, rev)), rev], check=True
+        )
         (work / f"pkg-{rev}").mkdir()
         (work / f"pkg-{rev}" / "gpuq_scheduler").symlink_to(tree(work, rev))
     try:
@@ -56,8 +57,7 @@ def run(work: Path, rev: str, code: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": f"{work / f'pkg-{rev}'}:{site}"}
     # From the temporary directory: `python -c` puts its directory first on the path, and this checkout's root
     # holds a gpuq_scheduler of its own.
-    done = subprocess.run([sys.executable, "-S", "-c", code, *args], env=env, capture_output=True, text=True,
-                          cwd=work)  # fmt: skip
+    done = subprocess.run([sys.executable, "-S", "-c", code, *args], env=env, capture_output=True, text=True, cwd=work)
     if done.returncode:
         raise SystemExit(f"{rev}: {done.stderr.strip()}")
     return done.stdout.strip()

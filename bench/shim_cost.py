@@ -89,8 +89,11 @@ def main() -> int:
         trees = {"this checkout": importable(ROOT, Path(tmp) / "here")}
         other = Path(tmp) / "other"
         if args.against:
-            added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
-                                   capture_output=True, text=True)  # fmt: skip
+            added = subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
+                capture_output=True,
+                text=True,
+            )
             if added.returncode != 0:
                 parser.error(f"--against {args.against}: {added.stderr.strip().splitlines()[-1]}")
             trees[args.against] = importable(other, Path(tmp) / "there")

@@ -51,10 +51,11 @@ def main() -> int:
     parser.add_argument("--warmup-jobs", type=int, default=1000, help="memory soak: warm-up ends after this many jobs")
     parser.add_argument("--warmup-seconds", type=float, default=60.0, help="...or this long, whichever is first")
     parser.add_argument(
-        "--out", type=Path,
+        "--out",
+        type=Path,
         help="memory soak: the JSON to write, or a directory for soak-memory-<date>.json "
         "(default bench/results/soak-memory-<date>.json)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--keep", action="store_true", help="keep the state directory for a look afterwards")
     args = parser.parse_args()

@@ -65,19 +65,27 @@ KINDS: list[tuple[str, int]] = [
 
 
 def memory_submit(
-    kind: str, rng: random.Random, home: Path, work: Path, job: Path, report: Path, run: MemoryRun,
+    kind: str,
+    rng: random.Random,
+    home: Path,
+    work: Path,
+    job: Path,
+    report: Path,
+    run: MemoryRun,
     cancels: list[tuple[float, int, list[int]]],
-) -> None:  # fmt: skip
+) -> None:
     """Submit one item of the stream and record how each of its jobs must end."""
     script = ["/bin/sh", str(job), str(report)]
     seconds = f"{rng.uniform(0.05, 0.4):.2f}"
     ids: dict[int, str] = {}
     if kind in ("single", "shared", "shared2", "cpu", "fail"):
         shapes: dict[str, dict[str, Any]] = {
-            "single": {"gpus": 1}, "shared": {"gpus": 1, "mem": rng.choice(["10G", "20G", "30G"])},
-            "shared2": {"gpus": 2, "mem": "25G"}, "cpu": {"gpus": 0},
+            "single": {"gpus": 1},
+            "shared": {"gpus": 1, "mem": rng.choice(["10G", "20G", "30G"])},
+            "shared2": {"gpus": 2, "mem": "25G"},
+            "cpu": {"gpus": 0},
             "fail": rng.choice([{"gpus": 1}, {"gpus": 1, "mem": "20G"}]),
-        }  # fmt: skip
+        }
         shape = shapes[kind]
         code = "3" if kind == "fail" else "0"
         job_id = api.submit([*script, seconds, code], home=home, cwd=work, **shape)
@@ -87,9 +95,13 @@ def memory_submit(
         failing = rng.randrange(size) if rng.random() < 1 / 3 else -1
         shape = rng.choice([{"gpus": 1}, {"gpus": 1, "mem": "10G"}])
         _, members = api.array(
-            [*script, seconds, "0", str(failing), "{index}"], range(size), home=home, cwd=work,
-            throttle=rng.choice([None, None, 2]), **shape,
-        )  # fmt: skip
+            [*script, seconds, "0", str(failing), "{index}"],
+            range(size),
+            home=home,
+            cwd=work,
+            throttle=rng.choice([None, None, 2]),
+            **shape,
+        )
         ids.update({m: "failed" if i == failing else "succeeded" for i, m in enumerate(members)})
         run.arrays += 1
     elif kind == "cancel":
@@ -208,9 +220,10 @@ def memory_soak(
         failures += check_memory_outcomes(home, report, run)
         failures += [f"doctor: {p.severity}: {p.message}" for p in doctor.check(state)]
         log_errors = [
-            line for line in state.daemon_log.read_text(errors="replace").splitlines()
+            line
+            for line in state.daemon_log.read_text(errors="replace").splitlines()
             if " ERROR " in line or " WARNING " in line or "Traceback" in line
-        ]  # fmt: skip
+        ]
         figures = memory_figures(
             run, steady_samples, steady_seconds, warmup_jobs, warmup_seconds, idle_start, idle_end, targets
         )
@@ -318,14 +331,19 @@ def memory_main(args: argparse.Namespace, home: Path) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "commit": git_commit(),
         "settings": {
-            "minutes": args.minutes, "inflight": args.inflight, "sample_every": args.sample_every,
-            "warmup_jobs": args.warmup_jobs, "warmup_seconds": args.warmup_seconds, "seed": args.seed,
-            "fake_gpus": FAKE_GPUS, "kinds": dict(KINDS),
+            "minutes": args.minutes,
+            "inflight": args.inflight,
+            "sample_every": args.sample_every,
+            "warmup_jobs": args.warmup_jobs,
+            "warmup_seconds": args.warmup_seconds,
+            "seed": args.seed,
+            "fake_gpus": FAKE_GPUS,
+            "kinds": dict(KINDS),
         },
         **{k: v for k, v in figures.items() if k != "series"},
         "failures": failures,
         "series": figures.get("series", []),  # every sample, the drain's included, last: the long part
-    }  # fmt: skip
+    }
     path = write_memory_json(args.out, body)
     jobs, rss, fds, slope = body["jobs"], body.get("rss_kib", {}), body.get("fds", {}), body.get("slope", {})
     print(f"jobs: {jobs['ended']} ended of {jobs['submitted']} submitted ({jobs['per_second']}/s); {jobs['by_kind']}")
@@ -337,8 +355,10 @@ def memory_main(args: argparse.Namespace, home: Path) -> int:
             f"idle after the drain {rss['idle_after_drain']}"
         )
         print(f"slope: {slope['kib_per_1000_jobs']} KiB per 1,000 jobs, {slope['kib_per_hour']} KiB per hour")
-        print(f"fds: before jobs {fds['before_jobs']}, start {fds['start']}, end {fds['end']}, max {fds['max']}, "
-              f"idle after the drain {fds['idle_after_drain']} {fds['idle_after_drain_kinds']}")  # fmt: skip
+        print(
+            f"fds: before jobs {fds['before_jobs']}, start {fds['start']}, end {fds['end']}, max {fds['max']}, "
+            f"idle after the drain {fds['idle_after_drain']} {fds['idle_after_drain_kinds']}"
+        )
         print(f"daemon CPU ms per job, first and second half after the warm-up: {body['cpu_ms_per_job']}")
     print(f"verdict: {body['verdict']}")
     print(f"outcomes: {'all as intended' if not failures else f'{len(failures)} problems'}; wrote {path}")

@@ -82,11 +82,18 @@ def read_proc(pid: int) -> dict[str, float] | None:
             shim_rss = max(shim_rss, int(rss))
             shim_fds = max(shim_fds, len(os.listdir(f"/proc/{kid}/fd")))
     return {
-        "rss_kib": number("VmRSS"), "hwm_kib": number("VmHWM"), "anon_kib": number("RssAnon"),
-        "file_kib": number("RssFile"), "shmem_kib": number("RssShmem"), "threads": number("Threads"),
-        "fds": fds, "children": len(kids), "shim_rss_kib": shim_rss, "shim_fds": shim_fds,
+        "rss_kib": number("VmRSS"),
+        "hwm_kib": number("VmHWM"),
+        "anon_kib": number("RssAnon"),
+        "file_kib": number("RssFile"),
+        "shmem_kib": number("RssShmem"),
+        "threads": number("Threads"),
+        "fds": fds,
+        "children": len(kids),
+        "shim_rss_kib": shim_rss,
+        "shim_fds": shim_fds,
         "cpu_s": (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK"),
-    }  # fmt: skip
+    }
 
 
 def fd_targets(pid: int) -> dict[str, int]:
@@ -96,8 +103,11 @@ def fd_targets(pid: int) -> dict[str, int]:
         for fd in os.listdir(f"/proc/{pid}/fd"):
             with contextlib.suppress(OSError):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                kinds[target.split(":", 1)[0] + ":" if target.startswith(("pipe:", "socket:", "anon_inode:"))
-                      else os.path.basename(target)] += 1  # fmt: skip
+                kinds[
+                    target.split(":", 1)[0] + ":"
+                    if target.startswith(("pipe:", "socket:", "anon_inode:"))
+                    else os.path.basename(target)
+                ] += 1
     return dict(sorted(kinds.items()))
 
 
@@ -119,13 +129,25 @@ def sampler(state: StateDir, run: MemoryRun, started: float, every: float, stop:
             run.errors.append(f"{time.monotonic() - started:.1f}s: no daemon running")
         else:
             run.pids.add(pid)
-            run.samples.append(Sample(
-                round(time.monotonic() - started, 2), run.ended, len(run.expected), int(figures["rss_kib"]),
-                int(figures["hwm_kib"]), int(figures["anon_kib"]), int(figures["file_kib"]),
-                int(figures["shmem_kib"]), int(figures["fds"]), int(figures["threads"]),
-                int(figures["children"]), round(figures["cpu_s"], 2), pid, int(figures["shim_rss_kib"]),
-                int(figures["shim_fds"]),
-            ))  # fmt: skip
+            run.samples.append(
+                Sample(
+                    round(time.monotonic() - started, 2),
+                    run.ended,
+                    len(run.expected),
+                    int(figures["rss_kib"]),
+                    int(figures["hwm_kib"]),
+                    int(figures["anon_kib"]),
+                    int(figures["file_kib"]),
+                    int(figures["shmem_kib"]),
+                    int(figures["fds"]),
+                    int(figures["threads"]),
+                    int(figures["children"]),
+                    round(figures["cpu_s"], 2),
+                    pid,
+                    int(figures["shim_rss_kib"]),
+                    int(figures["shim_fds"]),
+                )
+            )
         stop.wait(every)
 
 
@@ -142,9 +164,15 @@ def fit(points: list[tuple[float, float]]) -> float | None:
 
 
 def memory_figures(
-    run: MemoryRun, steady: int, seconds: float, warmup_jobs: int, warmup_seconds: float,
-    idle_start: dict[str, float] | None, idle_end: dict[str, float] | None, fd_kinds: dict[str, int],
-) -> dict[str, Any]:  # fmt: skip
+    run: MemoryRun,
+    steady: int,
+    seconds: float,
+    warmup_jobs: int,
+    warmup_seconds: float,
+    idle_start: dict[str, float] | None,
+    idle_end: dict[str, float] | None,
+    fd_kinds: dict[str, int],
+) -> dict[str, Any]:
     """The figures of a run: RSS after the warm-up and at the end, its slope, fds, and the verdict."""
     samples = run.samples[:steady]  # the steady stream; samples taken while draining are kept in the JSON only
     # The warm-up ends at warmup_jobs ended jobs or warmup_seconds, whichever comes first, and never later
@@ -153,8 +181,12 @@ def memory_figures(
     after = [s for s in samples if s.ended >= warmup_jobs or s.t >= limit]
     figures: dict[str, Any] = {
         "jobs": {
-            "submitted": len(run.expected), "ended": run.ended, "arrays": run.arrays, "cancel_requests": run.cancels,
-            "by_kind": dict(run.kinds), "by_intended_state": dict(Counter(run.expected.values())),
+            "submitted": len(run.expected),
+            "ended": run.ended,
+            "arrays": run.arrays,
+            "cancel_requests": run.cancels,
+            "by_kind": dict(run.kinds),
+            "by_intended_state": dict(Counter(run.expected.values())),
             "per_second": round(run.ended / seconds, 1) if seconds else None,
         },
         "stream_seconds": round(seconds, 1),
@@ -162,7 +194,7 @@ def memory_figures(
         "samples_steady": len(samples),
         "daemon_pids": sorted(run.pids),
         "series": [asdict(sample) for sample in run.samples],
-    }  # fmt: skip
+    }
     if len(after) < 2:
         figures["verdict"] = "no verdict: fewer than 2 samples after the warm-up (run longer)"
         figures["flat"] = None
@@ -176,12 +208,18 @@ def memory_figures(
     figures["warmup"] = {"until_s": first.t, "jobs": first.ended}
     figures["rss_kib"] = {
         "before_jobs": None if idle_start is None else int(idle_start["rss_kib"]),
-        "start": first.rss_kib, "end": last.rss_kib, "max": max(s.rss_kib for s in samples),
+        "start": first.rss_kib,
+        "end": last.rss_kib,
+        "max": max(s.rss_kib for s in samples),
         "hwm": max(s.hwm_kib for s in run.samples),
         "idle_after_drain": None if idle_end is None else int(idle_end["rss_kib"]),
-        "anon_start": first.anon_kib, "anon_end": last.anon_kib, "file_start": first.file_kib,
-        "file_end": last.file_kib, "shmem_start": first.shmem_kib, "shmem_end": last.shmem_kib,
-    }  # fmt: skip
+        "anon_start": first.anon_kib,
+        "anon_end": last.anon_kib,
+        "file_start": first.file_kib,
+        "file_end": last.file_kib,
+        "shmem_start": first.shmem_kib,
+        "shmem_end": last.shmem_kib,
+    }
     figures["growth_pct"] = round(growth, 2)
     figures["slope"] = {
         "kib_per_1000_jobs": None if per_job is None else round(per_job * 1000, 1),
@@ -189,25 +227,31 @@ def memory_figures(
     }
     figures["fds"] = {
         "before_jobs": None if idle_start is None else int(idle_start["fds"]),
-        "start": fd_start, "end": fd_end, "max": max(s.fds for s in samples),
-        "idle_after_drain": None if idle_end is None else int(idle_end["fds"]), "idle_after_drain_kinds": fd_kinds,
-    }  # fmt: skip
+        "start": fd_start,
+        "end": fd_end,
+        "max": max(s.fds for s in samples),
+        "idle_after_drain": None if idle_end is None else int(idle_end["fds"]),
+        "idle_after_drain_kinds": fd_kinds,
+    }
     figures["children_max"] = max(s.children for s in samples)
     # The largest shim, averaged over the first and last quarters (which shim is largest changes as they come
     # and go): a shim runs job after job, so it must not grow either.
     shim_start, shim_end = (sum(s.shim_rss_kib for s in q) / len(q) for q in (head, tail))
     shim_growth = 100.0 * (shim_end - shim_start) / shim_start if shim_start else 0.0
     figures["shims"] = {
-        "rss_kib_start": round(shim_start), "rss_kib_end": round(shim_end), "growth_pct": round(shim_growth, 2),
+        "rss_kib_start": round(shim_start),
+        "rss_kib_end": round(shim_end),
+        "growth_pct": round(shim_growth, 2),
         "fds_max": max(s.shim_fds for s in samples),
-    }  # fmt: skip
+    }
     span = [(a, b) for a, b in itertools.pairwise(after) if b.ended > a.ended]
     halves = span[: len(span) // 2], span[len(span) // 2 :]
     figures["cpu_ms_per_job"] = [
         round(1000 * sum(b.cpu_s - a.cpu_s for a, b in half) / sum(b.ended - a.ended for a, b in half), 2)
-        if half else None
+        if half
+        else None
         for half in halves
-    ]  # fmt: skip
+    ]
     grew_fds = fd_end > fd_start
     flat = growth < 5.0 and not grew_fds and shim_growth < 5.0
     figures["flat"] = flat

@@ -137,9 +137,13 @@ def walk(tree: Path) -> dict[str, int]:
         finally:
             scheduler.close()
     return {
-        "calls": len(stops), "functions": len(set(stops)), "rooms": len({m for m, _ in stops}),
-        "calls into a room already left": back, "calls back into the state": climbs, "user name looked up": names,
-    }  # fmt: skip
+        "calls": len(stops),
+        "functions": len(set(stops)),
+        "rooms": len({m for m, _ in stops}),
+        "calls into a room already left": back,
+        "calls back into the state": climbs,
+        "user name looked up": names,
+    }
 
 
 def main() -> int:

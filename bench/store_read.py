@@ -68,9 +68,13 @@ def main() -> int:
         for round_ in range(1, args.rounds + 1):
             for rev in args.revs:
                 done = subprocess.run(
-                    [sys.executable, "-S", "-c", TIMER, str(args.jobs)], cwd=work, capture_output=True, text=True,
-                    env={"PYTHONPATH": f"{work / rev}:{site}", "PATH": "/usr/bin:/bin"}, check=True,
-                )  # fmt: skip
+                    [sys.executable, "-S", "-c", TIMER, str(args.jobs)],
+                    cwd=work,
+                    capture_output=True,
+                    text=True,
+                    env={"PYTHONPATH": f"{work / rev}:{site}", "PATH": "/usr/bin:/bin"},
+                    check=True,
+                )
                 print(f"round {round_}  {rev:10s} {done.stdout.strip()}", flush=True)
     return 0
 

@@ -66,10 +66,13 @@ class Queue:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
         self.env.pop("PYTHONPATH", None)
         self.env.update(
-            GPUQ_HOME=str(self.home), GPUQ_FAKE_GPUS="1x80GiB", GPUQ_FAKE_USAGE=str(usage),
-            GPUQ_FAKE_HOST_MEMORY="256GiB", GPUQ_FAKE_CHECKPOINT_SECONDS="0",
+            GPUQ_HOME=str(self.home),
+            GPUQ_FAKE_GPUS="1x80GiB",
+            GPUQ_FAKE_USAGE=str(usage),
+            GPUQ_FAKE_HOST_MEMORY="256GiB",
+            GPUQ_FAKE_CHECKPOINT_SECONDS="0",
             PATH=str(Path(self.python).parent) + os.pathsep + os.environ.get("PATH", os.defpath),
-        )  # fmt: skip
+        )
         if python is None:
             self.env["PYTHONPATH"] = str(root)
         self.events = self.home / "events.jsonl"
@@ -78,9 +81,14 @@ class Queue:
 
     def gpuq(self, *args: str, way: str = "gpuq") -> str:
         return subprocess.run(
-            [self.python, "-c", WAYS[way], *args], env=self.env, cwd=self.work, capture_output=True, text=True,
-            check=True, timeout=120,
-        ).stdout  # fmt: skip
+            [self.python, "-c", WAYS[way], *args],
+            env=self.env,
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
 
     def start(self) -> None:
         counts = self.work / "counts"
@@ -187,8 +195,14 @@ def main() -> None:
             print(f"{name} {action}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in row.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(), "rounds": args.rounds,
-                   "gpuq": how, "python": sys.version.split()[0], "load_at_end": os.getloadavg()}  # fmt: skip
+        summary = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "cpus": os.cpu_count(),
+            "rounds": args.rounds,
+            "gpuq": how,
+            "python": sys.version.split()[0],
+            "load_at_end": os.getloadavg(),
+        }
         found_all = {"medians": medians, "python_floor": floors, "rounds_found": found}
         args.out.write_text(json.dumps({**summary, **found_all}, indent=1) + "\n")
 

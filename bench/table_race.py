@@ -55,8 +55,15 @@ def one(tree: str, seconds: float, python: str, user: pwd.struct_passwd) -> dict
     made.execute("CREATE TABLE t(x)")
     made.close()
     os.chmod(db, 0o644)
-    reader = subprocess.Popen([python, "-c", READER, db, tree, str(seconds)], user=user.pw_uid, group=user.pw_gid,
-                              extra_groups=[], stdout=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+    reader = subprocess.Popen(
+        [python, "-c", READER, db, tree, str(seconds)],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     opens, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         root = sqlite3.connect(db, isolation_level=None)

@@ -46,8 +46,10 @@ def main() -> int:
             os.waitpid(pid, 0)
     finally:
         parent.rmdir()
-    print(f"Born.go until the exec is done {statistics.median(gos) * 1e3:.2f} ms, "
-          f"posix_spawn {statistics.median(spawns) * 1e3:.2f} ms (medians of {len(gos)})")  # fmt: skip
+    print(
+        f"Born.go until the exec is done {statistics.median(gos) * 1e3:.2f} ms, "
+        f"posix_spawn {statistics.median(spawns) * 1e3:.2f} ms (medians of {len(gos)})"
+    )
     first = {"the waiter": _waiter, "a shell waiting": _shell, "posix_spawn": _spawned}
     reads: dict[str, list[float]] = {name: [] for name in first}
     parent.mkdir()
@@ -60,8 +62,10 @@ def main() -> int:
             if cgroup.is_dir():
                 cgroup.rmdir()
         parent.rmdir()
-    print("from the go to the job's first clock read: " + ", ".join(
-        f"{name} {statistics.median(times):.2f} ms" for name, times in reads.items()))  # fmt: skip
+    print(
+        "from the go to the job's first clock read: "
+        + ", ".join(f"{name} {statistics.median(times):.2f} ms" for name, times in reads.items())
+    )
     return 0
 
 
@@ -81,8 +85,12 @@ def _shell(cgroup: Path, env: dict[str, str]) -> float:
     out_read, out_write = os.pipe()
     go_read, go_write = os.pipe()
     script = 'read _ <&3; exec 3<&- "$@"'
-    pid = os.posix_spawn("/bin/sh", ["sh", "-c", script, "sh", *DATE], env, file_actions=[
-        (os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, go_read, 3)])  # fmt: skip
+    pid = os.posix_spawn(
+        "/bin/sh",
+        ["sh", "-c", script, "sh", *DATE],
+        env,
+        file_actions=[(os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, go_read, 3)],
+    )
     for fd in (out_write, go_read):
         os.close(fd)
     time.sleep(0.15)

@@ -76,10 +76,12 @@ def measure(root: Path, source: GpuSource, passes: int) -> dict[str, Any]:
             scheduler.watch.check(scheduler, time.time(), Readings(source, snapshot))
 
         return {
-            "gpus": len(snapshot), "gpu_processes": processes,
-            "snapshot": cpu_ms(source.snapshot, passes), "watchdog": cpu_ms(check, passes),
+            "gpus": len(snapshot),
+            "gpu_processes": processes,
+            "snapshot": cpu_ms(source.snapshot, passes),
+            "watchdog": cpu_ms(check, passes),
             "snapshot_with_energy": cpu_ms(lambda: source.snapshot(energy=True), passes),
-        }  # fmt: skip
+        }
     finally:
         scheduler.close()
 
@@ -127,9 +129,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "passes": args.passes,
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "passes": args.passes,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         usage = work / "usage"

@@ -85,8 +85,9 @@ def analyse(
         for before, after in itertools.pairwise(on_gpu):
             gap = after.start - before.end
             if gap < 0:
-                problems.append(f"GPU {gpu} shared: job {after.job} started {-gap * 1000:.1f} ms before job "
-                                f"{before.job} ended")  # fmt: skip
+                problems.append(
+                    f"GPU {gpu} shared: job {after.job} started {-gap * 1000:.1f} ms before job {before.job} ended"
+                )
             gaps.append(gap)
     if most > per_gpu:
         problems.append(f"{most} jobs ran on one GPU at once; at most {per_gpu} fit")
@@ -108,8 +109,16 @@ def analyse(
     }
 
 
-def batch(tool: Tool, out: Path, pattern: Sequence[int], count: int, seconds: float, *,
-          mem: str | None = None, per_gpu: int = 1) -> dict[str, Any]:  # fmt: skip
+def batch(
+    tool: Tool,
+    out: Path,
+    pattern: Sequence[int],
+    count: int,
+    seconds: float,
+    *,
+    mem: str | None = None,
+    per_gpu: int = 1,
+) -> dict[str, Any]:
     """Queue ``count`` jobs (GPUs per job cycling through ``pattern``) while held, release, wait, check."""
     fresh_dir(out)
     wanted = [pattern[i % len(pattern)] for i in range(count)]

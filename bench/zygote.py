@@ -82,8 +82,10 @@ def main() -> int:
         cgroup.rmdir()
     for name, runs in results.items():
         births, gos = zip(*runs, strict=True)
-        print(f"{name:22s} birth {statistics.median(births):6.2f} ms CPU   go to the job's first clock read "
-              f"{statistics.median(gos):.2f} ms")  # fmt: skip
+        print(
+            f"{name:22s} birth {statistics.median(births):6.2f} ms CPU   go to the job's first clock read "
+            f"{statistics.median(gos):.2f} ms"
+        )
     print(f"{'posix_spawn':22s} {'':21s}   spawn to the job's first clock read {statistics.median(spawns):.2f} ms")
     return 0
 

@@ -80,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     gpus = 0 if args.cpu else min(1, usable_gpus())
-    where = "on the CPU (no GPU found)" if gpus == 0 and not args.cpu else "on the CPU" if gpus == 0 else (
-        f"one GPU each{' with ' + args.mem if args.mem else ''}"
-    )  # fmt: skip
+    where = (
+        "on the CPU (no GPU found)"
+        if gpus == 0 and not args.cpu
+        else "on the CPU"
+        if gpus == 0
+        else (f"one GPU each{' with ' + args.mem if args.mem else ''}")
+    )
     print(f"queue: {which_queue()}", flush=True)
     print(f"queuing {args.members} members {where}", flush=True)
     # Members that train on the CPU (no GPU, or only fake ones) run side by side: one thread each keeps
@@ -95,10 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         prediction = (args.out / f"member-{seed}.json").resolve()
         prediction.unlink(missing_ok=True)
         job_id = submit(
-            [str(HERE / "train_digits.py"), "--seed", str(seed), "--epochs", str(args.epochs),
-             "--predictions", str(prediction)],
-            gpus=gpus, mem=args.mem if gpus else None, name=f"digits-seed{seed}", env=env,
-        )  # fmt: skip
+            [
+                str(HERE / "train_digits.py"),
+                "--seed",
+                str(seed),
+                "--epochs",
+                str(args.epochs),
+                "--predictions",
+                str(prediction),
+            ],
+            gpus=gpus,
+            mem=args.mem if gpus else None,
+            name=f"digits-seed{seed}",
+            env=env,
+        )
         outputs[job_id] = (seed, prediction)
 
     print(f"jobs {min(outputs)}-{max(outputs)} queued; `gpuq status` shows them; waiting for them to end", flush=True)

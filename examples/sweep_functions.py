@@ -58,16 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     gpus = 1 if args.on or usable_gpus() else 0
     executor = Executor(gpus=gpus, mem=args.mem if gpus else None, name="lr-sweep", on=args.on)
     jobs = executor.map_array(
-        train, LEARNING_RATES, [args.epochs] * len(LEARNING_RATES), [args.seed] * len(LEARNING_RATES),
+        train,
+        LEARNING_RATES,
+        [args.epochs] * len(LEARNING_RATES),
+        [args.seed] * len(LEARNING_RATES),
         throttle=args.throttle,
-    )  # fmt: skip
+    )
     print(f"queued {len(jobs)} runs as jobs {jobs[0].id}-{jobs[-1].id} ({'GPU' if gpus else 'CPU'} jobs)", flush=True)
     results = []
     for job in as_completed(jobs):
         result = job.result()
         results.append(result)
-        print(f"job {job.id}: lr {result['lr']:g} accuracy {result['accuracy']:.4f} "
-              f"on {result['device']} in {result['seconds']}s", flush=True)  # fmt: skip
+        print(
+            f"job {job.id}: lr {result['lr']:g} accuracy {result['accuracy']:.4f} "
+            f"on {result['device']} in {result['seconds']}s",
+            flush=True,
+        )
     best = max(results, key=lambda r: float(r["accuracy"]))
     print(f"best learning rate: {best['lr']:g} (test accuracy {best['accuracy']:.4f})")
 

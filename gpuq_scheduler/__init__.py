@@ -57,9 +57,26 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "Allocation", "Executor", "GpuqError", "Job", "JobFailed", "JobRecord", "JobSpec", "JobState", "Mode", "Outcome",
-    "Resubmit", "array", "as_completed", "cancel", "current", "status", "submit", "wait", "wait_all",
-]  # fmt: skip
+    "Allocation",
+    "Executor",
+    "GpuqError",
+    "Job",
+    "JobFailed",
+    "JobRecord",
+    "JobSpec",
+    "JobState",
+    "Mode",
+    "Outcome",
+    "Resubmit",
+    "array",
+    "as_completed",
+    "cancel",
+    "current",
+    "status",
+    "submit",
+    "wait",
+    "wait_all",
+]
 
 
 def __getattr__(name: str) -> Any:

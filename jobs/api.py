@@ -36,9 +36,7 @@ def _state(home: str | os.PathLike[str] | None) -> StateDir:
     return StateDir(Path(home).absolute()) if home is not None else StateDir.from_env()
 
 
-def submit(
-    command: str | Sequence[str], *, home: str | os.PathLike[str] | None = None, **options: Any
-) -> int:  # fmt: skip
+def submit(command: str | Sequence[str], *, home: str | os.PathLike[str] | None = None, **options: Any) -> int:
     """Queue a job and return its id. ``command`` is a list of words (a string is split on whitespace).
 
     Takes ``gpuq submit``'s options by their Python names, as the CLI reads them (listed below), plus
@@ -63,10 +61,14 @@ def submit(
     return job_id
 
 
-submit.__doc__ = (submit.__doc__ or "").rstrip() + "\n\n    Options (``jobs.options`` declares them):\n\n" + "\n".join(
-    f"    - ``{option.dest}`` (``{option.flag}``): {option.help or 'one of ' + ', '.join(MODES) + '.'}"
-    for option in SUBMIT
-    if option.api
+submit.__doc__ = (
+    (submit.__doc__ or "").rstrip()
+    + "\n\n    Options (``jobs.options`` declares them):\n\n"
+    + "\n".join(
+        f"    - ``{option.dest}`` (``{option.flag}``): {option.help or 'one of ' + ', '.join(MODES) + '.'}"
+        for option in SUBMIT
+        if option.api
+    )
 )
 
 
@@ -75,9 +77,13 @@ def _capture(words: list[str], options: dict[str, Any], *, array: bool = False) 
     cwd = options.pop("cwd", None)
     options.setdefault("python", sys.executable)
     return capture_spec(
-        words, environ=os.environ, cwd=None if cwd is None else os.fspath(cwd), env=options.pop("env", None) or {},
-        array=array, **options,
-    )  # fmt: skip
+        words,
+        environ=os.environ,
+        cwd=None if cwd is None else os.fspath(cwd),
+        env=options.pop("env", None) or {},
+        array=array,
+        **options,
+    )
 
 
 def queue_job(

@@ -67,8 +67,9 @@ def sweep_range(value: str, text: str) -> list[str]:
         raise BadInput(f"--array {text[:60]!r}: {value}'s step after : is a whole number of 1 or more, like 0-20:5")
     start, stop, step = int(first), int(last), int(step_text) if colon else 1
     if stop < start:
-        raise BadInput(f"--array {text[:60]!r}: the range {value} goes down; write it from the smaller number, "
-                       f"like {last}-{first}")  # fmt: skip
+        raise BadInput(
+            f"--array {text[:60]!r}: the range {value} goes down; write it from the smaller number, like {last}-{first}"
+        )
     if (stop - start) // step >= MAX_ARRAY:
         raise BadInput(f"--array {text[:60]!r}: {value} is more than {MAX_ARRAY} values; at most {MAX_ARRAY}")
     width = len(first) if first[0] == "0" and len(first) > 1 else 0

@@ -164,11 +164,33 @@ def _status(raw: Any, path: Path | None) -> Status:
 def _shared(raw: Any, path: Path | None) -> Shared:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [shared] must be a table")
-    _check_keys(raw, {"admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life", "priority",
-                      "idle_limit", "default_time", "max_time", "idle_report", "default_cpus", "default_ram",
-                      "default_pids", "max_pids", "preemption", "preemption_min_runtime", "preemption_by",
-                      "preemption_grace", "reservation_idle", "reservation_quota", "outside_notify"},
-                 path, "shared.")  # fmt: skip
+    _check_keys(
+        raw,
+        {
+            "admins",
+            "max_gpus_per_user",
+            "max_queued_per_user",
+            "fair_share_half_life",
+            "priority",
+            "idle_limit",
+            "default_time",
+            "max_time",
+            "idle_report",
+            "default_cpus",
+            "default_ram",
+            "default_pids",
+            "max_pids",
+            "preemption",
+            "preemption_min_runtime",
+            "preemption_by",
+            "preemption_grace",
+            "reservation_idle",
+            "reservation_quota",
+            "outside_notify",
+        },
+        path,
+        "shared.",
+    )
     priority = raw.get("priority", {})
     if not isinstance(priority, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and -1_000_000 <= v <= 1_000_000 for v in priority.values()
@@ -185,7 +207,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     try:
         idle_limit = None if idle == "off" else parse_duration(idle)
     except BadInput as err:
-        raise ConfigError(f"{path}: shared.idle_limit: {err} (or \"off\")") from None
+        raise ConfigError(f'{path}: shared.idle_limit: {err} (or "off")') from None
     default_time = _duration(raw.get("default_time", "off"), path, "shared.default_time")
     max_time = _duration(raw.get("max_time", "7d"), path, "shared.max_time")
     if default_time is not None and max_time is not None and default_time > max_time:
@@ -200,7 +222,7 @@ def _shared(raw: Any, path: Path | None) -> Shared:
     except BadInput as err:
         raise ConfigError(f"{path}: shared.default_ram: {err}") from None
     if ram_bytes is not None and not 1 << 20 <= ram_bytes < 1 << 60:
-        raise ConfigError(f"{path}: shared.default_ram must be at least 1M, like \"64G\"")
+        raise ConfigError(f'{path}: shared.default_ram must be at least 1M, like "64G"')
     default_pids, max_pids = _pids(raw, "default_pids", 4096, path), _pids(raw, "max_pids", 32768, path)
     if default_pids is not None and max_pids is not None and default_pids > max_pids:
         raise ConfigError(f"{path}: shared.default_pids is more than shared.max_pids; lower it")
@@ -249,9 +271,13 @@ def _cluster(name: str, raw: Any, path: Path | None) -> Cluster:
     except BadInput as err:
         raise ConfigError(f"{path}: {key}.time: {err}") from None
     return Cluster(
-        name=name, backend=backend, partition=_optional(raw.get("partition"), str, path, f"{key}.partition"),
-        account=_optional(raw.get("account"), str, path, f"{key}.account"), time=seconds, sbatch_flags=tuple(flags),
-    )  # fmt: skip
+        name=name,
+        backend=backend,
+        partition=_optional(raw.get("partition"), str, path, f"{key}.partition"),
+        account=_optional(raw.get("account"), str, path, f"{key}.account"),
+        time=seconds,
+        sbatch_flags=tuple(flags),
+    )
 
 
 def _check_keys(raw: Mapping[str, Any], known: set[str], path: Path | None, prefix: str) -> None:
@@ -313,8 +339,9 @@ def _pids(raw: Mapping[str, Any], key: str, default: int, path: Path | None) -> 
             raise BadInput(f"{value!r} is not a whole number")
         return int(PIDS.kept(value))
     except BadInput:
-        raise ConfigError(f'{path}: shared.{key} must be a number of processes from 16 to {MOST_PIDS}, like 4096 '
-                          '(or "off")') from None  # fmt: skip
+        raise ConfigError(
+            f'{path}: shared.{key} must be a number of processes from 16 to {MOST_PIDS}, like 4096 (or "off")'
+        ) from None
 
 
 def _watchdog(raw: Any, path: Path | None) -> Watchdog:

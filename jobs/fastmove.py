@@ -308,9 +308,12 @@ class Mover:
         streams = self._streams()
         for index, host in enumerate(held.hosts):
             self.driver(
-                "cuMemcpyHtoDAsync_v2", host.device_address, ctypes.c_void_p(host.address), host.size,
+                "cuMemcpyHtoDAsync_v2",
+                host.device_address,
+                ctypes.c_void_p(host.address),
+                host.size,
                 streams[index % STREAMS],
-            )  # fmt: skip
+            )
         self._done(streams)
         steps["copy_in"] = time.monotonic() - at
         self.held = None

@@ -48,10 +48,27 @@ class Line(NamedTuple):
     def of(cls, r: JobRecord) -> Line:
         spec = r.spec
         return cls(
-            r.id, spec.display_name, r.user, r.state, r.gpus, spec.gpus, spec.mem_per_gpu, spec.mem_auto,
-            spec.mem_from, r.started_at, r.ended_at, r.reason, r.exit_code, r.array_id, r.held, r.cluster,
-            r.external_id, r.attempt, r.suspended_for, r.suspended_at if r.state is JobState.SUSPENDED else None,
-        )  # fmt: skip
+            r.id,
+            spec.display_name,
+            r.user,
+            r.state,
+            r.gpus,
+            spec.gpus,
+            spec.mem_per_gpu,
+            spec.mem_auto,
+            spec.mem_from,
+            r.started_at,
+            r.ended_at,
+            r.reason,
+            r.exit_code,
+            r.array_id,
+            r.held,
+            r.cluster,
+            r.external_id,
+            r.attempt,
+            r.suspended_for,
+            r.suspended_at if r.state is JobState.SUSPENDED else None,
+        )
 
 
 # The columns of ``jobs`` a Line is read from, in ``line_from``'s order: the spec's fields from their copies
@@ -80,7 +97,24 @@ def line_from(row: Sequence[Any]) -> Line:
     name = row[1] or row[2].rstrip("/").rsplit("/", 1)[-1] or row[2]  # as JobSpec.display_name
     auto_from = row[8]  # None: not --mem auto
     return Line(
-        row[0], name, row[3], _STATES[row[4]], gpus, 1 if row[6] is None else row[6], row[7], auto_from is not None,
-        auto_from or "", row[9], row[10], row[11], row[12], row[13], bool(row[14]), None, None, row[15], row[16],
+        row[0],
+        name,
+        row[3],
+        _STATES[row[4]],
+        gpus,
+        1 if row[6] is None else row[6],
+        row[7],
+        auto_from is not None,
+        auto_from or "",
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        bool(row[14]),
+        None,
+        None,
+        row[15],
+        row[16],
         row[17] if row[4] == "suspended" else None,
-    )  # fmt: skip
+    )

@@ -86,11 +86,20 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         check_spec(
-            command=self.command, gpus=self.gpus, mem_per_gpu=self.mem_per_gpu, mode=self.mode.value,
-            retries=self.retries, priority=self.priority, time_limit=self.time_limit, after=self.after,
-            mem_auto=self.mem_auto, sweep=self.sweep, cpus=self.cpus, ram=self.ram,
+            command=self.command,
+            gpus=self.gpus,
+            mem_per_gpu=self.mem_per_gpu,
+            mode=self.mode.value,
+            retries=self.retries,
+            priority=self.priority,
+            time_limit=self.time_limit,
+            after=self.after,
+            mem_auto=self.mem_auto,
+            sweep=self.sweep,
+            cpus=self.cpus,
+            ram=self.ram,
             preempt_signal=self.preempt_signal,
-        )  # fmt: skip
+        )
 
     def member(self, index: int) -> JobSpec:
         """One array member's spec: ``{index}`` in the command and name replaced by its index, and in a sweep
@@ -173,9 +182,7 @@ _READ_KEPT = {
 }
 # The spec's own fields its JSON holds by their types; the kept options (_KEPT) and ``options`` are written as
 # ``jobs.options`` declares them. A new field is written and read back with no more code than its declaration.
-_STORED = {
-    name: hint for name, hint in plain.hints(JobSpec).items() if name != "options" and name not in _DEFAULTS
-}
+_STORED = {name: hint for name, hint in plain.hints(JobSpec).items() if name != "options" and name not in _DEFAULTS}
 _WRITE = {name: plain.writer(hint) for name, hint in _STORED.items()}
 _READ = {name: plain.reader(hint, name) for name, hint in _STORED.items()}
 _FIELDS = {spec_field.name: spec_field for spec_field in dataclasses.fields(JobSpec)}
@@ -242,9 +249,15 @@ class JobRecord:
     def ended(self, outcome: Outcome, **changes: Any) -> JobRecord:
         """This record as ``outcome`` left it (plus ``changes``)."""
         return self.replace(
-            state=outcome.state, exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.recorded_reason(),
-            cause=outcome.cause, culprit=outcome.culprit, held=False, **changes,
-        )  # fmt: skip
+            state=outcome.state,
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            reason=outcome.recorded_reason(),
+            cause=outcome.cause,
+            culprit=outcome.culprit,
+            held=False,
+            **changes,
+        )
 
     def replace(self, **changes: Any) -> JobRecord:
         return dataclasses.replace(self, **changes)

@@ -41,8 +41,13 @@ def output_path(pattern: str, cwd: str, job_id: int, array_id: int | None, index
     """Where a job's ``--output PATTERN`` goes: its % codes filled as Slurm's -o fills them (%j the job's id,
     %A its array's id, or its own outside an array, %a its index, empty outside an array, %x its name with
     "/" as "_", %% a %), relative to the job's cwd. The pattern was checked at submit (``options._output``)."""
-    codes = {"j": str(job_id), "A": str(job_id if array_id is None else array_id),
-             "a": "" if index is None else str(index), "x": name.replace("/", "_"), "%": "%"}  # fmt: skip
+    codes = {
+        "j": str(job_id),
+        "A": str(job_id if array_id is None else array_id),
+        "a": "" if index is None else str(index),
+        "x": name.replace("/", "_"),
+        "%": "%",
+    }
     parts, at = [], 0
     while True:
         found = pattern.find("%", at)

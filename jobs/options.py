@@ -48,14 +48,39 @@ class Option(Generic[T]):
     ``stores`` is the type kept there (default: the kind's), which ``JobSpec.from_json`` holds a request to.
     """
 
-    __slots__ = ("api", "capture", "default", "dest", "field", "flag", "help", "kind", "metavar", "quick",
-                 "show_default", "spec", "stores")  # fmt: skip
+    __slots__ = (
+        "api",
+        "capture",
+        "default",
+        "dest",
+        "field",
+        "flag",
+        "help",
+        "kind",
+        "metavar",
+        "quick",
+        "show_default",
+        "spec",
+        "stores",
+    )
 
     def __init__(
-        self, flag: str, kind: str, default: T, help: str | None = None, *, dest: str = "",
-        metavar: str | None = None, show_default: bool = False, spec: bool = True, api: bool | None = None,
-        quick: bool = True, field: str = "", capture: Callable[[Any], Any] | None = None, stores: type | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        flag: str,
+        kind: str,
+        default: T,
+        help: str | None = None,
+        *,
+        dest: str = "",
+        metavar: str | None = None,
+        show_default: bool = False,
+        spec: bool = True,
+        api: bool | None = None,
+        quick: bool = True,
+        field: str = "",
+        capture: Callable[[Any], Any] | None = None,
+        stores: type | None = None,
+    ) -> None:
         if kind not in KINDS or not flag.startswith("--"):
             raise ValueError(f"option {flag}: a long flag of a kind in {KINDS}, not {kind!r}")
         self.flag = flag
@@ -104,8 +129,10 @@ def _output(value: str | None) -> str | None:
     at = value.find("%")
     while at >= 0:
         if value[at + 1 : at + 2] not in tuple(OUTPUT_CODES):
-            raise BadInput(f"--output {value!r}: %{value[at + 1 : at + 2]} is not one of %j (job id), %A (array id), "
-                           "%a (array index), %x (job name), %% (a %)")  # fmt: skip
+            raise BadInput(
+                f"--output {value!r}: %{value[at + 1 : at + 2]} is not one of %j (job id), %A (array id), "
+                "%a (array index), %x (job name), %% (a %)"
+            )
         at = value.find("%", at + 2)
     return value
 
@@ -139,9 +166,15 @@ def _gpu_ids(value: str | list[int] | None) -> list[int]:
 
 
 GPU_IDS: Option[Any] = Option(  # kept as list[int]; given as text (None: not given)
-    "--gpu-ids", "str", None, "Run on these GPUs (2,3), as `gpuq gpus` numbers them; --gpus is their count.",
-    metavar="IDS", field="gpu_ids", capture=_gpu_ids, stores=list,
-)  # fmt: skip
+    "--gpu-ids",
+    "str",
+    None,
+    "Run on these GPUs (2,3), as `gpuq gpus` numbers them; --gpus is their count.",
+    metavar="IDS",
+    field="gpu_ids",
+    capture=_gpu_ids,
+    stores=list,
+)
 
 MOST_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT: no cgroup can hold more tasks
 
@@ -153,15 +186,24 @@ def _pids(value: int | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= MOST_PIDS:
         from gpuq_scheduler.jobs.errors import BadInput
 
-        raise BadInput(f"--pids {value!r}: give the most processes the job may hold at once, threads included, "
-                       f"from 16 to {MOST_PIDS}, like 8192")  # fmt: skip
+        raise BadInput(
+            f"--pids {value!r}: give the most processes the job may hold at once, threads included, "
+            f"from 16 to {MOST_PIDS}, like 8192"
+        )
     return value
 
 
 PIDS: Option[int | None] = Option(
-    "--pids", "int", None, "Most processes (threads too) the job may hold at once; past it fork fails (default: a "
-    "shared queue's default_pids). cgroup pids.max.", metavar="N", field="pids", capture=_pids,
-)  # fmt: skip
+    "--pids",
+    "int",
+    None,
+    "Most processes (threads too) the job may hold at once; past it fork fails (default: a "
+    "shared queue's default_pids). cgroup pids.max.",
+    metavar="N",
+    field="pids",
+    capture=_pids,
+)
+
 
 def _reservation(value: str | None) -> str | None:
     """--reservation's name as kept (None: not given); a name gpuq could not have made is refused."""
@@ -173,57 +215,131 @@ def _reservation(value: str | None) -> str | None:
 
 
 RESERVATION: Option[str | None] = Option(
-    "--reservation", "str", None, "Run in this reservation of yours, on its GPUs (`gpuq reserve --list`).",
-    metavar="NAME", field="reservation", capture=_reservation,
-)  # fmt: skip
+    "--reservation",
+    "str",
+    None,
+    "Run in this reservation of yours, on its GPUs (`gpuq reserve --list`).",
+    metavar="NAME",
+    field="reservation",
+    capture=_reservation,
+)
 
 OUTPUT: Option[str | None] = Option(
-    "--output", "str", None, "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
-    "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.", metavar="PATTERN", field="output",
+    "--output",
+    "str",
+    None,
+    "Also write the job's output to this file (relative to its cwd), as Slurm's -o: %j "
+    "job id, %A array id, %a index, %x name. `gpuq logs` shows it too.",
+    metavar="PATTERN",
+    field="output",
     capture=_output,
-)  # fmt: skip
+)
 
 SUBMIT: tuple[Option[Any], ...] = (
     Option("--gpus", "int", 1, "GPUs the job needs (0: a CPU job).", show_default=True, field="gpus"),
     GPU_IDS,
-    Option("--mem", "str", None, "Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs "
-           "of the same kind. Without it the job gets whole GPUs."),
+    Option(
+        "--mem",
+        "str",
+        None,
+        "Memory needed on each GPU (20G, 20GiB, 512M), or auto: learned from earlier runs "
+        "of the same kind. Without it the job gets whole GPUs.",
+    ),
     Option("--cpus", "str", None, "Host CPUs' worth of time the job may use (4, 0.5); cgroup cpu.max.", metavar="N"),
-    Option("--ram", "str", None, "Host memory the job may use (32G); past it the kernel ends the job.",
-           metavar="SIZE"),
+    Option("--ram", "str", None, "Host memory the job may use (32G); past it the kernel ends the job.", metavar="SIZE"),
     PIDS,
-    Option("--like", "int", None, "--mem auto, learned from this job's peak memory.", metavar="JOB_ID", api=False,
-           quick=False),
+    Option(
+        "--like",
+        "int",
+        None,
+        "--mem auto, learned from this job's peak memory.",
+        metavar="JOB_ID",
+        api=False,
+        quick=False,
+    ),
     Option("--name", "str", "", "A name to show in status (default: the command).", field="name"),
     Option("--priority", "int", 0, "Higher runs first.", show_default=True, field="priority"),
-    Option("--time", "str", None, "Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.",
-           dest="time_limit"),
+    Option(
+        "--time", "str", None, "Time limit (90s, 30m, 2h, 1h30m, 01:30:00); then SIGTERM, SIGKILL.", dest="time_limit"
+    ),
     Option("--mode", "mode", "single", show_default=True),
     Option("--env", "list", (), "Set an environment variable for the job.", metavar="K=V"),
     Option("--cwd", "dir", None, "Run in this directory (default: the current one)."),
-    Option("--array", "list", (), "Queue members: indices 0-49, 1,3,7, 0-20:5; or values NAME=V1,V2,... for {NAME} "
-           "in the command (again for a product); %N runs N at once.", dest="array_spec", metavar="SPEC", spec=False),
-    Option("--after", "str", None, "Start after these jobs or arrays (1,2,...) succeeded.", metavar="IDS",
-           quick=False),
-    Option("--after-any", "flag", False, "With --after: start once they ended, however they ended.", quick=False,
-           field="after_any"),
+    Option(
+        "--array",
+        "list",
+        (),
+        "Queue members: indices 0-49, 1,3,7, 0-20:5; or values NAME=V1,V2,... for {NAME} "
+        "in the command (again for a product); %N runs N at once.",
+        dest="array_spec",
+        metavar="SPEC",
+        spec=False,
+    ),
+    Option("--after", "str", None, "Start after these jobs or arrays (1,2,...) succeeded.", metavar="IDS", quick=False),
+    Option(
+        "--after-any",
+        "flag",
+        False,
+        "With --after: start once they ended, however they ended.",
+        quick=False,
+        field="after_any",
+    ),
     Option("--retries", "int", 0, "Run again after a failure, with backoff.", show_default=True, field="retries"),
-    Option("--oom-retry", "flag", False, "After CUDA out of memory, retry with twice the memory or a whole GPU.",
-           field="oom_retry"),
-    Option("--preemptible", "flag", False, "A more urgent job may suspend this one to take its GPUs; it resumes "
-           "after (docs/suspend.md).", field="preemptible"),
-    Option("--preempt-signal", "str", None, "Where it cannot be suspended: the signal sent before it is requeued "
-           "(default USR1).", metavar="SIG", field="preempt_signal", capture=_signal),
+    Option(
+        "--oom-retry",
+        "flag",
+        False,
+        "After CUDA out of memory, retry with twice the memory or a whole GPU.",
+        field="oom_retry",
+    ),
+    Option(
+        "--preemptible",
+        "flag",
+        False,
+        "A more urgent job may suspend this one to take its GPUs; it resumes after (docs/suspend.md).",
+        field="preemptible",
+    ),
+    Option(
+        "--preempt-signal",
+        "str",
+        None,
+        "Where it cannot be suspended: the signal sent before it is requeued (default USR1).",
+        metavar="SIG",
+        field="preempt_signal",
+        capture=_signal,
+    ),
     RESERVATION,
-    Option("--notify", "str", None, "Shell command run when the job (or the whole array) ends.", metavar="CMD",
-           field="notify", capture=_notify),
+    Option(
+        "--notify",
+        "str",
+        None,
+        "Shell command run when the job (or the whole array) ends.",
+        metavar="CMD",
+        field="notify",
+        capture=_notify,
+    ),
     OUTPUT,
-    Option("--wait", "flag", False, "Block until the job ends; exit with its exit code.", dest="wait_", spec=False,
-           quick=False),
+    Option(
+        "--wait",
+        "flag",
+        False,
+        "Block until the job ends; exit with its exit code.",
+        dest="wait_",
+        spec=False,
+        quick=False,
+    ),
     Option("--json", "flag", False, 'Print {"id": N} (and "jobs" for an array).', dest="as_json", spec=False),
-    Option("--on", "str", None, "Send it to this cluster of your config (Slurm) instead.", metavar="CLUSTER",
-           spec=False, api=True, quick=False),
-)  # fmt: skip
+    Option(
+        "--on",
+        "str",
+        None,
+        "Send it to this cluster of your config (Slurm) instead.",
+        metavar="CLUSTER",
+        spec=False,
+        api=True,
+        quick=False,
+    ),
+)
 """Every option of ``gpuq submit``, in the order its help lists them."""
 
 
@@ -239,4 +355,3 @@ def check_keywords(function: str, given: dict[str, Any], also: tuple[str, ...] =
     for key in given:
         if key not in known and key not in also:
             raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
-

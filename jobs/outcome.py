@@ -94,9 +94,13 @@ class Outcome:
         """CUDA out of memory, of the kind ``oom`` says; a victim names its culprit."""
         end = f"killed by {signal_name(signum)}" if signum is not None else f"exit code {exit_code}"
         return cls(
-            JobState.FAILED, oom.cause, exit_code=exit_code, signal=signum, reason=f"{oom.sentence()} ({end})",
+            JobState.FAILED,
+            oom.cause,
+            exit_code=exit_code,
+            signal=signum,
+            reason=f"{oom.sentence()} ({end})",
             culprit=oom.culprit.job if oom.culprit is not None else None,
-        )  # fmt: skip
+        )
 
     @classmethod
     def out_of_host_memory(cls, detail: str, exit_code: int | None = None, signum: int | None = None) -> Outcome:
@@ -105,8 +109,11 @@ class Outcome:
     @classmethod
     def process_limit(cls, limit: int, ended: Outcome) -> Outcome:
         """It failed as ``ended`` says after the kernel refused it a fork at its limit of ``limit`` tasks."""
-        why = f"reached its limit of {limit} processes; {ended.reason}" if ended.reason else \
-            f"reached its limit of {limit} processes"  # fmt: skip
+        why = (
+            f"reached its limit of {limit} processes; {ended.reason}"
+            if ended.reason
+            else f"reached its limit of {limit} processes"
+        )
         return cls(JobState.FAILED, Cause.PROCESS_LIMIT, exit_code=ended.exit_code, signal=ended.signal, reason=why)
 
     @classmethod
@@ -143,16 +150,18 @@ class Outcome:
         """It ended while suspended to host memory, as ``ended`` says (a suspended job cannot run: something
         killed it); its exit code and signal kept."""
         return cls(
-            JobState.FAILED, Cause.DIED_SUSPENDED, exit_code=ended.exit_code, signal=ended.signal,
+            JobState.FAILED,
+            Cause.DIED_SUSPENDED,
+            exit_code=ended.exit_code,
+            signal=ended.signal,
             reason=f"died while suspended ({ended.reason})" if ended.reason else "died while suspended",
-        )  # fmt: skip
+        )
 
     @classmethod
     def preempted(cls, preemptor: int, why: str) -> Outcome:
         """It was signalled and ended to give its GPUs to job ``preemptor`` (it could not be suspended, as
         ``why`` says): requeued, not counted against its retries, whatever it exited with."""
-        return cls(JobState.FAILED, Cause.PREEMPTED, reason=f"preempted for job {preemptor} ({why})",
-                   culprit=preemptor)  # fmt: skip
+        return cls(JobState.FAILED, Cause.PREEMPTED, reason=f"preempted for job {preemptor} ({why})", culprit=preemptor)
 
     @classmethod
     def lost(cls, reason: str) -> Outcome:

@@ -133,4 +133,3 @@ def scalar(value: Any, kind: type, name: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool):
         raise BadInput(f"{name} must be {kind.__name__}, not {type(value).__name__}")
     return value
-

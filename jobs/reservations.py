@@ -62,20 +62,36 @@ class Reservation:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "user": self.user, "uid": self.uid, "gpus": list(self.gpus), "start": self.start,
-            "end": self.end, "created": self.created, "token": self.token, "used_at": self.used_at,
-            "said": list(self.said), "ended": self.ended, "ended_at": self.ended_at,
-        }  # fmt: skip
+            "name": self.name,
+            "user": self.user,
+            "uid": self.uid,
+            "gpus": list(self.gpus),
+            "start": self.start,
+            "end": self.end,
+            "created": self.created,
+            "token": self.token,
+            "used_at": self.used_at,
+            "said": list(self.said),
+            "ended": self.ended,
+            "ended_at": self.ended_at,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Reservation:
         return cls(
-            str(data["name"]), str(data["user"]), int(data["uid"]), tuple(int(g) for g in data["gpus"]),
-            float(data["start"]), float(data["end"]), float(data.get("created") or 0.0), str(data.get("token") or ""),
+            str(data["name"]),
+            str(data["user"]),
+            int(data["uid"]),
+            tuple(int(g) for g in data["gpus"]),
+            float(data["start"]),
+            float(data["end"]),
+            float(data.get("created") or 0.0),
+            str(data.get("token") or ""),
             None if data.get("used_at") is None else float(data["used_at"]),
-            tuple(str(s) for s in data.get("said") or ()), str(data.get("ended") or ""),
+            tuple(str(s) for s in data.get("said") or ()),
+            str(data.get("ended") or ""),
             None if data.get("ended_at") is None else float(data["ended_at"]),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -90,8 +106,14 @@ class Ask:
     user: str = ""  # "" : the requester
 
     def to_values(self) -> dict[str, Any]:
-        return {"token": self.token, "gpus": self.gpus, "start": self.start, "end": self.end, "name": self.name,
-                "user": self.user}  # fmt: skip
+        return {
+            "token": self.token,
+            "gpus": self.gpus,
+            "start": self.start,
+            "end": self.end,
+            "name": self.name,
+            "user": self.user,
+        }
 
 
 def check_name(name: str) -> str:

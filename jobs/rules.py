@@ -49,9 +49,7 @@ def check_spec(
 ) -> None:
     """Raise BadInput with a one-line message for the first rule these values break."""
     if preempt_signal is not None and preempt_signal not in PREEMPT_SIGNALS:
-        raise BadInput(
-            f"--preempt-signal {preempt_signal!r}: name one a job can catch: {', '.join(PREEMPT_SIGNALS)}"
-        )
+        raise BadInput(f"--preempt-signal {preempt_signal!r}: name one a job can catch: {', '.join(PREEMPT_SIGNALS)}")
     if sweep:
         check_sweep(sweep)
     if not command:
@@ -147,8 +145,11 @@ def check_placeholders(command: Sequence[str], name: str, names: Sequence[str]) 
                 continue
             listed = ", ".join("{" + k + "}" for k in known)
             near = next((k for k in known if k.lower() == found.lower()), None)
-            hint = (f"did you mean {{{near}}}? (names are case-sensitive)" if near else
-                    f"it fills {listed} (a shell variable is written ${{{found}}})")  # fmt: skip
+            hint = (
+                f"did you mean {{{near}}}? (names are case-sensitive)"
+                if near
+                else f"it fills {listed} (a shell variable is written ${{{found}}})"
+            )
             raise BadInput(f"--array: {{{found}}} in {where} is no placeholder of this array; {hint}")
 
 

@@ -50,9 +50,13 @@ class Selection:
 
 
 def parse(
-    name: str | None = None, state: str | None = None, user: str | None = None, *, everything: bool = False,
+    name: str | None = None,
+    state: str | None = None,
+    user: str | None = None,
+    *,
+    everything: bool = False,
     allowed: tuple[JobState, ...] = tuple(JobState),
-) -> Selection:  # fmt: skip
+) -> Selection:
     """A Selection from the command line's words, each checked: ``state`` one or more of ``allowed``
     (comma-separated, any case), ``user`` a user of this machine, ``name`` a glob."""
     if name is not None and (not name or "\0" in name):

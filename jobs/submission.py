@@ -183,21 +183,34 @@ def capture_spec(
         gpus = kept["gpus"] = len(pinned)
     output = kept["output"]
     if output and os.path.isdir(os.path.join(workdir, output)):  # most likely the job's own --output DIR
-        raise BadInput(f"--output {output}: is a directory; name a file (out/%j.log), or if --output is "
-                       f"{program}'s own, give it after --")  # fmt: skip
+        raise BadInput(
+            f"--output {output}: is a directory; name a file (out/%j.log), or if --output is "
+            f"{program}'s own, give it after --"
+        )
     retries, priority = values["retries"], values["priority"]
     check_spec(
-        command=command, gpus=gpus, mem_per_gpu=mem_per_gpu, mode=mode_name, retries=retries, priority=priority,
-        time_limit=seconds, after=after, mem_auto=mem_auto, sweep=sweep, cpus=cpu_share, ram=ram_bytes,
+        command=command,
+        gpus=gpus,
+        mem_per_gpu=mem_per_gpu,
+        mode=mode_name,
+        retries=retries,
+        priority=priority,
+        time_limit=seconds,
+        after=after,
+        mem_auto=mem_auto,
+        sweep=sweep,
+        cpus=cpu_share,
+        ram=ram_bytes,
         preempt_signal=kept["preempt_signal"],
-    )  # fmt: skip
+    )
     if array or sweep:  # no {word} reaches a member as text, and each {name} is where its value goes
         check_placeholders(command, values["name"], [name for name, _ in sweep])
     if sweep:
         check_sweep(sweep, command)
     check_bounds(gpus=gpus, retries=retries, time_limit=seconds, after=after)
-    check_texts(command=command, cwd=workdir, env=captured, name=values["name"], notify=values["notify"],
-                python=interpreter)  # fmt: skip
+    check_texts(
+        command=command, cwd=workdir, env=captured, name=values["name"], notify=values["notify"], python=interpreter
+    )
     return {  # the keys and their order of JobSpec.to_json(): the daemon reads this as a request's spec
         "command": list(command),
         "cwd": workdir,
@@ -329,8 +342,10 @@ def _refuse_a_quoted_command(command: Sequence[str], workdir: str, path: str) ->
     first = words[0]
     if os.path.isfile(os.path.join(workdir, first)) or ("/" not in first and _which(first, path) is not None):
         unquoted = " ".join([*words, *command[1:]])
-        raise BadInput(f"no program named {program!r}: the whole command is one quoted word; unquote it: "
-                       f"{unquoted} (a shell line runs as bash -c '...')")  # fmt: skip
+        raise BadInput(
+            f"no program named {program!r}: the whole command is one quoted word; unquote it: "
+            f"{unquoted} (a shell line runs as bash -c '...')"
+        )
 
 
 def _require_file(script: str, workdir: str) -> None:

@@ -9,11 +9,23 @@ from gpuq_scheduler.jobs.errors import BadInput
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 _SIZE_UNITS = {
-    "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 10**3,
-    "M": 1 << 20, "MI": 1 << 20, "MIB": 1 << 20, "MB": 10**6,
-    "G": 1 << 30, "GI": 1 << 30, "GIB": 1 << 30, "GB": 10**9,
-    "T": 1 << 40, "TI": 1 << 40, "TIB": 1 << 40, "TB": 10**12,
-}  # fmt: skip
+    "K": 1 << 10,
+    "KI": 1 << 10,
+    "KIB": 1 << 10,
+    "KB": 10**3,
+    "M": 1 << 20,
+    "MI": 1 << 20,
+    "MIB": 1 << 20,
+    "MB": 10**6,
+    "G": 1 << 30,
+    "GI": 1 << 30,
+    "GIB": 1 << 30,
+    "GB": 10**9,
+    "T": 1 << 40,
+    "TI": 1 << 40,
+    "TIB": 1 << 40,
+    "TB": 10**12,
+}
 
 
 def parse_size(text: str) -> int:

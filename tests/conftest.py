@@ -59,9 +59,13 @@ class Gpuq:
 
     def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", self.entry, *args], env=self.env, cwd=self.cwd,
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+            [sys.executable, "-m", self.entry, *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"gpuq {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
         return result
@@ -191,9 +195,10 @@ def read_reports(path: Path) -> list[dict[str, Any]]:
 FAKE_CUDA = Path(__file__).parent / "fixtures" / "fake_cuda.py"
 # Three fake GPUs as tests of the views see them: a teammate's 10 GiB on GPU 0, a busy GPU 1, a lost GPU 2.
 THREE_GPUS: list[dict[str, Any]] = [
-    {"name": "H100", "total": "80GiB", "used": "10GiB", "util": 35}, {"name": "H100", "total": "80GiB", "util": 80},
+    {"name": "H100", "total": "80GiB", "used": "10GiB", "util": 35},
+    {"name": "H100", "total": "80GiB", "util": 80},
     {"total": "80GiB", "lost": True},
-]  # fmt: skip
+]
 
 
 def fake_cuda_queue(tmp_path: Path, gpus: str | list[dict[str, Any]], **extra: str) -> Gpuq:

@@ -121,9 +121,12 @@ class LocalSlurm:
     def sbatch(self, *args: str, env: Mapping[str, str] | None = None) -> int:
         """Submit with ``sbatch --parsable ARGS...`` and return the job id."""
         proc = subprocess.run(
-            ["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
+            ["sbatch", "--parsable", *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
             timeout=60,
-        )  # fmt: skip
+        )
         if proc.returncode != 0:
             raise SlurmError(f"sbatch {' '.join(args)} failed: {proc.stderr.strip()}")
         return int(proc.stdout.strip().split(";")[0])
@@ -183,9 +186,7 @@ class LocalSlurm:
             raise
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         if self._procs.get("slurmctld") is not None and self._procs["slurmctld"].poll() is None:
             with contextlib.suppress(Exception):
                 self.run("scancel", "--quiet", "--full", f"--partition={self.partition}", check=False, timeout=10)
@@ -265,9 +266,13 @@ class LocalSlurm:
         ):
             out = (self.root / f"{name}.stdout").open("wb")
             self._procs[name] = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
             out.close()
             if name == "slurmctld":
                 self._wait(lambda: self.run("scontrol", "ping", check=False).find("UP") >= 0, "slurmctld to answer")
@@ -295,9 +300,11 @@ def smoke() -> int:
         print(slurm.run("sinfo", "-N", "-o", "%N %T %c %G").rstrip())
         out = slurm.root / "smoke.out"
         job = slurm.sbatch(
-            "--gres=gpu:2", f"--output={out}",
-            "--wrap", 'echo "job $SLURM_JOB_ID CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"',
-        )  # fmt: skip
+            "--gres=gpu:2",
+            f"--output={out}",
+            "--wrap",
+            'echo "job $SLURM_JOB_ID CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"',
+        )
         slurm.wait_empty(timeout=60)
         deadline = time.monotonic() + 10
         while not out.exists() and time.monotonic() < deadline:

@@ -10,8 +10,19 @@ SPEC = JobSpec(command=("train.py",), cwd="/", env={})
 
 
 def member(index: int, state: JobState, started: float | None = None, ended: float | None = None) -> JobRecord:
-    return JobRecord(index + 2, SPEC, 0, "a", state, 0.0, started_at=started, ended_at=ended, array_id=1,
-                     array_index=index, reason="exit code 1" if state is JobState.FAILED else "")  # fmt: skip
+    return JobRecord(
+        index + 2,
+        SPEC,
+        0,
+        "a",
+        state,
+        0.0,
+        started_at=started,
+        ended_at=ended,
+        array_id=1,
+        array_index=index,
+        reason="exit code 1" if state is JobState.FAILED else "",
+    )
 
 
 def failed(index: int, started: float = 0.0, after: float = 1.0) -> JobRecord:

@@ -84,10 +84,12 @@ def test_a_version_2_table_is_read_then_given_causes_by_the_daemon(tmp_path: Pat
     specs = [JobSpec(command=(f"/bin/job{i}",), cwd="/", mem_per_gpu=4 * GiB) for i in range(6)]
     table.insert_pending([JobRecord(i + 1, s, 0, "root", JobState.PENDING, float(i)) for i, s in enumerate(specs)])
     endings = [
-        Outcome.succeeded(), Outcome.failed(3),
+        Outcome.succeeded(),
+        Outcome.failed(3),
         Outcome.out_of_memory(OutOfMemory(Cause.OOM_PAST_SHARE, share=4 * GiB, asked="4.0G"), 1, None),
-        Outcome.killed(9), Outcome.cancelled("alice"),
-    ]  # fmt: skip
+        Outcome.killed(9),
+        Outcome.cancelled("alice"),
+    ]
     for job_id, outcome in enumerate(endings, start=1):
         table.mark_running(job_id, [0], [], 10.0, Launch(1, 1.0, "boot"))
         table.finish(job_id, outcome, 20.0)
@@ -98,8 +100,13 @@ def test_a_version_2_table_is_read_then_given_causes_by_the_daemon(tmp_path: Pat
     reader.close()
     daemon = JobTable(path, create=True)
     assert [r.cause for r in daemon.records()] == [
-        Cause.SUCCEEDED, Cause.EXIT_CODE, Cause.OOM_PAST_SHARE, Cause.SIGNAL, Cause.CANCELLED, None,
-    ]  # fmt: skip
+        Cause.SUCCEEDED,
+        Cause.EXIT_CODE,
+        Cause.OOM_PAST_SHARE,
+        Cause.SIGNAL,
+        Cause.CANCELLED,
+        None,
+    ]
     daemon.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION
 
@@ -110,19 +117,44 @@ def test_a_victim_names_its_culprit_runs_again_without_spending_a_retry_and_teac
     warns here: stopping, it would end the culprit at its first sample past its share (tests/test_watchdog.py),
     and the victim rule is for what it cannot prevent (a spike between samples, or a watchdog set to warn)."""
     gpuq = fake_cuda_queue(
-        tmp_path, "1x24GiB", GPUQ_FAKE_MPS="1", GPUQ_RETRY_BACKOFF="0.2", FAKE_CUDA_TOTAL=str(24 * GiB),
+        tmp_path,
+        "1x24GiB",
+        GPUQ_FAKE_MPS="1",
+        GPUQ_RETRY_BACKOFF="0.2",
+        FAKE_CUDA_TOTAL=str(24 * GiB),
         GPUQ_WATCHDOG="warn",
-    )  # fmt: skip
+    )
     try:
         go_culprit, go_victim = gpuq.cwd / "culprit.go", gpuq.cwd / "victim.go"
         culprit = gpuq.submit(
-            "--mem", "4G", "env", "-u", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "python3", "fake_cuda.py", "1", "600",
-            "--grow-to", "20", "--grow-when", str(go_culprit),
-        )  # fmt: skip
+            "--mem",
+            "4G",
+            "env",
+            "-u",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "python3",
+            "fake_cuda.py",
+            "1",
+            "600",
+            "--grow-to",
+            "20",
+            "--grow-when",
+            str(go_culprit),
+        )
         victim = gpuq.submit(
-            "--name", "victim", "--mem", "4G", "--oom-retry", "fake_cuda.py", "1", "1",
-            "--grow-to", "4", "--grow-when", str(go_victim),
-        )  # fmt: skip
+            "--name",
+            "victim",
+            "--mem",
+            "4G",
+            "--oom-retry",
+            "fake_cuda.py",
+            "1",
+            "1",
+            "--grow-to",
+            "4",
+            "--grow-when",
+            str(go_victim),
+        )
         gpuq.wait_state(culprit, "running")
         gpuq.wait_state(victim, "running")
         go_culprit.touch()

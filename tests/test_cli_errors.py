@@ -64,11 +64,16 @@ BAD_SUBMITS = [
     (["--array", "seed=7-0", "echo", "{seed}"], "the range 7-0 goes down; write it from the smaller number, like 0-7"),
     # Issue 39, friction 9: a typo of gpuq's option after the command went to the job; a quoted command
     # was "command not found".
-    (["echo", "--gpu", "2"], "--gpu is no option of gpuq's: did you mean --gpus? If --gpu is echo's own, give it "
-                             "after --, as in `echo -- --gpu ...`"),
+    (
+        ["echo", "--gpu", "2"],
+        "--gpu is no option of gpuq's: did you mean --gpus? If --gpu is echo's own, give it "
+        "after --, as in `echo -- --gpu ...`",
+    ),
     (["echo", "x", "--prio=3"], "--prio is no option of gpuq's: did you mean --priority?"),
-    (["echo 1 --lr 2", "--gpus", "0"], "no program named 'echo 1 --lr 2': the whole command is one quoted word; "
-                                       "unquote it: echo 1 --lr 2"),
+    (
+        ["echo 1 --lr 2", "--gpus", "0"],
+        "no program named 'echo 1 --lr 2': the whole command is one quoted word; unquote it: echo 1 --lr 2",
+    ),
 ]
 
 

@@ -96,9 +96,12 @@ def _read(queue: Any, log: ClientLog, rng: random.Random, env: dict[str, str]) -
     kind = rng.random()
     if kind < 0.08:  # the real command now and then: its JSON is what scripts read
         result = subprocess.run(
-            [*CLICK, "status", "--all", "--json"], env=env, capture_output=True,
-            text=True, timeout=60,
-        )  # fmt: skip
+            [*CLICK, "status", "--all", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if result.returncode != 0:
             log.errors.append(f"gpuq status exited {result.returncode}: {result.stderr}")
             return

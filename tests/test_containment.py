@@ -246,8 +246,11 @@ def test_host_limits_are_refused_at_submit_where_the_controllers_are_not_delegat
     assert first.returncode == 0 or "--ram cannot be enforced here" in first.stderr, first.stderr
     queue.wait_state(queue.submit("true"), "succeeded")
     recorded = json.loads((queue.home / "gpus.json").read_text())["containment"]
-    missing = [(o, v) for o, v, c in (("--ram", "1G", "memory"), ("--cpus", "2", "cpu"), ("--pids", "100", "pids"))
-               if c not in recorded["controllers"]]  # fmt: skip
+    missing = [
+        (o, v)
+        for o, v, c in (("--ram", "1G", "memory"), ("--cpus", "2", "cpu"), ("--pids", "100", "pids"))
+        if c not in recorded["controllers"]
+    ]
     if not missing:
         pytest.skip("the controllers are delegated here: tests/test_containment_gpu.py checks they are enforced")
     if ("--pids", "100") in missing and recorded["kind"] == "cgroup":
@@ -266,9 +269,11 @@ def test_host_limits_are_refused_at_submit_where_the_controllers_are_not_delegat
 
 def test_host_limit_values_are_checked_before_anything_else(queue: Gpuq) -> None:
     for option, value, says in (
-        ("--cpus", "none", "--cpus 'none': give a number of CPUs"), ("--cpus", "0", "--cpus must be from 0.01"),
-        ("--ram", "1K", "--ram must be at least 1M"), ("--ram", "lots", "--ram: cannot read size 'lots'"),
-    ):  # fmt: skip
+        ("--cpus", "none", "--cpus 'none': give a number of CPUs"),
+        ("--cpus", "0", "--cpus must be from 0.01"),
+        ("--ram", "1K", "--ram must be at least 1M"),
+        ("--ram", "lots", "--ram: cannot read size 'lots'"),
+    ):
         refused = queue.run("submit", option, value, "true", check=False)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
 
@@ -298,8 +303,11 @@ def test_a_detached_grandchild_on_a_gpu_is_counted_as_its_jobs_never_as_outside_
         queue.wait_state(job, "running")
         usage = Path(queue.env["GPUQ_FAKE_USAGE"])
         holder = int(wait_for(lambda: next(usage.glob("*.json"), None), 30, "the grandchild to hold memory").stem)
-        row = wait_for(lambda: (rows := json.loads(queue.run("gpus", "--json").stdout)) and rows[0]["jobs"] and rows[0],
-                       30, "the GPU row")  # fmt: skip
+        row = wait_for(
+            lambda: (rows := json.loads(queue.run("gpus", "--json").stdout)) and rows[0]["jobs"] and rows[0],
+            30,
+            "the GPU row",
+        )
         assert row["used_outside_gpuq"] == 0 and job in row["jobs"], row
         queue.run("cancel", str(job))
         queue.wait_state(job, "cancelled")

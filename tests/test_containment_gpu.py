@@ -64,20 +64,24 @@ def test_a_job_past_its_ram_limit_ends_out_of_host_memory_with_that_reason(queue
 
 def test_a_job_given_half_a_cpu_gets_half_a_cpu(queue: Gpuq) -> None:
     _needs(queue, "cpu")
-    busy = _script(queue, "busy.py", (
-        "import os, threading, time\n"
-        "mount = next(l.split()[1] for l in open('/proc/self/mounts') if l.split()[2] == 'cgroup2')\n"
-        "group = next(l[3:].strip() for l in open('/proc/self/cgroup') if l.startswith('0::'))\n"
-        "print('cpu.max', open(mount + group + '/cpu.max').read().strip())\n"
-        "def spin():\n"
-        "    end = time.monotonic() + 3\n"
-        "    while time.monotonic() < end:\n"
-        "        pass\n"
-        "threads = [threading.Thread(target=spin) for _ in range(2)]\n"
-        "wall = time.monotonic()\n"
-        "[t.start() for t in threads]; [t.join() for t in threads]\n"
-        "print('ratio', sum(os.times()[:2]) / (time.monotonic() - wall))\n"
-    ))  # fmt: skip
+    busy = _script(
+        queue,
+        "busy.py",
+        (
+            "import os, threading, time\n"
+            "mount = next(l.split()[1] for l in open('/proc/self/mounts') if l.split()[2] == 'cgroup2')\n"
+            "group = next(l[3:].strip() for l in open('/proc/self/cgroup') if l.startswith('0::'))\n"
+            "print('cpu.max', open(mount + group + '/cpu.max').read().strip())\n"
+            "def spin():\n"
+            "    end = time.monotonic() + 3\n"
+            "    while time.monotonic() < end:\n"
+            "        pass\n"
+            "threads = [threading.Thread(target=spin) for _ in range(2)]\n"
+            "wall = time.monotonic()\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "print('ratio', sum(os.times()[:2]) / (time.monotonic() - wall))\n"
+        ),
+    )
     job = queue.submit("--gpus", "0", "--cpus", "0.5", busy)
     record = queue.wait_state(job, "succeeded", "failed", timeout=120)
     out = dict(line.split(" ", 1) for line in Path(record["log"]).read_text().splitlines() if " " in line)
@@ -88,18 +92,26 @@ def test_a_job_given_half_a_cpu_gets_half_a_cpu(queue: Gpuq) -> None:
 def test_a_detached_grandchild_holding_gpu_memory_ends_with_its_job(queue: Gpuq) -> None:
     import pynvml
 
-    _script(queue, "grandchild.py", (
-        "import os, time, torch\n"
-        "held = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
-        "torch.cuda.synchronize()\n"
-        "open('grandchild.pid', 'w').write(str(os.getpid()))\n"
-        "time.sleep(600)\n"
-    ))  # fmt: skip
-    leave = _script(queue, "leave.sh", (
-        "#!/bin/sh\n"
-        f"setsid env -u CUDA_VISIBLE_DEVICES {sys.executable} grandchild.py > /dev/null 2>&1 < /dev/null &\n"
-        "while [ ! -s grandchild.pid ]; do sleep 0.1; done\n"
-    ))  # fmt: skip
+    _script(
+        queue,
+        "grandchild.py",
+        (
+            "import os, time, torch\n"
+            "held = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
+            "torch.cuda.synchronize()\n"
+            "open('grandchild.pid', 'w').write(str(os.getpid()))\n"
+            "time.sleep(600)\n"
+        ),
+    )
+    leave = _script(
+        queue,
+        "leave.sh",
+        (
+            "#!/bin/sh\n"
+            f"setsid env -u CUDA_VISIBLE_DEVICES {sys.executable} grandchild.py > /dev/null 2>&1 < /dev/null &\n"
+            "while [ ! -s grandchild.pid ]; do sleep 0.1; done\n"
+        ),
+    )
     (queue.cwd / leave).chmod(0o755)
     count = nvml_gpu_count()
     if count > 1:  # the grandchild, without CUDA_VISIBLE_DEVICES, takes GPU 0: let that be the job's own

@@ -74,9 +74,12 @@ def _start(queue: SharedQueue, shared: str = "", **extra: str) -> None:
     env = {**queue.env(None), "GPUQ_FAKE_GPUS": "2x80GiB", "GPUQ_KILL_GRACE": "1", "PYTHONPATH": str(ROOT), **extra}
     log = (queue.base / "daemon.out").open("ab")
     queue.daemon = subprocess.Popen(
-        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log,
+        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
         stderr=log,
-    )  # fmt: skip
+    )
     wait_for(lambda: (queue.home / "daemon.pid").exists(), 20, "the shared daemon to start")
 
 

@@ -35,8 +35,14 @@ def test_a_bad_number_in_the_daemons_environment_is_one_line_naming_it_and_exit_
     assert len(start.stderr.splitlines()) == 1
     assert gpuq.daemon_pid() is None
 
-    daemon = subprocess.run([sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--burst"], env=gpuq.env,
-                            cwd=gpuq.cwd, capture_output=True, text=True, timeout=60)  # fmt: skip
+    daemon = subprocess.run(
+        [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--burst"],
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert daemon.returncode == 2 and "Traceback" not in daemon.stderr, daemon.stderr
     (line,) = [line for line in daemon.stderr.splitlines() if "ERROR" in line]
     assert line.endswith(start.stderr.removeprefix("gpuq: ").rstrip("\n"))

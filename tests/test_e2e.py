@@ -42,8 +42,23 @@ def test_status_json_has_the_documented_fields(gpuq: Gpuq) -> None:
     job_id = gpuq.submit("--name", "tiny", "--gpus", "1", "--mem", "1G", "true")
     gpuq.run("wait", str(job_id))
     (record,) = gpuq.status()
-    for key in ("id", "name", "user", "state", "command", "gpus", "gpu_uuids", "mem_per_gpu", "submitted_at",
-                "started_at", "ended_at", "exit_code", "signal", "reason", "log"):  # fmt: skip
+    for key in (
+        "id",
+        "name",
+        "user",
+        "state",
+        "command",
+        "gpus",
+        "gpu_uuids",
+        "mem_per_gpu",
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "exit_code",
+        "signal",
+        "reason",
+        "log",
+    ):
         assert key in record
     assert record["name"] == "tiny" and record["state"] == "succeeded" and record["exit_code"] == 0
     assert record["mem_per_gpu"] == 1 << 30
@@ -382,7 +397,9 @@ def test_an_upgraded_daemon_migrates_a_version_1_table_with_a_job_running(gpuq: 
     db = sqlite3.connect(gpuq.home / "jobs.db")
     assert db.execute("PRAGMA user_version").fetchone()[0] == schema.TABLE_VERSION
     assert db.execute("SELECT name, want_gpus, mem_per_gpu FROM jobs ORDER BY id").fetchall() == [
-        ("first", 1, None), ("", 1, 2 << 30)]  # fmt: skip
+        ("first", 1, None),
+        ("", 1, 2 << 30),
+    ]
     db.close()
     lines = gpuq.run("status", "--all").stdout.splitlines()
     assert lines[1].split()[:4] == [str(done), "first", lines[1].split()[2], "succeeded"]

@@ -16,10 +16,24 @@ from tests.conftest import ROOT, Gpuq, make_env
 
 def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "ensemble.py"), "--members", "3", "--epochs", "4",
-         "--mem", "2G", "--out", str(gpuq.cwd / "out dir")],
-        env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "examples" / "ensemble.py"),
+            "--members",
+            "3",
+            "--epochs",
+            "4",
+            "--mem",
+            "2G",
+            "--out",
+            str(gpuq.cwd / "out dir"),
+        ],
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     # It says which queue it used, and a line as each member ended (its output is a pipe here, not a terminal).
     assert f"queue: your personal queue, {gpuq.home} (from $GPUQ_HOME)" in result.stdout.splitlines()
@@ -40,9 +54,22 @@ def test_ensemble_queues_members_waits_and_votes(gpuq: Gpuq) -> None:
 def test_the_function_sweep_example_trains_each_learning_rate_as_a_job_and_picks_the_best(gpuq: Gpuq) -> None:
     """examples/sweep_functions.py as docs/reference.md runs it, from another directory, on fake GPUs (--mem auto)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "sweep_functions.py"), "--epochs", "3", "--mem", "auto",
-         "--throttle", "3"], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "examples" / "sweep_functions.py"),
+            "--epochs",
+            "3",
+            "--mem",
+            "auto",
+            "--throttle",
+            "3",
+        ],
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = re.findall(r"job (\d+): lr ([\d.e-]+) accuracy (0\.\d+) on (\w+)", result.stdout)
     assert sorted(float(lr) for _, lr, _, _ in runs) == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
@@ -61,6 +88,9 @@ def test_the_ensemble_says_when_it_uses_a_shared_queue_set_up_on_the_machine(tmp
     StateDir(home).ensure_shared()
     said = subprocess.run(
         [sys.executable, "-c", "import ensemble; print(ensemble.which_queue())"],
-        env={**make_env(home), "PYTHONPATH": str(ROOT / "examples")}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={**make_env(home), "PYTHONPATH": str(ROOT / "examples")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert said.stdout.strip() == f"the shared queue set up on this machine, {home} (from $GPUQ_HOME)", said.stderr

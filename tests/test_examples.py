@@ -115,10 +115,22 @@ def test_train_ddp_runs_two_gloo_ranks_under_torchrun(weird_tmp_path: Path) -> N
     summary = weird_tmp_path / "ddp summary.json"
 
     output = run(
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        EXAMPLES / "train_ddp.py", "--epochs", "10", "--out-json", summary,
-    )  # fmt: skip
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        EXAMPLES / "train_ddp.py",
+        "--epochs",
+        "10",
+        "--out-json",
+        summary,
+    )
 
     assert "rank 0/2 device cpu backend gloo" in output
     assert "rank 1/2 device cpu backend gloo" in output

@@ -57,8 +57,13 @@ def test_a_job_that_fills_the_disk_and_succeeds_is_recorded_as_succeeded(small_d
     queue = Gpuq(home, make_env(home), tmp_path)
     go, filler = tmp_path / "go", small_disk / "filler"
     try:
-        job = queue.submit("--gpus", "0", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; "
-                           f"cat /dev/zero > {filler} 2>/dev/null; exit 0")  # fmt: skip
+        job = queue.submit(
+            "--gpus",
+            "0",
+            "sh",
+            "-c",
+            f"while [ ! -e {go} ]; do sleep 0.1; done; cat /dev/zero > {filler} 2>/dev/null; exit 0",
+        )
         queue.wait_state(job, "running")
         go.touch()
         exit_file = home / "run" / f"{job}.exit"

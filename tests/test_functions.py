@@ -26,16 +26,22 @@ def script(gpuq: Gpuq, body: str, *args: str, check: bool = True, timeout: float
     path = gpuq.cwd / "sweep.py"
     path.write_text(HEADER + textwrap.dedent(body))
     done = subprocess.run(
-        [sys.executable, str(path), *args], cwd=gpuq.cwd, env=gpuq.env, capture_output=True, text=True,
+        [sys.executable, str(path), *args],
+        cwd=gpuq.cwd,
+        env=gpuq.env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     if check:
         assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_return_values_of_several_types_come_back_from_main_functions_and_lambdas(gpuq: Gpuq) -> None:
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         @dataclasses.dataclass
         class Score:
             lr: float
@@ -60,7 +66,8 @@ def test_return_values_of_several_types_come_back_from_main_functions_and_lambda
         out["ids"] = {name: job.id for name, job in jobs.items()}
         out["printed"] = jobs["none"].stdout()
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert found["dataclass"] == ["Score", 0.01, 0.97]
     assert found["lambda"] == 42
     assert found["nested"] == "{'a': [1, 2.5, None], 'b': ('x', b'\\x00')}"
@@ -73,7 +80,9 @@ def test_return_values_of_several_types_come_back_from_main_functions_and_lambda
 
 
 def test_an_exception_is_raised_again_with_the_jobs_traceback(gpuq: Gpuq) -> None:
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         import traceback
 
         def check(lr):
@@ -97,7 +106,8 @@ def test_an_exception_is_raised_again_with_the_jobs_traceback(gpuq: Gpuq) -> Non
         unpicklable = Executor(gpus=0).submit(threading.Lock).exception(timeout=60)
         print(json.dumps({"raised": raised, "again": repr(again), "stderr": job.stderr(), "log": job.stdout(),
                           "id": job.id, "unpicklable": repr(unpicklable)}))
-    """)
+    """,
+    )
     assert found["unpicklable"].startswith("RuntimeError(\"the function's value could not be pickled: TypeError:")
     raised = found["raised"]
     assert raised["type"] == "ValueError" and raised["message"] == "learning rate 3 is too high"
@@ -112,7 +122,9 @@ def test_an_exception_is_raised_again_with_the_jobs_traceback(gpuq: Gpuq) -> Non
 
 
 def test_map_array_is_one_array_that_keeps_its_throttle(gpuq: Gpuq) -> None:
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         def square(x, y):
             started = time.time()
             time.sleep(0.3)
@@ -122,7 +134,9 @@ def test_map_array_is_one_array_that_keeps_its_throttle(gpuq: Gpuq) -> None:
         done = [job.id for job in as_completed(jobs, timeout=240)]
         results = [job.result() for job in wait_all(jobs)]
         print(json.dumps({"results": results, "ids": [job.id for job in jobs], "done": done}))
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     results = found["results"]
     assert [r[0] for r in results] == [i * i for i in range(50)]
     assert sorted(found["done"]) == sorted(found["ids"]) == list(range(found["ids"][0], found["ids"][0] + 50))
@@ -135,25 +149,34 @@ def test_map_array_is_one_array_that_keeps_its_throttle(gpuq: Gpuq) -> None:
 
 
 def test_a_result_survives_kill_9_of_the_daemon_and_a_job_is_rebuilt_from_its_id(gpuq: Gpuq) -> None:
-    first = script(gpuq, """
+    first = script(
+        gpuq,
+        """
         def slow(n):
             time.sleep(4)
             return list(range(n))
 
         print(json.dumps({"id": Executor(gpus=1).submit(slow, 5).id}))
-    """)
+    """,
+    )
     gpuq.wait_state(first["id"], "running")
     gpuq.kill_daemon()
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         job = Job(int(sys.argv[1]))     # another process: only the id is known
         print(json.dumps({"result": job.result(timeout=60), "state": job.state.value, "done": job.done()}))
-    """, str(first["id"]))
+    """,
+        str(first["id"]),
+    )
     assert found == {"result": [0, 1, 2, 3, 4], "state": "succeeded", "done": True}
     assert gpuq.job(first["id"])["attempt"] == 1  # adopted by the next daemon, not run again
 
 
 def test_a_job_that_ends_without_a_result_raises_job_failed_naming_what_gpuq_recorded(gpuq: Gpuq) -> None:
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         def forever():
             time.sleep(600)
 
@@ -172,7 +195,8 @@ def test_a_job_that_ends_without_a_result_raises_job_failed_naming_what_gpuq_rec
             error = job.exception(timeout=60)
             out[name] = [type(error).__name__, str(error)]
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert found["cancelled"][0] == found["timed"][0] == found["oom"][0] == "JobFailed"
     assert "cancelled without a result: cancelled by" in found["cancelled"][1]
     assert "timeout without a result: time limit of 2s reached" in found["timed"][1]
@@ -180,7 +204,9 @@ def test_a_job_that_ends_without_a_result_raises_job_failed_naming_what_gpuq_rec
 
 
 def test_bad_input_is_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         import threading
         out = []
         for make in (lambda: Executor(gpu=1), lambda: Executor().map_array(abs, []),
@@ -192,7 +218,8 @@ def test_bad_input_is_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
             except Exception as err:
                 out.append(f"{type(err).__name__}: {err}")
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert found[0] == "BadInput: Executor() got unknown option(s) gpu: use gpuq submit's names"
     assert found[1] == "BadInput: map_array needs at least one item to call the function with"
     assert found[2].startswith("BadInput: cannot send <lambda> to a job: TypeError:")
@@ -205,21 +232,28 @@ def test_bad_input_is_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
     os.geteuid() != 0 and not os.environ.get("CI"), reason="needs root to give a file to another user (CI runs as root)"
 )
 def test_a_result_is_unpickled_only_when_it_belongs_to_the_caller(gpuq: Gpuq) -> None:
-    first = script(gpuq, """
+    first = script(
+        gpuq,
+        """
         job = Executor(gpus=0).submit(abs, -3)
         print(json.dumps({"id": job.id, "result": job.result(timeout=60)}))
-    """)
+    """,
+    )
     assert first["result"] == 3
     folders = list((gpuq.home / "functions").iterdir())
     assert [oct(f.stat().st_mode & 0o777) for f in [gpuq.home / "functions", *folders]] == ["0o700", "0o700"]
     (result,) = folders[0].glob("*.result.pkl")
     os.chown(result, 65534, 65534)  # as if someone else had put it there
-    found = script(gpuq, """
+    found = script(
+        gpuq,
+        """
         try:
             Job(int(sys.argv[1])).result()
         except Exception as err:
             print(json.dumps([type(err).__name__, str(err)]))
-    """, str(first["id"]))
+    """,
+        str(first["id"]),
+    )
     assert found[0] == "NotPermitted" and "belongs to uid 65534, not to you: it is not unpickled" in found[1]
 
 

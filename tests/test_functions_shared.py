@@ -82,8 +82,9 @@ def test_a_function_queued_while_the_shared_daemon_is_down_keeps_its_pickles_and
     assert None not in sent["requests"], sent  # both queued without an id: the daemon is down
     folders = sorted(Path(sent["folder"]).iterdir())
     assert sorted(sorted(p.name for p in f.iterdir()) for f in folders) == [
-        ["0.call.pkl"], ["0.call.pkl", "1.call.pkl"],
-    ], folders  # fmt: skip
+        ["0.call.pkl"],
+        ["0.call.pkl", "1.call.pkl"],
+    ], folders
     assert all(p.stat().st_uid == fay.uid for f in folders for p in f.iterdir())
     queue.start()  # the daemon reads the queued requests and runs them
     jobs = wait_for(lambda: len(r := queue.records(fay)) == 3 and r, 30, "fay's three jobs")  # one, and two members

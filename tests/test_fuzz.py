@@ -33,9 +33,12 @@ from gpuq_scheduler.launcher.views import doctor
 from tests.conftest import CLICK, Gpuq, make_env
 
 FUZZ = settings(
-    max_examples=150, deadline=None, database=None, derandomize=True,
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)  # fmt: skip
+)
 REQUEST_TYPES = typing.get_args(spool.Request)
 INT64 = 2**63
 
@@ -48,12 +51,16 @@ numbers = st.integers() | st.floats() | st.sampled_from([0, 1, -1, INT64 - 1, IN
 specs = st.fixed_dictionaries(
     {"command": st.lists(st.text(max_size=6), min_size=1, max_size=3), "cwd": st.just("/tmp")},
     optional={
-        "gpus": numbers, "mem_per_gpu": st.none() | numbers, "priority": numbers, "time_limit": st.none() | numbers,
+        "gpus": numbers,
+        "mem_per_gpu": st.none() | numbers,
+        "priority": numbers,
+        "time_limit": st.none() | numbers,
         "mode": st.sampled_from(["single", "dataparallel", "torchrun", "bogus"]) | json_values,
-        "name": st.text(max_size=6) | json_values, "python": st.none() | st.just("/usr/bin/python3"),
+        "name": st.text(max_size=6) | json_values,
+        "python": st.none() | st.just("/usr/bin/python3"),
         "env": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2) | json_values,
     },
-)  # fmt: skip
+)
 submits = st.fixed_dictionaries(
     {
         "schema": st.just(1),
@@ -147,8 +154,13 @@ def test_an_absurd_priority_is_refused_at_submit(gpuq: Gpuq) -> None:
 def test_a_request_the_table_cannot_store_does_not_stop_the_queue(gpuq: Gpuq) -> None:
     gpuq.run("daemon", "start")
     gpuq.run("daemon", "stop")
-    bad = {"schema": 1, "kind": "submit", "id": 900, "submitted_at": 0.0,
-           "spec": {"command": ["true"], "cwd": str(gpuq.cwd), "gpus": 0, "priority": 2**70}}  # fmt: skip
+    bad = {
+        "schema": 1,
+        "kind": "submit",
+        "id": 900,
+        "submitted_at": 0.0,
+        "spec": {"command": ["true"], "cwd": str(gpuq.cwd), "gpus": 0, "priority": 2**70},
+    }
     (gpuq.home / "spool" / "submit-000000000900.json").write_text(json.dumps(bad))
     good = gpuq.submit("--gpus", "0", "true")
     assert gpuq.run("wait", str(good), check=False, timeout=10).returncode == 0
@@ -156,14 +168,61 @@ def test_a_request_the_table_cannot_store_does_not_stop_the_queue(gpuq: Gpuq) ->
 
 # -- (b) command lines ----------------------------------------------------------------------------------
 
-COMMANDS = [["submit"], ["status"], ["show"], ["logs"], ["cancel"], ["gpus"], ["daemon", "status"],
-            ["daemon", "stop"], ["frobnicate"]]  # fmt: skip
+COMMANDS = [
+    ["submit"],
+    ["status"],
+    ["show"],
+    ["logs"],
+    ["cancel"],
+    ["gpus"],
+    ["daemon", "status"],
+    ["daemon", "stop"],
+    ["frobnicate"],
+]
 OPTIONS = ["--gpus", "--mem", "--name", "--priority", "--time", "--mode", "--env", "--cwd", "--json", "--all", "--help"]
 VALUES = [
-    "0", "1", "2", "4", "5", "-1", "99999999999999999999", "1G", "20", "20Q", "4GiB", "0.5G", "-3G", "1e400",
-    "nan", "1h", "0s", "soon", "01:30:00", "single", "torchrun", "magic", "K=V", "NOEQUALS", "=x", "", " ", "true",
-    "false", "sleep", "x.py", "./not-here.sh", "/no/such", ".", "'", '"', "$(id)", "--", "-", "\udcff", "é",
-]  # fmt: skip
+    "0",
+    "1",
+    "2",
+    "4",
+    "5",
+    "-1",
+    "99999999999999999999",
+    "1G",
+    "20",
+    "20Q",
+    "4GiB",
+    "0.5G",
+    "-3G",
+    "1e400",
+    "nan",
+    "1h",
+    "0s",
+    "soon",
+    "01:30:00",
+    "single",
+    "torchrun",
+    "magic",
+    "K=V",
+    "NOEQUALS",
+    "=x",
+    "",
+    " ",
+    "true",
+    "false",
+    "sleep",
+    "x.py",
+    "./not-here.sh",
+    "/no/such",
+    ".",
+    "'",
+    '"',
+    "$(id)",
+    "--",
+    "-",
+    "\udcff",
+    "é",
+]
 argv = st.tuples(st.sampled_from(COMMANDS), st.lists(st.sampled_from(OPTIONS + VALUES), max_size=6)).map(
     lambda parts: [*parts[0], *parts[1]]
 )
@@ -221,9 +280,15 @@ def test_a_command_without_arguments_prints_its_help(cli_home: Path, args: list[
 
 
 SAMPLE = [
-    ["submit", "--gpus", "5", "true"], ["submit", "--mem", "1e400", "true"], ["status", "--json", "--all"],
-    ["show", "1", "--json"], ["cancel"], ["gpus", "--json"], ["frobnicate", "--gpus"], ["submit", "--", "--"],
-]  # fmt: skip
+    ["submit", "--gpus", "5", "true"],
+    ["submit", "--mem", "1e400", "true"],
+    ["status", "--json", "--all"],
+    ["show", "1", "--json"],
+    ["cancel"],
+    ["gpus", "--json"],
+    ["frobnicate", "--gpus"],
+    ["submit", "--", "--"],
+]
 
 
 @pytest.mark.parametrize("args", SAMPLE, ids=" ".join)
@@ -346,12 +411,48 @@ def test_the_fixtures_state_directory_is_what_the_damage_tests_assume(pristine: 
     assert (pristine / "gpus.json").exists()
 
 
-TOML_WORDS = st.sampled_from([
-    "home", "shared", "clusters", "admins", "max_gpus_per_user", "max_queued_per_user", "fair_share_half_life",
-    "priority", "lab", "backend", "partition", "account", "time", "sbatch_flags", "=", "[", "]", "[[", "]]", ".",
-    '"/var/lib/gpuq"', '"slurm"', '"pbs"', '"24h"', '"-3h"', '"nonsense"', "0", "-1", "4", "1e999", "true",
-    "[1, 2]", '["--qos=x"]', "{a = 1}", "\n", " ", '"', "#",
-])  # fmt: skip
+TOML_WORDS = st.sampled_from(
+    [
+        "home",
+        "shared",
+        "clusters",
+        "admins",
+        "max_gpus_per_user",
+        "max_queued_per_user",
+        "fair_share_half_life",
+        "priority",
+        "lab",
+        "backend",
+        "partition",
+        "account",
+        "time",
+        "sbatch_flags",
+        "=",
+        "[",
+        "]",
+        "[[",
+        "]]",
+        ".",
+        '"/var/lib/gpuq"',
+        '"slurm"',
+        '"pbs"',
+        '"24h"',
+        '"-3h"',
+        '"nonsense"',
+        "0",
+        "-1",
+        "4",
+        "1e999",
+        "true",
+        "[1, 2]",
+        '["--qos=x"]',
+        "{a = 1}",
+        "\n",
+        " ",
+        '"',
+        "#",
+    ]
+)
 
 
 @FUZZ

@@ -29,8 +29,9 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuSource
         made: GpuSource = FakeGpus("2x24GiB,2x48GiB")
     elif request.param == "fake-json":
         path = tmp_path / "gpus.json"
-        path.write_text(json.dumps({"gpus": [{"name": "A", "total": "80GiB", "used": "10GiB", "util": 35},
-                                             {"total": 1 << 30}]}))  # fmt: skip
+        path.write_text(
+            json.dumps({"gpus": [{"name": "A", "total": "80GiB", "used": "10GiB", "util": 35}, {"total": 1 << 30}]})
+        )
         made = FakeGpus(str(path))
     else:
         if not _nvml_gpus():
@@ -109,11 +110,15 @@ def test_an_nvml_error_on_one_gpu_marks_only_that_gpu_lost(monkeypatch: pytest.M
         return types.SimpleNamespace(total=80 << 30, used=1 << 30)
 
     calls = {
-        "nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: 2,
-        "nvmlDeviceGetHandleByIndex": lambda index: index, "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
-        "nvmlDeviceGetName": lambda h: b"NVIDIA H200", "nvmlDeviceGetMemoryInfo": memory,
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetName": lambda h: b"NVIDIA H200",
+        "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetComputeRunningProcesses": lambda h: [],
-    }  # fmt: skip
+    }
     for name, call in calls.items():
         monkeypatch.setattr(pynvml, name, call)
     source = NvmlGpus()
@@ -144,13 +149,19 @@ def test_nvml_is_asked_for_what_never_changes_once_and_for_the_dear_fields_only_
         return call
 
     answers = {
-        "nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetCount": 2,
-        "nvmlDeviceGetHandleByIndex": lambda index: index, "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
-        "nvmlDeviceGetName": b"NVIDIA H200", "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=80, used=1),
-        "nvmlDeviceGetComputeRunningProcesses": [], "nvmlDeviceGetUtilizationRates": types.SimpleNamespace(gpu=0),
-        "nvmlDeviceGetTotalEnergyConsumption": 5000, "nvmlDeviceGetProcessUtilization": [],
+        "nvmlInit": None,
+        "nvmlShutdown": None,
+        "nvmlDeviceGetCount": 2,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetName": b"NVIDIA H200",
+        "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=80, used=1),
+        "nvmlDeviceGetComputeRunningProcesses": [],
+        "nvmlDeviceGetUtilizationRates": types.SimpleNamespace(gpu=0),
+        "nvmlDeviceGetTotalEnergyConsumption": 5000,
+        "nvmlDeviceGetProcessUtilization": [],
         "nvmlDeviceGetP2PStatus": pynvml.NVML_P2P_STATUS_OK,
-    }  # fmt: skip
+    }
     for name, answer in answers.items():
         monkeypatch.setattr(pynvml, name, counted(name, answer))
     source = NvmlGpus()

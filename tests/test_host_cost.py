@@ -33,9 +33,18 @@ BURN = "import time\nwhile time.process_time() < 0.3:\n    pass\n"
 def record(job_id: int, user: str, cpu: float | None, peak: int | None) -> JobRecord:
     spec = JobSpec(command=("x",), cwd="/", gpus=1)
     return JobRecord(
-        id=job_id, spec=spec, uid=1000, user=user, state=JobState.SUCCEEDED, submitted_at=NOW - 60,
-        started_at=NOW - 50, ended_at=NOW - 10, gpus=(0,), cpu_seconds=cpu, peak_ram=peak,
-    )  # fmt: skip
+        id=job_id,
+        spec=spec,
+        uid=1000,
+        user=user,
+        state=JobState.SUCCEEDED,
+        submitted_at=NOW - 60,
+        started_at=NOW - 50,
+        ended_at=NOW - 10,
+        gpus=(0,),
+        cpu_seconds=cpu,
+        peak_ram=peak,
+    )
 
 
 def test_the_report_sums_cpu_time_per_user_and_gives_the_largest_peak_never_a_sum_of_peaks() -> None:

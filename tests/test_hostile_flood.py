@@ -62,9 +62,14 @@ def test_a_flood_of_wake_bytes_costs_the_daemon_little(queue: SharedQueue, users
     assert queue.daemon is not None
     daemon = psutil.Process(queue.daemon.pid)
     flood = subprocess.Popen(
-        [queue.python, "-c", FLOOD, str(queue.home / "wake.fifo")], env=queue.env(mallory),
-        cwd=mallory.home, user=mallory.uid, group=mallory.gid, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [queue.python, "-c", FLOOD, str(queue.home / "wake.fifo")],
+        env=queue.env(mallory),
+        cwd=mallory.home,
+        user=mallory.uid,
+        group=mallory.gid,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert flood.stdout is not None and flood.stdout.readline() == "go\n"
         started, before = time.monotonic(), _cpu(daemon)

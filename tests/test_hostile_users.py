@@ -116,9 +116,11 @@ def test_requests_that_once_froze_the_queue_are_set_aside_and_others_jobs_run(
     # And an update mallory may send for her own job, with a value no priority can be.
     held = queue.submit(mallory, "--gpus", "0", "true")
     queue.python_as(
-        mallory, CONTROL, str(queue.home), json.dumps({"kind": "control", "action": "update", "ids": [held],
-                                                       "values": {"priority": 1e308 * 10}}),
-    )  # fmt: skip
+        mallory,
+        CONTROL,
+        str(queue.home),
+        json.dumps({"kind": "control", "action": "update", "ids": [held], "values": {"priority": 1e308 * 10}}),
+    )
     _bob_runs_and_is_recorded_right(queue, bob)
 
     def told() -> str | None:
@@ -156,14 +158,26 @@ value = st.none() | st.booleans() | number | text
 hostile_specs = st.fixed_dictionaries(
     {},
     optional={
-        "gpus": number, "mem_per_gpu": st.none() | number, "priority": number, "time_limit": st.none() | number,
-        "name": text | value, "retries": number, "like": st.none() | number, "mem_auto": st.booleans() | value,
-        "kind": text, "mem_from": text, "client": st.none() | number, "after": st.lists(number, max_size=3),
-        "notify": st.none() | text, "mode": st.sampled_from(["single", "dataparallel", "torchrun"]) | value,
-        "env": st.dictionaries(text, text | value, max_size=2), "command": st.lists(text | value, max_size=3),
-        "python": st.none() | text, "oom_retry": st.booleans() | value,
+        "gpus": number,
+        "mem_per_gpu": st.none() | number,
+        "priority": number,
+        "time_limit": st.none() | number,
+        "name": text | value,
+        "retries": number,
+        "like": st.none() | number,
+        "mem_auto": st.booleans() | value,
+        "kind": text,
+        "mem_from": text,
+        "client": st.none() | number,
+        "after": st.lists(number, max_size=3),
+        "notify": st.none() | text,
+        "mode": st.sampled_from(["single", "dataparallel", "torchrun"]) | value,
+        "env": st.dictionaries(text, text | value, max_size=2),
+        "command": st.lists(text | value, max_size=3),
+        "python": st.none() | text,
+        "oom_retry": st.booleans() | value,
     },
-)  # fmt: skip
+)
 hostile = st.one_of(
     st.fixed_dictionaries(
         {"spec": hostile_specs},
@@ -180,20 +194,51 @@ hostile = st.one_of(
     st.fixed_dictionaries({"kind": st.just("cancel"), "ids": st.lists(st.integers(1, 2**63 - 1), max_size=3)}),
 )
 FUZZ = settings(
-    max_examples=120, deadline=None, database=None, derandomize=True,
+    max_examples=120,
+    deadline=None,
+    database=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)  # fmt: skip
+)
 
 
 CLI_WORDS = [
-    "--gpus", "--mem", "--name", "--priority", "--time", "--retries", "--array", "--env", "--like", "--after",
-    "0", "1", "-1", "99999999999999999999", "\u0663", "1G", "auto", "1e400", "999999999999999h",
-    "0-1%99999999999999999999", "", "\udcff\udcfe", "\x1b[2J", "K=\udcff", "0-300000", "1,3", "%", "1:00",
-]  # fmt: skip
+    "--gpus",
+    "--mem",
+    "--name",
+    "--priority",
+    "--time",
+    "--retries",
+    "--array",
+    "--env",
+    "--like",
+    "--after",
+    "0",
+    "1",
+    "-1",
+    "99999999999999999999",
+    "\u0663",
+    "1G",
+    "auto",
+    "1e400",
+    "999999999999999h",
+    "0-1%99999999999999999999",
+    "",
+    "\udcff\udcfe",
+    "\x1b[2J",
+    "K=\udcff",
+    "0-300000",
+    "1,3",
+    "%",
+    "1:00",
+]
 CLI_FUZZ = settings(
-    max_examples=25, deadline=None, database=None, derandomize=True,
+    max_examples=25,
+    deadline=None,
+    database=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)  # fmt: skip
+)
 
 
 def test_random_and_malicious_requests_never_stop_other_users_jobs(queue: SharedQueue, users: dict[str, User]) -> None:
@@ -258,18 +303,34 @@ def test_a_shared_queue_bounds_time_limits_by_default_and_setup_writes_the_caps(
     refused = queue.gpuq(mallory, "update", "--time", "30d", str(waiting), check=False)
     assert refused.returncode == 2 and "this queue allows at most 7d00h" in refused.stderr, refused.stderr
     queue.python_as(
-        mallory, CONTROL, str(queue.home),
+        mallory,
+        CONTROL,
+        str(queue.home),
         json.dumps({"kind": "control", "action": "update", "ids": [waiting], "values": {"time_limit": 30 * 86400.0}}),
-    )  # fmt: skip
+    )
     wait_for(lambda: "refused update" in (queue.base / "daemon.out").read_text(), 30, "the daemon to refuse it")
     assert queue.records(mallory)[waiting]["time_limit"] == 7200.0
     # What `gpuq daemon setup` writes sets the caps, not just comments on them.
     etc = tmp_path / "etc"
-    env = {**queue.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(tmp_path / "u"),
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    subprocess.run([sys.executable, "-m", "gpuq_scheduler", "daemon", "setup", "--home", str(tmp_path / "q")],
-                   env=env, cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    env = {
+        **queue.env(None),
+        "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
+        "GPUQ_UNIT_DIR": str(tmp_path / "u"),
+        "PYTHONPATH": str(ROOT),
+    }
+    subprocess.run(
+        [sys.executable, "-m", "gpuq_scheduler", "daemon", "setup", "--home", str(tmp_path / "q")],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     written = (etc / "config.toml").read_text()
-    for line in ("max_gpus_per_user = 4", "max_queued_per_user = 1000", 'default_time = "24h"', 'max_time = "7d"',
-                 'idle_report = "2h"'):  # fmt: skip
+    for line in (
+        "max_gpus_per_user = 4",
+        "max_queued_per_user = 1000",
+        'default_time = "24h"',
+        'max_time = "7d"',
+        'idle_report = "2h"',
+    ):
         assert f"\n{line}" in written, written

@@ -122,8 +122,17 @@ def test_a_hand_written_kind_is_replaced_by_the_daemons(tmp_path: Path) -> None:
     """`kind` files a job's peak for --mem auto: a request naming another command's kind would set its size."""
     path = tmp_path / "submit-000000000007.json"
     spec = JobSpec(("python3", "train.py"), "/work", gpus=1, mem_auto=True).to_json()
-    path.write_text(json.dumps({"schema": 1, "kind": "submit", "id": 7, "submitted_at": 1.0,
-                                "spec": {**spec, "kind": "0123456789abcdef", "mem_from": "forged"}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "kind": "submit",
+                "id": 7,
+                "submitted_at": 1.0,
+                "spec": {**spec, "kind": "0123456789abcdef", "mem_from": "forged"},
+            }
+        )
+    )
     request = spool.read_request(path)
     assert isinstance(request, spool.SubmitRequest)
     assert request.spec.kind == kind_of(("python3", "train.py"), "/work") and request.spec.mem_from == ""
@@ -227,28 +236,64 @@ api_text = st.text(max_size=6) | st.sampled_from(["\0", "a\0b", "\udcff", "\x1b[
 api_numbers = st.integers() | st.sampled_from([0, 1, -1, 100, 101, 1024, 1025, 2**63, 10**20])
 
 
-@settings(max_examples=150, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
-    command=st.lists(api_text, min_size=1, max_size=3), env=st.dictionaries(api_text, api_text, max_size=2),
-    name=api_text, gpus=api_numbers, retries=api_numbers, priority=api_numbers,
+    command=st.lists(api_text, min_size=1, max_size=3),
+    env=st.dictionaries(api_text, api_text, max_size=2),
+    name=api_text,
+    gpus=api_numbers,
+    retries=api_numbers,
+    priority=api_numbers,
     time_limit=st.none() | st.floats() | st.sampled_from(["2h", "999999999999999h", "٣h", "400d"]),
-    mem=st.none() | st.sampled_from(["auto", "1G", "٣G", "0G"]), after=st.lists(api_numbers, max_size=2),
-)  # fmt: skip
-@example(command=["x", "é"], env={"K": "v"}, name="n", gpus=1, retries=100, priority=0, time_limit="2h", mem="auto",
-         after=[1])  # fmt: skip
+    mem=st.none() | st.sampled_from(["auto", "1G", "٣G", "0G"]),
+    after=st.lists(api_numbers, max_size=2),
+)
+@example(
+    command=["x", "é"],
+    env={"K": "v"},
+    name="n",
+    gpus=1,
+    retries=100,
+    priority=0,
+    time_limit="2h",
+    mem="auto",
+    after=[1],
+)
 def test_whatever_the_client_accepts_the_daemon_accepts_and_the_table_holds(
-    tmp_path: Path, command: list[str], env: dict[str, str], name: str, gpus: int, retries: int, priority: int,
-    time_limit: float | str | None, mem: str | None, after: list[int],
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    command: list[str],
+    env: dict[str, str],
+    name: str,
+    gpus: int,
+    retries: int,
+    priority: int,
+    time_limit: float | str | None,
+    mem: str | None,
+    after: list[int],
+) -> None:
     """The client refuses up front, in one line, what the daemon would set aside: a request a client wrote
     is never set aside by the daemon, and fits in the job table."""
     try:
         spec = capture_spec(
-            ["/bin/true", *command[1:]], environ={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), gpus=gpus, mem=mem,
-            name=name, priority=priority, time_limit=time_limit, env=env, after=after, retries=retries,
+            ["/bin/true", *command[1:]],
+            environ={"PATH": "/usr/bin:/bin"},
+            cwd=str(tmp_path),
+            gpus=gpus,
+            mem=mem,
+            name=name,
+            priority=priority,
+            time_limit=time_limit,
+            env=env,
+            after=after,
+            retries=retries,
             python="/usr/bin/python3",
-        )  # fmt: skip
+        )
     except BadInput as err:
         assert "\n" not in str(err)
         return

@@ -23,9 +23,15 @@ class Terminal:
     def __init__(self, gpuq: Gpuq, *args: str, env: dict[str, str] | None = None) -> None:
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", gpuq.entry, *args], env=env or gpuq.env, cwd=gpuq.cwd,
-            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=_controlling_terminal,
-        )  # fmt: skip
+            [sys.executable, "-m", gpuq.entry, *args],
+            env=env or gpuq.env,
+            cwd=gpuq.cwd,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_controlling_terminal,
+        )
         os.close(slave)
         self.seen = b""
 
@@ -82,8 +88,13 @@ def test_gpuq_alloc_starts_a_shell_that_sees_the_allocation_and_leaving_it_relea
 def test_ctrl_c_while_waiting_withdraws_the_job(gpuq: Gpuq) -> None:
     blocker = gpuq.submit("--gpus", "4", "sleep", "300")
     gpuq.wait_state(blocker, "running")
-    client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", "--gpus", "1", "true"], env=gpuq.env,
-                              cwd=gpuq.cwd, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    client = subprocess.Popen(
+        [sys.executable, "-m", gpuq.entry, "run", "--gpus", "1", "true"],
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     waiting = wait_for(lambda: [j for j in gpuq.status() if j["id"] != blocker and j["state"] == "pending"], 30)
     client.send_signal(signal.SIGINT)
     _, err = client.communicate(timeout=30)
@@ -96,8 +107,11 @@ def test_a_dropped_terminal_ends_the_program_and_frees_its_gpus_for_the_next_job
     pid_file = gpuq.cwd / "program.pid"
     client = subprocess.Popen(
         [sys.executable, "-m", gpuq.entry, "run", "--gpus", "4", "sh", "-c", f"echo $$ > '{pid_file}'; exec sleep 300"],
-        env=gpuq.env, cwd=gpuq.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     program = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the program"))
     nxt = gpuq.submit("--gpus", "4", "true")
     os.kill(client.pid, signal.SIGKILL)  # the ssh session dropped
@@ -116,10 +130,15 @@ def test_the_time_limit_stops_the_program_here(gpuq: Gpuq) -> None:
 
 def test_alloc_without_a_shell_hands_tools_its_environment_until_released(gpuq: Gpuq) -> None:
     held = json.loads(gpuq.run("alloc", "--no-shell", "--json", "--gpus", "2").stdout)
-    inside = subprocess.run(["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $GPUQ_JOB_ID"], env={**os.environ, **held["env"]},
-                            capture_output=True, text=True)  # fmt: skip
+    inside = subprocess.run(
+        ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $GPUQ_JOB_ID"],
+        env={**os.environ, **held["env"]},
+        capture_output=True,
+        text=True,
+    )
     assert inside.stdout.split() == ["0,1", str(held["id"])]
     waiting = gpuq.submit("--gpus", "4", "true")
+
     # Placed or told why it waits, once the daemon has seen it: the allocation holds two of the four GPUs.
     def seen() -> dict[str, Any] | None:
         job = gpuq.job(waiting)
@@ -137,11 +156,19 @@ def test_alloc_without_a_shell_hands_tools_its_environment_until_released(gpuq: 
 def test_gpu_memory_of_the_program_counts_as_the_jobs_not_as_outside_use(tmp_path: Path) -> None:
     gpuq = fake_cuda_queue(tmp_path, "1x80GiB")
     try:
-        client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "2", "6"],
-                                  env=gpuq.env, cwd=gpuq.cwd)  # fmt: skip
+        client = subprocess.Popen(
+            [sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "2", "6"],
+            env=gpuq.env,
+            cwd=gpuq.cwd,
+        )
         gpuq.wait_state(1, "running")
-        gpus = wait_for(lambda: (g := json.loads(gpuq.run("gpus", "--json").stdout))[0]["used_outside_gpuq"] == 0
-                        and g[0]["jobs"] and g, 20, "the program's memory counted as job 1's")  # fmt: skip
+        gpus = wait_for(
+            lambda: (
+                (g := json.loads(gpuq.run("gpus", "--json").stdout))[0]["used_outside_gpuq"] == 0 and g[0]["jobs"] and g
+            ),
+            20,
+            "the program's memory counted as job 1's",
+        )
         assert gpus[0]["jobs"] == [1]
         assert client.wait(timeout=60) == 0
         assert gpuq.wait_state(1, "succeeded")["peak_mem"] == 2 * (1 << 30) + 512 * (1 << 20)
@@ -162,13 +189,19 @@ def test_a_notebook_kernel_installed_for_gpuq_holds_its_gpu_as_a_job_of_its_user
         "while True:\n    time.sleep(0.1)\n"
     )
     env = {**gpuq.env, "JUPYTER_DATA_DIR": str(data), "PYTHONPATH": f"{stub}{os.pathsep}{gpuq.env['PYTHONPATH']}"}
-    installed = subprocess.run([sys.executable, "-m", gpuq.entry, "jupyter", "install-kernel", "--mem", "16G"],
-                               env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    installed = subprocess.run(
+        [sys.executable, "-m", gpuq.entry, "jupyter", "install-kernel", "--mem", "16G"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     spec = json.loads((data / "kernels" / "gpuq-1gpu-16g" / "kernel.json").read_text())
     assert "gpuq-1gpu-16g" in installed.stdout and spec["display_name"] == "Python (gpuq, 1 GPU, 16G each)"
     argv = [word.replace("{connection_file}", str(tmp_path / "kernel-1.json")) for word in spec["argv"]]
-    kernel = subprocess.Popen(argv, env=env, cwd=gpuq.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)  # fmt: skip
+    kernel = subprocess.Popen(
+        argv, env=env, cwd=gpuq.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert kernel.stdout is not None
     assert kernel.stdout.readline().split() == ["kernel", "0", "1", str(tmp_path / "kernel-1.json")]
     job = gpuq.job(1)
@@ -193,8 +226,9 @@ def test_an_interactive_job_whose_gpus_do_no_work_is_warned_then_released_and_a_
     gpuq = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_IDLE_LIMIT="6s")
     try:
         command = [sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1"]
-        idle = subprocess.Popen([*command, "60", "--busy", "0"], env=gpuq.env, cwd=gpuq.cwd, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        idle = subprocess.Popen(
+            [*command, "60", "--busy", "0"], env=gpuq.env, cwd=gpuq.cwd, stderr=subprocess.PIPE, text=True
+        )
         gpuq.wait_state(1, "running")  # the idle one is job 1
         busy = subprocess.Popen([*command, "12", "--busy", "40"], env=gpuq.env, cwd=gpuq.cwd)
         shown = wait_for(lambda: [j for j in gpuq.status() if j["reason"].startswith("idle")], 30, "an idle job")
@@ -213,8 +247,11 @@ def test_without_an_idle_limit_status_still_shows_how_long_an_interactive_job_wa
     """A personal queue releases nothing by default, but says after a minute how long the GPUs did no work."""
     gpuq = fake_cuda_queue(tmp_path, "1x80GiB")
     try:
-        client = subprocess.Popen([sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1", "600",
-                                   "--busy", "0"], env=gpuq.env, cwd=gpuq.cwd)  # fmt: skip
+        client = subprocess.Popen(
+            [sys.executable, "-m", gpuq.entry, "run", sys.executable, "fake_cuda.py", "1", "600", "--busy", "0"],
+            env=gpuq.env,
+            cwd=gpuq.cwd,
+        )
         gpuq.wait_state(1, "running")
         shown = wait_for(lambda: (j := gpuq.job(1))["reason"].startswith("idle 1m") and j, 90, "the idle time")
         assert shown["state"] == "running" and "released" not in shown["reason"]
@@ -236,9 +273,12 @@ def test_closing_the_terminal_hangs_up_the_program_and_ends_the_job(gpuq: Gpuq) 
 
 
 def test_bad_input_is_refused_in_one_line_before_anything_is_queued(gpuq: Gpuq) -> None:
-    for args, words in ((["run", "no-such-program-here"], "command not found: no-such-program-here"),
-                        (["run", "--gpus", "9", "true"], "GPU"), (["alloc", "--json"], "give --no-shell"),
-                        (["run", "--time", "soon", "true"], "soon")):  # fmt: skip
+    for args, words in (
+        (["run", "no-such-program-here"], "command not found: no-such-program-here"),
+        (["run", "--gpus", "9", "true"], "GPU"),
+        (["alloc", "--json"], "give --no-shell"),
+        (["run", "--time", "soon", "true"], "soon"),
+    ):
         done = gpuq.run(*args, check=False)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
     assert gpuq.status() == []

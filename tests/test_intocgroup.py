@@ -51,14 +51,21 @@ def cgroup() -> Iterator[Path]:
 # told to go later, or (a job of the starter's own user, where the C library can) glibc's posix_spawn into it, at
 # once or built ahead and run later.
 SPAWNCG = spawncg.usable()
-_GLIBC = pytest.mark.skipif(not SPAWNCG, reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can; "
-                            "run on such a host)")  # fmt: skip
+_GLIBC = pytest.mark.skipif(
+    not SPAWNCG, reason="this C library cannot spawn into a cgroup (glibc 2.39 and later can; run on such a host)"
+)
 WAYS = ("cloned", "prepare", pytest.param("spawn", marks=_GLIBC), pytest.param("ready", marks=_GLIBC))
 
 
 def _spawn(
-    cgroup: Path, command: list[str], tmp_path: Path, before: str = "", way: str = "cloned", meanwhile: str = "",
-    credentials: str = "{}", cwd: str = "",
+    cgroup: Path,
+    command: list[str],
+    tmp_path: Path,
+    before: str = "",
+    way: str = "cloned",
+    meanwhile: str = "",
+    credentials: str = "{}",
+    cwd: str = "",
 ) -> dict[str, object]:
     """Start ``command`` in ``cgroup`` from a fresh Python process, ``way``: what that process saw, as JSON.
     Born ahead, the process waits a moment (and ``meanwhile`` runs) before it is told to go."""
@@ -101,8 +108,10 @@ def test_a_job_is_born_in_its_cgroup_and_its_starter_never_moves(cgroup: Path, t
     # The job says where it is as its very first act, in a session of its own, from its own directory.
     # It inherits no descriptor of its starter's, not even one left inheritable (Popen's close_fds, kept).
     command = [
-        "sh", "-c", "grep ^0:: /proc/self/cgroup; ps -o sid= -p $$; pwd; read -r line; echo read=$?; ls /proc/$$/fd",
-    ]  # fmt: skip
+        "sh",
+        "-c",
+        "grep ^0:: /proc/self/cgroup; ps -o sid= -p $$; pwd; read -r line; echo read=$?; ls /proc/$$/fd",
+    ]
     leak = "leak = os.open('/dev/null', os.O_RDONLY); os.set_inheritable(leak, True)"
     result = _spawn(cgroup, command, tmp_path, leak, way)
     assert result["code"] == 0

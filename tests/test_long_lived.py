@@ -18,7 +18,7 @@ from gpuq_scheduler.jobs.store.statedir import StateDir
 from tests.conftest import Gpuq
 
 # Loaded by every gpuq process of the test (PYTHONPATH): it records the per-job names that reach sys.intern.
-WATCH = r'''
+WATCH = r"""
 import os, re, sys
 _intern, _out = sys.intern, os.environ["GPUQ_TEST_INTERNED"]
 with open(_out + ".loaded", "a") as loaded:
@@ -30,7 +30,7 @@ def intern(text):
             out.write(f"{os.getpid()} {sys.argv[0]} {text}\n")
     return _intern(text)
 sys.intern = intern
-'''
+"""
 
 
 def test_no_process_of_the_queue_interns_a_jobs_file_names(gpuq: Gpuq, tmp_path: Path) -> None:

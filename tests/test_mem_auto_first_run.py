@@ -27,7 +27,7 @@ DONE = ("succeeded", "failed", "cancelled", "timeout", "lost")
 def _queue(tmp_path: Path, **extra: str) -> Gpuq:
     return fake_cuda_queue(
         tmp_path, "1x80GiB", GPUQ_FAKE_MPS="1", GPUQ_RETRY_BACKOFF="0.2", GPUQ_AUTO_SETTLE="3600", **extra
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ DONE = ("succeeded", "failed", "cancelled", "timeout", "lost")
 def mps(tmp_path: Path) -> Iterator[Gpuq]:
     client = fake_cuda_queue(
         tmp_path, "2x80GiB", GPUQ_FAKE_MPS="1", GPUQ_MPS_TIMEOUT="2", GPUQ_MPS_RETRY="1", GPUQ_RETRY_BACKOFF="0.2"
-    )  # fmt: skip
+    )
     client.run("daemon", "start")
     (client.home / "mps").mkdir(exist_ok=True)
     yield client

@@ -48,9 +48,13 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
 def _as(user: User, name: str, pipe: Path, running: list[subprocess.Popen[bytes]]) -> int:
     """Start, as ``user``, a process named ``name`` whose environment names ``pipe``; its pid once it is so named."""
     process = subprocess.Popen(
-        ["bash", "-c", NAMED.format(name=name)], env={"PATH": os.defpath, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
-        cwd="/", user=user.uid, group=user.gid, extra_groups=[],
-    )  # fmt: skip
+        ["bash", "-c", NAMED.format(name=name)],
+        env={"PATH": os.defpath, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        cwd="/",
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+    )
     running.append(process)
     wait_for(lambda: Path(f"/proc/{process.pid}/cmdline").read_bytes().startswith(name.encode()), 10, f"{name}")
     return process.pid

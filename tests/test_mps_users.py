@@ -34,12 +34,17 @@ def users() -> Iterator[dict[str, User]]:
 
 def _start(queue: SharedQueue) -> None:
     queue.config.write_text(f'home = "{queue.home}"\n[shared]\n')
-    env = {**queue.env(None), "GPUQ_FAKE_GPUS": "1x80GiB", "GPUQ_FAKE_MPS": "1", "GPUQ_KILL_GRACE": "1",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    env = {
+        **queue.env(None),
+        "GPUQ_FAKE_GPUS": "1x80GiB",
+        "GPUQ_FAKE_MPS": "1",
+        "GPUQ_KILL_GRACE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     log = (queue.base / "daemon.out").open("ab")
     queue.daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log, stderr=log
-    )  # fmt: skip
+    )
     wait_for(lambda: (queue.home / "daemon.pid").exists(), 20, "the shared daemon to start")
 
 
@@ -49,7 +54,7 @@ def _job(queue: SharedQueue, gib: float, seconds: float) -> tuple[str, ...]:
     script = (
         'pipe="$CUDA_MPS_PIPE_DIRECTORY"; echo "pipe=$pipe"; echo "folder=$(stat -c "%u %a" "$pipe/..")"; '
         'echo "control=$(stat -c %u /proc/$(cat "$pipe/control.pid"))"; '
-        f'exec {queue.python} {queue.base / "fake_cuda.py"} {gib} {seconds}'
+        f"exec {queue.python} {queue.base / 'fake_cuda.py'} {gib} {seconds}"
     )
     return ("sh", "-c", script)
 

@@ -55,9 +55,14 @@ def test_a_python_job_is_named_after_its_script_and_status_shows_gpu_indices_apa
 
 def _gpuq_run_in_background(gpuq: Gpuq, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", gpuq.entry, "run", *args], env=gpuq.env, cwd=gpuq.cwd, text=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [sys.executable, "-m", gpuq.entry, "run", *args],
+        env=gpuq.env,
+        cwd=gpuq.cwd,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_a_gpuq_run_killed_while_its_job_waits_withdraws_the_job_and_nothing_is_recorded_succeeded(
@@ -94,8 +99,12 @@ def test_a_placeholder_started_after_its_client_died_ends_as_a_hangup_not_a_succ
     assert ticks is not None
     gone.kill()
     gone.wait()
-    hold = subprocess.run([sys.executable, "-m", "gpuq_scheduler.jobs.hold", "--client", str(gone.pid), ticks],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    hold = subprocess.run(
+        [sys.executable, "-m", "gpuq_scheduler.jobs.hold", "--client", str(gone.pid), ticks],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert hold.returncode == -signal.SIGHUP, hold
 
 
@@ -155,8 +164,21 @@ def test_gpuq_run_off_a_terminal_says_that_it_waits_and_how_its_job_ended(one_gp
 def test_an_array_sweeps_over_named_values_and_their_product(gpuq: Gpuq) -> None:
     """--array took only indices: a sweep over learning rates needed an index table in the user's script."""
     (gpuq.cwd / "train.py").write_text("import sys; print(sys.argv[1:])\n")
-    done = gpuq.run("submit", "--gpus", "0", "--array", "lr=1e-4,1e-3", "train.py", "--lr", "{lr}", "--seed",
-                    "{seed}", "--array", "seed=1,2,3%2", "--json")  # fmt: skip
+    done = gpuq.run(
+        "submit",
+        "--gpus",
+        "0",
+        "--array",
+        "lr=1e-4,1e-3",
+        "train.py",
+        "--lr",
+        "{lr}",
+        "--seed",
+        "{seed}",
+        "--array",
+        "seed=1,2,3%2",
+        "--json",
+    )
     submitted = json.loads(done.stdout)
     array_id, members = submitted["id"], submitted["jobs"]
     assert len(members) == 6
@@ -177,9 +199,17 @@ BAD_SWEEPS = [
     (["--array", "lr=1,1", "echo", "{lr}"], "a value is given twice"),
     (["--array", "lr=", "echo", "{lr}"], "give its values separated by commas"),
     (["--array", "l-r=1", "echo", "{l-r}"], "a name is letters, digits and _"),
-    ([*("--array", "a=" + ",".join(map(str, range(100)))), *("--array", "b=" + ",".join(map(str, range(101)))),
-      "echo", "{a}", "{b}"], "more than 10000 combinations"),
-]  # fmt: skip
+    (
+        [
+            *("--array", "a=" + ",".join(map(str, range(100)))),
+            *("--array", "b=" + ",".join(map(str, range(101)))),
+            "echo",
+            "{a}",
+            "{b}",
+        ],
+        "more than 10000 combinations",
+    ),
+]
 
 
 def test_a_bad_sweep_is_refused_in_one_line_and_queues_nothing(gpuq: Gpuq) -> None:
@@ -202,7 +232,9 @@ def test_an_arrays_id_is_taken_by_show_logs_status_cancel_and_wait(gpuq: Gpuq) -
     assert shown[0] == f"array {array_id}: sweep, 3 jobs: 2 succeeded, 1 failed"
     assert shown[2].split()[:3] == [str(failed), "1", "failed"] and shown[2].split()[-1] == "1"  # failures first
     assert [job["id"] for job in json.loads(gpuq.run("show", "--json", str(array_id)).stdout)["jobs"]] == [
-        array_id + 1, array_id + 2, array_id + 3
+        array_id + 1,
+        array_id + 2,
+        array_id + 3,
     ]
     logs = gpuq.run("logs", str(array_id)).stdout
     assert logs == "".join(f"==> job {array_id + 1 + i} (index {i}) <==\nindex {i}\n" for i in range(3))

@@ -121,8 +121,18 @@ def test_status_counts_suspended_members_and_runtime_stops_while_suspended(tmp_p
     queue = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_FAKE_HOST_MEMORY="256GiB")
     shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
     try:
-        array = json.loads(queue.run("submit", "--json", "--array", "0-1", "fake_counter.py", "10",
-                                     str(queue.cwd / "counts{index}"), "100000").stdout)  # fmt: skip
+        array = json.loads(
+            queue.run(
+                "submit",
+                "--json",
+                "--array",
+                "0-1",
+                "fake_counter.py",
+                "10",
+                str(queue.cwd / "counts{index}"),
+                "100000",
+            ).stdout
+        )
         first, second = array["jobs"]
         for job in (first, second):
             queue.wait_state(job, "running")

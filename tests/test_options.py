@@ -46,8 +46,9 @@ print(details(int(sys.argv[1])).spec.value(COLOUR))
 
 
 def _python(gpuq: Gpuq, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *args], env=gpuq.env, cwd=gpuq.cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def _stored(gpuq: Gpuq, job_id: int) -> dict[str, object]:

@@ -20,8 +20,21 @@ from tests.conftest import Gpuq
 def test_output_names_each_jobs_file_as_slurm_does_and_logs_still_has_it(gpuq: Gpuq) -> None:
     (gpuq.cwd / "out").mkdir()
     job_id = gpuq.submit("--gpus", "0", "--name", "hello", "--output", "out/%x_%j.log", "echo", "hi")
-    done = json.loads(gpuq.run("submit", "--json", "--gpus", "0", "--array", "0-2", "--output", "out/%A_%a.out",
-                               "sh", "-c", "echo member {index}").stdout)  # fmt: skip
+    done = json.loads(
+        gpuq.run(
+            "submit",
+            "--json",
+            "--gpus",
+            "0",
+            "--array",
+            "0-2",
+            "--output",
+            "out/%A_%a.out",
+            "sh",
+            "-c",
+            "echo member {index}",
+        ).stdout
+    )
     gpuq.run("wait")
     assert (gpuq.cwd / "out" / f"hello_{job_id}.log").read_text() == "hi\n"
     for index, member in enumerate(done["jobs"]):
@@ -48,8 +61,10 @@ def test_a_bad_output_pattern_is_refused(gpuq: Gpuq) -> None:
     )
     result = gpuq.run("submit", "--output", "x_%q.log", "true", check=False)
     assert result.returncode == 2
-    assert result.stderr == "gpuq: --output 'x_%q.log': %q is not one of %j (job id), %A (array id), %a (array " \
-                            "index), %x (job name), %% (a %)\n"
+    assert (
+        result.stderr == "gpuq: --output 'x_%q.log': %q is not one of %j (job id), %A (array id), %a (array "
+        "index), %x (job name), %% (a %)\n"
+    )
 
 
 def test_the_pattern_is_filled_per_job() -> None:

@@ -34,7 +34,7 @@ def _queue(tmp_path: Path, teammate: int, desktop: int, told: Path) -> Gpuq:
     gpus = [
         {"total": "80GiB", "processes": [{"pid": teammate, "used": "2GiB"}]},
         {"total": "80GiB", "processes": [{"pid": desktop, "used": "64MiB"}]},
-    ]  # fmt: skip
+    ]
     fields = "$GPUQ_OUTSIDE_USER $GPUQ_OUTSIDE_PID $GPUQ_OUTSIDE_NAME $GPUQ_OUTSIDE_GPU $GPUQ_OUTSIDE_BYTES"
     notify = f'echo "{fields}" >> "{told}"'
     return fake_cuda_queue(tmp_path, gpus, GPUQ_OUTSIDE_NOTIFY=notify)

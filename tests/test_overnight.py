@@ -29,8 +29,9 @@ def _max_concurrent(reports: list[dict[str, object]]) -> int:
 
 def test_array_substitutes_index_and_throttle_holds_across_200_members(gpuq: Gpuq) -> None:
     report = gpuq.cwd / "seen.jsonl"
-    array_id, members = _array(gpuq, "--array", "0-199%8", "--gpus", "0", "--name", "m{index}",
-                               str(REPORT), str(report), "0.05")  # fmt: skip
+    array_id, members = _array(
+        gpuq, "--array", "0-199%8", "--gpus", "0", "--name", "m{index}", str(REPORT), str(report), "0.05"
+    )
     assert len(members) == 200 and members[0] == array_id + 1
     assert gpuq.run("wait", "--array", str(array_id), timeout=300).returncode == 0
     reports = read_reports(report)
@@ -45,8 +46,16 @@ def test_array_substitutes_index_and_throttle_holds_across_200_members(gpuq: Gpu
 
 def test_index_in_the_command_and_the_environment(gpuq: Gpuq) -> None:
     out = gpuq.cwd / "idx"
-    array_id, _ = _array(gpuq, "--array", "1,3,7", "--gpus", "0", "sh", "-c",
-                               f'echo "{{index}} $GPUQ_ARRAY_INDEX $GPUQ_ARRAY_ID" >> "{out}"')  # fmt: skip
+    array_id, _ = _array(
+        gpuq,
+        "--array",
+        "1,3,7",
+        "--gpus",
+        "0",
+        "sh",
+        "-c",
+        f'echo "{{index}} $GPUQ_ARRAY_INDEX $GPUQ_ARRAY_ID" >> "{out}"',
+    )
     gpuq.run("wait", str(array_id))
     assert sorted(out.read_text().split("\n")[:-1]) == [f"{i} {i} {array_id}" for i in (1, 3, 7)]
 
@@ -54,8 +63,18 @@ def test_index_in_the_command_and_the_environment(gpuq: Gpuq) -> None:
 def test_a_range_in_a_named_sweep_is_its_values(gpuq: Gpuq) -> None:
     """Issue 39, friction 2: `--array seed=0-7` ran one job with `0-7`. A value that is no range stays one."""
     out = gpuq.cwd / "seen"
-    array_id, members = _array(gpuq, "--array", "seed=0-7", "--array", "lr=1e-4,-1,a-b", "--gpus", "0",
-                               "sh", "-c", f'echo "{{seed}} {{lr}}" >> "{out}"')  # fmt: skip
+    array_id, members = _array(
+        gpuq,
+        "--array",
+        "seed=0-7",
+        "--array",
+        "lr=1e-4,-1,a-b",
+        "--gpus",
+        "0",
+        "sh",
+        "-c",
+        f'echo "{{seed}} {{lr}}" >> "{out}"',
+    )
     assert len(members) == 24
     gpuq.run("wait", str(array_id))
     assert sorted(out.read_text().splitlines()) == sorted(f"{s} {v}" for s in range(8) for v in ("1e-4", "-1", "a-b"))
@@ -68,8 +87,11 @@ def test_cancel_an_array_by_its_id(gpuq: Gpuq) -> None:
     array_id, members = _array(gpuq, "--array", "0-5%2", "--gpus", "0", "sleep", "30")
     wait_for(lambda: sum(r["state"] == "running" for r in gpuq.status()) == 2, 20, "two members running")
     gpuq.run("cancel", str(array_id))
-    states = wait_for(lambda: (s := {r["id"]: r["state"] for r in gpuq.status()}) and
-                      all(v == "cancelled" for v in s.values()) and s, 30, "all cancelled")  # fmt: skip
+    states = wait_for(
+        lambda: (s := {r["id"]: r["state"] for r in gpuq.status()}) and all(v == "cancelled" for v in s.values()) and s,
+        30,
+        "all cancelled",
+    )
     assert set(states) == set(members)
 
 
@@ -167,8 +189,11 @@ def test_an_array_whose_first_wave_fails_at_once_runs_no_second_wave(gpuq: Gpuq)
     array_id, _ = _array(gpuq, "--array", "0-7", "--gpus", "1", "sh", "-c", script)
     wait_for(lambda: len(list(started.iterdir())) == 4, 30, "the first wave of 4 to start")
     go.write_text("fail now")
-    settled = wait_for(lambda: (s := gpuq.status()) and all(r["state"] == "failed" or r["held"] for r in s) and s,
-                       60, "every member to have failed or be held")  # fmt: skip
+    settled = wait_for(
+        lambda: (s := gpuq.status()) and all(r["state"] == "failed" or r["held"] for r in s) and s,
+        60,
+        "every member to have failed or be held",
+    )
     assert sorted(r["state"] for r in settled) == ["failed"] * 4 + ["pending"] * 4
     assert all(r["held"] and "the first 3 members failed" in r["reason"] for r in settled if r["state"] == "pending")
     assert len(list(started.iterdir())) == 4
@@ -248,8 +273,13 @@ def test_wait_shows_progress_on_a_terminal_and_only_a_closing_line_elsewhere(gpu
     assert quiet.stderr == "gpuq: 4 succeeded\n" and quiet.stdout == ""
     array_id, _ = _array(gpuq, "--array", "0-3", "--gpus", "0", "sh", "-c", "sleep 0.3; exit {index}")
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "wait", "--array", str(array_id)],
-                            env=gpuq.env, stdin=terminal, stdout=terminal, stderr=terminal)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "wait", "--array", str(array_id)],
+        env=gpuq.env,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+    )
     os.close(terminal)
     assert proc.wait(timeout=60) == 1
     shown = b""

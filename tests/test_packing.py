@@ -21,7 +21,6 @@ from tests.conftest import Gpuq, fake_cuda_queue, wait_for
 GiB = 1 << 30
 
 
-
 def _client(tmp_path: Path, **extra: str) -> Gpuq:
     return fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_RETRY_BACKOFF="0.2", GPUQ_AUTO_SETTLE="1", **extra)
 
@@ -118,9 +117,11 @@ def probing(tmp_path: Path) -> Iterator[Gpuq]:
 
 def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(probing: Gpuq) -> None:
     mps = probing
-    array = int(__import__("json").loads(
-        mps.run("submit", "--json", "--mem", "auto", "--array", "0-5", "fake_cuda.py", "3", "4").stdout
-    )["id"])  # fmt: skip
+    array = int(
+        __import__("json").loads(
+            mps.run("submit", "--json", "--mem", "auto", "--array", "0-5", "fake_cuda.py", "3", "4").stdout
+        )["id"]
+    )
     members = list(range(array + 1, array + 7))
     probe = mps.wait_state(members[0], "running")
     assert probe["mem_per_gpu"] is None and probe["mem_from"] == "a probe on a whole GPU: no earlier run of its kind"

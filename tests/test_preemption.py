@@ -187,9 +187,16 @@ PREEMPTIBLE = Path(__file__).parent / "fixtures" / "fake_preemptible.py"
 
 def _requeue_queue(tmp_path: Path, **extra: str) -> Gpuq:
     """One GPU, and a host too small to hold a 60 GiB job's GPU state: it cannot be suspended."""
-    queue = fake_cuda_queue(tmp_path, "1x80GiB", **{
-        "GPUQ_FAKE_HOST_MEMORY": "32GiB", "GPUQ_PREEMPT": "on", "GPUQ_PREEMPT_MIN_RUNTIME": "1s", **extra,
-    })  # fmt: skip
+    queue = fake_cuda_queue(
+        tmp_path,
+        "1x80GiB",
+        **{
+            "GPUQ_FAKE_HOST_MEMORY": "32GiB",
+            "GPUQ_PREEMPT": "on",
+            "GPUQ_PREEMPT_MIN_RUNTIME": "1s",
+            **extra,
+        },
+    )
     shutil.copy(PREEMPTIBLE, queue.cwd / "fake_preemptible.py")
     return queue
 
@@ -301,9 +308,13 @@ def test_an_executor_functions_checkpoint_gives_the_call_its_requeued_run_makes(
         counts = queue.cwd / "counts"
         (queue.cwd / "trainer.py").write_text(TRAINER)
         done = subprocess.run(
-            [sys.executable, "trainer.py", str(counts)], cwd=queue.cwd, env=queue.env, capture_output=True,
-            text=True, timeout=180,
-        )  # fmt: skip
+            [sys.executable, "trainer.py", str(counts)],
+            cwd=queue.cwd,
+            env=queue.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         out = json.loads(done.stdout.strip().splitlines()[-1])
         assert out["result"]["restarts"] == "1" and 20 <= out["result"]["started_at"] < 400

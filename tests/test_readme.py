@@ -30,8 +30,11 @@ print("train.py", sys.argv[1:], "on GPUs", os.environ.get("CUDA_VISIBLE_DEVICES"
 
 
 def blocks(kind: str, mark: str | None = None) -> list[str]:
-    return [body for found_mark, found_kind, body in BLOCK.findall(README.read_text())
-            if found_kind == kind and (found_mark or None) == mark]  # fmt: skip
+    return [
+        body
+        for found_mark, found_kind, body in BLOCK.findall(README.read_text())
+        if found_kind == kind and (found_mark or None) == mark
+    ]
 
 
 def commands(body: str) -> list[str]:
@@ -103,9 +106,14 @@ def fresh(tmp_path: Path) -> Gpuq:
 
 def run(queue: Gpuq, *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        list(command), env=queue.env, cwd=queue.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        list(command),
+        env=queue.env,
+        cwd=queue.cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
         timeout=300,
-    )  # fmt: skip
+    )
 
 
 def test_every_command_on_the_front_page_works_as_written(fresh: Gpuq) -> None:

@@ -57,11 +57,21 @@ def chromium(tmp_path: Path, *args: str, size: tuple[int, int] = (WIDTH, HEIGHT)
     profile = tmp_path / f"profile-{time.monotonic_ns()}"  # a fresh, empty profile each run
     profile.mkdir()
     command = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--force-color-profile=srgb", "--hide-scrollbars", f"--user-data-dir={profile}",
-        f"--window-size={size[0]},{size[1]}", *args,
-    ]  # fmt: skip
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--force-color-profile=srgb",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={size[0]},{size[1]}",
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return result
@@ -153,8 +163,12 @@ def test_report_renders_in_headless_chromium_with_the_timeline_visible(gpuq: Gpu
     dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
     assert '<svg id="timeline"' in dom and "&lt;b&gt;seed 3&lt;/b&gt;" in dom and "<b>seed" not in dom
     rects = set(re.findall(r'<rect class="job state-(\w+)" data-job="(\d+)" data-gpu="(\d+)"', dom))
-    assert {(s, int(j)) for s, j, _ in rects} == {("succeeded", warmup), ("succeeded", pair), ("failed", bad),
-                                                  ("succeeded", big)}  # fmt: skip
+    assert {(s, int(j)) for s, j, _ in rects} == {
+        ("succeeded", warmup),
+        ("succeeded", pair),
+        ("failed", bad),
+        ("succeeded", big),
+    }
     assert sorted(int(g) for _, j, g in rects if int(j) == big) == [0, 1, 2, 3]
 
     # Where chromium put things: every lane and bar on screen, inside the timeline, each bar in its lane.

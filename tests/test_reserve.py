@@ -33,15 +33,20 @@ def _listed(queue: Gpuq) -> dict[str, dict[str, Any]]:
 
 
 def test_a_start_gpuq_cannot_read_is_one_line_exit_2_and_nothing_is_asked(gpuq: Gpuq) -> None:
-    for start, words in (("09:99", "no such time of day"), ("next week", "cannot read --start"),
-                         ("2020-01-01 10:00", "is in the past")):  # fmt: skip
+    for start, words in (
+        ("09:99", "no such time of day"),
+        ("next week", "cannot read --start"),
+        ("2020-01-01 10:00", "is in the past"),
+    ):
         result = gpuq.run("reserve", "--gpus", "2", "--start", start, "--duration", "3h", check=False)
         assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1
-    for args, words in ((["--gpus", "2", "--start", "+1h"], "needs --gpus N, --start WHEN and --duration"),
-                        (["--gpus", "2", "--start", "+1h", "--duration", "0s"], "--duration"),
-                        (["--list", "--cancel", "x"], "give --list, --cancel NAME, or"),
-                        (["--gpus", "1", "--start", "now", "--duration", "1h", "--name", "../x"], "reservation name")):
-        result = gpuq.run("reserve", *args, check=False)  # fmt: skip
+    for args, words in (
+        (["--gpus", "2", "--start", "+1h"], "needs --gpus N, --start WHEN and --duration"),
+        (["--gpus", "2", "--start", "+1h", "--duration", "0s"], "--duration"),
+        (["--list", "--cancel", "x"], "give --list, --cancel NAME, or"),
+        (["--gpus", "1", "--start", "now", "--duration", "1h", "--name", "../x"], "reservation name"),
+    ):
+        result = gpuq.run("reserve", *args, check=False)
         assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1
     assert not (gpuq.home / "reservations.json").exists()
     spool = gpuq.home / "spool"
@@ -51,9 +56,11 @@ def test_a_start_gpuq_cannot_read_is_one_line_exit_2_and_nothing_is_asked(gpuq: 
 def test_the_daemon_refuses_what_only_it_can_check_in_one_line(gpuq: Gpuq) -> None:
     made = gpuq.run("reserve", "--gpus", "3", "--start", "+1h", "--duration", "2h", "--name", "first")
     assert "reserved GPUs 0-2 for " in made.stdout and "as first" in made.stdout
-    for args, words in ((["--gpus", "2"], "only 1 GPU(s) are free of other reservations"),
-                        (["--gpus", "9"], "this machine has 4 usable GPU(s)"),
-                        (["--gpus", "1", "--name", "first"], "a reservation named first exists")):  # fmt: skip
+    for args, words in (
+        (["--gpus", "2"], "only 1 GPU(s) are free of other reservations"),
+        (["--gpus", "9"], "this machine has 4 usable GPU(s)"),
+        (["--gpus", "1", "--name", "first"], "a reservation named first exists"),
+    ):
         result = gpuq.run("reserve", *args, "--start", "+90m", "--duration", "1h", check=False)
         assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1
     assert list(_listed(gpuq)) == ["first"]

@@ -48,8 +48,9 @@ def test_the_quota_bounds_a_users_reservations_and_only_admins_act_for_others(
     assert "gqrbob would hold 6.0 GPU-hours reserved ahead; this queue allows 4 (reservation_quota)" in said
     made = queue.gpuq(bob, "reserve", "--gpus", "1", *window, "--name", "bobs").stdout
     assert "reserved GPU 0 for gqrbob " in made
-    assert "only an admin reserves GPUs for another user" in _refused(queue, bob, "--gpus", "1", *window, "--user",
-                                                                      "gqralice")  # fmt: skip
+    assert "only an admin reserves GPUs for another user" in _refused(
+        queue, bob, "--gpus", "1", *window, "--user", "gqralice"
+    )
     assert "is gqrbob's; only gqrbob or an admin can cancel it" in _refused(queue, alice, "--cancel", "bobs")
     # The admin (root here) has no quota, and reserves for alice.
     made = queue.gpuq(None, "reserve", "--gpus", "3", *window, "--user", "gqralice", "--name", "alices").stdout
@@ -77,8 +78,10 @@ def test_only_the_owners_jobs_run_in_a_reservation(queue: SharedQueue, users: di
     records = queue.records()
     assert records[intruder]["state"] == "pending"
     assert records[intruder]["reason"] == "reservation alices is gqralice's: only their jobs run in it"
-    assert records[outsider]["state"] == "pending" and "GPU 0 is reserved for gqralice until " in records[outsider][
-        "reason"]  # fmt: skip
+    assert (
+        records[outsider]["state"] == "pending"
+        and "GPU 0 is reserved for gqralice until " in records[outsider]["reason"]
+    )
     queue.gpuq(alice, "reserve", "--cancel", "alices")
     wait_for(lambda: queue.records()[outsider]["state"] == "succeeded", 60, "bob's job once it is cancelled")
     queue.gpuq(bob, "cancel", str(intruder))

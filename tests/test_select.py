@@ -115,8 +115,9 @@ def test_suspend_and_resume_choose_jobs_by_name(tmp_path: Path) -> None:
     shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
     try:
         counts = [queue.cwd / f"counts{i}" for i in range(2)]
-        jobs = [queue.submit("--name", f"sweep-{i}", "fake_counter.py", "4", str(c), "100000") for i, c in
-                enumerate(counts)]  # fmt: skip
+        jobs = [
+            queue.submit("--name", f"sweep-{i}", "fake_counter.py", "4", str(c), "100000") for i, c in enumerate(counts)
+        ]
         for job, count in zip(jobs, counts, strict=True):
             wait_for(lambda job=job, count=count: count.exists() and queue.job(job)["peak_mem"], 30, "a count")
         suspended = queue.run("suspend", "--name", "sweep-1")
@@ -145,10 +146,15 @@ def test_status_format_picks_columns_as_sacct_does_and_the_config_sets_the_defau
         header, row = listing.stdout.splitlines()
         assert header.split() == ["ID", "NAME", "STATE", "GPUS", "RUNTIME", "PEAK", "MEM", "GPU-HOURS", "ENERGY"]
         assert row.split() == [
-            str(job), "held-memory", "succeeded", "1", format_duration(record["ended_at"] - record["started_at"]),
-            *format_size(record["peak_mem"]).split(), format_gpu_hours(record["gpu_hours"]),
+            str(job),
+            "held-memory",
+            "succeeded",
+            "1",
+            format_duration(record["ended_at"] - record["started_at"]),
+            *format_size(record["peak_mem"]).split(),
+            format_gpu_hours(record["gpu_hours"]),
             *format_energy(record["gpu_energy_j"]).split(),
-        ]  # fmt: skip
+        ]
 
         unknown = queue.run("status", "--format", "id,gpu_ids", check=False)
         assert unknown.returncode == 2 and unknown.stdout == ""

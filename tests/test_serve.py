@@ -30,9 +30,13 @@ JOBS_BLUE, OUTSIDE_ORANGE = (0x15, 0x65, 0xC0), (0xEF, 0x6C, 0x00)  # views/serv
 class Served:
     def __init__(self, gpuq: Gpuq, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpuq_scheduler", "serve", "--port", "0", *args], env=gpuq.env, cwd=gpuq.cwd,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "gpuq_scheduler", "serve", "--port", "0", *args],
+            env=gpuq.env,
+            cwd=gpuq.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:"), line + self.process.stderr.read()  # type: ignore[union-attr]

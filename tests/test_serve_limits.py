@@ -73,9 +73,10 @@ def test_a_client_holding_half_sent_requests_locks_nobody_out(gpuq: Gpuq) -> Non
 
     def held_by_server() -> int:
         return sum(
-            1 for c in psutil.Process(served.process.pid).net_connections("tcp")
+            1
+            for c in psutil.Process(served.process.pid).net_connections("tcp")
             if c.raddr and c.raddr.ip == "127.0.0.2" and c.status == psutil.CONN_ESTABLISHED
-        )  # fmt: skip
+        )
 
     pump = threading.Thread(target=trickle, daemon=True)
     try:

@@ -107,10 +107,13 @@ class SharedQueue:
 
     def env(self, user: User | None) -> dict[str, str]:
         env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUQ_HOME": str(self.home),
-            "GPUQ_SYSTEM_CONFIG": str(self.config), "GPUQ_CONFIG": str(self.base / "no-user-config.toml"),
-            "PYTHONPATH": str(self.lib), "LANG": "C.UTF-8",
-        }  # fmt: skip
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GPUQ_HOME": str(self.home),
+            "GPUQ_SYSTEM_CONFIG": str(self.config),
+            "GPUQ_CONFIG": str(self.base / "no-user-config.toml"),
+            "PYTHONPATH": str(self.lib),
+            "LANG": "C.UTF-8",
+        }
         if user is not None:
             env.update(HOME=str(user.home), USER=user.name, LOGNAME=user.name)
         return env
@@ -126,9 +129,14 @@ class SharedQueue:
             credentials = {"user": user.uid, "group": user.gid, "extra_groups": groups}
             cwd = str(user.home)
         result = subprocess.run(
-            [self.python, "-m", module, *args], env=self.env(user), cwd=cwd, capture_output=True,
-            text=True, timeout=120, **credentials,
-        )  # fmt: skip
+            [self.python, "-m", module, *args],
+            env=self.env(user),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **credentials,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"gpuq {' '.join(args)} as {user}: exit {result.returncode}\n{result.stderr}")
         return result
@@ -136,9 +144,15 @@ class SharedQueue:
     def python_as(self, user: User, code: str, *args: str, env: dict[str, str] | None = None) -> str:
         """Run Python ``code`` as ``user`` (for what a user could do by hand, bypassing the client)."""
         result = subprocess.run(
-            [self.python, "-c", code, *args], env=self.env(user) if env is None else env, cwd=user.home,
-            user=user.uid, group=user.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [self.python, "-c", code, *args],
+            env=self.env(user) if env is None else env,
+            cwd=user.home,
+            user=user.uid,
+            group=user.gid,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -148,15 +162,21 @@ class SharedQueue:
     def stamp(self, seconds: float = 0.0) -> tuple[str, ...]:
         """A job that records who ran it, where, with which groups and GPUs, and when."""
         script = (
-            f'out={self.stamps}/$GPUQ_JOB_ID; start=$(date +%s.%N); sleep {seconds}; '
+            f"out={self.stamps}/$GPUQ_JOB_ID; start=$(date +%s.%N); sleep {seconds}; "
             'printf "%s\\n" "$(id -u)" "$(id -G)" "$(pwd)" "$CUDA_VISIBLE_DEVICES" "$start" "$(date +%s.%N)" > "$out"'
         )
         return ("sh", "-c", script)
 
     def stamps_of(self, job_id: int) -> dict[str, Any]:
         lines = (self.stamps / str(job_id)).read_text().splitlines()
-        return {"uid": int(lines[0]), "groups": lines[1].split(), "cwd": lines[2], "gpus": lines[3],
-                "start": float(lines[4]), "end": float(lines[5])}  # fmt: skip
+        return {
+            "uid": int(lines[0]),
+            "groups": lines[1].split(),
+            "cwd": lines[2],
+            "gpus": lines[3],
+            "start": float(lines[4]),
+            "end": float(lines[5]),
+        }
 
     def start(self, shared: str = "", gpus: str = "2x80GiB") -> None:
         admins = f'admins = "{self.admins}"\n' if self.admins else ""
@@ -164,7 +184,10 @@ class SharedQueue:
         env = {**self.env(None), "GPUQ_FAKE_GPUS": gpus, "GPUQ_KILL_GRACE": "1", "PYTHONPATH": str(ROOT)}
         log = (self.base / "daemon.out").open("ab")
         self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"], env=env, cwd=ROOT, stdout=log,
+            [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--shared"],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
             stderr=log,
         )
         wait_for(lambda: (self.home / "daemon.ready").exists(), 20, "the shared daemon to start")
@@ -398,7 +421,6 @@ def _readable_files_containing(queue: SharedQueue, user: User, needle: str) -> l
     return queue.python_as(user, code, str(queue.home), needle, env={"PATH": "/usr/bin:/bin"}).split()
 
 
-
 def test_a_request_claiming_root_or_another_user_runs_as_its_file_owner(
     queue: SharedQueue, users: dict[str, User]
 ) -> None:
@@ -430,22 +452,40 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
     etc, units, home = queue.base / "etc", queue.base / "units", queue.base / "q2"
     etc.mkdir()
     units.mkdir()
-    env = {**queue.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(units),
-           "PYTHONPATH": str(ROOT), "GPUQ_FAKE_GPUS": "2x80GiB"}  # fmt: skip
+    env = {
+        **queue.env(None),
+        "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
+        "GPUQ_UNIT_DIR": str(units),
+        "PYTHONPATH": str(ROOT),
+        "GPUQ_FAKE_GPUS": "2x80GiB",
+    }
     del env["GPUQ_HOME"]
     root = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]
-    done = subprocess.run([*root, "daemon", "setup", "--admins", ADMINS, "--home", str(home)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*root, "daemon", "setup", "--admins", ADMINS, "--home", str(home)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert f'home = "{home}"' in (etc / "config.toml").read_text()
     unit = (units / "gpuq.service").read_text()
     assert "--shared" in unit and "KillMode=process" in unit
     assert oct((home / "spool").stat().st_mode & 0o7777) == "0o1733"
-    bad = subprocess.run([*root, "daemon", "setup", "--admins", "no-such-group-here"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [*root, "daemon", "setup", "--admins", "no-such-group-here"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "no group" in bad.stderr
-    started = subprocess.run([*root, "daemon", "start", "--shared"], env=env, cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+    started = subprocess.run(
+        [*root, "daemon", "start", "--shared"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert started.returncode == 0 and str(home) in started.stdout, started.stderr
     try:
         alice = users["gqalice"]
@@ -453,9 +493,14 @@ def test_admin_setup_in_two_commands_and_users_need_nothing(queue: SharedQueue, 
         del user_env["GPUQ_HOME"]
         result = subprocess.run(
             [queue.python, "-m", CLICK[-1], "submit", "--wait", "--gpus", "1", "sh", "-c", "id -u"],
-            env=user_env, cwd=alice.home, user=alice.uid, group=alice.gid, capture_output=True, text=True,
+            env=user_env,
+            cwd=alice.home,
+            user=alice.uid,
+            group=alice.gid,
+            capture_output=True,
+            text=True,
             timeout=60,
-        )  # fmt: skip
+        )
         assert result.returncode == 0, result.stderr
         log = next((home / "logs").glob("*.log"))
         assert log.read_text().strip() == str(alice.uid) and log.stat().st_uid == alice.uid
@@ -473,9 +518,14 @@ def test_waiting_for_a_job_the_daemon_has_not_read_yet_waits(queue: SharedQueue,
     try:
         waiting = subprocess.Popen(
             [queue.python, "-m", "gpuq_scheduler", "submit", "--wait", "--gpus", "0", "sh", "-c", "exit 3"],
-            env=queue.env(alice), cwd=alice.home, user=alice.uid, group=alice.gid, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            env=queue.env(alice),
+            cwd=alice.home,
+            user=alice.uid,
+            group=alice.gid,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         with pytest.raises(subprocess.TimeoutExpired):
             waiting.wait(2)  # not answered: it waits
     finally:
@@ -516,10 +566,15 @@ def test_the_dashboard_shows_every_users_jobs_and_nobodys_commands(queue: Shared
     job = queue.submit(alice, "--gpus", "1", "--env", f"TOKEN={secret}", "sh", "-c", f": {secret}; sleep 30")
     wait_for(lambda: queue.records()[job]["state"] == "running", 20, "alice's job to run")
     server = subprocess.Popen(
-        [queue.python, "-m", "gpuq_scheduler", "serve", "--port", "0"], cwd=bob.home,
-        env={**queue.env(bob), "GPUQ_FAKE_GPUS": "2x80GiB"}, user=bob.uid, group=bob.gid, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [queue.python, "-m", "gpuq_scheduler", "serve", "--port", "0"],
+        cwd=bob.home,
+        env={**queue.env(bob), "GPUQ_FAKE_GPUS": "2x80GiB"},
+        user=bob.uid,
+        group=bob.gid,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[1]

@@ -34,8 +34,13 @@ def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
     with its log's words, not as "running"; setup refuses an admins group that does not exist."""
     etc, home = shared.base / "etc", shared.base / "q2"
     etc.mkdir()
-    env = {**shared.env(None), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"), "GPUQ_UNIT_DIR": str(shared.base),
-           "PYTHONPATH": str(ROOT), "GPUQ_FAKE_GPUS": "2x80GiB"}  # fmt: skip
+    env = {
+        **shared.env(None),
+        "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
+        "GPUQ_UNIT_DIR": str(shared.base),
+        "PYTHONPATH": str(ROOT),
+        "GPUQ_FAKE_GPUS": "2x80GiB",
+    }
     del env["GPUQ_HOME"]
     root = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app"]
 
@@ -54,14 +59,26 @@ def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
         user_env = {**shared.env(dave), "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml")}
         del user_env["GPUQ_HOME"]
         submitted = subprocess.run(
-            [shared.python, "-m", "gpuq_scheduler", "submit", "--gpus", "1", "true"], env=user_env, cwd=dave.home,
-            user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [shared.python, "-m", "gpuq_scheduler", "submit", "--gpus", "1", "true"],
+            env=user_env,
+            cwd=dave.home,
+            user=dave.uid,
+            group=dave.gid,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert submitted.returncode == 0 and submitted.stdout.startswith("submitted job"), submitted.stderr
         status = subprocess.run(
-            [shared.python, "-m", "gpuq_scheduler", "daemon", "status", "--json"], env=user_env, cwd=dave.home,
-            user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [shared.python, "-m", "gpuq_scheduler", "daemon", "status", "--json"],
+            env=user_env,
+            cwd=dave.home,
+            user=dave.uid,
+            group=dave.gid,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(status.stdout)["running"] is True, status.stderr  # users see it run, lock or not
         # What every user reads is root's to write (the trust table): mallory changes none of it, nor adds a
         # file beside it for the daemon or a client to read.
@@ -69,8 +86,18 @@ def test_daemon_start_returns_once_ready_and_says_when_the_daemon_died(
             "import sys\nfor path in sys.argv[1:]:\n    try:\n        open(path, 'a').close()\n"
             "        print('wrote', path)\n    except OSError:\n        pass\n"
         )
-        public = ("gpus.json", "daemon.pid", "daemon.ready", "daemon.log", "jobs.db", "jobs.db-wal", "jobs.db-shm",
-                  "notices/pass.json", "notices/planted.json", "planted")  # fmt: skip
+        public = (
+            "gpus.json",
+            "daemon.pid",
+            "daemon.ready",
+            "daemon.log",
+            "jobs.db",
+            "jobs.db-wal",
+            "jobs.db-shm",
+            "notices/pass.json",
+            "notices/planted.json",
+            "planted",
+        )
         assert all((home / name).exists() for name in ("gpus.json", "daemon.pid", "jobs.db"))
         assert shared.python_as(users["mal"], attempt, *(str(home / name) for name in public)).strip() == ""
     finally:
@@ -95,11 +122,21 @@ def test_the_systemd_units_own_command_starts_a_daemon_that_serves_a_job(
     etc, units, home = shared.base / "etc", shared.base / "units", shared.base / "q3"
     etc.mkdir()
     units.mkdir()
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
-           "GPUQ_UNIT_DIR": str(units), "GPUQ_FAKE_GPUS": "2x80GiB", "LANG": "C.UTF-8"}  # fmt: skip
-    setup = subprocess.run([sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "daemon", "setup", "--home",
-                            str(home)], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)  # fmt: skip
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUQ_SYSTEM_CONFIG": str(etc / "config.toml"),
+        "GPUQ_UNIT_DIR": str(units),
+        "GPUQ_FAKE_GPUS": "2x80GiB",
+        "LANG": "C.UTF-8",
+    }
+    setup = subprocess.run(
+        [sys.executable, "-m", "gpuq_scheduler.launcher.cli.app", "daemon", "setup", "--home", str(home)],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert setup.returncode == 0, setup.stderr
     unit = (units / "gpuq.service").read_text()
     command = shlex.split(next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split("=", 1)[1])
@@ -113,8 +150,14 @@ def test_the_systemd_units_own_command_starts_a_daemon_that_serves_a_job(
         del user_env["GPUQ_HOME"]
         ran = subprocess.run(
             [shared.python, "-m", "gpuq_scheduler", "submit", "--wait", "--gpus", "1", "sh", "-c", "id -u"],
-            env=user_env, cwd=dave.home, user=dave.uid, group=dave.gid, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            env=user_env,
+            cwd=dave.home,
+            user=dave.uid,
+            group=dave.gid,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert ran.returncode == 0, ran.stderr
         job = int(ran.stdout.split()[-1])
         assert (home / "logs" / f"{job}.log").read_text().strip() == str(dave.uid)
@@ -188,9 +231,15 @@ def test_submits_and_reads_during_kill_9_bursts_lose_duplicate_and_fail_nothing(
     shared.start()
     dave, count = users["dave"], 40
     burst = subprocess.Popen(
-        [shared.python, "-c", BURST, str(count)], env=shared.env(dave), cwd=dave.home, user=dave.uid,
-        group=dave.gid, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [shared.python, "-c", BURST, str(count)],
+        env=shared.env(dave),
+        cwd=dave.home,
+        user=dave.uid,
+        group=dave.gid,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for kill in range(5):
         wait_for(lambda kill=kill: len(shared.records(dave)) > kill * 5 or burst.poll() is not None, 60, "submits")
         assert shared.daemon is not None
@@ -261,15 +310,22 @@ def test_a_users_read_waits_while_root_rebuilds_the_tables_index_after_a_kill_9(
     shared.daemon.wait(20)
     shared.daemon = None
     db = shared.home / "jobs.db"
-    root = subprocess.Popen([sys.executable, "-c", FIRST_OPEN, f"{db}-shm"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    root = subprocess.Popen(
+        [sys.executable, "-c", FIRST_OPEN, f"{db}-shm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     reader = None
     try:
         assert root.stdout is not None and root.stdout.readline().strip() == "opened"
         reader = subprocess.Popen(
-            [shared.python, "-c", READ_MEANWHILE, str(db)], env=shared.env(dave), cwd=dave.home, user=dave.uid,
-            group=dave.gid, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [shared.python, "-c", READ_MEANWHILE, str(db)],
+            env=shared.env(dave),
+            cwd=dave.home,
+            user=dave.uid,
+            group=dave.gid,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert reader.stdout is not None
         said = reader.stdout.readline().strip()
         assert said == "264 attempt to write a readonly database", said  # SQLite's own read, at that moment

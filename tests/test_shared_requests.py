@@ -83,8 +83,11 @@ def test_a_replayed_submit_token_runs_nothing_of_the_attacker_as_its_victim(
     blocker = shared.submit(dave, "--gpus", "1", "sleep", "600")
     wait_for(lambda: shared.records()[blocker]["state"] == "running", 30, "dave's first job to hold the GPU")
     victim = shared.submit(dave, "--gpus", "1", "sh", "-c", "echo dave-ran; id -u")
-    root_job = int(json.loads(shared.gpuq(None, "submit", "--json", "--gpus", "1", "sh", "-c", "echo root-ran; id -u")
-                              .stdout)["id"])  # fmt: skip
+    root_job = int(
+        json.loads(shared.gpuq(None, "submit", "--json", "--gpus", "1", "sh", "-c", "echo root-ran; id -u").stdout)[
+            "id"
+        ]
+    )
     found: dict[str, int] = json.loads(shared.python_as(mal, READ_TOKENS, str(shared.home)))
     real = _answered(shared)
     targets = [t for t, job in found.items() if job in (victim, root_job)] or [real[victim], real[root_job]]
@@ -123,8 +126,13 @@ def test_a_private_file_its_job_owner_does_not_own_is_refused_and_named_by_docto
     victim = shared.submit(dave, "--gpus", "1", "sh", "-c", "echo dave-ran")
     shared.stop()
     private = shared.home / "private" / f"{victim}.json"
-    spec = {"command": ["sh", "-c", "echo mallory-was-here"], "cwd": str(mal.home), "env": {}, "python": None,
-            "notify": None}  # fmt: skip
+    spec = {
+        "command": ["sh", "-c", "echo mallory-was-here"],
+        "cwd": str(mal.home),
+        "env": {},
+        "python": None,
+        "notify": None,
+    }
     private.write_text(json.dumps(spec))
     os.chown(private, mal.uid, mal.gid)  # as 34565a6's daemon left it after mallory's replay
     doctor = shared.gpuq(None, "doctor", check=False)
@@ -135,9 +143,10 @@ def test_a_private_file_its_job_owner_does_not_own_is_refused_and_named_by_docto
     shared.wait(dave, victim)
     record = shared.records()[victim]
     assert record["state"] == "failed" and "not its owner's" in record["reason"], record
-    assert not (shared.home / "logs" / f"{victim}.log").exists() or "mallory" not in (
-        shared.home / "logs" / f"{victim}.log"
-    ).read_text()
+    assert (
+        not (shared.home / "logs" / f"{victim}.log").exists()
+        or "mallory" not in (shared.home / "logs" / f"{victim}.log").read_text()
+    )
     assert "(private)" in shared.gpuq(mal, "show", str(victim)).stdout  # his file is not shown as the job's
 
 

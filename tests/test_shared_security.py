@@ -105,16 +105,23 @@ print(json.dumps(found))
 """
 
 
-def _submit_after_plant(queue: SharedQueue, victim: User | None, attacker: User, how: str, target: str,
-                        *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:  # fmt: skip
+def _submit_after_plant(
+    queue: SharedQueue, victim: User | None, attacker: User, how: str, target: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``victim``'s `gpuq submit ARGS` (None: root's), whose temp names ``attacker`` plants once she sees its
     process (its pid is in `ps` for anyone); the submit goes on once she has."""
     credentials = {} if victim is None else {"user": victim.uid, "group": victim.gid}
     submit = shlex.join([queue.python, "-m", "gpuq_scheduler", "submit", *args])
     process = subprocess.Popen(
-        ["/bin/sh", "-c", f"read go; exec {submit}"], env=queue.env(victim), cwd=victim.home if victim else ROOT,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **credentials,
-    )  # fmt: skip
+        ["/bin/sh", "-c", f"read go; exec {submit}"],
+        env=queue.env(victim),
+        cwd=victim.home if victim else ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **credentials,
+    )
     seen = max(queue.records(attacker), default=0)
     planted = json.loads(queue.python_as(attacker, PLANT, str(queue.home), str(process.pid), how, target, str(seen)))
     out, err = process.communicate("go\n", timeout=120)
@@ -127,8 +134,9 @@ def test_planted_temp_files_neither_read_a_teammates_submit_nor_make_root_overwr
     shared.start()
     dave, mal = users["dave"], users["mal"]
     secret = "hf_" + os.urandom(6).hex()
-    done, planted = _submit_after_plant(shared, dave, mal, "file", "", "--gpus", "0", "--env", f"HF_TOKEN={secret}",
-                                        "true")  # fmt: skip
+    done, planted = _submit_after_plant(
+        shared, dave, mal, "file", "", "--gpus", "0", "--env", f"HF_TOKEN={secret}", "true"
+    )
     assert planted, "the attacker could plant nothing: the test proves nothing"
     stolen = json.loads(shared.python_as(mal, READ_PLANTED, json.dumps(planted)))
     assert not any(secret in text for text in stolen), "mallory read dave's request"
@@ -186,7 +194,7 @@ def test_nothing_a_user_writes_decides_another_users_job_id(shared: SharedQueue,
         "from gpuq_scheduler.jobs.store.atomic import write_atomic\n"
         "from gpuq_scheduler.jobs.store.statedir import StateDir\n"
         "s, token = StateDir(sys.argv[1]), os.urandom(16).hex()\n"
-        "body = b'{\"schema\": 1, \"kind\": \"submit\", \"submitted_at\": 1}'\n"
+        'body = b\'{"schema": 1, "kind": "submit", "submitted_at": 1}\'\n'
         "write_atomic(s.token_request(token), body)\n"
         "try:\n    print(outbox.await_id(s, token, 30))\nexcept BadInput as err:\n    print(err)\n"
     )
@@ -229,8 +237,11 @@ def test_a_removed_admin_can_no_longer_cancel_others_jobs(shared: SharedQueue, u
             "import StateDir\ns = StateDir(sys.argv[1])\noutbox.write_cancel(s, [int(sys.argv[2])])\noutbox.poke(s)\n"
         )
         shared.python_as(erin, cancel, str(shared.home), str(second))
-        wait_for(lambda: any(e.get("event") == "cancel-refused" and e.get("job") == second for e in _events(shared)),
-                 20, "the daemon to refuse her cancel")  # fmt: skip
+        wait_for(
+            lambda: any(e.get("event") == "cancel-refused" and e.get("job") == second for e in _events(shared)),
+            20,
+            "the daemon to refuse her cancel",
+        )
         assert shared.records()[second]["state"] in ("pending", "running")
     finally:
         subprocess.run(["usermod", "-aG", ADMINS, "gqserin"], check=True)

@@ -62,8 +62,9 @@ def _client(tmp_path: Path, slurm: LocalSlurm) -> Iterator[Gpuq]:
         f'[clusters.lab]\nbackend = "slurm"\npartition = "{slurm.partition}"\n\n'
         '[clusters.broken]\npartition = "no-such-partition"\n'
     )
-    env = make_env(home, SLURM_CONF=str(slurm.conf), GPUQ_CONFIG=str(config),
-                   GPUQ_SYSTEM_CONFIG=str(tmp_path / "no system config"))  # fmt: skip
+    env = make_env(
+        home, SLURM_CONF=str(slurm.conf), GPUQ_CONFIG=str(config), GPUQ_SYSTEM_CONFIG=str(tmp_path / "no system config")
+    )
     client = Gpuq(home, env, work)
     yield client
     client.cleanup()
@@ -149,8 +150,9 @@ def test_a_dependency_chain_runs_in_order_and_a_failure_stops_what_needs_it(gpuq
     second = gpuq.submit("--on", "lab", "--gpus", "0", "--after", str(first), str(REPORT), str(report), "0.2")
     third = gpuq.submit("--on", "lab", "--gpus", "0", "--after", str(second), str(REPORT), str(report), "0", "4")
     never = gpuq.submit("--on", "lab", "--gpus", "0", "--after", str(third), str(REPORT), str(report), "0")
-    anyway = gpuq.submit("--on", "lab", "--gpus", "0", "--after", str(third), "--after-any",
-                         str(REPORT), str(report), "0")  # fmt: skip
+    anyway = gpuq.submit(
+        "--on", "lab", "--gpus", "0", "--after", str(third), "--after-any", str(REPORT), str(report), "0"
+    )
     result = gpuq.run("wait", str(first), str(second), str(third), str(never), str(anyway), check=False)
     assert result.returncode == 1
 
@@ -217,10 +219,12 @@ def _refused(gpuq: Gpuq, *args: str) -> str:
 
 def test_what_cannot_run_there_is_refused_in_one_line_and_nothing_is_recorded(gpuq: Gpuq) -> None:
     message = _refused(gpuq, "submit", "--on", "broken", "true")
-    assert message == ("gpuq: sbatch refused the job on cluster broken: "
-                       "Batch job submission failed: Invalid partition name specified")  # fmt: skip
-    assert "Requested node configuration is not available" in _refused(gpuq, "submit", "--on", "lab", "--gpus", "9",
-                                                                        "true")  # fmt: skip
+    assert message == (
+        "gpuq: sbatch refused the job on cluster broken: Batch job submission failed: Invalid partition name specified"
+    )
+    assert "Requested node configuration is not available" in _refused(
+        gpuq, "submit", "--on", "lab", "--gpus", "9", "true"
+    )
     assert "no cluster named 'elsewhere' (known: broken, lab)" in _refused(gpuq, "submit", "--on", "elsewhere", "true")
     assert "--mem 1.0G shares a GPU by memory" in _refused(gpuq, "submit", "--on", "lab", "--mem", "1G", "true")
     cluster_job = gpuq.submit("--on", "lab", "--gpus", "0", "sleep", "5")
@@ -346,9 +350,19 @@ def test_functions_run_on_the_cluster_through_the_same_executor(gpuq: Gpuq) -> N
 
 
 def test_gpuq_run_on_a_cluster_is_srun_with_the_jobs_shape_and_its_exit_code(gpuq: Gpuq) -> None:
-    done = gpuq.run("run", "--on", "lab", "--gpus", "2", "--time", "5m", "sh", "-c",
-                    'echo "gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID name=$SLURM_JOB_NAME"; exit 4',
-                    check=False)  # fmt: skip
+    done = gpuq.run(
+        "run",
+        "--on",
+        "lab",
+        "--gpus",
+        "2",
+        "--time",
+        "5m",
+        "sh",
+        "-c",
+        'echo "gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID name=$SLURM_JOB_NAME"; exit 4',
+        check=False,
+    )
     assert done.returncode == 4, done.stderr
     words = dict(word.split("=", 1) for word in done.stdout.split())
     assert len(words["gpus"].split(",")) == 2 and words["job"].isdigit() and words["name"] == "sh"

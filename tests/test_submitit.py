@@ -28,9 +28,13 @@ def run_script(gpuq: Gpuq, body: str, *args: str, timeout: float = 180) -> tuple
     path = gpuq.cwd / "script.py"
     path.write_text(HEADER + textwrap.dedent(body))
     done = subprocess.run(
-        [sys.executable, str(path), *args], cwd=gpuq.cwd, env=gpuq.env, capture_output=True, text=True,
+        [sys.executable, str(path), *args],
+        cwd=gpuq.cwd,
+        env=gpuq.env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -192,15 +196,17 @@ def test_update_parameters_are_gpuq_options_and_what_means_nothing_here_is_said_
     cpus, ram = found["limits"]
     assert (cpus == 3.0) == ("cpu" in have) and (ram == 2 << 30) == ("memory" in have)
     assert [line.split(" does nothing here: this queue cannot enforce a host")[0] for line in said[2:]] == [
-        *(["cpus_per_task"] if "cpu" not in have else []), *(["mem_gb"] if "memory" not in have else []),
-    ]  # fmt: skip
+        *(["cpus_per_task"] if "cpu" not in have else []),
+        *(["mem_gb"] if "memory" not in have else []),
+    ]
     refused = found["refused"]
     assert refused["unknown"] == [
-        "UnknownParameter", True,
+        "UnknownParameter",
+        True,
         "update_parameters: unknown parameter(s) gpus: use submitit's generic names (name, timeout_min, mem_gb, "
         "nodes, cpus_per_task, gpus_per_node, tasks_per_node, stderr_to_stdout), an executor's own prefixed by slurm_ "
         "or local_, or gpuq_<gpuq submit option>",
-    ]  # fmt: skip
+    ]
     assert refused["unknown_prefixed"][:2] == ["UnknownParameter", True]
     assert refused["tasks"][2].startswith("tasks_per_node=4: gpuq runs the function once per job")
     assert refused["nodes"][2].startswith("nodes=2: gpuq runs a job on one machine")
@@ -337,9 +343,13 @@ def test_a_preempted_checkpointable_resumes_from_its_own_checkpoint(tmp_path: Pa
         counts, saved = queue.cwd / "counts", queue.cwd / "saved"
         (queue.cwd / "trainer.py").write_text(TRAINER)
         done = subprocess.run(
-            [sys.executable, "trainer.py", str(counts), str(saved), kind], cwd=queue.cwd, env=queue.env,
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+            [sys.executable, "trainer.py", str(counts), str(saved), kind],
+            cwd=queue.cwd,
+            env=queue.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         out = json.loads(done.stdout.strip().splitlines()[-1])
         job = int(out["id"])

@@ -72,9 +72,13 @@ def gpuq(tmp_path: Path, slurm: LocalSlurm) -> Iterator[Gpuq]:
 def _run(gpuq: Gpuq, **env: str) -> tuple[dict[str, Any], str]:
     (gpuq.cwd / "script.py").write_text(SCRIPT)
     done = subprocess.run(
-        [sys.executable, "script.py"], cwd=gpuq.cwd, env={**gpuq.env, **env}, capture_output=True, text=True,
+        [sys.executable, "script.py"],
+        cwd=gpuq.cwd,
+        env={**gpuq.env, **env},
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 

@@ -86,8 +86,9 @@ def test_a_version_3_table_is_read_then_upgraded_by_the_daemon(tmp_path: Path) -
     _as_version_3(path)
     reader = JobTable(path)  # `gpuq status` before the upgraded daemon has run
     assert [(r.state, r.step, r.host_bytes, r.suspended_for) for r in reader.records()] == [
-        (JobState.SUCCEEDED, None, None, 0.0), (JobState.PENDING, None, None, 0.0),
-    ]  # fmt: skip
+        (JobState.SUCCEEDED, None, None, 0.0),
+        (JobState.PENDING, None, None, 0.0),
+    ]
     reader.close()
     daemon = JobTable(path, create=True)
     daemon.mark_running(2, [0], [], 30.0, Launch(1, 1.0, "boot"))

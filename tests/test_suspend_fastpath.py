@@ -59,9 +59,11 @@ def test_a_job_the_fast_path_cannot_take_is_suspended_by_the_driver_and_the_even
             at = len(stopped)
             wait_for(lambda at=at: len(_counts(counts)) > at + 5, 30, "the job to count on")
             assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
-        said = {"not-applicable": "last by the driver's checkpoint (the fast path does not apply: the process has "
-                "not imported torch)", "not-asked": "last by the driver's checkpoint (no process of the job answers "
-                "the fast path's request)"}[fallback]  # fmt: skip
+        said = {
+            "not-applicable": "last by the driver's checkpoint (the fast path does not apply: the process has "
+            "not imported torch)",
+            "not-asked": "last by the driver's checkpoint (no process of the job answers the fast path's request)",
+        }[fallback]
         assert said in queue.run("show", str(job)).stdout
         shown = json.loads(queue.run("show", "--json", str(job)).stdout)
         assert (shown["last_suspend_path"], shown["last_suspend_fallback"]) == ("driver", fallback)
@@ -77,11 +79,13 @@ def test_a_job_the_fast_path_cannot_take_is_suspended_by_the_driver_and_the_even
     ("given", "conf"),
     [
         ({}, "expandable_segments:True"),
-        ({"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.25"},  # the cooperative fence's
-         "per_process_memory_fraction:0.25,expandable_segments:True"),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.25"},  # the cooperative fence's
+            "per_process_memory_fraction:0.25,expandable_segments:True",
+        ),
         ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, None),  # the job chose: kept (no fast path)
     ],
-)  # fmt: skip
+)
 def test_a_preemptible_job_is_given_the_handler_and_expandable_segments_unless_it_chose(
     tmp_path: Path, given: dict[str, str], conf: str | None
 ) -> None:

@@ -132,9 +132,13 @@ def test_a_victim_whose_suspend_needs_another_jobs_pool_is_suspended_once_it_is_
     (not passed over as too big for the host), the urgent job starts on B's GPU and succeeds, and B resumes
     after it; A ran throughout."""
     queue = fake_cuda_queue(
-        tmp_path, "2x80GiB", GPUQ_FAKE_HOST_MEMORY="100GiB", GPUQ_PREEMPT="on", GPUQ_PREEMPT_MIN_RUNTIME="1s",
+        tmp_path,
+        "2x80GiB",
+        GPUQ_FAKE_HOST_MEMORY="100GiB",
+        GPUQ_PREEMPT="on",
+        GPUQ_PREEMPT_MIN_RUNTIME="1s",
         GPUQ_PREEMPT_BY="priority",
-    )  # fmt: skip
+    )
     shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
     try:
         a, a_pid, a_counts = _start(queue, "a", 60, "--preemptible", "--priority", "10")

@@ -54,8 +54,11 @@ def box(tmp_path: Path) -> Iterator[tuple[Gpuq, dict[str, int]]]:
         "packed": gpuq.submit("--mem", "8G", "--name", "packed", "fake_cuda.py", "3", "300", "--busy", "60"),
         "big": gpuq.submit("--gpus", "2", "--name", "big", "sleep", "300"),
     }
-    array = json.loads(gpuq.run("submit", "--json", "--array", "0-3", "--gpus", "0", "--name", "seeds",
-                                "--time", "10m", "sleep", "300").stdout)["id"]  # fmt: skip
+    array = json.loads(
+        gpuq.run(
+            "submit", "--json", "--array", "0-3", "--gpus", "0", "--name", "seeds", "--time", "10m", "sleep", "300"
+        ).stdout
+    )["id"]
     jobs["array"] = int(array)
     gpuq.wait_state(jobs["packed"], "running")
     yield gpuq, jobs

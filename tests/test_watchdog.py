@@ -132,9 +132,10 @@ def test_a_process_that_left_its_jobs_process_tree_still_counts_as_the_jobs(tmp_
         job = client.submit("--gpus", "1", "fake_cuda.py", "0.5", "120")
         running = client.wait_state(job, "running")
         env = {
-            **client.env, MARKER: f"{queue_key(client.home)}/{job}",
+            **client.env,
+            MARKER: f"{queue_key(client.home)}/{job}",
             "CUDA_VISIBLE_DEVICES": str(running["gpus"][0]),
-        }  # fmt: skip
+        }
         stray = subprocess.Popen([sys.executable, "fake_cuda.py", "3", "120"], cwd=client.cwd, env=env)
         try:
             wait_for(lambda: (client.job(job)["peak_mem"] or 0) >= 3.5 * (1 << 30), 30, "its peak to count it")
@@ -211,13 +212,20 @@ def test_the_watchdog_reads_the_energy_counters_only_while_a_job_holds_a_gpu(tmp
     try:
         plain = scheduler.snapshot()  # the pass's
         with scheduler.table.batch():
-            scheduler.watch.check(
-                scheduler.lives, scheduler.table, scheduler, 100.0, Readings(scheduler.source, plain)
-            )
+            scheduler.watch.check(scheduler.lives, scheduler.table, scheduler, 100.0, Readings(scheduler.source, plain))
         assert asked == [(False, False)]
         spec = JobSpec(command=("true",), cwd="/tmp", env={}, gpus=1)
-        record = JobRecord(id=1, spec=spec, uid=os.getuid(), user="me", state=JobState.RUNNING, submitted_at=0.0,
-                           started_at=0.0, gpus=(0,), log="")  # fmt: skip
+        record = JobRecord(
+            id=1,
+            spec=spec,
+            uid=os.getuid(),
+            user="me",
+            state=JobState.RUNNING,
+            submitted_at=0.0,
+            started_at=0.0,
+            gpus=(0,),
+            log="",
+        )
         launch = Launch(shim_pid=0, shim_start=None, boot_id=scheduler.boot_id, port=None)
         scheduler.lives.add(record)
         scheduler.lives.start(Running(record, launch))

@@ -34,8 +34,14 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], *, check: bool = True, timeout: float = 120.0,
-        stdin: int | None = subprocess.DEVNULL) -> str:  # fmt: skip
+def run(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    check: bool = True,
+    timeout: float = 120.0,
+    stdin: int | None = subprocess.DEVNULL,
+) -> str:
     proc = subprocess.run(list(argv), env=dict(env), stdin=stdin, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise ToolError(f"`{' '.join(argv)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
@@ -45,8 +51,14 @@ def run(argv: Sequence[str], env: Mapping[str, str], *, check: bool = True, time
 def timed(argv: Sequence[str], env: Mapping[str, str], timeout: float = 120.0) -> float:
     """Seconds one command takes, as the user waiting for it feels it (it must succeed)."""
     started = time.perf_counter()
-    proc = subprocess.run(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        list(argv),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+    )
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise ToolError(f"`{' '.join(argv)}` failed ({proc.returncode}): {proc.stderr.decode().strip()}")

@@ -42,8 +42,9 @@ def install_regular(work: Path) -> tuple[str | None, str]:
     for isolation in ([], ["--no-build-isolation"]):  # without an index (a lent GPU host), build with ours
         built = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(wheels), str(ROOT)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+        )
         if built.returncode == 0:
             break
         why = f"pip wheel failed: {(built.stderr or built.stdout).strip()[-300:]}"
@@ -52,8 +53,9 @@ def install_regular(work: Path) -> tuple[str | None, str]:
     wheel, python = next(wheels.glob("*.whl")), venv / "bin" / "python"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         return None, f"pip install failed: {(done.stderr or done.stdout).strip()[-300:]}"
     site = next((venv / "lib").glob("python*/site-packages"))

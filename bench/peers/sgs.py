@@ -83,9 +83,7 @@ class SimpleGpuScheduler(Tool):
     def submit_now(self, gpus: int, argv: list[str]) -> None:
         """Write one line to a scheduler that is already up and reading its stdin."""
         if self._live is None:
-            self._live = subprocess.Popen(
-                self._argv(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=self.env
-            )  # fmt: skip
+            self._live = subprocess.Popen(self._argv(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=self.env)
             time.sleep(1.0)  # let its interpreter start: we time an idle scheduler, not its start-up
         assert self._live.stdin is not None
         self._live.stdin.write((shlex.join(argv) + "\n").encode())

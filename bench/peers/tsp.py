@@ -30,11 +30,17 @@ class TaskSpooler(Tool):
         self.binary = shutil.which("tsp") or "tsp"
         locks = work / "gpu-locks"
         locks.mkdir(exist_ok=True)
-        self.env = clean_env({
-            "TS_SOCKET": str(work / "tsp.socket"), "TMPDIR": str(work), "TS_SLOTS": str(GPUS),
-            "TS_MAXFINISHED": "100000", "TS_MAXCONN": "5000",
-            "BENCH_GPU_LOCKS": str(locks), "BENCH_GPU_COUNT": str(GPUS),
-        })  # fmt: skip
+        self.env = clean_env(
+            {
+                "TS_SOCKET": str(work / "tsp.socket"),
+                "TMPDIR": str(work),
+                "TS_SLOTS": str(GPUS),
+                "TS_MAXFINISHED": "100000",
+                "TS_MAXCONN": "5000",
+                "BENCH_GPU_LOCKS": str(locks),
+                "BENCH_GPU_COUNT": str(GPUS),
+            }
+        )
         self.fifo = work / "release.fifo"
         self._started = False
         self._generation = 0

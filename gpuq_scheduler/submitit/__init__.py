@@ -43,9 +43,17 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "AutoExecutor", "DelayedSubmission", "IgnoredParameter", "Job", "JobEnvironment", "JobPaths", "LocalExecutor",
-    "UncompletedJobError", "UnknownParameter", "helpers",
-]  # fmt: skip
+    "AutoExecutor",
+    "DelayedSubmission",
+    "IgnoredParameter",
+    "Job",
+    "JobEnvironment",
+    "JobPaths",
+    "LocalExecutor",
+    "UncompletedJobError",
+    "UnknownParameter",
+    "helpers",
+]
 
 
 def __getattr__(name: str) -> Any:

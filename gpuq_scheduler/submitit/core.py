@@ -43,13 +43,20 @@ class UncompletedJobError(functions.JobFailed):
 
 # Slurm's names for gpuq's states, as submitit's job.state gives them.
 STATES = {
-    JobState.PENDING: "PENDING", JobState.RUNNING: "RUNNING", JobState.SUSPENDED: "SUSPENDED",
-    JobState.SUCCEEDED: "COMPLETED", JobState.FAILED: "FAILED", JobState.CANCELLED: "CANCELLED",
-    JobState.TIMEOUT: "TIMEOUT", JobState.LOST: "NODE_FAIL",
-}  # fmt: skip
-_CONSTRUCTOR = {"max_num_timeout": parameters.SLURM["signal_delay_s"],
-                "python": "jobs run with this process's interpreter (sys.executable)",
-                "max_pickle_size_gb": "gpuq sets no size limit on a call's pickle"}  # fmt: skip
+    JobState.PENDING: "PENDING",
+    JobState.RUNNING: "RUNNING",
+    JobState.SUSPENDED: "SUSPENDED",
+    JobState.SUCCEEDED: "COMPLETED",
+    JobState.FAILED: "FAILED",
+    JobState.CANCELLED: "CANCELLED",
+    JobState.TIMEOUT: "TIMEOUT",
+    JobState.LOST: "NODE_FAIL",
+}
+_CONSTRUCTOR = {
+    "max_num_timeout": parameters.SLURM["signal_delay_s"],
+    "python": "jobs run with this process's interpreter (sys.executable)",
+    "max_pickle_size_gb": "gpuq sets no size limit on a call's pickle",
+}
 
 
 def _cluster(cluster: str | None) -> str | None:
@@ -87,9 +94,13 @@ class AutoExecutor:
     ``map_array``, ``submit_array``, ``batch``. ``home`` picks gpuq's queue (default: as ``gpuq`` does)."""
 
     def __init__(
-        self, folder: str | os.PathLike[str], cluster: str | None = None, *,
-        home: str | os.PathLike[str] | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        folder: str | os.PathLike[str],
+        cluster: str | None = None,
+        *,
+        home: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.on = _cluster(cluster)
         self.cluster = "slurm" if self.on else "local"
         self.folder = _base(folder)
@@ -97,8 +108,11 @@ class AutoExecutor:
         self.parameters: dict[str, Any] = {}
         self._said: set[str] = set()
         self._batch: list[tuple[Job, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = None
-        bad = [key for key in kwargs if key.partition("_")[0] not in ("slurm", "local", "debug")
-               or key.partition("_")[2] not in _CONSTRUCTOR]  # fmt: skip
+        bad = [
+            key
+            for key in kwargs
+            if key.partition("_")[0] not in ("slurm", "local", "debug") or key.partition("_")[2] not in _CONSTRUCTOR
+        ]
         if bad:
             raise parameters.UnknownParameter(
                 f"{type(self).__name__}(): unknown argument(s) {', '.join(sorted(bad))}: its own are folder, cluster "
@@ -173,9 +187,16 @@ class AutoExecutor:
         wrapped = [(Requeueable(fn) if checkpointable(fn) else fn, args, kwargs) for fn, args, kwargs in calls]
         name = options.pop("name", None) or functions.name_of(calls[0][0])
         executor = functions.Executor(
-            options.pop("gpus"), options.pop("mem", None), options.pop("time_limit", None), name,
-            options.pop("retries", 0), self.on, home=self.home, folder=self.folder, **options,
-        )  # fmt: skip
+            options.pop("gpus"),
+            options.pop("mem", None),
+            options.pop("time_limit", None),
+            name,
+            options.pop("retries", 0),
+            self.on,
+            home=self.home,
+            folder=self.folder,
+            **options,
+        )
         if len(wrapped) == 1:
             fn, args, kwargs = wrapped[0]
             return [Job(executor.submit(fn, *args, **kwargs).id, home=self.home)]
@@ -185,8 +206,11 @@ class AutoExecutor:
         """``cpus_per_task`` and ``mem_gb`` where this queue cannot hold a job to them (no cgroup controller
         delegated to gpuq, docs/containment.md): left out and said once, as submitit's LocalExecutor ignores
         them, rather than refused. Given as gpuq's own (``gpuq_cpus``, ``gpuq_ram``), gpuq refuses them."""
-        asked = {key: name for key, name in (("cpus", "cpus_per_task"), ("ram", "mem_gb"))
-                 if key in options and f"gpuq_{key}" not in self.parameters}  # fmt: skip
+        asked = {
+            key: name
+            for key, name in (("cpus", "cpus_per_task"), ("ram", "mem_gb"))
+            if key in options and f"gpuq_{key}" not in self.parameters
+        }
         if not asked:
             return
         state = StateDir(Path(self.home).absolute()) if self.home is not None else StateDir.from_env()
@@ -217,9 +241,13 @@ class LocalExecutor(AutoExecutor):
     (``timeout_min``, ``gpus_per_node``, ``visible_gpus``...)."""
 
     def __init__(
-        self, folder: str | os.PathLike[str], max_num_timeout: int = 3, python: str | None = None, *,
+        self,
+        folder: str | os.PathLike[str],
+        max_num_timeout: int = 3,
+        python: str | None = None,
+        *,
         home: str | os.PathLike[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         given = {"local_max_num_timeout": max_num_timeout} if max_num_timeout != 3 else {}
         super().__init__(folder, "local", home=home, **given, **({"local_python": python} if python else {}))
 
@@ -248,9 +276,12 @@ class Job:
     num_tasks = 1
 
     def __init__(
-        self, folder: str | os.PathLike[str] | int | None = None, job_id: str | int | None = None, *,
+        self,
+        folder: str | os.PathLike[str] | int | None = None,
+        job_id: str | int | None = None,
+        *,
         home: str | os.PathLike[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         given = folder if job_id is None and isinstance(folder, int) else job_id
         if given is None and folder is not None:
             raise BadInput(f"Job({folder!r}): give the job's id, Job(folder, job_id) or Job(job_id)")
@@ -337,8 +368,13 @@ class Job:
     @property
     def paths(self) -> JobPaths:
         folder, index = self.inner.location()
-        return JobPaths(folder, runner.call_path(folder, index), runner.result_path(folder, index),
-                        Path(self.inner.record().log), runner.stderr_path(folder, index))  # fmt: skip
+        return JobPaths(
+            folder,
+            runner.call_path(folder, index),
+            runner.result_path(folder, index),
+            Path(self.inner.record().log),
+            runner.stderr_path(folder, index),
+        )
 
     def submission(self) -> DelayedSubmission:
         """The call as it stands: the first, or the one a checkpoint left for the requeued run."""

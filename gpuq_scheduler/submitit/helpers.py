@@ -113,9 +113,13 @@ class CommandFunction:
     its stdout; a failure raises CommandFailed with its stderr."""
 
     def __init__(
-        self, command: Sequence[str], verbose: bool = True, ret_stdout: bool = True, cwd: str | None = None,
+        self,
+        command: Sequence[str],
+        verbose: bool = True,
+        ret_stdout: bool = True,
+        cwd: str | None = None,
         env: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if isinstance(command, str):
             raise TypeError("CommandFunction takes the command as a list of words, not one string")
         self.command, self.verbose, self.ret_stdout, self.cwd, self.env = list(command), verbose, ret_stdout, cwd, env

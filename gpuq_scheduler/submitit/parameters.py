@@ -20,24 +20,52 @@ from typing import Any
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.options import SUBMIT
 
-GENERIC = ("name", "timeout_min", "mem_gb", "nodes", "cpus_per_task", "gpus_per_node", "tasks_per_node",
-           "stderr_to_stdout")  # fmt: skip
+GENERIC = (
+    "name",
+    "timeout_min",
+    "mem_gb",
+    "nodes",
+    "cpus_per_task",
+    "gpus_per_node",
+    "tasks_per_node",
+    "stderr_to_stdout",
+)
 _SLURM_ONLY_GIVEN = "set it in the cluster's config: [clusters.{cluster}] partition, account or sbatch_flags"
 _NO_SIGNAL = "gpuq sends no signal before a time limit: checkpoint() is called on preemption alone"
 _SHAPE = "gpuq shapes a job by cpus_per_task, gpus_per_node and mem_gb"
 # Slurm's own parameters (submitit's SlurmExecutor) and why each does nothing when gpuq sends the job to Slurm;
 # those read as options here are in _SLURM_READ.
 SLURM: Mapping[str, str] = {
-    **dict.fromkeys(("partition", "account", "qos", "constraint", "exclude", "nodelist", "gres", "exclusive",
-                     "mail_type", "mail_user", "wckey", "additional_parameters"), _SLURM_ONLY_GIVEN),
+    **dict.fromkeys(
+        (
+            "partition",
+            "account",
+            "qos",
+            "constraint",
+            "exclude",
+            "nodelist",
+            "gres",
+            "exclusive",
+            "mail_type",
+            "mail_user",
+            "wckey",
+            "additional_parameters",
+        ),
+        _SLURM_ONLY_GIVEN,
+    ),
     "comment": "gpuq's sbatch --comment names the gpuq job it is",
     **dict.fromkeys(("setup", "srun_args", "use_srun"), "gpuq runs the function itself, with no srun or setup lines"),
     "signal_delay_s": _NO_SIGNAL,
     **dict.fromkeys(("cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu"), _SHAPE),
     "dependency": "use gpuq_after='ID,ID' (gpuq's --after)",
-}  # fmt: skip
-_SLURM_READ = {"job_name": "name", "time": "timeout_min", "ntasks_per_node": "tasks_per_node", "num_gpus":
-               "gpus_per_node", "mem": "mem"}  # fmt: skip
+}
+_SLURM_READ = {
+    "job_name": "name",
+    "time": "timeout_min",
+    "ntasks_per_node": "tasks_per_node",
+    "num_gpus": "gpus_per_node",
+    "mem": "mem",
+}
 LOCAL: Mapping[str, str] = {
     "visible_gpus": "",  # read: gpuq's --gpu-ids
     "setup": "gpuq runs no shell lines before the function: put them in the function or the environment",

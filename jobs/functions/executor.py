@@ -78,10 +78,18 @@ class Executor:
     picks the queue, ``folder`` where the pickles go."""
 
     def __init__(
-        self, gpus: int = 1, mem: str | int | None = None, time: str | float | None = None, name: str | None = None,
-        retries: int = 0, on: str | None = None, *, home: str | os.PathLike[str] | None = None,
-        folder: str | os.PathLike[str] | None = None, **options: Any,
-    ) -> None:  # fmt: skip
+        self,
+        gpus: int = 1,
+        mem: str | int | None = None,
+        time: str | float | None = None,
+        name: str | None = None,
+        retries: int = 0,
+        on: str | None = None,
+        *,
+        home: str | os.PathLike[str] | None = None,
+        folder: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> None:
         own = {"gpus", "mem", "time_limit", "name", "retries", "on"}  # this signature's (time_limit: ``time``)
         known = {option.dest for option in SUBMIT if option.api} - own
         unknown = set(options) - known
@@ -101,9 +109,7 @@ class Executor:
             job_id = api.submit(words, name=self.name or name_of(fn), home=self.home, **self.options)
         return Job(job_id, home=self.home)
 
-    def map_array(
-        self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None
-    ) -> list[Job]:
+    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any], throttle: int | None = None) -> list[Job]:
         """Queue ``fn(*items)`` for each tuple of items, as ``map`` pairs them, as one gpuq array (at most
         ``throttle`` running at once); the Jobs come back in the order of the items."""
         calls = list(zip(*iterables, strict=False)) if iterables else []
@@ -123,9 +129,13 @@ class Executor:
                 _pickle_call(folder, str(index), fn, args, kwargs)
             words = runner.command(sys.executable, folder, "{index}")
             _, members = api.array(
-                words, range(len(calls)), throttle=throttle, name=self.name or name_of(calls[0][0]), home=self.home,
+                words,
+                range(len(calls)),
+                throttle=throttle,
+                name=self.name or name_of(calls[0][0]),
+                home=self.home,
                 **self.options,
-            )  # fmt: skip
+            )
         return [Job(job_id, home=self.home) for job_id in members]
 
     @contextlib.contextmanager
@@ -248,9 +258,11 @@ def as_completed(jobs: Sequence[Job], timeout: float | None = None) -> Iterator[
     while waiting:
         homes = {job.home for job in waiting.values()}
         ended = [
-            r for home in homes for r in api.status([j.id for j in waiting.values() if j.home == home], home=home)
+            r
+            for home in homes
+            for r in api.status([j.id for j in waiting.values() if j.home == home], home=home)
             if r.state.finished
-        ]  # fmt: skip
+        ]
         for record in sorted(ended, key=lambda r: (r.ended_at or 0.0, r.id)):
             yield waiting.pop(record.id)
         if not waiting:

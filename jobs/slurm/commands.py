@@ -279,8 +279,9 @@ def slurm_outcome(record: JobRecord, seen: SlurmJob, cancel_by: str | None, fail
     if state == "OUT_OF_MEMORY":
         return Outcome.out_of_host_memory(
             "out of host memory (Slurm OUT_OF_MEMORY): ask for more with --mem in sbatch_flags",
-            seen.exit_code, seen.signal,
-        )  # fmt: skip
+            seen.exit_code,
+            seen.signal,
+        )
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return Outcome.lost(f"Slurm: {state} on node {seen.node or '?'}")
     if state == "PREEMPTED":

@@ -68,9 +68,26 @@ CREATE TABLE IF NOT EXISTS arrays (
 # A record is read from the columns named as JobRecord's fields that this table has (``_SCHEMA``), by name,
 # with the job table's readers (``jobs.store.rows``); a field it lacks holds its default.
 _FIELDS = (
-    "id", "cluster", "external_id", "state", "uid", "user", "submitted_at", "started_at", "ended_at", "gpus",
-    "exit_code", "signal", "reason", "log", "node", "array_id", "array_index", "attempt", "held",
-)  # fmt: skip
+    "id",
+    "cluster",
+    "external_id",
+    "state",
+    "uid",
+    "user",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "gpus",
+    "exit_code",
+    "signal",
+    "reason",
+    "log",
+    "node",
+    "array_id",
+    "array_index",
+    "attempt",
+    "held",
+)
 _READERS = job_rows.record_readers(_FIELDS)
 _COLUMNS = ", ".join([*_FIELDS, "spec"])
 # What a submit records of each job (the rest is learnt from Slurm: ``update``), and what a refresh updates.

@@ -22,9 +22,13 @@ def new_temp(path: str | os.PathLike[str], mode: int = 0o600) -> tuple[int, str]
 
 
 def write_atomic(
-    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600,
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    durable: bool = True,
+    mode: int = 0o600,
     opened: tuple[int, str] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Write ``data`` to a new temp file beside ``path`` and rename it in, so readers see all or nothing.
 
     ``durable`` fsyncs the file and its directory: a submit that returned an id survives a reboot.
@@ -55,7 +59,6 @@ def write_atomic(
                 f"no space left to write {target}: free some disk space under {directory or '.'} and try again"
             ) from None
         raise StateDirError(f"cannot write {target}: {err.strerror}") from None
-
 
 
 # Not contextlib.suppress: contextlib (with functools) costs ~1 ms of the quick `gpuq submit`.

@@ -62,7 +62,8 @@ def read(state: StateDir) -> Calendar:
 def write(state: StateDir, calendar: Calendar) -> None:
     """The daemon's write (readable by all, as the job table is)."""
     body = {
-        "schema": SCHEMA, "reservations": [r.to_json() for r in calendar.reservations],
+        "schema": SCHEMA,
+        "reservations": [r.to_json() for r in calendar.reservations],
         "refused": calendar.refused[-KEEP_REFUSED:],
-    }  # fmt: skip
+    }
     write_atomic(state.at(FILE), json.dumps(body).encode(), mode=0o644)

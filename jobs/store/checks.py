@@ -37,7 +37,7 @@ def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, th
     check_bounds(gpus=spec.gpus, retries=spec.retries, time_limit=spec.time_limit, after=spec.after)
     check_texts(
         command=spec.command, cwd=spec.cwd, env=spec.env, name=spec.name, notify=spec.notify, python=spec.python
-    )  # fmt: skip
+    )
     if spec.like is not None and not 0 < spec.like <= MAX_ID:
         raise BadInput(f"--like takes a job id, which is a positive number, not {spec.like}")
     if spec.client is not None and not 0 < spec.client < MAX_PID:

@@ -45,10 +45,17 @@ class Codec(Generic[E]):
                 continue
             key = "event" if found.name == "kind" else found.metadata.get("key", found.name)
             required = found.default is dataclasses.MISSING and found.default_factory is dataclasses.MISSING
-            self.fields.append(_Field(
-                found.name, key, plain.writer(hints[found.name]), plain.reader(hints[found.name], key), required,
-                found, found.default is None and not found.metadata.get("null"),
-            ))  # fmt: skip
+            self.fields.append(
+                _Field(
+                    found.name,
+                    key,
+                    plain.writer(hints[found.name]),
+                    plain.reader(hints[found.name], key),
+                    required,
+                    found,
+                    found.default is None and not found.metadata.get("null"),
+                )
+            )
         # On disk: "t", then "job" (or "array"), then "event", then the rest, as gpuq wrote them before #41.
         first = {"t": 0, "job": 1, "array": 1, "event": 2}
         self.fields.sort(key=lambda f: first.get(f.key, 3))

@@ -112,9 +112,14 @@ class Asked(Event):
     """A request acted on for one job by user ``by``; an update's values beside it."""
 
     KINDS = _only(
-        Kind.CANCEL_REQUESTED, Kind.HOLD, Kind.RELEASE, Kind.UPDATE, Kind.SUSPENDING, Kind.RESUME_REQUESTED,
+        Kind.CANCEL_REQUESTED,
+        Kind.HOLD,
+        Kind.RELEASE,
+        Kind.UPDATE,
+        Kind.SUSPENDING,
+        Kind.RESUME_REQUESTED,
         Kind.RESUMING,
-    )  # fmt: skip
+    )
     kind: Kind
     job: int
     by: str
@@ -294,9 +299,27 @@ class ReservationWarning(Event):
 
 
 CLASSES: tuple[type[Event], ...] = (
-    Submitted, Started, Ended, Again, ArrayHeld, Asked, QueueSet, Refused, Suspended, Resumed, PoolGivenBack,
-    StepFailed, Rejected, Watchdog, GpuLost, IdleReleased, Preempted, Reserved, ReservationEnded, ReservationWarning,
-)  # fmt: skip
+    Submitted,
+    Started,
+    Ended,
+    Again,
+    ArrayHeld,
+    Asked,
+    QueueSet,
+    Refused,
+    Suspended,
+    Resumed,
+    PoolGivenBack,
+    StepFailed,
+    Rejected,
+    Watchdog,
+    GpuLost,
+    IdleReleased,
+    Preempted,
+    Reserved,
+    ReservationEnded,
+    ReservationWarning,
+)
 CLASS_OF: dict[Kind, type[Event]] = {kind: cls for cls in CLASSES for kind in cls.KINDS}
 
 

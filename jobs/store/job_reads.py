@@ -81,8 +81,7 @@ class JobReads(TableBase):
             wanted = list(ids)
             rows = self._named(f"{query} WHERE id IN ({','.join('?' * len(wanted))})", wanted).fetchall()
         found = {
-            row["id"]: ArrayInfo(**{name: row[name] for name in _ARRAY}, notified=bool(row["notified"]))
-            for row in rows
+            row["id"]: ArrayInfo(**{name: row[name] for name in _ARRAY}, notified=bool(row["notified"])) for row in rows
         }
         if self.private is not None:
             for array_id, info in found.items():

@@ -25,9 +25,13 @@ class JobWrites(JobReads):
     A write reads first where it must (new jobs: which ids are already recorded), hence over the reads."""
 
     def insert_pending(
-        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo] = (), *, durable: bool = True,
+        self,
+        records: Sequence[JobRecord],
+        arrays: Sequence[ArrayInfo] = (),
+        *,
+        durable: bool = True,
         intake: Sequence[tuple[str, int, int, float]] = (),
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """Record new jobs (and arrays) as pending in one transaction; ids already present are skipped.
 
         Array members keep no environment of their own: they share their array's, stored once.
@@ -43,9 +47,11 @@ class JobWrites(JobReads):
             self._db.execute("PRAGMA synchronous=NORMAL")
 
     def _insert(
-        self, records: Sequence[JobRecord], arrays: Sequence[ArrayInfo],
+        self,
+        records: Sequence[JobRecord],
+        arrays: Sequence[ArrayInfo],
         intake: Sequence[tuple[str, int, int, float]],
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         with self.batch():
             self._db.executemany(
                 "INSERT OR IGNORE INTO intake (digest, uid, id, at) VALUES (?, ?, ?, ?)",
@@ -57,21 +63,43 @@ class JobWrites(JobReads):
             self._db.executemany(
                 "INSERT INTO arrays (id, uid, user, name, size, throttle, env, notify, submitted_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(a.id, a.uid, a.user, a.name, a.size, a.throttle, "{}" if self.private else json.dumps(dict(a.env)),
-                  None if self.private else a.notify, a.submitted_at)
-                 for a in arrays if a.id not in known_arrays],
-            )  # fmt: skip
+                [
+                    (
+                        a.id,
+                        a.uid,
+                        a.user,
+                        a.name,
+                        a.size,
+                        a.throttle,
+                        "{}" if self.private else json.dumps(dict(a.env)),
+                        None if self.private else a.notify,
+                        a.submitted_at,
+                    )
+                    for a in arrays
+                    if a.id not in known_arrays
+                ],
+            )
             spec_columns, spec_values = job_rows.SPEC_COLUMNS, job_rows.SPEC_VALUES
             self._db.executemany(
                 f"INSERT INTO jobs (id, state, uid, user, priority, env, submitted_at, log, array_id, array_index,"
                 f" held, {spec_columns}) VALUES (?, {_PENDING}, ?, ?, ?, ?, ?, ?, ?, ?, ?, {spec_values})",
                 [
-                    (r.id, r.uid, r.user, r.spec.priority,
-                     "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
-                     r.submitted_at, r.log, r.array_id, r.array_index, int(r.held), *self._spec_row(r.spec))
+                    (
+                        r.id,
+                        r.uid,
+                        r.user,
+                        r.spec.priority,
+                        "" if r.array_id is not None or self.private else json.dumps(dict(r.spec.env)),
+                        r.submitted_at,
+                        r.log,
+                        r.array_id,
+                        r.array_index,
+                        int(r.held),
+                        *self._spec_row(r.spec),
+                    )
                     for r in fresh
                 ],
-            )  # fmt: skip
+            )
         return [r.id for r in fresh]
 
     def mark_running(
@@ -81,9 +109,17 @@ class JobWrites(JobReads):
             self._db.execute(
                 f"UPDATE jobs SET state={_RUNNING}, reason='', gpus=?, gpu_uuids=?, started_at=?, shim_pid=?,"
                 f" shim_start=?, boot_id=?, port=? WHERE id=? AND {schema.states(JobState.PENDING)}",
-                (json.dumps(list(gpus)), json.dumps(list(uuids)), started_at, launch.shim_pid,
-                 launch.shim_start, launch.boot_id, launch.port, job_id),
-            )  # fmt: skip
+                (
+                    json.dumps(list(gpus)),
+                    json.dumps(list(uuids)),
+                    started_at,
+                    launch.shim_pid,
+                    launch.shim_start,
+                    launch.boot_id,
+                    launch.port,
+                    job_id,
+                ),
+            )
 
     def finish(self, job_id: int, outcome: Outcome, ended_at: float) -> bool:
         """Record how an active job ended. False if it had already ended (a second report is ignored)."""
@@ -91,8 +127,16 @@ class JobWrites(JobReads):
             cursor = self._db.execute(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
                 f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
-                (outcome.state.value, outcome.exit_code, outcome.signal, outcome.recorded_reason(), ended_at,
-                 outcome.cause.value, outcome.culprit, job_id),
+                (
+                    outcome.state.value,
+                    outcome.exit_code,
+                    outcome.signal,
+                    outcome.recorded_reason(),
+                    ended_at,
+                    outcome.cause.value,
+                    outcome.culprit,
+                    job_id,
+                ),
             )
         return cursor.rowcount == 1
 
@@ -102,8 +146,10 @@ class JobWrites(JobReads):
             self._db.executemany(
                 "UPDATE jobs SET state=?, exit_code=?, signal=?, reason=?, ended_at=?, cause=?, culprit=?,"
                 f" step=NULL WHERE id=? AND {schema.LIVE_STATES}",
-                [(o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
-                 for job_id, o, t in endings],
+                [
+                    (o.state.value, o.exit_code, o.signal, o.reason, t, o.cause.value, o.culprit, job_id)
+                    for job_id, o, t in endings
+                ],
             )
 
     def mark_step(self, job_id: int, step: Step) -> bool:
@@ -141,9 +187,14 @@ class JobWrites(JobReads):
             )
 
     def requeue(
-        self, job_id: int, reason: str, *, attempt: int | None = None, not_before: float | None = None,
+        self,
+        job_id: int,
+        reason: str,
+        *,
+        attempt: int | None = None,
+        not_before: float | None = None,
         outcome: Outcome | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Put a job back in the queue: a launch interrupted before its go, a retry (a new attempt), or a
         victim of another job's memory (``outcome``: the run's, whose cause and culprit it keeps to show)."""
         cause, culprit = (None, None) if outcome is None else (outcome.cause.value, outcome.culprit)

@@ -48,10 +48,13 @@ def read_set_aside(state: StateDir, uid: int) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         return []
     return [
-        n for n in data
-        if isinstance(n, dict) and isinstance(n.get("file"), str) and isinstance(n.get("reason"), str)
+        n
+        for n in data
+        if isinstance(n, dict)
+        and isinstance(n.get("file"), str)
+        and isinstance(n.get("reason"), str)
         and isinstance(n.get("t"), (int, float))
-    ]  # fmt: skip
+    ]
 
 
 def pass_failed(state: StateDir, error: str, when: float) -> None:
@@ -97,9 +100,10 @@ def read_idle_batch(state: StateDir) -> dict[int, float]:
     if not isinstance(data, dict):
         return {}
     return {
-        int(job): float(seconds) for job, seconds in data.items()
+        int(job): float(seconds)
+        for job, seconds in data.items()
         if job.isdecimal() and isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    }  # fmt: skip
+    }
 
 
 def _read(path: str) -> Any:

@@ -303,11 +303,23 @@ def start_daemon(state: StateDir, *, shared: bool = False) -> bool:
         with state.daemon_log.open("ab") as log:
             try:
                 child = subprocess.Popen(
-                    [sys.executable, "-m", "gpuq_scheduler.launcher.daemon", "--home", str(state.root),
-                     "--lock-fd", str(lock), *(["--shared"] if shared else [])],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "gpuq_scheduler.launcher.daemon",
+                        "--home",
+                        str(state.root),
+                        "--lock-fd",
+                        str(lock),
+                        *(["--shared"] if shared else []),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd="/",
+                    start_new_session=True,
                     pass_fds=(lock,),
-                )  # fmt: skip
+                )
             except OSError as err:
                 raise DaemonError(f"cannot start the gpuq daemon: {err}; see {state.daemon_log}") from None
         # The lock is the child's from here on (it shares this open file); its pid is known now, so nobody

@@ -33,8 +33,9 @@ FIELDS = ("command", "cwd", "env", "python", "notify")
 
 def public(spec: JobSpec) -> JobSpec:
     """The spec as everyone may see it: its name, shape and limits, not what it runs or with what."""
-    return dataclasses.replace(spec, command=(HIDDEN,), cwd="", env={}, python=None, notify=None,
-                               name=spec.display_name)  # fmt: skip
+    return dataclasses.replace(
+        spec, command=(HIDDEN,), cwd="", env={}, python=None, notify=None, name=spec.display_name
+    )
 
 
 def is_public(spec: JobSpec) -> bool:

@@ -335,15 +335,26 @@ def expand(state: StateDir, request: spool.SubmitRequest) -> list[JobRecord]:
     if request.array is None:
         return [
             JobRecord(
-                id=request.job_id, spec=request.spec, uid=request.uid, user=user, state=JobState.PENDING,
-                submitted_at=request.submitted_at, log=str(state.log(request.job_id)),
+                id=request.job_id,
+                spec=request.spec,
+                uid=request.uid,
+                user=user,
+                state=JobState.PENDING,
+                submitted_at=request.submitted_at,
+                log=str(state.log(request.job_id)),
             )
-        ]  # fmt: skip
+        ]
     return [
         JobRecord(
-            id=member_id, spec=request.spec.member(index), uid=request.uid, user=user, state=JobState.PENDING,
-            submitted_at=request.submitted_at, log=str(state.log(member_id)), array_id=request.job_id,
+            id=member_id,
+            spec=request.spec.member(index),
+            uid=request.uid,
+            user=user,
+            state=JobState.PENDING,
+            submitted_at=request.submitted_at,
+            log=str(state.log(member_id)),
+            array_id=request.job_id,
             array_index=index,
         )
         for member_id, index in zip(request.array.member_ids(request.job_id), request.array.indices, strict=True)
-    ]  # fmt: skip
+    ]

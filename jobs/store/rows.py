@@ -126,5 +126,3 @@ def records_from(
             spec_data["env"] = json.loads(env) if env else {}
         records.append(JobRecord(spec=JobSpec.from_json(spec_data), **fields))
     return records
-
-

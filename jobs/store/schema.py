@@ -19,10 +19,13 @@ from gpuq_scheduler.jobs.store.statedir import TABLE_VERSION as TABLE_VERSION
 # so that `gpuq status --all` reads 100,000 jobs without parsing 100,000 specs with json_extract.
 # (column, its type, the spec's field it copies).
 LISTED = (
-    ("name", "TEXT", "$.name"), ("program", "TEXT", "$.command[0]"), ("want_gpus", "INTEGER", "$.gpus"),
-    ("mem_per_gpu", "INTEGER", "$.mem_per_gpu"), ("mem_auto", "INTEGER", "$.mem_auto"),
+    ("name", "TEXT", "$.name"),
+    ("program", "TEXT", "$.command[0]"),
+    ("want_gpus", "INTEGER", "$.gpus"),
+    ("mem_per_gpu", "INTEGER", "$.mem_per_gpu"),
+    ("mem_auto", "INTEGER", "$.mem_auto"),
     ("mem_from", "TEXT", "$.mem_from"),
-)  # fmt: skip
+)
 
 # Version 3: why a job ended, typed (``jobs.causes.Cause``), and for a victim of CUDA out of memory the job
 # that took its memory. (column, its type)
@@ -107,7 +110,8 @@ def literal(state: JobState) -> str:
 LIVE_STATES = states(JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 LIVE = f"CREATE INDEX IF NOT EXISTS jobs_live ON jobs(state) WHERE {LIVE_STATES};\n"
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
     state TEXT NOT NULL,
@@ -136,9 +140,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 1,
     held INTEGER NOT NULL DEFAULT 0,
     not_before REAL,
-""" + ",\n".join(
-    f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED, *SUSPENSION]
-) + """
+"""
+    + ",\n".join(f"    {column} {kind}" for column, kind in [*((c, k) for c, k, _ in LISTED), *CAUSED, *SUSPENSION])
+    + """
 );
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_id) WHERE array_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS arrays (
@@ -154,12 +158,19 @@ CREATE TABLE IF NOT EXISTS arrays (
     notified INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-""" + LEARNED + _INTAKE + HOST_USAGE + """
+"""
+    + LEARNED
+    + _INTAKE
+    + HOST_USAGE
+    + """
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs(state) WHERE state IN ('pending', 'running');
-""" + LIVE
+"""
+    + LIVE
+)
 
 ENV = "COALESCE(NULLIF(jobs.env, ''), arrays.env, '{}')"
 JOINED = "jobs LEFT JOIN arrays ON jobs.array_id = arrays.id"
+
 
 def create_table(path: Path) -> None:
     """Build the table under a temp name and rename it in: a reader never sees a file without the schema."""
@@ -237,8 +248,9 @@ def _hide_tokens(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(intake)")}
     if "token" not in columns:
         return  # made in this version's shape (a table from before ``intake``)
-    rows = db.execute("SELECT intake.token, intake.id, intake.at, jobs.uid FROM intake"
-                      " LEFT JOIN jobs ON jobs.id = intake.id").fetchall()  # fmt: skip
+    rows = db.execute(
+        "SELECT intake.token, intake.id, intake.at, jobs.uid FROM intake LEFT JOIN jobs ON jobs.id = intake.id"
+    ).fetchall()
     db.execute("PRAGMA secure_delete=ON")
     db.execute("DROP TABLE intake")
     db.execute(_INTAKE)  # not executescript, which would commit the migration half done

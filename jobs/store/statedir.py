@@ -327,9 +327,14 @@ class StateDir:
         nobody but root may change anything else. Logs and private files get their owners' permissions
         one by one as they are written."""
         modes = {
-            self.root: 0o755, self.spool: 0o1733, self.rejected: 0o700, self.run: 0o700, self.logs: 0o711,
-            self.private: 0o711, self.answers: 0o711,
-        }  # fmt: skip
+            self.root: 0o755,
+            self.spool: 0o1733,
+            self.rejected: 0o700,
+            self.run: 0o700,
+            self.logs: 0o711,
+            self.private: 0o711,
+            self.answers: 0o711,
+        }
         try:
             for directory, mode in modes.items():
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)

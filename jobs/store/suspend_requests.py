@@ -62,9 +62,14 @@ class Named:
 
 
 def ask(
-    state: StateDir, action: Action, ids: Iterable[int], *, resolve: Callable[[list[int]], Iterable[JobRecord]],
-    refuse: Callable[[list[Named]], None] | None = None, uid: int | None = None,
-) -> list[Named]:  # fmt: skip
+    state: StateDir,
+    action: Action,
+    ids: Iterable[int],
+    *,
+    resolve: Callable[[list[int]], Iterable[JobRecord]],
+    refuse: Callable[[list[Named]], None] | None = None,
+    uid: int | None = None,
+) -> list[Named]:
     """Ask the daemon to suspend running jobs to host memory, or (``action="resume"``) to resume suspended
     ones (an array id stands for its members), and return the jobs asked for. Refuses before writing
     anything: another's job (unless the caller is the queue's owner or an admin), a job in neither state, and

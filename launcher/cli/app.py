@@ -27,13 +27,33 @@ def gpuq(ctx: click.Context, debug: bool) -> None:
 
 
 for command in (
-    own_jobs.submit, status.status, own_jobs.show, own_jobs.logs, acting.cancel, own_jobs.wait_command, acting.hold,
-    acting.release, acting.update, suspend_resume.suspend, suspend_resume.resume, machine.gpus, machine.drain,
-    machine.undrain, machine.pause, machine.unpause, machine.report,
-    machine.doctor, machine.top, machine.serve, interactive.run, interactive.alloc, interactive.release_alloc,
-    jupyter.jupyter, reserve.reserve,
+    own_jobs.submit,
+    status.status,
+    own_jobs.show,
+    own_jobs.logs,
+    acting.cancel,
+    own_jobs.wait_command,
+    acting.hold,
+    acting.release,
+    acting.update,
+    suspend_resume.suspend,
+    suspend_resume.resume,
+    machine.gpus,
+    machine.drain,
+    machine.undrain,
+    machine.pause,
+    machine.unpause,
+    machine.report,
+    machine.doctor,
+    machine.top,
+    machine.serve,
+    interactive.run,
+    interactive.alloc,
+    interactive.release_alloc,
+    jupyter.jupyter,
+    reserve.reserve,
     daemon,
-):  # fmt: skip
+):
     gpuq.add_command(command)
 
 

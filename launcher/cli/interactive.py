@@ -37,16 +37,18 @@ GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a program whose allocatio
 
 
 def _options(command: Any) -> Any:
-    for option in reversed((
-        click.option("--gpus", type=int, default=1, show_default=True, help="GPUs to hold (0: none, a CPU slot)."),
-        click.option("--mem", help="Memory on each GPU (20G), or auto; without it, whole GPUs."),
-        click.option("--name", default="", help="A name to show in status (default: the program)."),
-        click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first."),
-        click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
-        click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
-        click.option("--on", "on", metavar="CLUSTER", help="On this cluster of your config: srun --pty, salloc."),
-        click.option("--reservation", metavar="NAME", help="Run in this reservation of yours (`gpuq reserve`)."),
-    )):  # fmt: skip
+    for option in reversed(
+        (
+            click.option("--gpus", type=int, default=1, show_default=True, help="GPUs to hold (0: none, a CPU slot)."),
+            click.option("--mem", help="Memory on each GPU (20G), or auto; without it, whole GPUs."),
+            click.option("--name", default="", help="A name to show in status (default: the program)."),
+            click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first."),
+            click.option("--time", "time_limit", help="Time limit (30m, 2h); then the program is stopped."),
+            click.option("--env", "env", multiple=True, metavar="K=V", help="Set an environment variable."),
+            click.option("--on", "on", metavar="CLUSTER", help="On this cluster of your config: srun --pty, salloc."),
+            click.option("--reservation", metavar="NAME", help="Run in this reservation of yours (`gpuq reserve`)."),
+        )
+    ):
         command = option(command)
     return command
 
@@ -92,11 +94,21 @@ def _hold(ctx: Context, label: str, options: dict[str, Any], *, client: bool) ->
     ticks = start_ticks(os.getpid())
     if client and ticks is not None:
         argv += client_argv(os.getpid(), ticks)
-    spec = JobSpec.from_json(capture_spec(
-        argv, environ=os.environ, cwd=None, gpus=options["gpus"], mem=options["mem"],
-        name=options["name"] or label, priority=options["priority"], time_limit=options["time_limit"],
-        mode="single", env=options["env"], reservation=options["reservation"],
-    ))  # fmt: skip
+    spec = JobSpec.from_json(
+        capture_spec(
+            argv,
+            environ=os.environ,
+            cwd=None,
+            gpus=options["gpus"],
+            mem=options["mem"],
+            name=options["name"] or label,
+            priority=options["priority"],
+            time_limit=options["time_limit"],
+            mode="single",
+            env=options["env"],
+            reservation=options["reservation"],
+        )
+    )
     spec = dataclasses.replace(spec, client=os.getpid() if client else None)
     if ctx.queue.inventory() is None:  # no daemon has recorded the GPUs yet: check --gpus against them here
         from gpuq_scheduler.launcher.cli.own_jobs import check_live_inventory
@@ -136,8 +148,11 @@ def _wait_for_start(ctx: Context, job_id: int) -> JobRecord:
             tell = not live and not said and (record.reason or time.monotonic() - began >= 2.0)
             if (live or tell) and time.monotonic() - counted >= 2.0:  # reading every waiting job: not 10 times a second
                 ahead, counted = (-record.spec.priority, job_id), time.monotonic()
-                place = 1 + sum(1 for r in queue.records(active_only=True)
-                                if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead)  # fmt: skip
+                place = 1 + sum(
+                    1
+                    for r in queue.records(active_only=True)
+                    if r.state is JobState.PENDING and (-r.spec.priority, r.id) < ahead
+                )
             if live:
                 why = record.reason or "waiting for the daemon"
                 line = f"gpuq: job {job_id} waits ({place} in line, {time.monotonic() - began:.0f}s): {why}"
@@ -212,8 +227,10 @@ def _run_held(ctx: Context, job_id: int, command: list[str], banner: str = "") -
             click.echo(f"\ngpuq: job {job_id}: {now.reason}", err=True)
             warned = True
         if ended_at is None and now.state.finished:  # time limit, a cancel, the idle limit
-            click.echo(f"\ngpuq: job {job_id} ended ({now.state.value}: {now.reason or 'stopped'}); "
-                       "stopping the program", err=True)  # fmt: skip
+            click.echo(
+                f"\ngpuq: job {job_id} ended ({now.state.value}: {now.reason or 'stopped'}); stopping the program",
+                err=True,
+            )
             child.terminate()
             ended_at = time.monotonic()
         elif ended_at is not None and time.monotonic() - ended_at > GRACE:

@@ -43,13 +43,31 @@ def install_kernel(
     if not folder.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise BadInput(f"--name {folder!r}: use letters, digits, '-', '_' and '.'")
     shape = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (f", {mem} each" if size else "")
-    argv = [sys.executable, "-m", "gpuq_scheduler.launcher.cli.entry", "run", "--gpus", str(gpus),
-            "--name", f"jupyter-{folder}", *(["--mem", mem] if mem else []),
-            *(["--time", time_limit] if time_limit else []),
-            *(["--reservation", check_name(reservation)] if reservation else []),
-            "--", python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # fmt: skip
-    spec = {"argv": argv, "display_name": f"Python (gpuq, {shape})", "language": "python",
-            "metadata": {"debugger": False}}  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuq_scheduler.launcher.cli.entry",
+        "run",
+        "--gpus",
+        str(gpus),
+        "--name",
+        f"jupyter-{folder}",
+        *(["--mem", mem] if mem else []),
+        *(["--time", time_limit] if time_limit else []),
+        *(["--reservation", check_name(reservation)] if reservation else []),
+        "--",
+        python,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "{connection_file}",
+    ]
+    spec = {
+        "argv": argv,
+        "display_name": f"Python (gpuq, {shape})",
+        "language": "python",
+        "metadata": {"debugger": False},
+    }
     home = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
         os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter"
     )

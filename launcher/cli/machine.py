@@ -55,9 +55,11 @@ def _queue_control(ctx: Context, action: Action, gpu_ids: tuple[int, ...], messa
 @click.command()
 @click.option("--since", default="12h", show_default=True, help="How far back to look: 90m, 12h, 2d, 01:30:00.")
 @click.option(
-    "--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the report as one standalone HTML page, with a per-GPU timeline.",
-)  # fmt: skip
+)
 @pass_ctx
 def report(ctx: Context, since: str, html_file: Path | None) -> None:
     """The morning report: outcomes, GPU-hours by user and array, idle GPUs while work waited, a timeline."""
@@ -74,9 +76,15 @@ def report(ctx: Context, since: str, html_file: Path | None) -> None:
     records = queue.records()
     totals = inventory.totals if inventory else ()
     result = build_report(
-        records, len(totals), now=time.time(), since=window, totals=totals, overhead=Policy().overhead,
-        array_names=queue.array_names(), moves=suspend_costs.read(ctx.state.events),
-    )  # fmt: skip
+        records,
+        len(totals),
+        now=time.time(),
+        since=window,
+        totals=totals,
+        overhead=Policy().overhead,
+        array_names=queue.array_names(),
+        moves=suspend_costs.read(ctx.state.events),
+    )
     click.echo(render_text(result))
     if html_file is not None:
         html_file.write_text(render_html(result), encoding="utf-8")
@@ -101,15 +109,15 @@ def gpus(ctx: Context, as_json: bool) -> None:
         source.close()
     rows = [line.row for line in picture.gpus]
     if as_json:  # each GPU's row, with who holds its memory outside gpuq
-        shown = [{**row.to_json(), "outside": [h.to_json() for h in picture.outside if h.gpu == row.index]}
-                 for row in rows]  # fmt: skip
+        shown = [
+            {**row.to_json(), "outside": [h.to_json() for h in picture.outside if h.gpu == row.index]} for row in rows
+        ]
         click.echo(json.dumps(shown, indent=1))
     else:
         click.echo(gpu_table(rows) if rows else "no GPUs found (set GPUQ_FAKE_GPUS=4x80GiB to try gpuq without any)")
         for line in holders.lines(picture.outside):  # who holds the OUTSIDE column's memory
             click.echo(line)
         click.echo(containment(ctx.state))
-
 
 
 @click.command()

@@ -70,8 +70,9 @@ def submit(ctx: Context, /, command: tuple[str, ...], **options: Any) -> None:
     after, after_any, like, on = options["after"], options["after_any"], options["like"], options["on"]
     given["after"] = parse_ids(after) if after else ()
     from_script = click.get_current_context().meta.get(FROM_SCRIPT, [])
-    spec = JobSpec.from_json(capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None,
-                                          from_script=from_script, **given))  # fmt: skip
+    spec = JobSpec.from_json(
+        capture_spec(command, environ=os.environ, sweep=sweep, array=plan is not None, from_script=from_script, **given)
+    )
     if like is not None and on is None:
         try:
             ctx.queue.get(like)
@@ -146,10 +147,14 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         click.echo(said, err=True)
     moved = suspend_costs.of_job(record, suspend_costs.read(ctx.state.events, record.id), time.time())
     if as_json:
-        counts = {"preemptions": moved.preemptions, "requeues": moved.requeues, "suspends": moved.suspends,
-                  "bytes_moved": moved.bytes,
-                  "last_suspend_path": moved.last[0].value if moved.last else None,
-                  "last_suspend_fallback": moved.last[1].value if moved.last and moved.last[1] else None}  # fmt: skip
+        counts = {
+            "preemptions": moved.preemptions,
+            "requeues": moved.requeues,
+            "suspends": moved.suspends,
+            "bytes_moved": moved.bytes,
+            "last_suspend_path": moved.last[0].value if moved.last else None,
+            "last_suspend_fallback": moved.last[1].value if moved.last and moved.last[1] else None,
+        }
         click.echo(json.dumps({**record.to_json(), **counts}, indent=1))
     else:
         click.echo(show_view(record, moved=moved.text(), down=down))

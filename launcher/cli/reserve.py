@@ -35,9 +35,16 @@ PATIENCE = 30.0  # seconds the client waits for the daemon's answer
 @click.option("--json", "as_json", is_flag=True, help="With --list: JSON.")
 @pass_ctx
 def reserve(
-    ctx: Context, gpus: int | None, start: str | None, duration: str | None, name: str | None, user: str | None,
-    listing: bool, cancel: str | None, as_json: bool,
-) -> None:  # fmt: skip
+    ctx: Context,
+    gpus: int | None,
+    start: str | None,
+    duration: str | None,
+    name: str | None,
+    user: str | None,
+    listing: bool,
+    cancel: str | None,
+    as_json: bool,
+) -> None:
     """Reserve GPUs for a window of time: before it, only jobs that end in time (or --preemptible ones) run
     on them; at its start, preemptible jobs still there are suspended; during it, only your jobs given
     --reservation NAME run there.
@@ -81,13 +88,17 @@ def _make(ctx: Context, gpus: int | None, start: str | None, duration: str | Non
     outbox.ensure_daemon(ctx.state)
     answer = _answer(ctx, ask.token)
     if answer is None:
-        click.echo(f"asked for {gpus} GPU(s) from {clock(begins, now)}; the daemon has not answered yet: "
-                   "`gpuq reserve --list` shows it once it has")  # fmt: skip
+        click.echo(
+            f"asked for {gpus} GPU(s) from {clock(begins, now)}; the daemon has not answered yet: "
+            "`gpuq reserve --list` shows it once it has"
+        )
         return
     if isinstance(answer, str):
         raise BadInput(f"reservation refused: {answer}")
-    click.echo(f"reserved {_gpus(answer)} for {answer.user} from {clock(answer.start, now)} to "
-               f"{clock(answer.end, now)} as {answer.name}; run in it with --reservation {answer.name}")  # fmt: skip
+    click.echo(
+        f"reserved {_gpus(answer)} for {answer.user} from {clock(answer.start, now)} to "
+        f"{clock(answer.end, now)} as {answer.name}; run in it with --reservation {answer.name}"
+    )
     for line in answer.said:
         click.echo(f"  note: {line}")
 
@@ -127,8 +138,10 @@ def _list(ctx: Context, as_json: bool) -> None:
         return
     click.echo(f"{'NAME':<16} {'USER':<10} {'GPUS':<8} {'FROM':<16} {'UNTIL':<16} STATE")
     for r in found:
-        click.echo(f"{r.name:<16} {r.user:<10} {gpu_list(r.gpus):<8} {clock(r.start, now):<16} "
-                   f"{clock(r.end, now):<16} {describe(r, now)}")  # fmt: skip
+        click.echo(
+            f"{r.name:<16} {r.user:<10} {gpu_list(r.gpus):<8} {clock(r.start, now):<16} "
+            f"{clock(r.end, now):<16} {describe(r, now)}"
+        )
         for line in r.said:
             click.echo(f"  note: {line}")
 

@@ -20,11 +20,13 @@ from gpuq_scheduler.launcher.cli.context import Context, _Number
 
 def selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--name, --state and --user, as `squeue`/`scancel` -n, -t and -u."""
-    for flag, metavar, text in reversed((
-        ("--name", "GLOB", "Only jobs whose name matches GLOB ('seed*')."),
-        ("--state", "STATE", "Only jobs in STATE (pending, running, ...; several: pending,running)."),
-        ("--user", "NAME", "Only NAME's jobs (another's: an admin only, where acting on them)."),
-    )):  # fmt: skip
+    for flag, metavar, text in reversed(
+        (
+            ("--name", "GLOB", "Only jobs whose name matches GLOB ('seed*')."),
+            ("--state", "STATE", "Only jobs in STATE (pending, running, ...; several: pending,running)."),
+            ("--user", "NAME", "Only NAME's jobs (another's: an admin only, where acting on them)."),
+        )
+    ):
         command = click.option(flag, flag[2:], metavar=metavar, default=None, help=text)(command)
     return command
 
@@ -48,9 +50,13 @@ def me() -> str:
 
 
 def chosen(
-    ctx: Context, action: str, selection: Selection, job_ids: Sequence[int], among: Iterable[JobState],
+    ctx: Context,
+    action: str,
+    selection: Selection,
+    job_ids: Sequence[int],
+    among: Iterable[JobState],
     held: bool | None = None,
-) -> list[JobRecord]:  # fmt: skip
+) -> list[JobRecord]:
     """The jobs ``action`` applies to: those named by ``job_ids`` (an array's id stands for its members), or
     without ids, every active job; then those of them ``selection`` chooses, in ``among`` (and held or not,
     where ``held`` says). Without ids or --user, one's own jobs only. Another's jobs through --user only for

@@ -34,9 +34,18 @@ from gpuq_scheduler.launcher.cli.select import selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job objects.")
 @pass_ctx
 def status(
-    ctx: Context, job_ids: tuple[int, ...], listed: tuple[str, ...], show_all: bool, name: str | None,
-    state: str | None, user: str | None, me: bool, expand: bool, columns: str | None, as_json: bool,
-) -> None:  # fmt: skip
+    ctx: Context,
+    job_ids: tuple[int, ...],
+    listed: tuple[str, ...],
+    show_all: bool,
+    name: str | None,
+    state: str | None,
+    user: str | None,
+    me: bool,
+    expand: bool,
+    columns: str | None,
+    as_json: bool,
+) -> None:
     """What is queued, running and recently done, and which GPUs each job got. Given job or array ids
     (`gpuq status 3 7`, `gpuq status -j 3,7`): those jobs only. --name, --state, --user and --me choose
     among them (with --all, among every job ever run here)."""
@@ -63,9 +72,12 @@ def status(
                     click.echo(line, err=True)
         if as_json or picked is not None:
             records = (
-                chosen_records if chosen_records is not None
-                else queue.records() if show_all else _active_and_recent(queue)
-            )  # fmt: skip
+                chosen_records
+                if chosen_records is not None
+                else queue.records()
+                if show_all
+                else _active_and_recent(queue)
+            )
             if selection.given:
                 records = [r for r in records if selection.matches(r.spec.display_name, r.user, r.state)]
             if picked is None:

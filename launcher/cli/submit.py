@@ -164,8 +164,9 @@ def submit(options: dict[str, Any], command: list[str]) -> bool:
     indices, throttle, sweep = parse_arrays(options["array_spec"])
     array = (indices, throttle) if indices else None
     given = {option.dest: options[option.dest] for option in SUBMIT if option.spec}
-    spec = capture_spec(command, environ=os.environ, sweep=sweep, array=array is not None,
-                        from_script=options[FROM_SCRIPT], **given)  # fmt: skip
+    spec = capture_spec(
+        command, environ=os.environ, sweep=sweep, array=array is not None, from_script=options[FROM_SCRIPT], **given
+    )
     state.ensure()
     inventory.check_request(spec["gpus"], spec["mem_per_gpu"])
     inventory.check_pinned(spec["gpu_ids"])

@@ -59,9 +59,13 @@ class Controls:
     """Every control daemon this gpuq daemon knows, by key."""
 
     def __init__(
-        self, mps: Mps, clock: Callable[[], float] = time.monotonic, timeout: float = TIMEOUT, retry: float = RETRY,
+        self,
+        mps: Mps,
+        clock: Callable[[], float] = time.monotonic,
+        timeout: float = TIMEOUT,
+        retry: float = RETRY,
         on_settled: Callable[[], None] = lambda: None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``timeout``: seconds a control command may run; ``retry``: before a failed one is tried again;
         ``on_settled``: called whenever a control daemon came up or failed to start (the jobs placed on it
         may go: the scheduler's placement looks again)."""

@@ -42,10 +42,19 @@ def finish(
         said = stopped_line(record.id, outcome, ended)
         if said is not None and record.log:  # after the commit: a crash before it reads the exit file again
             scheduler.after_commit.append(lambda: joblog.append_line(record.log, said))
-    events.append(Ended(
-        ended, Kind(outcome.state.value), record.id, outcome.recorded_reason(), outcome.cause, outcome.exit_code,
-        outcome.signal, record.attempt, outcome.culprit,
-    ).to_json())  # fmt: skip
+    events.append(
+        Ended(
+            ended,
+            Kind(outcome.state.value),
+            record.id,
+            outcome.recorded_reason(),
+            outcome.cause,
+            outcome.exit_code,
+            outcome.signal,
+            record.attempt,
+            outcome.culprit,
+        ).to_json()
+    )
     if ran and outcome.cause.not_its_fault:
         _requeue_victim(scheduler, record, outcome, ended, events)
         return
@@ -55,9 +64,13 @@ def finish(
         scheduler.table.finish(record.id, outcome, ended)  # the attempt's outcome, then back in the queue
         scheduler.table.update_spec(record.id, again.spec)
         _queue_again(
-            scheduler, record.id, again.reason, _run_files(scheduler, record.id), attempt=record.attempt + 1,
+            scheduler,
+            record.id,
+            again.reason,
+            _run_files(scheduler, record.id),
+            attempt=record.attempt + 1,
             not_before=ended + again.delay,
-        )  # fmt: skip
+        )
         events.append(Again(ended, Kind.RETRY, record.id, again.reason).to_json())
         return
     scheduler.table.finish(record.id, outcome, ended)
@@ -87,9 +100,13 @@ def _requeue_victim(
     reason = f"queued again, not counted against its retries: {outcome.recorded_reason()}"
     delay = lifecycle.requeue_delay(outcome.cause, scheduler.retry_backoff)
     _queue_again(
-        scheduler, record.id, reason, _run_files(scheduler, record.id), not_before=ended + delay if delay else None,
+        scheduler,
+        record.id,
+        reason,
+        _run_files(scheduler, record.id),
+        not_before=ended + delay if delay else None,
         outcome=outcome,
-    )  # fmt: skip
+    )
     events.append(Again(ended, Kind.REQUEUED, record.id, reason, outcome.culprit).to_json())
 
 
@@ -113,11 +130,20 @@ def _ended(scheduler: SchedulerState, record: JobRecord, outcome: Outcome) -> No
             outcome.state in (JobState.FAILED, JobState.TIMEOUT, JobState.LOST)
         )
     elif record.spec.notify:
-        _notify(scheduler, record.spec.notify, record.id, {
-            "GPUQ_JOB_ID": str(record.id), "GPUQ_JOB_NAME": record.spec.display_name,
-            "GPUQ_STATE": outcome.state.value, "GPUQ_EXIT_CODE": _text(outcome.exit_code),
-            "GPUQ_SIGNAL": _text(outcome.signal), "GPUQ_REASON": outcome.recorded_reason(),
-        }, record)  # fmt: skip
+        _notify(
+            scheduler,
+            record.spec.notify,
+            record.id,
+            {
+                "GPUQ_JOB_ID": str(record.id),
+                "GPUQ_JOB_NAME": record.spec.display_name,
+                "GPUQ_STATE": outcome.state.value,
+                "GPUQ_EXIT_CODE": _text(outcome.exit_code),
+                "GPUQ_SIGNAL": _text(outcome.signal),
+                "GPUQ_REASON": outcome.recorded_reason(),
+            },
+            record,
+        )
     if record.array_id is None and scheduler.private is not None:
         scheduler.private.forget(record.id)  # its private part, cached while it could run (and notify)
 
@@ -168,9 +194,15 @@ def _clean_run_files(scheduler: SchedulerState, job_id: int) -> None:
 
 
 def _queue_again(
-    scheduler: SchedulerState, job_id: int, reason: str, run_files: tuple[str, ...], *, attempt: int | None = None,
-    not_before: float | None = None, outcome: Outcome | None = None,
-) -> None:  # fmt: skip
+    scheduler: SchedulerState,
+    job_id: int,
+    reason: str,
+    run_files: tuple[str, ...],
+    *,
+    attempt: int | None = None,
+    not_before: float | None = None,
+    outcome: Outcome | None = None,
+) -> None:
     """Put a job that was running (or launching) back in the queue: in the table (``JobTable.requeue`` says
     what each argument keeps), in the daemon's view, and its ``run_files`` gone once that is committed."""
     scheduler.table.requeue(job_id, reason, attempt=attempt, not_before=not_before, outcome=outcome)
@@ -215,10 +247,18 @@ def _array_member_ended(
         for member in members:
             counts[member.state.value] = counts.get(member.state.value, 0) + 1
         state = "succeeded" if counts.get("succeeded", 0) == len(members) else "failed"
-        _notify(scheduler, info.notify, array_id, {
-            "GPUQ_ARRAY_ID": str(array_id), "GPUQ_JOB_NAME": info.name, "GPUQ_STATE": state,
-            "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
-        }, members[0])  # fmt: skip
+        _notify(
+            scheduler,
+            info.notify,
+            array_id,
+            {
+                "GPUQ_ARRAY_ID": str(array_id),
+                "GPUQ_JOB_NAME": info.name,
+                "GPUQ_STATE": state,
+                "GPUQ_ARRAY_COUNTS": " ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+            },
+            members[0],
+        )
         scheduler.table.set_notified(array_id)
     if done:  # nothing more can happen to it (ended jobs never start again); the table keeps it
         del scheduler.arrays[array_id]

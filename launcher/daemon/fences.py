@@ -94,8 +94,9 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     """The memory of jobs that wait for their fence, for placement: reserved on their GPUs as if running."""
     return [
         Holding(job_id, gpus, scheduler.pending[job_id].spec.mem_per_gpu, None)
-        for job_id, (gpus, _) in scheduler.fence_waits.items() if job_id in scheduler.pending
-    ]  # fmt: skip
+        for job_id, (gpus, _) in scheduler.fence_waits.items()
+        if job_id in scheduler.pending
+    ]
 
 
 def step(scheduler: SchedulerState) -> list[tuple[JobRecord, tuple[int, ...], tuple[str, ...]]]:
@@ -159,8 +160,9 @@ def close(scheduler: SchedulerState) -> None:
 def _quit_if_idle(scheduler: SchedulerState, server: Key) -> None:
     waiting = any(
         key(record, uuids[0]) == server
-        for job_id, (_, uuids) in scheduler.fence_waits.items() if (record := scheduler.pending.get(job_id))
-    )  # fmt: skip
+        for job_id, (_, uuids) in scheduler.fence_waits.items()
+        if (record := scheduler.pending.get(job_id))
+    )
     if server not in scheduler.mps_jobs and not waiting and scheduler.controls is not None:
         scheduler.controls.quit(server)
 

@@ -64,8 +64,9 @@ def load(scheduler: SchedulerState) -> None:
             path = scheduler.state.next_file(job_id)
             try:
                 data = json.loads(read_bytes(path))
-                staged = Staged(int(data["after"]), tuple(data["gpus"]), tuple(data["uuids"]),
-                                cancel_by=data.get("cancel_by"))  # fmt: skip
+                staged = Staged(
+                    int(data["after"]), tuple(data["gpus"]), tuple(data["uuids"]), cancel_by=data.get("cancel_by")
+                )
             except (OSError, ValueError, KeyError, TypeError):
                 staged = None
             if staged is None or job_id not in scheduler.pending or staged.after not in scheduler.running:
@@ -97,7 +98,7 @@ def stage(scheduler: SchedulerState, upcoming: Iterator[JobRecord], snapshot: li
     ahead = sorted(
         (job for job in scheduler.running.values() if job.record.id not in followed and _may_hand_off(scheduler, job)),
         key=lambda job: (job.record.started_at or now, job.record.id),
-    )  # fmt: skip
+    )
     if not ahead:
         return
     views = views or {v.index: v for v in sight.views(scheduler, snapshot)}
@@ -116,10 +117,14 @@ def _may_hand_off(scheduler: SchedulerState, job: Running) -> bool:
     shim), not being stopped, not interactive."""
     record = job.record
     return (
-        bool(record.gpus) and record.spec.mem_per_gpu is None and record.spec.client is None
-        and job.launch.cancel_by is None and record.id not in scheduler.stopped_for
-        and not set(record.gpus) & scheduler.drained and scheduler.shims.has(record.id)
-    )  # fmt: skip
+        bool(record.gpus)
+        and record.spec.mem_per_gpu is None
+        and record.spec.client is None
+        and job.launch.cancel_by is None
+        and record.id not in scheduler.stopped_for
+        and not set(record.gpus) & scheduler.drained
+        and scheduler.shims.has(record.id)
+    )
 
 
 def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> bool:
@@ -130,9 +135,14 @@ def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> b
     unproven = record.array_id is not None and record.array_id not in scheduler.guard_open
     return (
         record.id not in scheduler.preemption.no_handoff  # it preempts instead (launcher.daemon.preempting)
-        and spec.gpus == len(job.record.gpus) and spec.mem_per_gpu is None and not spec.mem_auto
-        and spec.mode is not Mode.TORCHRUN and spec.client is None and not throttled and not unproven
-    )  # fmt: skip
+        and spec.gpus == len(job.record.gpus)
+        and spec.mem_per_gpu is None
+        and not spec.mem_auto
+        and spec.mode is not Mode.TORCHRUN
+        and spec.client is None
+        and not throttled
+        and not unproven
+    )
 
 
 def _fits(scheduler: SchedulerState, record: JobRecord, job: Running, views: dict[int, GpuView], now: float) -> bool:
@@ -173,18 +183,21 @@ def _review(scheduler: SchedulerState, head: JobRecord | None, views: dict[int, 
     ahead may run for hours; no GPU sits idle while work waits)."""
     busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
     free = sum(
-        1 for v in views.values()
-        if v.available and v.index not in busy and v.external < scheduler.policy.negligible
-    )  # fmt: skip
+        1 for v in views.values() if v.available and v.index not in busy and v.external < scheduler.policy.negligible
+    )
     for job_id, staged in scheduler.staged.items():
         if staged.dropping:
             continue
         record = scheduler.pending.get(job_id)
         if (
-            record is None or record.held or scheduler.paused_by is not None or staged.after in scheduler.stopped_for
+            record is None
+            or record.held
+            or scheduler.paused_by is not None
+            or staged.after in scheduler.stopped_for
             or any(gpu not in views or not views[gpu].available for gpu in staged.gpus)
-            or (head is not None and _rank(head) < _rank(record)) or free >= record.spec.gpus
-        ):  # fmt: skip
+            or (head is not None and _rank(head) < _rank(record))
+            or free >= record.spec.gpus
+        ):
             withdraw(scheduler, job_id)
 
 
@@ -209,9 +222,12 @@ def cancel(scheduler: SchedulerState, job_id: int, who: str) -> None:
 
 
 def settle(
-    scheduler: SchedulerState, ended: dict[int, tuple[ExitFile | None, Launch]], written: set[str] | None,
-    now: float, events: list[dict[str, Any]],
-) -> None:  # fmt: skip
+    scheduler: SchedulerState,
+    ended: dict[int, tuple[ExitFile | None, Launch]],
+    written: set[str] | None,
+    now: float,
+    events: list[dict[str, Any]],
+) -> None:
     """Jobs ended this pass (id -> their exit file, None if they left none, and their launch, which names their
     shim): each job staged behind one of them started (its exit file names it) or did not. Started, it runs
     under the same shim from the moment the first ended; if not, it is pending again, or cancelled if a
@@ -252,9 +268,13 @@ def _given_back(scheduler: SchedulerState, job_id: int, written: set[str] | None
 
 
 def _started(
-    scheduler: SchedulerState, record: JobRecord, staged: Staged, first: Launch, started: float,
+    scheduler: SchedulerState,
+    record: JobRecord,
+    staged: Staged,
+    first: Launch,
+    started: float,
     events: list[dict[str, Any]],
-) -> None:  # fmt: skip
+) -> None:
     """``record`` started under the shim of the job it followed (``first``) when that one ended."""
     info = Launch(first.shim_pid, first.shim_start, scheduler.boot_id, None, cancel_by=staged.cancel_by)
     if record.held:
@@ -279,7 +299,11 @@ def _forget_record(scheduler: SchedulerState, job_id: int) -> None:
 
 
 def _write(scheduler: SchedulerState, job_id: int, staged: Staged) -> None:
-    body = {"after": staged.after, "gpus": list(staged.gpus), "uuids": list(staged.uuids),
-            "cancel_by": staged.cancel_by}  # fmt: skip
+    body = {
+        "after": staged.after,
+        "gpus": list(staged.gpus),
+        "uuids": list(staged.uuids),
+        "cancel_by": staged.cancel_by,
+    }
     # Not fsynced, like an exit file: a daemon crash keeps it, and a machine crash takes the shims with it.
     write_atomic(scheduler.state.next_file(job_id), json.dumps(body).encode(), durable=False)

@@ -66,12 +66,19 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     fresh = [record for r in submits for record in expand(scheduler.state, r)]
     arrays = [
         ArrayInfo(
-            r.job_id, r.uid, user_name(r.uid), r.spec.display_name, len(r.array.indices), r.array.throttle,
-            r.spec.env, r.spec.notify, r.submitted_at,
+            r.job_id,
+            r.uid,
+            user_name(r.uid),
+            r.spec.display_name,
+            len(r.array.indices),
+            r.array.throttle,
+            r.spec.env,
+            r.spec.notify,
+            r.submitted_at,
         )
         for r in submits
         if r.array is not None
-    ]  # fmt: skip
+    ]
     # Not fsynced here: the requests stay in the spool until the tick has sent its launches and synced the
     # table (``Scheduler.tick``), so a job submitted to an idle queue starts without waiting on the disk.
     inserted = set(scheduler.table.insert_pending(fresh, arrays, durable=False, intake=named))
@@ -146,8 +153,9 @@ def answer(scheduler: SchedulerState, ingested: list[spool.Request]) -> None:
     for request in ingested:
         if isinstance(request, spool.SubmitRequest) and request.token is not None:
             try:
-                write_atomic(scheduler.state.answer(request.token), f"{request.job_id}\n".encode(), durable=False,
-                             mode=0o644)  # fmt: skip
+                write_atomic(
+                    scheduler.state.answer(request.token), f"{request.job_id}\n".encode(), durable=False, mode=0o644
+                )
             except StateDirError as err:  # its client says the job is queued without an id; nothing is lost
                 log.error("%s", err)
     now = time.monotonic()
@@ -205,8 +213,9 @@ def set_aside(
     token = spool.token_of(name)
     if scheduler.shared is not None and token is not None and answer:  # its client waits: say why, not an id
         with contextlib.suppress(StateDirError):
-            write_atomic(scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False,
-                         mode=0o644)  # fmt: skip
+            write_atomic(
+                scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False, mode=0o644
+            )
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
     events.append(Rejected(now, name, bad.reason, owner).to_json())
     if owner is not None:

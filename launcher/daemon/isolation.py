@@ -31,9 +31,18 @@ log = logging.getLogger("gpuq.isolation")
 # What a value can raise on its way into SQLite or through the policy: the marks of bad input, not of a
 # broken machine (OSError, sqlite3.OperationalError) or of a stop (KeyboardInterrupt, SystemExit).
 INPUT_ERRORS: tuple[type[BaseException], ...] = (
-    ArithmeticError, ValueError, TypeError, LookupError, AttributeError, RecursionError, BadInput,
-    sqlite3.InterfaceError, sqlite3.DataError, sqlite3.IntegrityError, sqlite3.ProgrammingError,
-)  # fmt: skip
+    ArithmeticError,
+    ValueError,
+    TypeError,
+    LookupError,
+    AttributeError,
+    RecursionError,
+    BadInput,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+    sqlite3.IntegrityError,
+    sqlite3.ProgrammingError,
+)
 
 
 def describe(err: BaseException) -> str:
@@ -140,8 +149,9 @@ def fail(scheduler: SchedulerState, bad: list[tuple[JobRecord, BaseException]], 
     endings.finish_pending(
         scheduler,
         [(record, Outcome.rejected(f"could not be placed ({describe(err)})")) for record, err in bad],
-        now, events,
-    )  # fmt: skip
+        now,
+        events,
+    )
     scheduler.journal.extend(events)
     for record, err in bad:
         log.error("job %d failed: placement raised %s", record.id, describe(err))

@@ -40,10 +40,16 @@ def resolve(
         if model is not None and model.peak_mem:
             mem.learned[f"job:{spec.like}"] = memory.Peak(model.peak_mem, model.id)
     found = memory.estimate(
-        record.id, kinds, mem.learned, mem.probes, margin=policy.auto_margin,
-        overhead=policy.overhead, probe_mem=policy.auto_probe_mem, biggest_gpu=biggest,
+        record.id,
+        kinds,
+        mem.learned,
+        mem.probes,
+        margin=policy.auto_margin,
+        overhead=policy.overhead,
+        probe_mem=policy.auto_probe_mem,
+        biggest_gpu=biggest,
         first=_first_share(policy, snapshot, fence),
-    )  # fmt: skip
+    )
     if isinstance(found, memory.Wait):
         return found.reason
     if found.probe:  # the others of its kind wait for this one's peak (filed now: they come later this pass)
@@ -100,9 +106,13 @@ def settle(mem: MemAuto, table: JobTable, policy: Policy, lives: Lives, now: flo
         spec = job.record.spec
         if spec.mem_per_gpu is None and spec.mem_auto:
             found = memory.estimate(
-                job_id, keys(job.record), mem.learned, {}, margin=policy.auto_margin,
+                job_id,
+                keys(job.record),
+                mem.learned,
+                {},
+                margin=policy.auto_margin,
                 overhead=policy.overhead,
-            )  # fmt: skip
+            )
             if isinstance(found, memory.Estimate) and found.mem is not None:
                 note = f"a probe; since it settled, {found.note}"
                 job.record = job.record.replace(spec=dataclasses.replace(spec, mem_per_gpu=found.mem, mem_from=note))

@@ -213,9 +213,12 @@ class Lives:
 
     # The moves.
     def load(
-        self, pending: Iterable[JobRecord], running: Iterable[Running], suspended: Iterable[Running],
+        self,
+        pending: Iterable[JobRecord],
+        running: Iterable[Running],
+        suspended: Iterable[Running],
         not_before: Mapping[int, float],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Start again from what the table says (a daemon's start, a tick rolled back)."""
         for job_id in list(self._lives):
             self.end(job_id)

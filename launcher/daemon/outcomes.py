@@ -130,7 +130,6 @@ def _rank_reason(tail: bytes, summary: bytes) -> str:
     return f"rank {rank.decode()} failed first (exit code {code})"
 
 
-
 def contained(outcome: Outcome, exit_data: ExitFile) -> Outcome:
     """The outcome with what the job's containment saw (the exit file's ``contained``, written by
     ``launcher.supervisor.containment.end``): the kernel's OOM killer at its --ram limit, or forks refused at
@@ -166,10 +165,7 @@ def record_host_usage(table: JobTable, job_id: int, exit_data: ExitFile) -> None
         table.set_host_usage(job_id, cpu, peak)
 
 
-
-def classify(
-    exit_data: ExitFile, record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]
-) -> Outcome | None:
+def classify(exit_data: ExitFile, record: JobRecord, launch: Launch, oom: Callable[[], OutOfMemory]) -> Outcome | None:
     """How the job ended; None when it never started (the launch was interrupted: requeue it). ``oom``
     says what kind of CUDA out of memory it was, asked only when its log shows one."""
     if not exit_data.started:

@@ -69,13 +69,21 @@ def look(watch: Outsiders | None, lives: Lives, state: StateDir, now: float, sna
 def _tell(command: str, holder: Holder) -> None:
     env = dict(os.environ)
     env.update(
-        GPUQ_OUTSIDE_USER=holder.user, GPUQ_OUTSIDE_PID=str(holder.pid), GPUQ_OUTSIDE_NAME=holder.name,
-        GPUQ_OUTSIDE_GPU=str(holder.gpu), GPUQ_OUTSIDE_BYTES=str(holder.used),
-    )  # fmt: skip
+        GPUQ_OUTSIDE_USER=holder.user,
+        GPUQ_OUTSIDE_PID=str(holder.pid),
+        GPUQ_OUTSIDE_NAME=holder.name,
+        GPUQ_OUTSIDE_GPU=str(holder.gpu),
+        GPUQ_OUTSIDE_BYTES=str(holder.used),
+    )
     try:
         subprocess.Popen(  # reaped by the pass (``Scheduler.reap``)
-            ["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            ["/bin/sh", "-c", command],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as err:
         log.warning("outside_notify for pid %d failed to start: %s", holder.pid, err)

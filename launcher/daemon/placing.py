@@ -49,10 +49,13 @@ def place_and_launch(
     # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events. What it reads marks
     # ``changes`` itself (``launcher.daemon.tracked``); a running job's record is replaced, never changed.
     key = (
-        tuple((g.index, g.used, g.lost) for g in snapshot), state.changes.count, state.paused_by,
-        tuple(job.record for job in state.running.values()), min(state.not_before.values(), default=0.0) <= now,
+        tuple((g.index, g.used, g.lost) for g in snapshot),
+        state.changes.count,
+        state.paused_by,
+        tuple(job.record for job in state.running.values()),
+        min(state.not_before.values(), default=0.0) <= now,
         reserving.phase(state, now),
-    )  # fmt: skip
+    )
     if key == placement.last_key and not any(now >= t for t in state.not_before.values()):
         if placement.unsaved is not None and now >= placement.reasons_due:
             _record_reasons(state, placement, placement.unsaved, now)  # held back by the once-a-second limit
@@ -89,9 +92,12 @@ def place_and_launch(
 
 
 def plan(
-    state: SchedulerState, placement: Placement, now: float, snapshot: list[GpuSnapshot],
+    state: SchedulerState,
+    placement: Placement,
+    now: float,
+    snapshot: list[GpuSnapshot],
     ready: list[JobRecord] | None = None,
-) -> Plan:  # fmt: skip
+) -> Plan:
     jobs = list(state.pending.values()) if ready is None else ready
     caps: dict[str, int] | None = None
     held: dict[str, int] | None = None
@@ -121,9 +127,18 @@ def plan(
             in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
     requests, reserved, notes = reserving.fence(state, requests, now, [g.index for g in snapshot])
     planned = place(
-        requests, sight.views(state, snapshot), claims, now, state.policy, state.source.distance, cpu_jobs,
-        limits, in_group, user_caps=caps, user_gpus=held,
-    )  # fmt: skip
+        requests,
+        sight.views(state, snapshot),
+        claims,
+        now,
+        state.policy,
+        state.source.distance,
+        cpu_jobs,
+        limits,
+        in_group,
+        user_caps=caps,
+        user_gpus=held,
+    )
     planned.waiting.update(reserved)  # waiting on a reservation whatever the GPUs hold
     # While a reservation is on or to come, no job is staged behind a running one: it would start whenever that
     # one ends, which may be past a start its own time limit was checked against (daemon/reserving.py).
@@ -138,14 +153,22 @@ def plan(
 
 def holdings(state: SchedulerState) -> list[Holding]:
     """Placement's claims on the GPUs: the running jobs' reservations, and the places kept for others."""
-    return [
-        Holding(
-            job.record.id, job.record.gpus, job.record.spec.mem_per_gpu,
-            None if job.record.spec.time_limit is None or job.record.started_at is None
-            else job.record.started_at + job.record.spec.time_limit,
-        )
-        for job in state.running.values()
-    ] + fences.holdings(state) + preempting.holdings(state) + reserving.holdings(state)  # fmt: skip
+    return (
+        [
+            Holding(
+                job.record.id,
+                job.record.gpus,
+                job.record.spec.mem_per_gpu,
+                None
+                if job.record.spec.time_limit is None or job.record.started_at is None
+                else job.record.started_at + job.record.spec.time_limit,
+            )
+            for job in state.running.values()
+        ]
+        + fences.holdings(state)
+        + preempting.holdings(state)
+        + reserving.holdings(state)
+    )
 
 
 def _use(state: SchedulerState, now: float) -> tuple[dict[str, float], dict[str, int]]:
@@ -161,9 +184,15 @@ def _request(placement: Placement, cache: dict[int, tuple[JobSpec, Request]], re
     if cached is None or cached[0] is not record.spec:
         spec = record.spec
         request = Request(
-            record.id, spec.gpus, spec.mem_per_gpu, spec.time_limit, record.array_id, record.user, spec.priority,
+            record.id,
+            spec.gpus,
+            spec.mem_per_gpu,
+            spec.time_limit,
+            record.array_id,
+            record.user,
+            spec.priority,
             tuple(spec.value(GPU_IDS)),
-        )  # fmt: skip
+        )
         cached = (spec, request)
     placement.requests[record.id] = cached
     return cached[1]

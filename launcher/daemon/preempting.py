@@ -76,10 +76,12 @@ def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
     GPUQ_PREEMPT_GRACE (default 60s)."""
     if shared is not None:
         return Settings(
-            enabled=shared.preemption, min_runtime=shared.preemption_min_runtime,
-            by_priority="priority" in shared.preemption_by, by_fair_share="fair_share" in shared.preemption_by,
+            enabled=shared.preemption,
+            min_runtime=shared.preemption_min_runtime,
+            by_priority="priority" in shared.preemption_by,
+            by_fair_share="fair_share" in shared.preemption_by,
             grace=shared.preemption_grace,
-        )  # fmt: skip
+        )
     enabled = environ.get("GPUQ_PREEMPT", "off")
     if enabled not in ("on", "off"):
         raise BadInput(f"GPUQ_PREEMPT={enabled!r}: set it to on or off")
@@ -109,8 +111,9 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     there: reserved as if they ran (so nothing placed meanwhile fills the room it was chosen for)."""
     kept = [
         Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
-        for job_id, job in scheduler.suspended.items() if job_id in scheduler.preemption.preempted
-    ]  # fmt: skip
+        for job_id, job in scheduler.suspended.items()
+        if job_id in scheduler.preemption.preempted
+    ]
     for job_id, taking in scheduler.preemption.taking.items():
         record = scheduler.pending.get(job_id)
         if record is not None:
@@ -159,16 +162,25 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     staged_before = {staged.after for job_id, staged in scheduler.staged.items() if job_id != head.id}
     over = _fair_share(scheduler, now, settings.by_fair_share)
     waiting = Job(
-        head.id, head.spec.gpus, head.spec.mem_per_gpu, head.user, head.spec.priority,
-        _user_priority(scheduler, head.user), head.spec.preemptible, head.user in over,
-    )  # fmt: skip
+        head.id,
+        head.spec.gpus,
+        head.spec.mem_per_gpu,
+        head.user,
+        head.spec.priority,
+        _user_priority(scheduler, head.user),
+        head.spec.preemptible,
+        head.user in over,
+    )
     candidates: list[Job] = []
     holdings_now = holdings(scheduler) + fences.holdings(scheduler)
     for job_id, job in scheduler.running.items():
         if (
-            job_id in scheduler.acting or job_id in victims_of or job_id in staged_before
-            or not job.record.gpus or job_id in scheduler.stopped_for
-        ):  # fmt: skip
+            job_id in scheduler.acting
+            or job_id in victims_of
+            or job_id in staged_before
+            or not job.record.gpus
+            or job_id in scheduler.stopped_for
+        ):
             holdings_now.append(_holding(job.record))
             continue
         candidate = _job(scheduler, job, now, over, False)
@@ -233,8 +245,9 @@ def _unreserved(scheduler: SchedulerState, head: JobRecord, views: list[GpuView]
     booked = scheduler.booked.calendar.reservations
     name, preemptible = str(head.spec.value(RESERVATION) or ""), head.spec.preemptible
     request = Request(head.id, head.spec.gpus, head.spec.mem_per_gpu, head.spec.time_limit, user=head.user)
-    allowed, _, _ = reserved.fence([request], booked, now, [v.index for v in views], lambda _: name,
-                                       lambda _: preemptible)  # fmt: skip
+    allowed, _, _ = reserved.fence(
+        [request], booked, now, [v.index for v in views], lambda _: name, lambda _: preemptible
+    )
     only = set(allowed[0].only or [v.index for v in views]) if allowed else set()
     return [view for view in views if view.index in only]
 
@@ -300,6 +313,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
             containment.signal_all(containment.Box.from_json(found["box"]), int(found["leader"]), signum)
 
     scheduler.after_commit.append(tell)
+
     def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
         scheduler.stopped_for.pop(record.id, None)
         scheduler.preemption.signalled.pop(record.id, None)
@@ -331,11 +345,20 @@ def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], re
     record = job.record
     started = max(record.started_at or now, scheduler.preemption.resumed_at.get(record.id, 0.0))
     return Job(
-        record.id, record.gpus, record.spec.mem_per_gpu, record.user, record.spec.priority,
-        _user_priority(scheduler, record.user), record.spec.preemptible, record.user in over, ran=now - started,
-        held=pools.gpu_state(scheduler, job), preemptions=scheduler.preemption.preemptions.get(record.id, 0),
-        ends_by=_ends_by(record), requeue=requeue,
-    )  # fmt: skip
+        record.id,
+        record.gpus,
+        record.spec.mem_per_gpu,
+        record.user,
+        record.spec.priority,
+        _user_priority(scheduler, record.user),
+        record.spec.preemptible,
+        record.user in over,
+        ran=now - started,
+        held=pools.gpu_state(scheduler, job),
+        preemptions=scheduler.preemption.preemptions.get(record.id, 0),
+        ends_by=_ends_by(record),
+        requeue=requeue,
+    )
 
 
 def _holding(record: JobRecord) -> Holding:

@@ -63,6 +63,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
         return [], waiting
     return ready, waiting
 
+
 def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
     """``--mem auto`` jobs with the reservation they get now (``daemon.learning``); those that wait for
     their kind's probe move to ``waiting``."""
@@ -82,6 +83,7 @@ def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], wait
             scheduler.lives.update(resolved)
             placed.append(resolved)
     return placed
+
 
 def _job_list(scheduler: SchedulerState, job_id: int) -> list[JobRecord]:
     """A dependency's records: the job, or an array's members (``scheduler.arrays`` forgets ended arrays)."""

@@ -143,9 +143,13 @@ def _updated(record: JobRecord, values: dict[str, Any]) -> Any:
 
 
 def _queue_control(
-    scheduler: SchedulerState, request: spool.ControlRequest, who: str, now: float, events: list[dict[str, Any]],
+    scheduler: SchedulerState,
+    request: spool.ControlRequest,
+    who: str,
+    now: float,
+    events: list[dict[str, Any]],
     apply: Callable[[SchedulerState, tuple[int, ...], str], None],
-) -> None:  # fmt: skip
+) -> None:
     owner = scheduler.state.owner()
     if not accounts.may_act(request.uid, owner, scheduler.admins, owner):
         log.warning("refused %s from %s", request.action, who)
@@ -176,12 +180,19 @@ def _unpause(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None
 # What each control action does: to the queue (its owner, an admin or root may), or to each pending job it
 # names (its owner, an admin or root may). tests/unit/test_spool.py checks these cover every Action.
 QUEUE_ACTIONS: dict[Action, Callable[[SchedulerState, tuple[int, ...], str], None]] = {
-    Action.DRAIN: _drain, Action.UNDRAIN: _undrain, Action.PAUSE: _pause, Action.UNPAUSE: _unpause,
-}  # fmt: skip
+    Action.DRAIN: _drain,
+    Action.UNDRAIN: _undrain,
+    Action.PAUSE: _pause,
+    Action.UNPAUSE: _unpause,
+}
 JOB_ACTIONS: dict[Action, Callable[[SchedulerState, JobRecord, spool.ControlRequest, str], bool]] = {
-    Action.HOLD: _hold, Action.RELEASE: _release, Action.UPDATE: _update,
-}  # fmt: skip
+    Action.HOLD: _hold,
+    Action.RELEASE: _release,
+    Action.UPDATE: _update,
+}
 RUNNING_ACTIONS: dict[Action, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
-    Action.SUSPEND: suspending.request, Action.RESUME: suspending.request,
-    Action.RESERVE: reserving.request, Action.UNRESERVE: reserving.request,  # no job named (daemon.reserving)
-}  # fmt: skip
+    Action.SUSPEND: suspending.request,
+    Action.RESUME: suspending.request,
+    Action.RESERVE: reserving.request,
+    Action.UNRESERVE: reserving.request,  # no job named (daemon.reserving)
+}

@@ -99,7 +99,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             why = (
                 f"only {len(free)} GPU(s) are free of other reservations from {clock(ask.start, now)} to "
                 f"{clock(ask.end, now)}; `gpuq reserve --list` shows them"
-            )  # fmt: skip
+            )
     if why or gpus is None:
         log.warning("refused a reservation from %s: %s", user_name(request.uid), why)
         book.calendar.refused.append({"token": ask.token, "uid": request.uid, "why": why, "t": now})
@@ -148,7 +148,7 @@ def _refusal(
             return (
                 f"{owner} would hold {held + asked:.1f} GPU-hours reserved ahead; this queue allows {quota:g} "
                 "(reservation_quota): shorten it or cancel another"
-            )  # fmt: skip
+            )
     return ""
 
 
@@ -277,7 +277,7 @@ def _say_ahead(scheduler: SchedulerState, now: float, events: list[dict[str, Any
 
 def fence(
     scheduler: SchedulerState, requests: list[Request], now: float, gpus: list[int]
-) -> tuple[list[Request], dict[int, str], dict[int, str]]:  # fmt: skip
+) -> tuple[list[Request], dict[int, str], dict[int, str]]:
     """Placement's requests narrowed by the reservations (``rules.fence``)."""
     found = scheduler.booked.calendar.reservations
     named = {r.id: name for r in scheduler.pending.values() if (name := r.spec.options.get(FIELD))}
@@ -297,8 +297,9 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     nothing placed meanwhile takes the room they resume into."""
     return [
         Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
-        for job_id in scheduler.booked.returning if (job := scheduler.suspended.get(job_id)) is not None
-    ]  # fmt: skip
+        for job_id in scheduler.booked.returning
+        if (job := scheduler.suspended.get(job_id)) is not None
+    ]
 
 
 def next_change(scheduler: SchedulerState, now: float) -> float:

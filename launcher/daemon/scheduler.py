@@ -238,7 +238,7 @@ class Scheduler(SchedulerState):
                     outcomes.read_exit(self.state.exit_file(job_id))
                     if written is None or f"{job_id}.exit" in written
                     else None
-                )  # fmt: skip
+                )
             except BadExitFile as err:
                 log.error("job %d's exit file is not one gpuq reads: %s", job_id, err)
                 ended[job_id] = None, job.launch
@@ -266,14 +266,16 @@ class Scheduler(SchedulerState):
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(
                     exit_data, job.record, job.launch, functools.partial(sight.out_of_memory, self, job)
-                )  # fmt: skip
+                )
                 outcome = outcome and outcomes.contained(outcome, exit_data)
                 if job_id in self.suspended and outcome is not None and job.launch.cancel_by is None:
                     outcome = Outcome.died_suspended(outcome)  # it could not have ended on its own
                 outcomes.record_host_usage(self.table, job_id, exit_data)
                 stopped = self.stopped_for.get(job_id)
-                if stopped is not None and outcome is not None and (
-                    outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED
+                if (
+                    stopped is not None
+                    and outcome is not None
+                    and (outcome.state is not JobState.SUCCEEDED or stopped.cause is Cause.PREEMPTED)
                 ):  # a preempted job that saved its work and exited 0 is not done: it is requeued
                     outcome = stopped  # we stopped it: say why, not "cancelled"
                 ended_at = exit_data.ended_at
@@ -292,4 +294,3 @@ class Scheduler(SchedulerState):
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
         launching.launch(self, record, gpus, uuids, now)
-

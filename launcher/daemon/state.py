@@ -54,10 +54,16 @@ class SchedulerState:
     guard_open = SetField[int]()
 
     def __init__(
-        self, state: StateDir, source: GpuSource, policy: Policy | None = None, grace: float = 10.0,
-        retry_backoff: float = 10.0, shared: Shared | None = None, mps: Mps | None = None,
+        self,
+        state: StateDir,
+        source: GpuSource,
+        policy: Policy | None = None,
+        grace: float = 10.0,
+        retry_backoff: float = 10.0,
+        shared: Shared | None = None,
+        mps: Mps | None = None,
         fence: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``shared``: this daemon serves a whole machine (as root): jobs run as their submitters, specs
         are kept private, and the per-user limits, priorities and fair share of the config apply."""
         self.changes = Changes()
@@ -189,8 +195,10 @@ class SchedulerState:
         key = [(g.index, g.uuid, g.name, g.total, g.lost, fence) for g in snapshot]
         if key != self._inventory_key:
             self._inventory_key = key
-            body = [{"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost,
-                     "fence": fence} for g in snapshot]  # fmt: skip
+            body = [
+                {"index": g.index, "uuid": g.uuid, "name": g.name, "total": g.total, "lost": g.lost, "fence": fence}
+                for g in snapshot
+            ]
             # Readable by all: clients check --gpus against it (the directory decides who "all" is).
             # The containment rides along: `gpuq gpus` and doctor show it, and a submit's --cpus/--ram check it.
             text = inventory_json(body, {"containment": self.containment.to_json()})
@@ -208,19 +216,33 @@ class SchedulerState:
             self.usage = self.usage.charge(record.user, len(record.gpus), record.started_at, ended, ended)
 
     def shim_launch(
-        self, record: JobRecord, gpus: tuple[int, ...], env: dict[str, str], port: int | None = None,
+        self,
+        record: JobRecord,
+        gpus: tuple[int, ...],
+        env: dict[str, str],
+        port: int | None = None,
         account: accounts.Account | None = None,
-    ) -> shim.Launch:  # fmt: skip
+    ) -> shim.Launch:
         """What a shim needs to run ``record`` on ``gpus`` with ``env`` (given the job's marker here)."""
         box = self.containment.box(record.id, *self.host_limits(record.spec))
         env[containment.MARKER] = box.marker
         return shim.Launch(
-            job_id=record.id, argv=processes.job_argv(record.spec, port), env=env, cwd=record.spec.cwd,
-            log=self.state.log(record.id), exit_file=self.state.exit_file(record.id),
-            pid_file=self.state.pid_file(record.id), wake=self.state.inner_wake, time_limit=record.spec.time_limit,
-            grace=self.grace, account=account, log_group=self.private.admin_gid if self.private else None, box=box,
-            pause_file=self.state.pause_file(record.id), output=record.output_file,
-        )  # fmt: skip
+            job_id=record.id,
+            argv=processes.job_argv(record.spec, port),
+            env=env,
+            cwd=record.spec.cwd,
+            log=self.state.log(record.id),
+            exit_file=self.state.exit_file(record.id),
+            pid_file=self.state.pid_file(record.id),
+            wake=self.state.inner_wake,
+            time_limit=record.spec.time_limit,
+            grace=self.grace,
+            account=account,
+            log_group=self.private.admin_gid if self.private else None,
+            box=box,
+            pause_file=self.state.pause_file(record.id),
+            output=record.output_file,
+        )
 
     def host_limits(self, spec: JobSpec) -> tuple[float | None, int | None, int | None]:
         """The job's --cpus, --ram and --pids, else a shared queue's defaults, where the controllers enforce them."""
@@ -254,8 +276,13 @@ class SchedulerState:
         self.lives.end(job_id)
         self.suspensions.resume_wanted.pop(job_id, None)
         preemption = self.preemption
-        for table in (preemption.taking, preemption.preempted, preemption.preemptions, preemption.resumed_at,
-                      preemption.signalled):  # fmt: skip
+        for table in (
+            preemption.taking,
+            preemption.preempted,
+            preemption.preemptions,
+            preemption.resumed_at,
+            preemption.signalled,
+        ):
             table.pop(job_id, None)
         preemption.unsuspendable.discard(job_id)
         self.booked.victims.pop(job_id, None)

@@ -76,12 +76,15 @@ class FakeGpus:
                 continue
         return [
             dataclasses.replace(
-                gpu, used=min(gpu.total, gpu.used + sum(held[gpu.index].values())),
+                gpu,
+                used=min(gpu.total, gpu.used + sum(held[gpu.index].values())),
                 processes={**(gpu.processes or {}), **held[gpu.index]},
                 process_utilization=busy.get(gpu.index, {}) if shares else None,
-            ) if gpu.index in held and not gpu.lost else gpu
+            )
+            if gpu.index in held and not gpu.lost
+            else gpu
             for gpu in gpus
-        ]  # fmt: skip
+        ]
 
     def distance(self, a: int, b: int) -> int | None:
         return None
@@ -96,10 +99,15 @@ TEAMMATE_PID = (1 << 22) + 1  # the fake's "used" memory: a process outside gpuq
 
 def _fake(index: int, name: str, total: int, used: int = 0, lost: bool = False) -> GpuSnapshot:
     return GpuSnapshot(
-        index=index, uuid=f"GPU-fake-{index:04d}", name=name, total=total, used=used,
-        processes={TEAMMATE_PID: used} if used else {}, lost=lost,
+        index=index,
+        uuid=f"GPU-fake-{index:04d}",
+        name=name,
+        total=total,
+        used=used,
+        processes={TEAMMATE_PID: used} if used else {},
+        lost=lost,
         error="GPU lost (fake inventory)" if lost else "",
-    )  # fmt: skip
+    )
 
 
 def parse_fake_spec(spec: str) -> list[GpuSnapshot]:

@@ -19,10 +19,28 @@ from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 
 # /proc/PID/comm of the display server and compositors (15 characters at most, as the kernel keeps it).
-DESKTOP = frozenset({
-    "Xorg", "X", "Xwayland", "gnome-shell", "kwin_x11", "kwin_wayland", "plasmashell", "gdm-x-session", "mutter",
-    "sddm-greeter", "xfwm4", "cinnamon", "compiz", "sway", "Hyprland", "weston", "gnome-remote-de", "kwin",
-})  # fmt: skip
+DESKTOP = frozenset(
+    {
+        "Xorg",
+        "X",
+        "Xwayland",
+        "gnome-shell",
+        "kwin_x11",
+        "kwin_wayland",
+        "plasmashell",
+        "gdm-x-session",
+        "mutter",
+        "sddm-greeter",
+        "xfwm4",
+        "cinnamon",
+        "compiz",
+        "sway",
+        "Hyprland",
+        "weston",
+        "gnome-remote-de",
+        "kwin",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -90,9 +90,11 @@ class Mps:
         pipe, the limit on its device 0 (the job sees only its own GPU), and that GPU named by UUID: a client
         counts devices among its server's (this server has one), where an index would count the machine's."""
         return {
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)), "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)),
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M", "CUDA_VISIBLE_DEVICES": key.uuid,
-        }  # fmt: skip
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={max(limit // MiB, 1)}M",
+            "CUDA_VISIBLE_DEVICES": key.uuid,
+        }
 
     def running(self) -> list[Key]:
         """The control daemons of ours that may be up, from their folders: a daemon that restarts finds the
@@ -140,17 +142,29 @@ class Mps:
         return self._run(key, self.command(), account, stdin="quit\n")
 
     def _run(self, key: Key, argv: list[str], account: Account | None, stdin: str | None) -> subprocess.Popen[str]:
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)),
-               "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)), "CUDA_VISIBLE_DEVICES": key.uuid}  # fmt: skip
+        env = {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(key)),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.logs(key)),
+            "CUDA_VISIBLE_DEVICES": key.uuid,
+        }
         user = group = None
         groups: list[int] | None = None
         if account is not None and os.geteuid() == 0 and account.uid != 0:
             user, group, groups = account.uid, account.gid, list(account.groups)
         command = subprocess.Popen(
-            argv, env=env, cwd="/", stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            user=user, group=group, extra_groups=groups,
-        )  # fmt: skip
+            argv,
+            env=env,
+            cwd="/",
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            user=user,
+            group=group,
+            extra_groups=groups,
+        )
         if stdin is not None:
             assert command.stdin is not None
             with contextlib.suppress(OSError):

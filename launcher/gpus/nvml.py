@@ -40,10 +40,16 @@ class NvmlGpus:
             total = int(memory.total)
             processes = self._processes(handle)
             return GpuSnapshot(
-                index, uuid, name, total, int(memory.used), processes, utilization=self._busy(handle),
+                index,
+                uuid,
+                name,
+                total,
+                int(memory.used),
+                processes,
+                utilization=self._busy(handle),
                 process_utilization=self._busy_processes(handle) if process_utilization else None,
                 energy=self._energy(handle) if energy else None,
-            )  # fmt: skip
+            )
         except nvml.NVMLError as err:
             self._known.pop(index, None)  # asked afresh next time: a GPU back from a reset may have a new handle
             return GpuSnapshot(index, uuid, name, total, total, None, lost=True, error=f"NVML: {err}")

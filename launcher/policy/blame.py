@@ -34,9 +34,15 @@ def past(share: int | None, held: int, overhead: int) -> bool:
 
 
 def out_of_memory(
-    job: Sampled, gpus: Sequence[int], others: Sequence[Sampled], *, overhead: int, fenced: bool, asked: str,
+    job: Sampled,
+    gpus: Sequence[int],
+    others: Sequence[Sampled],
+    *,
+    overhead: int,
+    fenced: bool,
+    asked: str,
     free: Mapping[int, int],
-) -> OutOfMemory:  # fmt: skip
+) -> OutOfMemory:
     """The kind of a CUDA out of memory of ``job`` (on ``gpus``), given the other running jobs and each GPU's
     free memory at the last sample. A whole-GPU job, or one with no fence, just ran out (Cause.OOM).
 

@@ -193,9 +193,12 @@ def _hours(used: Mapping[str, float], user: str) -> str:
 
 
 def explain(
-    waiting: Mapping[int, str], order: Sequence[T], key: Callable[[T], tuple[str, int, int, int]],
-    used: Mapping[str, float], user_priority: Mapping[str, int] | None = None,
-) -> dict[int, str]:  # fmt: skip
+    waiting: Mapping[int, str],
+    order: Sequence[T],
+    key: Callable[[T], tuple[str, int, int, int]],
+    used: Mapping[str, float],
+    user_priority: Mapping[str, int] | None = None,
+) -> dict[int, str]:
     """The reasons of ``waiting`` that fair share explains further: a job waiting for GPUs while other
     users' jobs went before it in the fair-share ``order`` (``key`` gives an item's user, GPUs, priority,
     id, as for ``fair_order``). Returns only the reasons it changed."""

@@ -37,9 +37,10 @@ def for_job(spec: JobSpec, defaults: HostLimits, controllers: Collection[str]) -
     that cannot be enforced is left out (a job's own is refused at submit, and ``unenforceable`` after)."""
     asked = own(spec)
     return HostLimits(
-        _pick(asked.cpus, defaults.cpus, "cpu" in controllers), _pick(asked.ram, defaults.ram, "memory" in controllers),
+        _pick(asked.cpus, defaults.cpus, "cpu" in controllers),
+        _pick(asked.ram, defaults.ram, "memory" in controllers),
         _pick(asked.pids, defaults.pids, "pids" in controllers),
-    )  # fmt: skip
+    )
 
 
 def _pick(mine: T | None, default: T | None, enforced: bool) -> T | None:

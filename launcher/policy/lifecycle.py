@@ -148,8 +148,11 @@ def guard(members: Sequence[JobRecord]) -> Guard:
         return Decided()  # its first failures did not all come fast: it will never be held
     if not failed:
         return Undecided()
-    young = [m.started_at for m in members
-             if m.state is not JobState.PENDING and not m.state.finished and m.started_at is not None]  # fmt: skip
+    young = [
+        m.started_at
+        for m in members
+        if m.state is not JobState.PENDING and not m.state.finished and m.started_at is not None
+    ]
     if not young:
         return Undecided()  # nothing runs that could decide: the next member starts and shows
     return Undecided(

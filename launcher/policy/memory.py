@@ -88,10 +88,18 @@ def first_share(gpu_room: int, overhead: int, floor: int = FLOOR) -> int:
 
 
 def estimate(
-    job_id: int, keys: Sequence[str], peaks: Mapping[str, Peak], probes: Mapping[str, int], *,
-    margin: float = MARGIN, floor: int = FLOOR, overhead: int = 0, probe_mem: int | None = None,
-    biggest_gpu: int | None = None, first: int | None = None,
-) -> Estimate | Wait:  # fmt: skip
+    job_id: int,
+    keys: Sequence[str],
+    peaks: Mapping[str, Peak],
+    probes: Mapping[str, int],
+    *,
+    margin: float = MARGIN,
+    floor: int = FLOOR,
+    overhead: int = 0,
+    probe_mem: int | None = None,
+    biggest_gpu: int | None = None,
+    first: int | None = None,
+) -> Estimate | Wait:
     """How much ``job_id`` (filed under ``keys``) reserves on each GPU, or why it waits for a probe.
 
     ``peaks`` holds what each key has shown, ``probes`` the job probing each key now. A peak is all the

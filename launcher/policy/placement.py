@@ -245,9 +245,10 @@ def place(
             plan.waiting[request.job_id] = failed[shape]
             continue
         fitting = [
-            gpu for gpu in _candidates(request, state)
+            gpu
+            for gpu in _candidates(request, state)
             if gpu.fits(request, policy) and (claim is None or claim.allows(request, gpu, policy, now))
-        ]  # fmt: skip
+        ]
         if len(fitting) >= request.gpus:
             chosen = _choose(request, fitting, distance)
             ends_by = None if request.time_limit is None else now + request.time_limit

@@ -199,8 +199,12 @@ def _victims_on(view: GpuView, claims: list[_Claim], request: Job, taken: set[in
 
 
 def _frees_sooner(
-    request: Job, views: dict[int, GpuView], on: dict[int, list[_Claim]], now: float, policy: Policy,
-) -> float:  # fmt: skip
+    request: Job,
+    views: dict[int, GpuView],
+    on: dict[int, list[_Claim]],
+    now: float,
+    policy: Policy,
+) -> float:
     """When the running jobs' time limits would let ``request`` start without preempting (inf: never known)."""
     count = request.gpus if isinstance(request.gpus, int) else len(request.gpus)
     ends: list[float] = []

@@ -42,9 +42,13 @@ def live(reservations: Sequence[Reservation], now: float) -> list[Reservation]:
 
 
 def fence(
-    requests: Sequence[Request], reservations: Sequence[Reservation], now: float, gpus: Sequence[int],
-    reservation_of: Callable[[int], str], preemptible: Callable[[int], bool],
-) -> tuple[list[Request], dict[int, str], dict[int, str]]:  # fmt: skip
+    requests: Sequence[Request],
+    reservations: Sequence[Reservation],
+    now: float,
+    gpus: Sequence[int],
+    reservation_of: Callable[[int], str],
+    preemptible: Callable[[int], bool],
+) -> tuple[list[Request], dict[int, str], dict[int, str]]:
     """The requests as placement may place them (``only`` narrowed to the GPUs each may use), the jobs that
     wait because of a reservation whatever the GPUs hold (-> why), and for each narrowed job the words to put
     before its reason should it wait."""
@@ -89,9 +93,7 @@ def _inside(request: Request, name: str, current: Sequence[Reservation], now: fl
     return set(found.gpus), ""
 
 
-def _outside(
-    request: Request, current: Sequence[Reservation], now: float, steps_aside: bool
-) -> tuple[set[int], str]:
+def _outside(request: Request, current: Sequence[Reservation], now: float, steps_aside: bool) -> tuple[set[int], str]:
     """A job in no reservation: the GPUs it may not use (reserved now, or from a start it would run past,
     unless it steps aside then), and why."""
     barred: set[int] = set()
@@ -128,9 +130,7 @@ def _belongs(work: Work, reservation: Reservation) -> bool:
     return work.reservation == reservation.name and work.user == reservation.user
 
 
-def conflicts(
-    reservation: Reservation, running: Sequence[Work], present: Sequence[int], now: float
-) -> list[str]:  # fmt: skip
+def conflicts(reservation: Reservation, running: Sequence[Work], present: Sequence[int], now: float) -> list[str]:
     """What its owner must hear ahead of the start: a GPU of it gone, and work that will still be on its
     GPUs at the start and cannot step aside (not preemptible, and no time limit ending before then)."""
     if reservation.over(now):
@@ -148,7 +148,7 @@ def conflicts(
         said.append(
             f"job {work.job_id} ({work.user}, not --preemptible) will still hold GPU {gpu_list(tuple(held))} {when}: "
             f"{until}"
-        )  # fmt: skip
+        )
     return said
 
 
@@ -160,9 +160,13 @@ def idle(reservation: Reservation, now: float, busy: bool, limit: float | None) 
 
 
 def choose_gpus(
-    count: int, gpus: Sequence[int], reservations: Sequence[Reservation], running: Sequence[Work],
-    start: float, end: float,
-) -> tuple[int, ...] | None:  # fmt: skip
+    count: int,
+    gpus: Sequence[int],
+    reservations: Sequence[Reservation],
+    running: Sequence[Work],
+    start: float,
+    end: float,
+) -> tuple[int, ...] | None:
     """``count`` GPUs free of every other reservation over [start, end), or None if there are not enough.
     Those whose jobs will be gone by the start come first, then those whose jobs step aside, then the rest."""
     free = free_gpus(gpus, reservations, start, end)

@@ -89,7 +89,12 @@ def make(
 
 
 def clone(
-    job_id: int, box: containment.Box, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any],
+    job_id: int,
+    box: containment.Box,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    credentials: dict[str, Any],
     output: tuple[int, int],
 ) -> None:
     """Make the staged job's cgroup and clone its first process into it, writing to the pipe ``output`` (read

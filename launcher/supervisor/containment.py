@@ -91,9 +91,14 @@ class Containment:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "kind": self.kind, "key": self.key, "group": self.group, "why": self.why,
-            "controllers": list(self.controllers), "limits_why": self.limits_why, "text": self.describe(),
-        }  # fmt: skip
+            "kind": self.kind,
+            "key": self.key,
+            "group": self.group,
+            "why": self.why,
+            "controllers": list(self.controllers),
+            "limits_why": self.limits_why,
+            "text": self.describe(),
+        }
 
 
 @dataclass(frozen=True)
@@ -321,6 +326,10 @@ def read_record(path: str) -> Containment | None:
     if not isinstance(data, dict) or data.get("kind") not in (CGROUP, FALLBACK):
         return None
     return Containment(
-        str(data["kind"]), str(data.get("key", "")), str(data.get("group", "")), str(data.get("why", "")),
-        tuple(str(c) for c in data.get("controllers", []) if c in LIMITS), str(data.get("limits_why", "")),
-    )  # fmt: skip
+        str(data["kind"]),
+        str(data.get("key", "")),
+        str(data.get("group", "")),
+        str(data.get("why", "")),
+        tuple(str(c) for c in data.get("controllers", []) if c in LIMITS),
+        str(data.get("limits_why", "")),
+    )

@@ -67,7 +67,14 @@ class ExitFile:
 
 _FIELDS = dataclasses.fields(ExitFile)
 _KINDS: dict[str, tuple[type, ...]] = {
-    "job": (int,), "ended_at": (int, float), "started": (bool,), "dropped": (bool,),
-    "spawn_error": (str, type(None)), "exit_code": (int, type(None)), "signal": (int, type(None)),
-    "reason": (str,), "contained": (dict,), "next": (int, type(None)),
-}  # fmt: skip
+    "job": (int,),
+    "ended_at": (int, float),
+    "started": (bool,),
+    "dropped": (bool,),
+    "spawn_error": (str, type(None)),
+    "exit_code": (int, type(None)),
+    "signal": (int, type(None)),
+    "reason": (str,),
+    "contained": (dict,),
+    "next": (int, type(None)),
+}

@@ -47,10 +47,19 @@ class _CloneArgs(ctypes.Structure):
     _fields_ = [  # struct clone_args, up to CLONE_ARGS_SIZE_VER2 (the cgroup field)
         (name, ctypes.c_uint64)
         for name in (
-            "flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls",
-            "set_tid", "set_tid_size", "cgroup",
+            "flags",
+            "pidfd",
+            "child_tid",
+            "parent_tid",
+            "exit_signal",
+            "stack",
+            "stack_size",
+            "tls",
+            "set_tid",
+            "set_tid_size",
+            "cgroup",
         )
-    ]  # fmt: skip
+    ]
 
 
 class Unsupported(Exception):

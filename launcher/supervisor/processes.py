@@ -41,7 +41,11 @@ def as_user(argv: Sequence[str], cwd: str, account: Account | None) -> tuple[lis
 
 
 def spawn(
-    argv: list[str], cwd: str, env: Mapping[str, str], credentials: dict[str, Any], output: int,
+    argv: list[str],
+    cwd: str,
+    env: Mapping[str, str],
+    credentials: dict[str, Any],
+    output: int,
     cgroup: str | None = None,
 ) -> tuple[int, float | None, Callable[[], int]]:
     """Start a job's process in a session of its own (its group is the job), stdin from /dev/null, stdout and
@@ -60,9 +64,15 @@ def spawn(
         reap = functools.partial(_reap, pid)
     elif credentials or not hasattr(os, "posix_spawnp"):
         job = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-            start_new_session=True, **credentials,
-        )  # fmt: skip
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            **credentials,
+        )
         pid, reap = job.pid, job.wait
     else:
         # posix_spawnp searches the PATH of the process that calls it: this shim's, set to the job's.
@@ -70,10 +80,17 @@ def spawn(
         os.chdir(cwd)  # the shim's own directory: it opens nothing by a relative name
         try:
             pid = os.posix_spawnp(
-                argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                              (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
-            )  # fmt: skip
+                argv[0],
+                argv,
+                env,
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, output, 1),
+                    (os.POSIX_SPAWN_DUP2, output, 2),
+                ],
+            )
         finally:
             os.chdir("/")  # not holding the job's directory (a mount to unmount) once it has ended
         reap = functools.partial(_reap, pid)
@@ -121,9 +138,19 @@ def job_argv(spec: JobSpec, port: int | None) -> list[str]:
     if spec.mode is Mode.TORCHRUN:
         assert spec.python is not None and port is not None
         return [
-            spec.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.gpus),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), *command,
-        ]  # fmt: skip
+            spec.python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(spec.gpus),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            *command,
+        ]
     if spec.python is not None:
         return [spec.python, *command]
     return command
@@ -187,9 +214,15 @@ def notify(command: str, env: Mapping[str, str], cwd: str, log: str, account: Ac
     argv, workdir, credentials = as_user(["/bin/sh", "-c", command], cwd, account)
     with os.fdopen(open_log(log, account, None), "ab") as out:
         subprocess.Popen(
-            argv, env=dict(env), cwd=workdir if os.path.isdir(workdir) else "/",
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, **credentials,
-        )  # fmt: skip
+            argv,
+            env=dict(env),
+            cwd=workdir if os.path.isdir(workdir) else "/",
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            **credentials,
+        )
 
 
 def open_log(path: str, account: Account | None, group: int | None) -> int:

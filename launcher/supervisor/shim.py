@@ -180,8 +180,14 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 
 def _supervise(
-    launch: Launch, argv: list[str], cwd: str, env: dict[str, str], credentials: dict[str, Any], wake_read: int,
-    pipe: int, handed: bool,
+    launch: Launch,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    credentials: dict[str, Any],
+    wake_read: int,
+    pipe: int,
+    handed: bool,
 ) -> tuple[ExitFile, Launch | None]:
     """Run the job to its end: its outcome, for the exit file, and the job staged to follow it, if any.
     ``handed``: this job followed one that just ended, and the daemon learns of both once this one started."""
@@ -269,8 +275,13 @@ def _supervise(
     if following is None:
         containment.discard(launch.box)
     return ExitFile(
-        launch.job_id, 0.0, started=True, exit_code=returncode if returncode >= 0 else None,
-        signal=-returncode if returncode < 0 else None, reason=reason, contained=contained,
+        launch.job_id,
+        0.0,
+        started=True,
+        exit_code=returncode if returncode >= 0 else None,
+        signal=-returncode if returncode < 0 else None,
+        reason=reason,
+        contained=contained,
     ), following
 
 
@@ -339,12 +350,9 @@ def _give_back(staged: Launch | None) -> None:
         _finish(staged, ExitFile(staged.job_id, 0.0, started=False, dropped=True), None)
 
 
-
 def _finish(launch: Launch, outcome: ExitFile, following: Launch | None) -> None:
     # ``next`` starts once this file is written; the daemon hears of it after.
-    outcome = replace(
-        outcome, ended_at=time.time(), next=None if following is None else following.job_id
-    )  # fmt: skip
+    outcome = replace(outcome, ended_at=time.time(), next=None if following is None else following.job_id)
     # Not fsynced: the rename is atomic against a daemon crash, which is what the exit file is for. Only a
     # machine crash could lose it, and then the changed boot id marks the job lost anyway; two fsyncs
     # here would sit between every job's end and the next job's start.
@@ -370,5 +378,3 @@ def _poke(wake: Path, word: bytes) -> None:
         with contextlib.suppress(OSError):
             os.write(fd, word)
         os.close(fd)
-
-

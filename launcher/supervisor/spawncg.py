@@ -86,7 +86,7 @@ class Prepared:
             pid = ctypes.c_int(0)
             code = _libc().posix_spawn(
                 ctypes.byref(pid), self._program, self._actions, self._attr, self._argv, self._envp
-            )  # fmt: skip
+            )
             _check(code, self._program.decode(errors="replace"))
             return pid.value
         finally:

@@ -29,8 +29,14 @@ class NotStarted(Exception):
 
 
 def start(
-    job_id: int, box: containment.Box | None, name: str, argv: list[str], cwd: str, env: dict[str, str],
-    credentials: dict[str, Any], handed: bool,
+    job_id: int,
+    box: containment.Box | None,
+    name: str,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    credentials: dict[str, Any],
+    handed: bool,
 ) -> tuple[int, float | None, Callable[[], int], int]:
     """Start job ``job_id``'s first process (``name``: its program as the user gave it): its pid, start time,
     what reaps it, and the read end of its stdout and stderr. ``handed``: it follows the job that just ended

@@ -109,8 +109,19 @@ def zygote(control: int) -> None:
     gc.disable()  # no finalizer may run in a copy of this process
     call = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL is held across it, as after a fork
     call.restype, call.argtypes = ctypes.c_long, [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
-    fields = ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls", "set_tid",
-              "set_tid_size", "cgroup")  # fmt: skip
+    fields = (
+        "flags",
+        "pidfd",
+        "child_tid",
+        "parent_tid",
+        "exit_signal",
+        "stack",
+        "stack_size",
+        "tls",
+        "set_tid",
+        "set_tid_size",
+        "cgroup",
+    )
     args = type("CloneArgs", (ctypes.Structure,), {"_fields_": [(name, ctypes.c_uint64) for name in fields]})()
     every = signals.valid_signals()
     socket = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET, 0, control)

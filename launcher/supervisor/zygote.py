@@ -71,8 +71,14 @@ def _start() -> None:
     words = [sys.executable, "-I", "-S", waiter.__file__, "zygote", "3", "-", "-", waiter.WAITING]
     try:
         # Its own session: a signal to the shim's process group (a terminal's ^C) is not for it.
-        _pid = os.posix_spawn(sys.executable, words, {}, file_actions=[(os.POSIX_SPAWN_DUP2, its.fileno(), 3)],
-                              setsid=True, setsigdef=spawncg.to_default())  # fmt: skip
+        _pid = os.posix_spawn(
+            sys.executable,
+            words,
+            {},
+            file_actions=[(os.POSIX_SPAWN_DUP2, its.fileno(), 3)],
+            setsid=True,
+            setsigdef=spawncg.to_default(),
+        )
     except OSError:
         ours.close()
         _failed = True

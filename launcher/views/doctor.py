@@ -88,4 +88,3 @@ def _guard(problems: list[Problem], what: str, step: Callable[[], T]) -> T | Non
     except Exception as err:  # whatever the state directory holds, the remaining checks still run
         problems.append(Problem(ERROR, f"could not check {what}: {type(err).__name__}: {err}"))
         return None
-

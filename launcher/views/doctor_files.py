@@ -42,15 +42,21 @@ def spool(state: StateDir, rows: list[StoredRow], problems: list[Problem]) -> se
         if row.submitted_at == request.submitted_at:
             name = os.path.basename(request.path)
             problems.append(
-                Problem(WARNING, f"job {row.id} is in the table and still in the spool ({name}), left by "
-                                 "a crash after it was recorded; the daemon deletes the request when it next runs")
-            )  # fmt: skip
+                Problem(
+                    WARNING,
+                    f"job {row.id} is in the table and still in the spool ({name}), left by "
+                    "a crash after it was recorded; the daemon deletes the request when it next runs",
+                )
+            )
         else:
             problems.append(
-                Problem(ERROR, f"{request.path} asks for job {row.id}, but the table holds a different job "
-                               f"{row.id}: the id was handed out twice and the daemon will drop this request; move "
-                               "it aside and submit its command again once next_id is above every job id")
-            )  # fmt: skip
+                Problem(
+                    ERROR,
+                    f"{request.path} asks for job {row.id}, but the table holds a different job "
+                    f"{row.id}: the id was handed out twice and the daemon will drop this request; move "
+                    "it aside and submit its command again once next_id is above every job id",
+                )
+            )
     return spooled
 
 
@@ -77,15 +83,16 @@ def next_id(state: StateDir, rows: list[StoredRow], highest_array: int, spooled:
     counter = int(raw)
     if counter <= highest_recorded:
         yield Problem(
-            ERROR, f"{state.next_id} says the next job id is {counter}, but id {highest_recorded} is taken: "
-                   f"the next submit would reuse an id and be dropped; {fix}",
-        )  # fmt: skip
+            ERROR,
+            f"{state.next_id} says the next job id is {counter}, but id {highest_recorded} is taken: "
+            f"the next submit would reuse an id and be dropped; {fix}",
+        )
     elif counter <= highest_spooled:
         yield Problem(
-            WARNING, f"{state.next_id} says the next job id is {counter}, but the spool holds job {highest_spooled}; "
-                     f"submits skip past it, but it should not happen: {fix}",
-        )  # fmt: skip
-
+            WARNING,
+            f"{state.next_id} says the next job id is {counter}, but the spool holds job {highest_spooled}; "
+            f"submits skip past it, but it should not happen: {fix}",
+        )
 
 
 def stale_temps(state: StateDir, now: float) -> Iterator[Problem]:
@@ -108,19 +115,20 @@ def stale_temps(state: StateDir, now: float) -> Iterator[Problem]:
             names = " ".join(quote(directory / name) for name in sorted(stale)[:3])
             more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
             yield Problem(
-                WARNING, f"{len(stale)} temp file(s) older than an hour in {directory}, left by interrupted "
-                         f"writes; delete them: rm {names}{more}",
-            )  # fmt: skip
+                WARNING,
+                f"{len(stale)} temp file(s) older than an hour in {directory}, left by interrupted "
+                f"writes; delete them: rm {names}{more}",
+            )
 
 
 def rejected(state: StateDir) -> Iterator[Problem]:
     count = Queue(state).rejected()
     if count:
         yield Problem(
-            WARNING, f"{count} request file(s) were set aside as unreadable in {state.rejected}; read the .why "
-                     "file beside each, then delete them",
-        )  # fmt: skip
-
+            WARNING,
+            f"{count} request file(s) were set aside as unreadable in {state.rejected}; read the .why "
+            "file beside each, then delete them",
+        )
 
 
 def failing_pass(state: StateDir) -> Iterator[Problem]:
@@ -135,8 +143,8 @@ def mps_quits(state: StateDir) -> Iterator[Problem]:
     for key, why in sorted(mps.failures().items(), key=lambda item: str(item[0])):
         pipe = quote(mps.pipe(key))
         yield Problem(
-            WARNING, f"the MPS control daemon of uid {key.uid} on GPU {key.uuid} did not quit ({why}); the gpuq "
-                     f"daemon tries again while it runs; to end it by hand: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} "
-                     f"{CONTROL}, then rm -r {quote(mps.folder(key))} {quote(mps.note(key))}",
-        )  # fmt: skip
-
+            WARNING,
+            f"the MPS control daemon of uid {key.uid} on GPU {key.uuid} did not quit ({why}); the gpuq "
+            f"daemon tries again while it runs; to end it by hand: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} "
+            f"{CONTROL}, then rm -r {quote(mps.folder(key))} {quote(mps.note(key))}",
+        )

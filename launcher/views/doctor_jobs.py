@@ -37,9 +37,10 @@ def running(state: StateDir, db: sqlite3.Connection, rows: list[StoredRow]) -> I
             continue
         if row.boot_id is not None and row.boot_id != boot:
             yield Problem(
-                ERROR, f"job {row.id} was running when the machine restarted; start the daemon "
-                       "(`gpuq daemon start`): it records the job as lost and frees its GPUs",
-            )  # fmt: skip
+                ERROR,
+                f"job {row.id} was running when the machine restarted; start the daemon "
+                "(`gpuq daemon start`): it records the job as lost and frees its GPUs",
+            )
             continue
         if row.shim_pid is not None and processes.is_alive(row.shim_pid, row.shim_start):
             continue
@@ -49,10 +50,11 @@ def running(state: StateDir, db: sqlite3.Connection, rows: list[StoredRow]) -> I
         if still is None or still[0] != JobState.RUNNING.value:
             continue  # a daemon recorded its end while we looked
         yield Problem(
-            ERROR, f"job {row.id} is recorded as running, but its gpuq supervisor (pid {row.shim_pid}) is gone "
-                   "and left no exit file; start the daemon (`gpuq daemon start`): it records the job as lost "
-                   "or queues it again",
-        )  # fmt: skip
+            ERROR,
+            f"job {row.id} is recorded as running, but its gpuq supervisor (pid {row.shim_pid}) is gone "
+            "and left no exit file; start the daemon (`gpuq daemon start`): it records the job as lost "
+            "or queues it again",
+        )
 
 
 def records(rows: list[StoredRow]) -> Iterator[Problem]:
@@ -76,16 +78,18 @@ def records(rows: list[StoredRow]) -> Iterator[Problem]:
             wanted = None if row.spec is None else row.spec.gpus
             if wanted and not row.gpus:
                 yield Problem(
-                    ERROR, f"job {row.id} is running without GPUs although it asked for {wanted}; "
-                           f"cancel it (`gpuq cancel {row.id}`) and submit it again",
-                )  # fmt: skip
+                    ERROR,
+                    f"job {row.id} is running without GPUs although it asked for {wanted}; "
+                    f"cancel it (`gpuq cancel {row.id}`) and submit it again",
+                )
             elif wanted is not None and row.gpus and len(row.gpus) != wanted:
                 yield Problem(ERROR, f"job {row.id} asked for {wanted} GPU(s) but runs on {len(row.gpus)}; cancel it")
         elif row.started_at is not None or row.gpus or row.ended_at is not None:
             yield Problem(
-                ERROR, f"job {row.id} is pending but has a start or end time or GPUs; cancel it "
-                       f"(`gpuq cancel {row.id}`) and submit it again",
-            )  # fmt: skip
+                ERROR,
+                f"job {row.id} is pending but has a start or end time or GPUs; cancel it "
+                f"(`gpuq cancel {row.id}`) and submit it again",
+            )
 
 
 def gpus(state: StateDir, rows: list[StoredRow]) -> Iterator[Problem]:
@@ -95,9 +99,10 @@ def gpus(state: StateDir, rows: list[StoredRow]) -> Iterator[Problem]:
     inventory = Queue(state).inventory()
     if inventory is None and state.inventory.exists():
         yield Problem(
-            WARNING, f"{state.inventory} cannot be read; the daemon rewrites it at its next look at the GPUs "
-                     "(`gpuq daemon start`)",
-        )  # fmt: skip
+            WARNING,
+            f"{state.inventory} cannot be read; the daemon rewrites it at its next look at the GPUs "
+            "(`gpuq daemon start`)",
+        )
     overhead = Policy().overhead
     holders: dict[int, list[StoredRow]] = defaultdict(list)
     for row in rows:
@@ -109,27 +114,29 @@ def gpus(state: StateDir, rows: list[StoredRow]) -> Iterator[Problem]:
         whole = [j for j in jobs if j.spec is not None and j.spec.mem_per_gpu is None]
         if whole and len(jobs) > 1:
             yield Problem(
-                ERROR, f"GPU {gpu} is shared by jobs {ids}, although job {whole[0].id} should have it to itself; "
-                       f"cancel one of them (`gpuq cancel {jobs[-1].id}`)",
-            )  # fmt: skip
+                ERROR,
+                f"GPU {gpu} is shared by jobs {ids}, although job {whole[0].id} should have it to itself; "
+                f"cancel one of them (`gpuq cancel {jobs[-1].id}`)",
+            )
             continue
         if inventory is None:
             continue
         if gpu >= len(inventory.totals):
             yield Problem(
-                WARNING, f"jobs {ids} run on GPU {gpu}, which the GPU inventory ({len(inventory.totals)} GPUs) "
-                         "does not list; check `gpuq gpus`",
-            )  # fmt: skip
+                WARNING,
+                f"jobs {ids} run on GPU {gpu}, which the GPU inventory ({len(inventory.totals)} GPUs) "
+                "does not list; check `gpuq gpus`",
+            )
             continue
         total = inventory.totals[gpu]
         promised = sum(j.spec.mem_per_gpu + overhead for j in jobs if j.spec is not None and j.spec.mem_per_gpu)
         if not whole and promised > total:
             yield Problem(
-                ERROR, f"GPU {gpu} has {format_size(promised)} promised to jobs {ids} (with "
-                       f"{format_size(overhead)} overhead each), more than its {format_size(total)}; "
-                       f"cancel one of them (`gpuq cancel {jobs[-1].id}`)",
-            )  # fmt: skip
-
+                ERROR,
+                f"GPU {gpu} has {format_size(promised)} promised to jobs {ids} (with "
+                f"{format_size(overhead)} overhead each), more than its {format_size(total)}; "
+                f"cancel one of them (`gpuq cancel {jobs[-1].id}`)",
+            )
 
 
 def private_files(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
@@ -151,11 +158,11 @@ def private_files(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
             problem = f"cannot be looked at ({err.strerror})"
         if problem:
             yield Problem(
-                ERROR, f"the private part of job {job_id} ({quote(Path(path))}) {problem}: the daemon refuses it "
-                       f"and the job fails when it would start; `gpuq cancel {job_id}` as an admin and ask its "
-                       "owner to submit it again",
-            )  # fmt: skip
-
+                ERROR,
+                f"the private part of job {job_id} ({quote(Path(path))}) {problem}: the daemon refuses it "
+                f"and the job fails when it would start; `gpuq cancel {job_id}` as an admin and ask its "
+                "owner to submit it again",
+            )
 
 
 def stray_processes(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
@@ -171,10 +178,10 @@ def stray_processes(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem
         if found is None or found[0] != "running":
             where = f"{recorded.group}/job-{job_id}"
             yield Problem(
-                WARNING, f"job {job_id} is not running, but {count} process(es) are still in its cgroup {where}; "
-                f"`echo 1 > {where}/cgroup.kill` ends them"
-            )  # fmt: skip
-
+                WARNING,
+                f"job {job_id} is not running, but {count} process(es) are still in its cgroup {where}; "
+                f"`echo 1 > {where}/cgroup.kill` ends them",
+            )
 
 
 def idle_batch(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
@@ -187,7 +194,7 @@ def idle_batch(state: StateDir, db: sqlite3.Connection) -> Iterator[Problem]:
     query = f"SELECT id, user FROM jobs WHERE {states(JobState.RUNNING)} AND id IN ({marks}) ORDER BY id"
     for job_id, user in db.execute(query, list(idle)).fetchall():
         yield Problem(
-            WARNING, f"job {job_id} of {shown(str(user))} holds GPUs that did no work: "
-                     f"{causes.idle_batch(idle[job_id])}; ask them, or `gpuq cancel {job_id}` as an admin",
-        )  # fmt: skip
-
+            WARNING,
+            f"job {job_id} of {shown(str(user))} holds GPUs that did no work: "
+            f"{causes.idle_batch(idle[job_id])}; ask them, or `gpuq cancel {job_id}` as an admin",
+        )

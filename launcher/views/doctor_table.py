@@ -61,14 +61,20 @@ def open_table(state: StateDir, problems: list[Problem]) -> sqlite3.Connection |
         return None
     if version > TABLE_VERSION:
         problems.append(
-            Problem(ERROR, f"the job table {path} has version {version}, newer than this gpuq reads "
-                           f"({TABLE_VERSION}); upgrade gpuq")
-        )  # fmt: skip
+            Problem(
+                ERROR,
+                f"the job table {path} has version {version}, newer than this gpuq reads "
+                f"({TABLE_VERSION}); upgrade gpuq",
+            )
+        )
     elif version < 1 or "jobs" not in tables:
         problems.append(
-            Problem(ERROR, f"{path} is not a gpuq job table (version {version}, tables {sorted(tables)}); "
-                           "move it aside: the daemon creates a new one")
-        )  # fmt: skip
+            Problem(
+                ERROR,
+                f"{path} is not a gpuq job table (version {version}, tables {sorted(tables)}); "
+                "move it aside: the daemon creates a new one",
+            )
+        )
     if verdict != ["ok"]:
         problems.append(Problem(ERROR, f"the job table {path} is damaged ({'; '.join(verdict)}): {damaged}"))
     if version > TABLE_VERSION or "jobs" not in tables or verdict != ["ok"]:  # its records cannot be trusted
@@ -84,9 +90,12 @@ def read_rows(db: sqlite3.Connection, path: Path, problems: list[Problem]) -> li
         if row is None:
             look = f"sqlite3 {quote(path)} 'SELECT * FROM jobs WHERE id={raw[0]}'"
             problems.append(
-                Problem(ERROR, f"the record of job {raw[0]} cannot be read, so `gpuq status` fails on it; "
-                               f"stop the daemon and look at it: {look}")
-            )  # fmt: skip
+                Problem(
+                    ERROR,
+                    f"the record of job {raw[0]} cannot be read, so `gpuq status` fails on it; "
+                    f"stop the daemon and look at it: {look}",
+                )
+            )
             continue
         if row.spec is None:
             problems.append(Problem(ERROR, f"job {row.id} has an unreadable job spec; it can neither run nor be shown"))
@@ -106,10 +115,18 @@ def _parse_row(raw: tuple[Any, ...]) -> StoredRow | None:
         except (GpuqError, ValueError, TypeError, RecursionError):
             spec = None
         return StoredRow(
-            job_id, str(job_state), spec, _number(submitted), _number(started), _number(ended), tuple(gpus),
-            str(log or ""), shim_pid if isinstance(shim_pid, int) else None, _number(shim_start),
+            job_id,
+            str(job_state),
+            spec,
+            _number(submitted),
+            _number(started),
+            _number(ended),
+            tuple(gpus),
+            str(log or ""),
+            shim_pid if isinstance(shim_pid, int) else None,
+            _number(shim_start),
             None if boot is None else str(boot),
-        )  # fmt: skip
+        )
     except (ValueError, TypeError, RecursionError):
         return None
 
@@ -123,4 +140,3 @@ def highest_array_id(db: sqlite3.Connection) -> int:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-

@@ -14,6 +14,7 @@ from gpuq_scheduler.launcher.views.tables import _table
 if TYPE_CHECKING:
     from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 
+
 @dataclass(frozen=True)
 class GpuRow:
     index: int
@@ -29,10 +30,17 @@ class GpuRow:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "index": self.index, "uuid": self.uuid, "name": self.name, "total": self.total,
-            "used_outside_gpuq": self.external, "reserved_by_gpuq": self.reserved, "free": self.free,
-            "jobs": list(self.jobs), "state": self.state, "fence": self.fence,
-        }  # fmt: skip
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "total": self.total,
+            "used_outside_gpuq": self.external,
+            "reserved_by_gpuq": self.reserved,
+            "free": self.free,
+            "jobs": list(self.jobs),
+            "state": self.state,
+            "fence": self.fence,
+        }
 
 
 def gpu_rows(
@@ -58,10 +66,19 @@ def gpu_rows(
         external = gpu.outside_use(ours)
         free = max(0, gpu.total - max(gpu.used, reserved + external))
         rows.append(
-            GpuRow(gpu.index, gpu.uuid, gpu.name, gpu.total, external, min(reserved, gpu.total), free,
-                   tuple(r.id for r in holders), "lost: " + gpu.error if gpu.lost else "ok",
-                   (fences or {}).get(gpu.index, "-"))
-        )  # fmt: skip
+            GpuRow(
+                gpu.index,
+                gpu.uuid,
+                gpu.name,
+                gpu.total,
+                external,
+                min(reserved, gpu.total),
+                free,
+                tuple(r.id for r in holders),
+                "lost: " + gpu.error if gpu.lost else "ok",
+                (fences or {}).get(gpu.index, "-"),
+            )
+        )
     return rows
 
 
@@ -69,9 +86,17 @@ def gpu_table(rows: Sequence[GpuRow]) -> str:
     header = ("GPU", "NAME", "TOTAL", "OUTSIDE", "RESERVED", "FREE", "JOBS", "FENCE", "STATE", "UUID")
     body = [
         (
-            str(r.index), r.name, format_size(r.total), format_size(r.external), format_size(r.reserved),
-            format_size(r.free), ",".join(map(str, r.jobs)) or "-", r.fence, r.state, r.uuid,
+            str(r.index),
+            r.name,
+            format_size(r.total),
+            format_size(r.external),
+            format_size(r.reserved),
+            format_size(r.free),
+            ",".join(map(str, r.jobs)) or "-",
+            r.fence,
+            r.state,
+            r.uuid,
         )
         for r in rows
-    ]  # fmt: skip
+    ]
     return _table(header, body)

@@ -94,11 +94,11 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
     lines = [
         GpuLine(row, _held(gpu, ours), gpu.utilization, gpu.index in drained)
         for row, gpu in zip(rows, snapshot, strict=True)
-    ]  # fmt: skip
+    ]
     job_use = {
         job_id: max((sum(u for p, u in (g.processes or {}).items() if p in found) for g in snapshot), default=0)
         for job_id, found in pids.items()
-    }  # fmt: skip
+    }
     job_util: dict[int, int] = {}
     for job_id, found in pids.items():
         shares = [u for g in snapshot for p, u in (g.process_utilization or {}).items() if p in found]
@@ -106,9 +106,16 @@ def take(queue: Queue, source: GpuSource, now: float | None = None) -> Picture:
             job_util[job_id] = max(shares)
     booked = [reserved.words(r, now) for r in reserved.current(queue.state, now)]
     return Picture(
-        now, lines, running, waiting, job_use, bool(settings.get("paused_by")), job_util, booked,
+        now,
+        lines,
+        running,
+        waiting,
+        job_use,
+        bool(settings.get("paused_by")),
+        job_util,
+        booked,
         holders.outside(snapshot, ours),
-    )  # fmt: skip
+    )
 
 
 def with_host_usage(state: StateDir, record: JobRecord) -> JobRecord:
@@ -177,35 +184,46 @@ def running_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] |
     overhead = Policy().overhead
     return [
         (
-            str(r.id), r.user, _name(r, folded), str(r.spec.gpus), ",".join(map(str, r.gpus)) or "-",
+            str(r.id),
+            r.user,
+            _name(r, folded),
+            str(r.spec.gpus),
+            ",".join(map(str, r.gpus)) or "-",
             "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu + overhead),
             format_size(picture.job_use.get(r.id, 0)) if r.gpus else "-",
             f"{picture.job_util[r.id]}%" if r.id in picture.job_util else "-",
-            format_duration(runtime(r, picture.taken) or 0.0), _left(r, picture.taken),
+            format_duration(runtime(r, picture.taken) or 0.0),
+            _left(r, picture.taken),
         )
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def waiting_rows(picture: Picture, sort: str = "id", folded: Mapping[int, int] | None = None) -> list[tuple[str, ...]]:
     records = sorted(picture.waiting, key=_sort_key(sort, picture.taken))
     return [
         (
-            str(r.id), r.user, _name(r, folded), str(r.spec.gpus),
-            "auto" if r.spec.mem_auto and r.spec.mem_per_gpu is None else (
-                "whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu)),
-            format_duration(picture.taken - r.submitted_at), ("held: " if r.held else "") + (r.reason or "-"),
+            str(r.id),
+            r.user,
+            _name(r, folded),
+            str(r.spec.gpus),
+            "auto"
+            if r.spec.mem_auto and r.spec.mem_per_gpu is None
+            else ("whole" if r.spec.mem_per_gpu is None else format_size(r.spec.mem_per_gpu)),
+            format_duration(picture.taken - r.submitted_at),
+            ("held: " if r.held else "") + (r.reason or "-"),
         )
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def only(picture: Picture, user: str) -> Picture:
     """The same picture with only ``user``'s jobs (the GPUs stay whole: they are shared)."""
     return dataclasses.replace(
-        picture, running=[r for r in picture.running if r.user == user],
+        picture,
+        running=[r for r in picture.running if r.user == user],
         waiting=[r for r in picture.waiting if r.user == user],
-    )  # fmt: skip
+    )
 
 
 def _left(record: JobRecord, now: float) -> str:

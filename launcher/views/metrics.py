@@ -48,9 +48,11 @@ class QueueCollector(Collector):
     """Reads ``picture()`` (the GPUs and active jobs) and ``records()`` (every job) at each scrape."""
 
     def __init__(
-        self, picture: Callable[[], Picture], records: Callable[[], list[JobRecord]],
+        self,
+        picture: Callable[[], Picture],
+        records: Callable[[], list[JobRecord]],
         moves: Callable[[], dict[int, Moves]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.picture, self.records, self.moves = picture, records, moves
 
     def collect(self) -> Iterator[Metric]:
@@ -72,9 +74,11 @@ class QueueCollector(Collector):
         waits = sorted(max(0.0, (r.started_at or 0.0) - r.submitted_at) for r in started)
         buckets = [(_le(b), sum(1 for w in waits if w <= b)) for b in WAIT_BUCKETS] + [("+Inf", len(waits))]
         yield HistogramMetricFamily(
-            "gpuq_queue_wait_seconds", "Time from submit to start of the jobs that started", buckets=buckets,
+            "gpuq_queue_wait_seconds",
+            "Time from submit to start of the jobs that started",
+            buckets=buckets,
             sum_value=sum(waits),
-        )  # fmt: skip
+        )
         hours = CounterMetricFamily("gpuq_gpu_hours", "GPUs held times hours, by user", labels=["user"])
         joules = CounterMetricFamily("gpuq_gpu_energy_joules", "GPU energy charged to jobs, by user", labels=["user"])
         by_user: dict[str, list[float]] = {}
@@ -153,9 +157,10 @@ def _le(bound: float) -> str:
 
 
 def exposition(
-    picture: Callable[[], Picture], records: Callable[[], list[JobRecord]],
+    picture: Callable[[], Picture],
+    records: Callable[[], list[JobRecord]],
     moves: Callable[[], dict[int, Moves]] | None = None,
-) -> Callable[[], bytes]:  # fmt: skip
+) -> Callable[[], bytes]:
     """What ``/metrics`` answers, made anew at each call."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector(picture, records, moves))

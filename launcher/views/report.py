@@ -97,10 +97,15 @@ class Report:
 
 
 def build_report(
-    records: Iterable[JobRecord], gpu_count: int, now: float, since: float | None = None,
-    totals: Sequence[int] = (), overhead: int = 0, array_names: Mapping[int, str] | None = None,
+    records: Iterable[JobRecord],
+    gpu_count: int,
+    now: float,
+    since: float | None = None,
+    totals: Sequence[int] = (),
+    overhead: int = 0,
+    array_names: Mapping[int, str] | None = None,
     moves: Mapping[int, Moves] | None = None,
-) -> Report:  # fmt: skip
+) -> Report:
     """Summarise the jobs that were queued, ran or ended in the window ``[now - since, now]``.
 
     ``since=None`` reaches back to the first submit. ``gpu_count`` comes from the inventory; GPUs a job was
@@ -247,10 +252,22 @@ def _row(record: JobRecord, now: float, names: Mapping[int, str]) -> JobRow:
     if record.array_id is not None:
         array = f"{names.get(record.array_id, '')[:16]} {record.array_id}[{record.array_index}]".lstrip()
         args = member_arguments(record.spec)
-    return JobRow(record.id, record.spec.display_name, record.user, array, args, record.state,
-                  ending if record.exit_code is None else str(record.exit_code), record.reason,
-                  runtime(record, now), record.peak_mem, record.gpus, record.spec.gpus, record.cpu_seconds,
-                  record.peak_ram)  # fmt: skip
+    return JobRow(
+        record.id,
+        record.spec.display_name,
+        record.user,
+        array,
+        args,
+        record.state,
+        ending if record.exit_code is None else str(record.exit_code),
+        record.reason,
+        runtime(record, now),
+        record.peak_mem,
+        record.gpus,
+        record.spec.gpus,
+        record.cpu_seconds,
+        record.peak_ram,
+    )
 
 
 def _largest_first(hours: Mapping[K, float]) -> dict[K, float]:

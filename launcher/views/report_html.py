@@ -24,10 +24,15 @@ from gpuq_scheduler.launcher.views.report_text import (
 )
 
 _COLOURS = {
-    JobState.SUCCEEDED: "#2e7d32", JobState.FAILED: "#c62828", JobState.RUNNING: "#1565c0",
-    JobState.CANCELLED: "#757575", JobState.TIMEOUT: "#e65100", JobState.LOST: "#6a1b9a",
-    JobState.PENDING: "#9e9e9e", JobState.SUSPENDED: "#f9a825",
-}  # fmt: skip
+    JobState.SUCCEEDED: "#2e7d32",
+    JobState.FAILED: "#c62828",
+    JobState.RUNNING: "#1565c0",
+    JobState.CANCELLED: "#757575",
+    JobState.TIMEOUT: "#e65100",
+    JobState.LOST: "#6a1b9a",
+    JobState.PENDING: "#9e9e9e",
+    JobState.SUSPENDED: "#f9a825",
+}
 _WIDTH, _LABEL_W, _LANE_H, _GAP, _AXIS_H = 1200, 72, 30, 6, 34
 _TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 # No script, font, image or frame may load, even if something slipped past the escaping.
@@ -41,7 +46,7 @@ _TIMELINE_CSS = (
     '#timeline .tick{font:12px "DejaVu Sans",Arial,sans-serif;fill:#616161}'
     '#timeline .job-label{font:bold 12px "DejaVu Sans",Arial,sans-serif;fill:#fff;pointer-events:none;'
     "stroke-width:3px;paint-order:stroke}"
-    '#timeline .job-label.beside{fill:#212121;stroke:#fff;stroke-width:3px;paint-order:stroke}'
+    "#timeline .job-label.beside{fill:#212121;stroke:#fff;stroke-width:3px;paint-order:stroke}"
     "#timeline .reservation{fill:#7e57c2;fill-opacity:.12;stroke:#5e35b1;stroke-width:2;stroke-dasharray:6 3}"
     "#timeline .now{stroke:#212121;stroke-width:1;stroke-dasharray:2 2}"
 )
@@ -88,27 +93,34 @@ def render_html(report: Report) -> str:
     window = f"{when(report.start)} to {when(report.end)} ({format_duration(report.end - report.start)})"
     columns, users = user_table(report)
     arrays = [(str(a), report.array_names.get(a, "-"), hours_text(h)) for a, h in report.gpu_hours_by_array.items()]
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-        f"<title>gpuq report {e(when(report.end))}</title><style>{_CSS}</style></head><body>",
-        f'<h1>gpuq report</h1><p id="window">{e(window)}, {report.gpu_count} GPUs</p>',
-        '<ul id="summary">' + "".join(f"<li><b>{e(n)}</b>{e(what)}</li>" for n, what in summary) + "</ul>",
-        '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
-        " its job.</p>", timeline_svg(report), legend_html(),
-        "<h2>Outcomes</h2>",
-        html_table("outcomes", *outcome_table(report, name_width=None)),
-        "<h2>GPU-hours by user</h2>", html_table("by-user", columns, users),
-        "<h2>GPU-hours by array</h2>", html_table("by-array", ("ARRAY", "NAME", "GPU-HOURS"), arrays),
-        "<h2>Packing</h2><p class=\"note\">GPU-hours that whole GPUs for the same --mem jobs would have held,"
-        " and jobs stopped at their memory fence.</p>",
-        html_table("packing", PACKING_COLUMNS, packing_rows(report)),
-        "<h2>Suspensions and preemptions</h2><p class=\"note\">What suspending and preemption cost: times"
-        " preempted (requeued among them), suspends, GPU state moved to host memory, time suspended.</p>",
-        html_table("suspensions-by-user", *suspension_table(report)),
-        html_table("suspensions-by-job", *job_suspension_table(report)),
-        "</body></html>",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+            f"<title>gpuq report {e(when(report.end))}</title><style>{_CSS}</style></head><body>",
+            f'<h1>gpuq report</h1><p id="window">{e(window)}, {report.gpu_count} GPUs</p>',
+            '<ul id="summary">' + "".join(f"<li><b>{e(n)}</b>{e(what)}</li>" for n, what in summary) + "</ul>",
+            '<h2>Timeline</h2><p class="note">From the first job queued in the window to now; hover a bar for'
+            " its job.</p>",
+            timeline_svg(report),
+            legend_html(),
+            "<h2>Outcomes</h2>",
+            html_table("outcomes", *outcome_table(report, name_width=None)),
+            "<h2>GPU-hours by user</h2>",
+            html_table("by-user", columns, users),
+            "<h2>GPU-hours by array</h2>",
+            html_table("by-array", ("ARRAY", "NAME", "GPU-HOURS"), arrays),
+            '<h2>Packing</h2><p class="note">GPU-hours that whole GPUs for the same --mem jobs would have held,'
+            " and jobs stopped at their memory fence.</p>",
+            html_table("packing", PACKING_COLUMNS, packing_rows(report)),
+            '<h2>Suspensions and preemptions</h2><p class="note">What suspending and preemption cost: times'
+            " preempted (requeued among them), suspends, GPU state moved to host memory, time suspended.</p>",
+            html_table("suspensions-by-user", *suspension_table(report)),
+            html_table("suspensions-by-job", *job_suspension_table(report)),
+            "</body></html>",
+        ]
+    )
 
 
 def job_suspension_table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
@@ -116,10 +128,17 @@ def job_suspension_table(report: Report) -> tuple[tuple[str, ...], list[tuple[st
     header: tuple[str, ...] = ("JOB", "NAME", "USER", "PREEMPTED", "REQUEUED", "SUSPENDS", "MOVED", "SUSPENDED")
     names = {row.id: (row.name, row.user) for row in report.rows}
     rows: list[tuple[str, ...]] = [
-        (str(job), *names.get(job, ("-", "-")), str(m.preemptions), str(m.requeues), str(m.suspends),
-         format_size(m.bytes), format_duration(m.seconds))
+        (
+            str(job),
+            *names.get(job, ("-", "-")),
+            str(m.preemptions),
+            str(m.requeues),
+            str(m.suspends),
+            format_size(m.bytes),
+            format_duration(m.seconds),
+        )
         for job, m in sorted(report.moves_by_job.items())
-    ]  # fmt: skip
+    ]
     return header, rows
 
 
@@ -139,9 +158,10 @@ def sub_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def timeline_svg(
-    report: Report, away: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+    report: Report,
+    away: Mapping[int, Sequence[tuple[float, float]]] | None = None,
     reserved: Sequence[tuple[int, float, float, str]] = (),
-) -> str:  # fmt: skip
+) -> str:
     """Each GPU's lane holds one row per job it ran at once (packed jobs side by side, none hidden).
     ``away``: each job's stretches of time suspended (``views.suspensions.away``), striped over its bar. A
     job that ended badly is never a sliver: at least a few pixels wide, named beside its bar where its id

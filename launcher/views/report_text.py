@@ -110,13 +110,34 @@ def ordered_counts(report: Report) -> list[tuple[JobState, int]]:
 
 
 # The headline's order: how things ended first, then what is still going on.
-_ORDER = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.LOST,
-          JobState.RUNNING, JobState.SUSPENDED, JobState.PENDING)  # fmt: skip
+_ORDER = (
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.TIMEOUT,
+    JobState.LOST,
+    JobState.RUNNING,
+    JobState.SUSPENDED,
+    JobState.PENDING,
+)
 
 
 # PEAK MEM: GPU memory (NVML); CPU TIME and PEAK RAM: host use, from the job's cgroup (HOST_COLUMNS).
-COLUMNS = ("ID", "NAME", "USER", "ARRAY", "ARGS", "STATE", "EXIT", "RUNTIME", "PEAK MEM", "CPU TIME", "PEAK RAM",
-           "GPUS", "REASON")  # fmt: skip
+COLUMNS = (
+    "ID",
+    "NAME",
+    "USER",
+    "ARRAY",
+    "ARGS",
+    "STATE",
+    "EXIT",
+    "RUNTIME",
+    "PEAK MEM",
+    "CPU TIME",
+    "PEAK RAM",
+    "GPUS",
+    "REASON",
+)
 HOST_COLUMNS = (9, 10)
 
 
@@ -130,9 +151,21 @@ def outcome_table(report: Report, name_width: int | None = 24) -> tuple[tuple[st
 
 def cells(row: JobRow, name_width: int | None = 24) -> tuple[str, ...]:
     gpus = ",".join(map(str, row.gpus)) or ("-" if row.gpus_requested == 0 else f"({row.gpus_requested})")
-    return (str(row.id), row.name[:name_width], row.user, row.array or "-", row.args[:40] or "-", row.state.value,
-            row.exit or "-", format_duration(row.runtime), format_size(row.peak_mem),
-            format_duration(row.cpu_seconds), format_size(row.peak_ram), gpus, row.reason)  # fmt: skip
+    return (
+        str(row.id),
+        row.name[:name_width],
+        row.user,
+        row.array or "-",
+        row.args[:40] or "-",
+        row.state.value,
+        row.exit or "-",
+        format_duration(row.runtime),
+        format_size(row.peak_mem),
+        format_duration(row.cpu_seconds),
+        format_size(row.peak_ram),
+        gpus,
+        row.reason,
+    )
 
 
 def hours_text(hours: float) -> str:

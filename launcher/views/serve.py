@@ -79,17 +79,26 @@ class Dashboard:
 
     def gpus(self, picture: live.Picture) -> list[dict[str, Any]]:
         return [
-            {**line.row.to_json(), "used_by_gpuq_jobs": line.jobs_use, "utilization": line.utilization,
-             "drained": line.drained}
+            {
+                **line.row.to_json(),
+                "used_by_gpuq_jobs": line.jobs_use,
+                "utilization": line.utilization,
+                "drained": line.drained,
+            }
             for line in picture.gpus
-        ]  # fmt: skip
+        ]
 
     def jobs(self, picture: live.Picture) -> dict[str, list[dict[str, Any]]]:
         return {
             "running": [
-                {**_public(r, picture.job_use.get(r.id)), "utilization": picture.job_util.get(r.id),
-                 "gpu_hours": r.gpu_hours(picture.taken), "gpu_energy_j": r.energy, "cpu_seconds": r.cpu_seconds,
-                 "peak_ram": r.peak_ram}
+                {
+                    **_public(r, picture.job_use.get(r.id)),
+                    "utilization": picture.job_util.get(r.id),
+                    "gpu_hours": r.gpu_hours(picture.taken),
+                    "gpu_energy_j": r.energy,
+                    "cpu_seconds": r.cpu_seconds,
+                    "peak_ram": r.peak_ram,
+                }
                 for r in picture.running
             ],
             "waiting": [_public(r, None) for r in picture.waiting],
@@ -102,52 +111,82 @@ class Dashboard:
         report = build_report(records, len(picture.gpus), now=now, since=TIMELINE_HOURS * 3600)
         gpus = [
             (
-                f"GPU {g.row.index}", g.row.name, _bar(g), format_size(g.jobs_use), format_size(g.row.reserved),
-                format_size(g.row.external), format_size(g.row.total),
-                "-" if g.utilization is None else f"{g.utilization}%", g.row.fence,
+                f"GPU {g.row.index}",
+                g.row.name,
+                _bar(g),
+                format_size(g.jobs_use),
+                format_size(g.row.reserved),
+                format_size(g.row.external),
+                format_size(g.row.total),
+                "-" if g.utilization is None else f"{g.utilization}%",
+                g.row.fence,
                 "LOST" if g.row.state != "ok" else ("drained" if g.drained else "ok"),
             )
             for g in picture.gpus
-        ]  # fmt: skip
+        ]
         users = [(user, hours_text(h)) for user, h in report.gpu_hours_by_user.items()]
         reservations = reserved.current(self.queue.state, now)
         booked = [(g, r.start, r.end, "reserved: " + reserved.words(r, now)) for r in reservations for g in r.gpus]
         # The axis starts when the first job of the window was queued: say the span it shows, not the window.
         shown = f"last {format_duration(now - report.timeline_start)}, since {when(report.timeline_start, '%H:%M')}"
-        return "\n".join([
-            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-            f'<meta http-equiv="Content-Security-Policy" content="{report_html._CSP}">',
-            '<meta http-equiv="refresh" content="5">',
-            f"<title>gpuq: {e(str(self.queue.state.root))}</title><style>{_CSS}</style></head><body>",
-            f'<h1>gpuq</h1><p class="note" id="taken">{e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))}'
-            f" &middot; {len(picture.running)} running &middot; {len(picture.waiting)} waiting"
-            f'{" &middot; queue PAUSED" if picture.paused else ""}</p>',
-            "<h2>GPUs</h2>", html_table("gpus", GPU_COLUMNS, gpus, markup_column=2),
-            '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
-            '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
-            '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
-            *(f'<p class="note outside-holders">{e(line)}</p>' for line in holders.lines(picture.outside)),
-            # The timeline next, above the fold of a laptop's screen; the tables of jobs under it.
-            f"<h2>Timeline, {e(shown)}</h2>", report_html.timeline_svg(report, self.away(records, now), booked),
-            report_html.legend_html(),
-            *([f'<p class="note" id="reservations">{e(reserved.status_line(self.queue.state, now) or "")} '
-               "(outlined on the timeline)</p>"] if reservations else []),
-            "<h2>Running</h2>", html_table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
-            "<h2>Waiting</h2>", html_table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
-            f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>", html_table("users", ("USER", "GPU-HOURS"), users),
-            "</body></html>",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                "<!DOCTYPE html>",
+                '<html lang="en"><head><meta charset="utf-8">',
+                f'<meta http-equiv="Content-Security-Policy" content="{report_html._CSP}">',
+                '<meta http-equiv="refresh" content="5">',
+                f"<title>gpuq: {e(str(self.queue.state.root))}</title><style>{_CSS}</style></head><body>",
+                f'<h1>gpuq</h1><p class="note" id="taken">{e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))}'
+                f" &middot; {len(picture.running)} running &middot; {len(picture.waiting)} waiting"
+                f"{' &middot; queue PAUSED' if picture.paused else ''}</p>",
+                "<h2>GPUs</h2>",
+                html_table("gpus", GPU_COLUMNS, gpus, markup_column=2),
+                '<p class="note"><span class="jobs">&nbsp;&nbsp;</span> used by gpuq jobs &nbsp;'
+                '<span class="reserved">&nbsp;&nbsp;</span> reserved, not used &nbsp;'
+                '<span class="outside">&nbsp;&nbsp;</span> outside gpuq</p>',
+                *(f'<p class="note outside-holders">{e(line)}</p>' for line in holders.lines(picture.outside)),
+                # The timeline next, above the fold of a laptop's screen; the tables of jobs under it.
+                f"<h2>Timeline, {e(shown)}</h2>",
+                report_html.timeline_svg(report, self.away(records, now), booked),
+                report_html.legend_html(),
+                *(
+                    [
+                        f'<p class="note" id="reservations">{e(reserved.status_line(self.queue.state, now) or "")} '
+                        "(outlined on the timeline)</p>"
+                    ]
+                    if reservations
+                    else []
+                ),
+                "<h2>Running</h2>",
+                html_table("running", live.RUNNING_COLUMNS, live.running_rows(picture)),
+                "<h2>Waiting</h2>",
+                html_table("waiting", live.WAITING_COLUMNS, live.waiting_rows(picture)),
+                f"<h2>GPU-hours by user, last {TIMELINE_HOURS:g} h</h2>",
+                html_table("users", ("USER", "GPU-HOURS"), users),
+                "</body></html>",
+            ]
+        )
 
 
 def _public(record: JobRecord, uses: int | None) -> dict[str, Any]:
     """A job as every user may see it: no command, cwd, environment or log."""
     return {
-        "id": record.id, "name": record.spec.display_name, "user": record.user, "state": record.state.value,
-        "gpus_requested": record.spec.gpus, "gpus": list(record.gpus), "mem_per_gpu": record.spec.mem_per_gpu,
-        "mem_auto": record.spec.mem_auto, "uses": uses, "submitted_at": record.submitted_at,
-        "started_at": record.started_at, "time_limit": record.spec.time_limit, "reason": record.reason,
-        "array_id": record.array_id, "held": record.held,
-    }  # fmt: skip
+        "id": record.id,
+        "name": record.spec.display_name,
+        "user": record.user,
+        "state": record.state.value,
+        "gpus_requested": record.spec.gpus,
+        "gpus": list(record.gpus),
+        "mem_per_gpu": record.spec.mem_per_gpu,
+        "mem_auto": record.spec.mem_auto,
+        "uses": uses,
+        "submitted_at": record.submitted_at,
+        "started_at": record.started_at,
+        "time_limit": record.spec.time_limit,
+        "reason": record.reason,
+        "array_id": record.array_id,
+        "held": record.held,
+    }
 
 
 def _bar(line: live.GpuLine) -> str:

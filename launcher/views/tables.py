@@ -186,11 +186,17 @@ def array_view(
     ordered = sorted(members, key=lambda m: (m.state not in _FAILURES, m.id))
     rows = [
         (
-            str(m.id), str(m.array_index), states[m.state], str(m.spec.gpus), _on(m.gpus),
-            format_duration(runtime(m, now)), _ending(Line.of(m)) or "-", member_arguments(m.spec),
+            str(m.id),
+            str(m.array_index),
+            states[m.state],
+            str(m.spec.gpus),
+            _on(m.gpus),
+            format_duration(runtime(m, now)),
+            _ending(Line.of(m)) or "-",
+            member_arguments(m.spec),
         )
         for m in ordered
-    ]  # fmt: skip
+    ]
     return head + "\n" + _table(("ID", "INDEX", "STATE", "GPUS", "ON", "RUNTIME", "EXIT / REASON", "ARGS"), rows)
 
 
@@ -285,8 +291,12 @@ def show(record: JobRecord, now: float | None = None, moved: str = "", down: boo
             else []
         ),
         *([("preempted", moved)] if moved else []),
-        ("cause", "-" if record.cause is None else record.cause.value + (
-            f" (culprit: job {record.culprit})" if record.culprit is not None else "")),
+        (
+            "cause",
+            "-"
+            if record.cause is None
+            else record.cause.value + (f" (culprit: job {record.culprit})" if record.culprit is not None else ""),
+        ),
         ("array", "-" if record.array_id is None else f"{record.array_id} index {record.array_index}"),
         *([("values", " ".join(f"{k}={v}" for k, v in spec.values))] if spec.values else []),
         ("attempt", f"{record.attempt} of {record.spec.retries + 1}"),

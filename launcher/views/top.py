@@ -111,10 +111,14 @@ class Top(App[None]):
     #question { border: round $warning; padding: 0 1; background: $panel; }
     """
     BINDINGS: ClassVar[list[Any]] = [
-        Binding("q", "quit", "quit"), Binding("s", "sort", "sort"), Binding("m", "mine", "mine"),
-        Binding("e", "expand", "arrays"), Binding("l", "log", "log"), Binding("c", "cancel", "cancel"),
+        Binding("q", "quit", "quit"),
+        Binding("s", "sort", "sort"),
+        Binding("m", "mine", "mine"),
+        Binding("e", "expand", "arrays"),
+        Binding("l", "log", "log"),
+        Binding("c", "cancel", "cancel"),
         Binding("h", "hold", "hold"),
-    ]  # fmt: skip
+    ]
 
     def __init__(self, queue: Queue, interval: float = 1.0, mine: bool = False) -> None:
         super().__init__()
@@ -158,8 +162,9 @@ class Top(App[None]):
         folded: dict[str, dict[int, int]] = {"running": {}, "waiting": {}}  # per table: array -> members folded
         if not self.expanded:
             (running, folded["running"]), (waiting, folded["waiting"]) = (
-                live.fold(picture.running), live.fold(picture.waiting)
-            )  # fmt: skip
+                live.fold(picture.running),
+                live.fold(picture.waiting),
+            )
             picture = dataclasses.replace(picture, running=running, waiting=waiting)
         lines = []
         for gpu in picture.gpus:

@@ -25,6 +25,7 @@ GPUQ_ENV = {
     "GPUQ_HOME": "/tmp/gpuq-state",
 }
 
+
 def test_from_env_reads_everything_gpuq_sets() -> None:
     allocation = Allocation.from_env(GPUQ_ENV)
 

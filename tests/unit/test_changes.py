@@ -34,8 +34,19 @@ def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
     state = StateDir(tmp_path / "home")
     state.ensure()
     table = JobTable(state.db, create=True)
-    table.insert_pending([JobRecord(id=WAITING, spec=_spec("40GiB"), uid=os.getuid(), user="me",
-                                    state=JobState.PENDING, submitted_at=0.0, log="")])  # fmt: skip
+    table.insert_pending(
+        [
+            JobRecord(
+                id=WAITING,
+                spec=_spec("40GiB"),
+                uid=os.getuid(),
+                user="me",
+                state=JobState.PENDING,
+                submitted_at=0.0,
+                log="",
+            )
+        ]
+    )
     table.close()
     scheduler = Scheduler(state, FakeGpus("1x80GiB"))
     try:
@@ -60,8 +71,17 @@ def _release_the_hold(scheduler: Scheduler) -> Callable[[], None]:
 
 def _shrink_the_running_job(scheduler: Scheduler) -> Callable[[], None]:
     """A running job whose reservation shrinks as it runs (a ``--mem auto`` probe that settled)."""
-    busy = JobRecord(id=2, spec=_spec("70GiB"), uid=os.getuid(), user="me", state=JobState.RUNNING,
-                     submitted_at=0.0, started_at=0.0, gpus=(0,), log="")  # fmt: skip
+    busy = JobRecord(
+        id=2,
+        spec=_spec("70GiB"),
+        uid=os.getuid(),
+        user="me",
+        state=JobState.RUNNING,
+        submitted_at=0.0,
+        started_at=0.0,
+        gpus=(0,),
+        log="",
+    )
     job = Running(busy, Launch(shim_pid=0, shim_start=None, boot_id=scheduler.boot_id, port=None))
     scheduler.lives.add(busy)
     scheduler.lives.start(job)

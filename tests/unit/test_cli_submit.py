@@ -41,12 +41,36 @@ DRIVER = (
     "    sys.stderr.write('\\nLOADED ' + ' '.join(sorted(sys.modules)) + '\\n')\n"
 )
 HEAVY = (
-    "click", "dataclasses", "typing", "inspect", "sqlite3", "subprocess", "pynvml", "psutil", "torch", "hashlib",
-    "shutil", "pathlib",  # ~2 ms each (OpenSSL; bz2 and lzma; urllib.parse and ipaddress)
-    "re", "enum", "json", "contextlib", "collections",  # 4 ms (re loads enum), 1.6 ms, 1 ms, 1 ms
-    *(f"gpuq_scheduler.{m}" for m in ("jobs.model", "jobs.outcome", "jobs.store.spool", "jobs.store.queue", "jobs.api",
-                                      "jobs.config", "launcher.cli.app")),
-)  # fmt: skip
+    "click",
+    "dataclasses",
+    "typing",
+    "inspect",
+    "sqlite3",
+    "subprocess",
+    "pynvml",
+    "psutil",
+    "torch",
+    "hashlib",
+    "shutil",
+    "pathlib",  # ~2 ms each (OpenSSL; bz2 and lzma; urllib.parse and ipaddress)
+    "re",
+    "enum",
+    "json",
+    "contextlib",
+    "collections",  # 4 ms (re loads enum), 1.6 ms, 1 ms, 1 ms
+    *(
+        f"gpuq_scheduler.{m}"
+        for m in (
+            "jobs.model",
+            "jobs.outcome",
+            "jobs.store.spool",
+            "jobs.store.queue",
+            "jobs.api",
+            "jobs.config",
+            "launcher.cli.app",
+        )
+    ),
+)
 
 
 class Run:
@@ -72,8 +96,10 @@ class Queue:
         (self.work / "a file").write_text("")
 
     def inventory(self, *totals: int) -> None:
-        gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "fake", "total": total, "lost": False}
-                for i, total in enumerate(totals)]  # fmt: skip
+        gpus = [
+            {"index": i, "uuid": f"GPU-{i}", "name": "fake", "total": total, "lost": False}
+            for i, total in enumerate(totals)
+        ]
         (self.home / "gpus.json").write_bytes(inventory_json(gpus))  # as the daemon writes it
 
     def gpuq(self, entry: str, *args: str, bare: bool = False) -> Run:
@@ -82,8 +108,9 @@ class Queue:
         python, env = [sys.executable], self.env
         if bare:
             python, env = [sys.executable, "-S"], {**self.env, "PYTHONPATH": str(installed_tree())}
-        done = subprocess.run([*python, "-c", DRIVER, entry, *args], env=env, cwd=self.work,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [*python, "-c", DRIVER, entry, *args], env=env, cwd=self.work, capture_output=True, text=True, timeout=60
+        )
         return Run(done)
 
     def requests(self) -> list[Path]:
@@ -235,8 +262,9 @@ def test_an_array_prints_its_members(queue: Queue) -> None:
     body = json.loads(queue.requests()[0].read_text())
     assert body["array"] == {"indices": list(range(10)), "throttle": 2}
     assert json.loads(queue.gpuq(QUICK, "submit", "--json", "--array", "4,5", "true").stdout) == {
-        "id": 12, "jobs": [13, 14]
-    }  # fmt: skip
+        "id": 12,
+        "jobs": [13, 14],
+    }
 
 
 # -- what a quick submit loads ----------------------------------------------------------------------------
@@ -247,12 +275,17 @@ def test_a_quick_submit_loads_no_heavy_module(tmp_path: Path, home_from: str) ->
     env = make_env(tmp_path / "state")
     if home_from == "XDG_STATE_HOME":  # the usual case: no GPUQ_HOME, no config file
         del env["GPUQ_HOME"]
-        env.update(XDG_STATE_HOME=str(tmp_path / "xdg"), GPUQ_CONFIG=str(tmp_path / "no config.toml"),
-                   GPUQ_SYSTEM_CONFIG=str(tmp_path / "no system config.toml"))  # fmt: skip
+        env.update(
+            XDG_STATE_HOME=str(tmp_path / "xdg"),
+            GPUQ_CONFIG=str(tmp_path / "no config.toml"),
+            GPUQ_SYSTEM_CONFIG=str(tmp_path / "no system config.toml"),
+        )
     home = Path(env.get("GPUQ_HOME") or tmp_path / "xdg" / "gpuq")
     for queue in _open_queue(tmp_path, env, home):
-        for args in (["--gpus", "2", "--mem", "20G", "--time", "2h", "true"],
-                     ["--json", "--array", "0-3%2", "--env", "A=1", "train.py", "{index}"]):  # fmt: skip
+        for args in (
+            ["--gpus", "2", "--mem", "20G", "--time", "2h", "true"],
+            ["--json", "--array", "0-3%2", "--env", "A=1", "train.py", "{index}"],
+        ):
             run = queue.gpuq(QUICK, "submit", *args, bare=True)
             assert run.returncode == 0, run.stderr
             assert sorted(run.modules & set(HEAVY)) == []
@@ -266,8 +299,11 @@ def test_the_gpuq_script_loads_no_heavy_module(queue: Queue) -> None:
     script = ROOT / "launcher" / "cli" / "gpuq"
     done = subprocess.run(
         [sys.executable, "-S", "-X", "importtime", str(script), "submit", "--mem", "2G", "--time", "1h", "true"],
-        env={**queue.env, "PYTHONPATH": str(installed_tree())}, cwd=queue.work, capture_output=True, text=True,
-    )  # fmt: skip
+        env={**queue.env, "PYTHONPATH": str(installed_tree())},
+        cwd=queue.work,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "submitted job 1\n"
     loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}

@@ -83,8 +83,17 @@ def _queue(home: Path) -> StateDir:
     table.close()
     outbox.write_submit(state, 10, _spec().to_json(), 40.0)
     (home / "next_id").write_text("11\n")
-    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "fake", "total": 80 * GiB, "lost": False,
-             "fence": "mps" if i == 3 else "none"} for i in range(4)]  # fmt: skip
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "name": "fake",
+            "total": 80 * GiB,
+            "lost": False,
+            "fence": "mps" if i == 3 else "none",
+        }
+        for i in range(4)
+    ]
     (home / "gpus.json").write_bytes(inventory_json(gpus))
     return state
 
@@ -152,10 +161,18 @@ def test_quick_and_click_ask_the_same_print_the_same_and_wake_the_daemon(
 
 
 FALLBACKS = [
-    ["suspend"], ["resume"], ["suspend", "--help"], ["resume", "-h"], ["suspend", "x"], ["suspend", "-1"],
-    ["suspend", "1", "--json"], ["suspend", "\u0663"], ["suspend", " 1"], ["suspend", "--", "1"],
+    ["suspend"],
+    ["resume"],
+    ["suspend", "--help"],
+    ["resume", "-h"],
+    ["suspend", "x"],
+    ["suspend", "-1"],
+    ["suspend", "1", "--json"],
+    ["suspend", "\u0663"],
+    ["suspend", " 1"],
+    ["suspend", "--", "1"],
     ["--debug", "suspend", "1"],
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("args", FALLBACKS, ids=[" ".join(a) for a in FALLBACKS])
@@ -192,8 +209,28 @@ def test_a_quick_suspend_and_resume_load_no_heavy_module(queue: Suspends) -> Non
 
 # -- the table read straight and the queue's resolve agree ------------------------------------------------
 
-ID_LISTS = [[1], [2], [3], [4], [5], [6], [7], [8], [9], [1, 2, 3], [4, 5], [5, 4], [4, 6, 1], [9, 4, 9], [10], [1, 10],
-            [999], [0], [2**70], [4, 999]]  # fmt: skip
+ID_LISTS = [
+    [1],
+    [2],
+    [3],
+    [4],
+    [5],
+    [6],
+    [7],
+    [8],
+    [9],
+    [1, 2, 3],
+    [4, 5],
+    [5, 4],
+    [4, 6, 1],
+    [9, 4, 9],
+    [10],
+    [1, 10],
+    [999],
+    [0],
+    [2**70],
+    [4, 999],
+]
 
 
 def test_the_table_read_straight_names_the_jobs_resolve_names(tmp_path: Path) -> None:

@@ -77,8 +77,14 @@ def make_running(state: StateDir, job_id: int, gpus: list[int], *, alive: bool =
         state,
         "UPDATE jobs SET state='running', ended_at=NULL, exit_code=NULL, gpus=?, shim_pid=?, shim_start=?, boot_id=?,"
         " spec=json_set(spec, '$.gpus', ?, '$.mem_per_gpu', ?) WHERE id=?",
-        json.dumps(gpus), os.getpid(), start, processes.boot_id(), len(gpus), mem, job_id,
-    )  # fmt: skip
+        json.dumps(gpus),
+        os.getpid(),
+        start,
+        processes.boot_id(),
+        len(gpus),
+        mem,
+        job_id,
+    )
 
 
 # -- all is well ------------------------------------------------------------------------------------------
@@ -134,8 +140,12 @@ def test_a_database_that_is_not_a_job_table_is_an_error(state: StateDir) -> None
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "zeroed page"])
 def test_a_damaged_job_table_is_reported_not_raised(state: StateDir, damage: str) -> None:
     padding = "x" * 5000  # records over several pages, so that damage can hit one in the middle
-    sql(state, "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, reason)"
-               " SELECT id + 4, state, uid, user, priority, spec, env, submitted_at, ? FROM jobs", padding)  # fmt: skip
+    sql(
+        state,
+        "INSERT INTO jobs (id, state, uid, user, priority, spec, env, submitted_at, reason)"
+        " SELECT id + 4, state, uid, user, priority, spec, env, submitted_at, ? FROM jobs",
+        padding,
+    )
     data = state.db.read_bytes()
     if damage == "garbage":
         data = os.urandom(len(data))

@@ -40,7 +40,7 @@ from gpuq_scheduler.jobs.store.events import (
     Suspended,
     Watchdog,
     from_json,
-)  # fmt: skip
+)
 
 OLD_JOURNAL = Path(__file__).resolve().parents[1] / "fixtures" / "journal-1f61ec5" / "events.jsonl"
 GiB = 1 << 30
@@ -61,7 +61,14 @@ ONE_OF_EACH: list[Event] = [
     Refused(8.1, Kind.SUSPEND_REFUSED, "alice", job=1, why="it holds no GPU memory"),
     Refused(8.2, Kind.UNRESERVE_REFUSED, "bob", why="no such reservation", name="later"),
     Suspended(
-        9.0, 1, 40 * GiB, {"freeze": 0.1}, {"spawned": 8.9}, SuspendPath.DRIVER, Fallback.NOT_ASKED, "",
+        9.0,
+        1,
+        40 * GiB,
+        {"freeze": 0.1},
+        {"spawned": 8.9},
+        SuspendPath.DRIVER,
+        Fallback.NOT_ASKED,
+        "",
         {"fast_bytes": 0, "fast_seconds": 0.0},
     ),
     Suspended(9.1, 2, GiB),  # as gpuq wrote it before suspends had paths

@@ -10,9 +10,15 @@ from gpuq_scheduler.launcher.supervisor.exits import BadExitFile, ExitFile, Stop
 from tests.conftest import REPORT, Gpuq
 
 ENDED = ExitFile(
-    7, 1700000000.5, started=True, exit_code=None, signal=15, reason=Stop.CANCEL,
-    contained={"outlived": 2, "peak_ram": 1 << 30}, next=8,
-)  # fmt: skip
+    7,
+    1700000000.5,
+    started=True,
+    exit_code=None,
+    signal=15,
+    reason=Stop.CANCEL,
+    contained={"outlived": 2, "peak_ram": 1 << 30},
+    next=8,
+)
 
 
 def test_an_exit_file_reads_back_as_written() -> None:
@@ -30,7 +36,7 @@ def test_an_exit_file_reads_back_as_written() -> None:
         ({"exit_code": True}, "its exit_code is True"),
         ({"contained": []}, "its contained is []"),
     ],
-)  # fmt: skip
+)
 def test_an_unknown_missing_or_mistyped_field_is_an_error_not_a_default(change: dict[str, object], words: str) -> None:
     data = {**ENDED.to_json(), **change}
     data = {k: v for k, v in data.items() if v is not ...}

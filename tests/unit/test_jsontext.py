@@ -55,8 +55,9 @@ def test_what_has_no_json_form_is_refused(value: Any) -> None:
 
 def test_loads_neither_json_nor_re() -> None:
     code = "import sys, gpuq_scheduler.jobs.jsontext; print(sorted({'json', 're', 'enum'} & set(sys.modules)))"
-    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                          env={"PYTHONPATH": _tree()})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env={"PYTHONPATH": _tree()}
+    )
     assert done.stdout.strip() == "[]", done.stderr
 
 

@@ -23,12 +23,21 @@ names = st.sampled_from(["", "seed 1", "a,b", "ünï", "x" * 40])
 programs = st.sampled_from(["python", "/usr/bin/python3", "train.py", "dir/", "/", "a/b/c.sh"])
 specs = st.builds(
     lambda name, program, gpus, mem, auto, chosen: JobSpec(
-        command=(program, "--seed", "1"), cwd="/work", gpus=gpus, mem_per_gpu=mem if gpus else None, name=name,
-        mem_auto=auto and gpus > 0, mem_from=chosen if auto and gpus > 0 else "",
+        command=(program, "--seed", "1"),
+        cwd="/work",
+        gpus=gpus,
+        mem_per_gpu=mem if gpus else None,
+        name=name,
+        mem_auto=auto and gpus > 0,
+        mem_from=chosen if auto and gpus > 0 else "",
     ),
-    names, programs, st.integers(0, 8), st.one_of(st.none(), st.integers(1, 1 << 40)), st.booleans(),
+    names,
+    programs,
+    st.integers(0, 8),
+    st.one_of(st.none(), st.integers(1, 1 << 40)),
+    st.booleans(),
     st.sampled_from(["", "learned from job 3 (4.0G)"]),
-)  # fmt: skip
+)
 fates = st.sampled_from(["pending", "running", "succeeded", "failed", "cancelled"])
 
 
@@ -42,11 +51,21 @@ def test_lines_from_the_table_equal_lines_made_from_its_records(
     path.unlink(missing_ok=True)
     table = JobTable(path, create=True)
     try:
-        table.insert_pending([
-            JobRecord(id=i, spec=spec, uid=0, user="root", state=JobState.PENDING, submitted_at=1000.0 + i,
-                      log=f"/logs/{i}.log", held=held)
-            for i, (spec, _, held) in enumerate(jobs, start=1)
-        ])  # fmt: skip
+        table.insert_pending(
+            [
+                JobRecord(
+                    id=i,
+                    spec=spec,
+                    uid=0,
+                    user="root",
+                    state=JobState.PENDING,
+                    submitted_at=1000.0 + i,
+                    log=f"/logs/{i}.log",
+                    held=held,
+                )
+                for i, (spec, _, held) in enumerate(jobs, start=1)
+            ]
+        )
         for i, (spec, fate, _) in enumerate(jobs, start=1):
             if fate != "pending":
                 table.mark_running(i, list(range(spec.gpus)), [], 2000.0 + i, Launch(1, 1.0, "boot"))
@@ -75,11 +94,26 @@ def _as_version_1(path: Path) -> None:
 def test_a_version_1_table_is_listed_from_its_specs_then_migrated_by_the_daemon(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     table = JobTable(path, create=True)
-    table.insert_pending([
-        JobRecord(id=i, spec=JobSpec(command=(f"/bin/job{i}",), cwd="/", gpus=1 + i % 3, mem_per_gpu=i << 30,
-                  name="" if i % 2 else f"n{i}"), uid=0, user="root", state=JobState.PENDING, submitted_at=i, log="")
-        for i in range(1, 7)
-    ])  # fmt: skip
+    table.insert_pending(
+        [
+            JobRecord(
+                id=i,
+                spec=JobSpec(
+                    command=(f"/bin/job{i}",),
+                    cwd="/",
+                    gpus=1 + i % 3,
+                    mem_per_gpu=i << 30,
+                    name="" if i % 2 else f"n{i}",
+                ),
+                uid=0,
+                user="root",
+                state=JobState.PENDING,
+                submitted_at=i,
+                log="",
+            )
+            for i in range(1, 7)
+        ]
+    )
     expected = table.lines()
     table.close()
     _as_version_1(path)

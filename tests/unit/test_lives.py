@@ -28,8 +28,9 @@ from gpuq_scheduler.launcher.daemon.tracked import Changes
 
 def _record(job_id: int, **fields: object) -> JobRecord:
     spec = JobSpec(command=("true",), cwd="/tmp", env={"PATH": "/usr/bin:/bin"})
-    return JobRecord(id=job_id, spec=spec, uid=os.getuid(), user="me", state=JobState.PENDING, submitted_at=0.0,
-                     log="", **fields)  # type: ignore[arg-type]  # fmt: skip
+    return JobRecord(
+        id=job_id, spec=spec, uid=os.getuid(), user="me", state=JobState.PENDING, submitted_at=0.0, log="", **fields
+    )  # type: ignore[arg-type]
 
 
 def _running(job_id: int) -> Running:
@@ -115,7 +116,7 @@ def test_a_staged_job_starts_from_staged() -> None:
         ("ended", lambda lives: lives.resume(1), "job 1 cannot resume: it is not live"),
         ("ended", lambda lives: lives.update(_record(1)), "job 1 cannot be updated: it is not live"),
     ],
-)  # fmt: skip
+)
 def test_an_impossible_move_is_refused_and_changes_nothing(setup: str, move, words: str) -> None:  # type: ignore[no-untyped-def]
     lives = Lives(Changes())
     lives.add(_record(1))

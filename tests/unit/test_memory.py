@@ -121,8 +121,11 @@ def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once
     spec = JobSpec(command=("x",), cwd="/", mem_per_gpu=256 * MiB, mem_auto=True)
     outcome = Outcome.out_of_memory(OutOfMemory(Cause.OOM_PAST_SHARE, share=256 * MiB, asked="auto"), 1, None)
     shares, attempt = [], 1
-    while (retry := lifecycle.retry(JobRecord(1, spec, 0, "a", JobState.RUNNING, 0.0, attempt=attempt), outcome,
-                                    backoff=1, biggest_gpu=80 * GiB)) is not None:  # fmt: skip
+    while (
+        retry := lifecycle.retry(
+            JobRecord(1, spec, 0, "a", JobState.RUNNING, 0.0, attempt=attempt), outcome, backoff=1, biggest_gpu=80 * GiB
+        )
+    ) is not None:
         if retry.spec.mem_per_gpu is None:
             break  # a whole GPU: past there, an out-of-memory is the job's own
         assert retry.delay == 0.0  # gpuq's guess was short: it comes back at once, no backoff per doubling
@@ -132,16 +135,25 @@ def test_an_auto_job_stopped_at_its_fence_retries_until_its_share_holds_not_once
     assert shares == [256 * MiB << k for k in range(1, 9)]  # 512M ... 64G, then the whole 80G GPU
     whole = JobSpec(command=("x",), cwd="/", mem_per_gpu=None, mem_auto=True)
     plain = Outcome.out_of_memory(OutOfMemory(Cause.OOM), 1, None)
-    assert lifecycle.retry(JobRecord(1, whole, 0, "a", JobState.RUNNING, 0.0, attempt=10), plain, backoff=1,
-                           biggest_gpu=80 * GiB) is None  # fmt: skip
+    assert (
+        lifecycle.retry(
+            JobRecord(1, whole, 0, "a", JobState.RUNNING, 0.0, attempt=10), plain, backoff=1, biggest_gpu=80 * GiB
+        )
+        is None
+    )
     # --oom-retry of a --mem the user gave still retries once, after its backoff: their figure, not gpuq's guess.
     first = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
-    again = lifecycle.retry(JobRecord(1, first, 0, "a", JobState.RUNNING, 0.0, attempt=1), outcome, backoff=10,
-                            biggest_gpu=80 * GiB)  # fmt: skip
+    again = lifecycle.retry(
+        JobRecord(1, first, 0, "a", JobState.RUNNING, 0.0, attempt=1), outcome, backoff=10, biggest_gpu=80 * GiB
+    )
     assert again is not None and again.delay == 10 and again.spec.mem_per_gpu == 8 * GiB
     given_mem = JobSpec(command=("x",), cwd="/", mem_per_gpu=4 * GiB, oom_retry=True)
-    assert lifecycle.retry(JobRecord(1, given_mem, 0, "a", JobState.RUNNING, 0.0, attempt=2), outcome, backoff=1,
-                           biggest_gpu=80 * GiB) is None  # fmt: skip
+    assert (
+        lifecycle.retry(
+            JobRecord(1, given_mem, 0, "a", JobState.RUNNING, 0.0, attempt=2), outcome, backoff=1, biggest_gpu=80 * GiB
+        )
+        is None
+    )
 
 
 def test_with_no_history_and_a_fence_every_job_starts_at_once_on_a_first_share() -> None:

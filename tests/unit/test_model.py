@@ -42,10 +42,17 @@ def test_spec_is_frozen_and_keeps_secrets_out_of_its_repr() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [{"cwd": "/w"}, {"command": "ls", "cwd": "/w"}, {"command": ["ls"], "cwd": 5}, {"command": ["ls"], "cwd": "/",
-     "gpus": "2"}, {"command": ["ls"], "cwd": "/", "gpus": True}, {"command": ["ls"], "cwd": "/", "mode": "x"},
-     {"command": [], "cwd": "/"}, {"command": ["ls"], "cwd": "/", "env": {"A": 1}}],
-)  # fmt: skip
+    [
+        {"cwd": "/w"},
+        {"command": "ls", "cwd": "/w"},
+        {"command": ["ls"], "cwd": 5},
+        {"command": ["ls"], "cwd": "/", "gpus": "2"},
+        {"command": ["ls"], "cwd": "/", "gpus": True},
+        {"command": ["ls"], "cwd": "/", "mode": "x"},
+        {"command": [], "cwd": "/"},
+        {"command": ["ls"], "cwd": "/", "env": {"A": 1}},
+    ],
+)
 def test_spec_from_bad_json_is_refused(data: dict[str, object]) -> None:
     with pytest.raises(BadInput):
         JobSpec.from_json(data)
@@ -65,8 +72,9 @@ def test_the_records_a_daemon_holds_by_the_ten_thousand_stay_compact() -> None:
     """Past 30 fields CPython stops sharing a class's keys among its instances: each then carries a dict of its
     own, 1.3 KB more and slower to read (10,000 pending records cost the daemon's pass a sixth more). So a
     record has slots, and a spec, read as often, stays within the limit (or takes slots too)."""
-    record = JobRecord(id=1, spec=JobSpec(command=("true",), cwd="/"), uid=0, user="u", state=JobState.PENDING,
-                       submitted_at=0.0)  # fmt: skip
+    record = JobRecord(
+        id=1, spec=JobSpec(command=("true",), cwd="/"), uid=0, user="u", state=JobState.PENDING, submitted_at=0.0
+    )
     assert not hasattr(record, "__dict__")
     assert record.replace(attempt=2).attempt == 2 and pickle.loads(pickle.dumps(record)) == record
     assert len(dataclasses.fields(JobSpec)) <= 30 or not hasattr(record.spec, "__dict__")

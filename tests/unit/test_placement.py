@@ -290,7 +290,7 @@ def test_simulated_ticks_keep_every_placement_rule(data: st.DataObject) -> None:
         ends = data.draw(st.lists(st.booleans(), min_size=len(holdings), max_size=len(holdings)), "ends")
         holdings = [
             h for h, ended in zip(holdings, ends, strict=True) if not ended and (h.ends_by is None or h.ends_by > now)
-        ]  # fmt: skip
+        ]
         cpu_ends = data.draw(st.lists(st.booleans(), min_size=len(cpu_jobs), max_size=len(cpu_jobs)), "cpu ends")
         cpu_jobs = [e for e, ended in zip(cpu_jobs, cpu_ends, strict=True) if not ended and (e is None or e > now)]
         # A drained GPU may come back, a GPU may be lost; NVML's view moves with the jobs.
@@ -427,9 +427,12 @@ def backfill_keeps_head_on_time(
     deadline = shadow_time(head, gpus, holdings, policy)
     assume(deadline > 0)  # the head does not fit right away
     small = st.builds(
-        Request, job_id=st.just(0), gpus=st.integers(1, count), mem_per_gpu=st.sampled_from([None, *blocker_mem]),
+        Request,
+        job_id=st.just(0),
+        gpus=st.integers(1, count),
+        mem_per_gpu=st.sampled_from([None, *blocker_mem]),
         time_limit=st.integers(1, 16).map(float),
-    )  # fmt: skip
+    )
     ends_early = st.sampled_from([False, False, False, True])
     pending, next_id = [head], 2
     for tick in range(int(deadline) + 1):

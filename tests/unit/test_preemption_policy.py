@@ -138,9 +138,12 @@ _JOBS = st.lists(
 @settings(max_examples=400, deadline=None)
 @given(_JOBS, st.integers(1, 3), st.one_of(st.none(), st.integers(1, 70)), st.integers(-2, 3), st.booleans())
 def test_victims_are_only_eligible_jobs_and_the_chosen_gpus_then_fit_without_double_booking(
-    raw: list[tuple[int, int | None, bool, float, int, int, int]], count: int, mem: int | None, priority: int,
+    raw: list[tuple[int, int | None, bool, float, int, int, int]],
+    count: int,
+    mem: int | None,
+    priority: int,
     preemptible: bool,
-) -> None:  # fmt: skip
+) -> None:
     policy = Policy()
     gpus = _gpus(4)
     running: list[Job] = []
@@ -151,8 +154,9 @@ def test_victims_are_only_eligible_jobs_and_the_chosen_gpus_then_fit_without_dou
             continue  # placement would not have put it there
         used[gpu] = used.get(gpu, 0) + (80 * GiB if gib is None else size)
         mem_gib = None if gib is None else gib * GiB
-        running.append(Job(job_id, (gpu,), mem_gib, preemptible=flag, ran=ran, preemptions=times, held=held * GiB,
-                           priority=prio))  # fmt: skip
+        running.append(
+            Job(job_id, (gpu,), mem_gib, preemptible=flag, ran=ran, preemptions=times, held=held * GiB, priority=prio)
+        )
     waiting = Job(99, count, None if mem is None else mem * GiB, priority=priority, preemptible=preemptible)
     choice = choose(waiting, gpus, [], running, NOW, ON, policy)
     if choice is None:

@@ -37,10 +37,12 @@ def test_a_shared_queue_limits_every_job_to_4096_processes_unless_its_admin_says
     path.write_text('[shared]\ndefault_pids = "off"\nmax_pids = "off"\n')
     assert (load(env).shared.default_pids, load(env).shared.max_pids) == (None, None)
     for bad, key in (
-        ('default_pids = "many"', "default_pids"), ("default_pids = true", "default_pids"),
-        ("default_pids = 3", "default_pids"), ("max_pids = 100000000", "max_pids"),
+        ('default_pids = "many"', "default_pids"),
+        ("default_pids = true", "default_pids"),
+        ("default_pids = 3", "default_pids"),
+        ("max_pids = 100000000", "max_pids"),
         ("default_pids = 5000\nmax_pids = 4000", "default_pids is more than shared.max_pids"),
-    ):  # fmt: skip
+    ):
         path.write_text(f"[shared]\n{bad}\n")
         with pytest.raises(ConfigError, match=rf"config\.toml: shared\.{key}"):
             load(env)

@@ -25,17 +25,37 @@ NOW = 1_700_000_000.0  # a fixed "now": the report is a pure function of the rec
 
 
 def job(
-    job_id: int, *, user: str = "alice", state: JobState = JobState.SUCCEEDED, submitted: float = 0.0,
-    started: float | None = None, ended: float | None = None, gpus: tuple[int, ...] = (), want: int | None = None,
-    name: str = "", array: int | None = None, held: bool = False, **more: Any,
-) -> JobRecord:  # fmt: skip
+    job_id: int,
+    *,
+    user: str = "alice",
+    state: JobState = JobState.SUCCEEDED,
+    submitted: float = 0.0,
+    started: float | None = None,
+    ended: float | None = None,
+    gpus: tuple[int, ...] = (),
+    want: int | None = None,
+    name: str = "",
+    array: int | None = None,
+    held: bool = False,
+    **more: Any,
+) -> JobRecord:
     """A record with times given in hours relative to NOW (negative: in the past)."""
     spec = JobSpec(command=("x",), cwd="/", gpus=len(gpus) if want is None else want, name=name)
     return JobRecord(
-        id=job_id, spec=spec, uid=1000, user=user, state=state, submitted_at=NOW + submitted * H,
-        started_at=None if started is None else NOW + started * H, ended_at=None if ended is None else NOW + ended * H,
-        gpus=gpus, array_id=array, array_index=None if array is None else job_id, held=held, **more,
-    )  # fmt: skip
+        id=job_id,
+        spec=spec,
+        uid=1000,
+        user=user,
+        state=state,
+        submitted_at=NOW + submitted * H,
+        started_at=None if started is None else NOW + started * H,
+        ended_at=None if ended is None else NOW + ended * H,
+        gpus=gpus,
+        array_id=array,
+        array_index=None if array is None else job_id,
+        held=held,
+        **more,
+    )
 
 
 def test_gpu_hours_are_gpus_times_running_time_by_user_and_by_array() -> None:
@@ -81,8 +101,10 @@ def test_idle_gpus_while_a_big_job_waits_are_counted() -> None:
 
 
 def test_no_idle_time_is_counted_when_nothing_waits() -> None:
-    records = [job(1, submitted=-2, started=-2, ended=-1, gpus=(0,)), job(2, submitted=-1, started=-1, gpus=(1,),
-               state=JobState.RUNNING)]  # fmt: skip
+    records = [
+        job(1, submitted=-2, started=-2, ended=-1, gpus=(0,)),
+        job(2, submitted=-1, started=-1, gpus=(1,), state=JobState.RUNNING),
+    ]
     assert build_report(records, gpu_count=4, now=NOW, since=12 * H).idle_gpu_hours == 0.0
 
 
@@ -122,10 +144,23 @@ def schedules(draw: st.DrawFn) -> tuple[int, list[JobRecord]]:
         started = draw(st.integers(submitted, 0)) if kind in ("done", "running") else None
         ended = draw(st.integers(started, 0)) if kind == "done" and started is not None else None
         ended = draw(st.integers(submitted, 0)) if kind == "cancelled" else ended
-        state = {"done": JobState.SUCCEEDED, "running": JobState.RUNNING, "pending": JobState.PENDING,
-                 "cancelled": JobState.CANCELLED}[kind]  # fmt: skip
-        records.append(job(job_id, state=state, submitted=submitted, started=started, ended=ended,
-                           gpus=gpus if started is not None else (), want=want))  # fmt: skip
+        state = {
+            "done": JobState.SUCCEEDED,
+            "running": JobState.RUNNING,
+            "pending": JobState.PENDING,
+            "cancelled": JobState.CANCELLED,
+        }[kind]
+        records.append(
+            job(
+                job_id,
+                state=state,
+                submitted=submitted,
+                started=started,
+                ended=ended,
+                gpus=gpus if started is not None else (),
+                want=want,
+            )
+        )
     return gpu_count, records
 
 
@@ -139,8 +174,9 @@ def test_idle_sweep_matches_sampling_every_hour(schedule: tuple[int, list[JobRec
         waiting = any(
             r.spec.gpus > 0 and r.submitted_at <= t and t < (r.started_at or r.ended_at or NOW) for r in records
         )
-        busy = {g for r in records if r.started_at is not None and r.started_at <= t < (r.ended_at or NOW)
-                for g in r.gpus}  # fmt: skip
+        busy = {
+            g for r in records if r.started_at is not None and r.started_at <= t < (r.ended_at or NOW) for g in r.gpus
+        }
         expected += (gpu_count - len(busy)) if waiting else 0
     report = build_report(records, gpu_count, now=NOW, since=since * H)
     assert report.idle_gpu_hours == pytest.approx(expected)
@@ -149,11 +185,30 @@ def test_idle_sweep_matches_sampling_every_hour(schedule: tuple[int, list[JobRec
 def test_text_report_has_the_headline_tables_and_idle_time() -> None:
     records = [
         job(1, name="seed1", submitted=-3, started=-3, ended=-2, gpus=(0,), exit_code=0, peak_mem=3 << 30),
-        job(2, name="seed2", state=JobState.FAILED, submitted=-3, started=-2, ended=-1, gpus=(0, 1, 2, 3),
-            exit_code=3, reason="exit code 3", array=5),
-        job(3, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-0.9, gpus=(1,), signal=9,
-            reason="killed by SIGKILL"),
-    ]  # fmt: skip
+        job(
+            2,
+            name="seed2",
+            state=JobState.FAILED,
+            submitted=-3,
+            started=-2,
+            ended=-1,
+            gpus=(0, 1, 2, 3),
+            exit_code=3,
+            reason="exit code 3",
+            array=5,
+        ),
+        job(
+            3,
+            user="bob",
+            state=JobState.FAILED,
+            submitted=-1,
+            started=-1,
+            ended=-0.9,
+            gpus=(1,),
+            signal=9,
+            reason="killed by SIGKILL",
+        ),
+    ]
     text = render_text(build_report(records, gpu_count=4, now=NOW, since=12 * H))
     headline, usage, *_ = text.splitlines()
     assert "3 jobs, 1 succeeded, 2 failed" in headline and "(12h00m)" in headline
@@ -170,10 +225,21 @@ def test_the_report_names_arrays_and_shows_each_members_own_arguments_failures_f
     """The report showed members as 5[2], with neither the array's name nor what the member ran with."""
     sweep = JobSpec(command=("train.py", "--lr", "{lr}"), cwd="/", gpus=1, sweep=(("lr", ("1e-4", "1e-3")),))
     members = [
-        JobRecord(id=6 + i, spec=sweep.member(i), uid=1000, user="alice", state=state, submitted_at=NOW - H,
-                  started_at=NOW - H, ended_at=NOW, gpus=(0,), array_id=5, array_index=i)
+        JobRecord(
+            id=6 + i,
+            spec=sweep.member(i),
+            uid=1000,
+            user="alice",
+            state=state,
+            submitted_at=NOW - H,
+            started_at=NOW - H,
+            ended_at=NOW,
+            gpus=(0,),
+            array_id=5,
+            array_index=i,
+        )
         for i, state in enumerate((JobState.SUCCEEDED, JobState.FAILED))
-    ]  # fmt: skip
+    ]
     plain = job(1, submitted=-1, started=-1, ended=0, gpus=(1,))
     report = build_report([plain, *members], gpu_count=2, now=NOW, since=2 * H, array_names={5: "lr-sweep"})
     assert [row.id for row in report.rows] == [7, 1, 6]  # what did not succeed first
@@ -192,8 +258,19 @@ def test_an_empty_window_says_so() -> None:
 
 def test_html_escapes_user_input_and_has_no_scripts() -> None:
     evil = "<script>alert(1)</script>"
-    records = [job(1, name=evil, user='eve"><b>', state=JobState.FAILED, submitted=-1, started=-1, ended=-0.5,
-                   gpus=(0,), reason="</title><script>alert(2)</script>")]  # fmt: skip
+    records = [
+        job(
+            1,
+            name=evil,
+            user='eve"><b>',
+            state=JobState.FAILED,
+            submitted=-1,
+            started=-1,
+            ended=-0.5,
+            gpus=(0,),
+            reason="</title><script>alert(2)</script>",
+        )
+    ]
     page = render_html(build_report(records, gpu_count=1, now=NOW, since=12 * H))
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -239,8 +316,12 @@ def test_report_from_a_real_daemon_run(gpuq: Gpuq) -> None:
     report = build_report(queue.records(), len(inventory.totals), now=time.time(), since=H)
 
     states = {row.id: (row.state, row.exit) for row in report.rows}
-    assert states == {pair: (JobState.SUCCEEDED, "0"), bad: (JobState.FAILED, "3"), cpu: (JobState.SUCCEEDED, "0"),
-                      big: (JobState.SUCCEEDED, "0")}  # fmt: skip
+    assert states == {
+        pair: (JobState.SUCCEEDED, "0"),
+        bad: (JobState.FAILED, "3"),
+        cpu: (JobState.SUCCEEDED, "0"),
+        big: (JobState.SUCCEEDED, "0"),
+    }
     assert report.gpu_count == 4
     by_job = {s.job_id: s for s in report.segments}
     assert cpu not in by_job and {pair, bad, big} <= set(by_job)
@@ -262,12 +343,31 @@ def test_the_report_tells_packings_payoff_and_who_was_stopped_at_a_fence() -> No
         return record.replace(spec=JobSpec(command=("x",), cwd="/", gpus=len(record.gpus), mem_per_gpu=share))
 
     alice = [packed(i, 7 * gib, submitted=-1, started=-1, ended=0, gpus=(0,), array=10) for i in range(1, 5)]
-    stopped = packed(5, 3 * gib, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-59 / 60,
-                     gpus=(1,), reason="CUDA out of memory at its 3.0G share (--mem 3.0G) (exit code 1)",
-                     cause=Cause.OOM_PAST_SHARE)  # fmt: skip
+    stopped = packed(
+        5,
+        3 * gib,
+        user="bob",
+        state=JobState.FAILED,
+        submitted=-1,
+        started=-1,
+        ended=-59 / 60,
+        gpus=(1,),
+        reason="CUDA out of memory at its 3.0G share (--mem 3.0G) (exit code 1)",
+        cause=Cause.OOM_PAST_SHARE,
+    )
     # Counted by its cause: a job that printed those words and exited 1 was not stopped at a fence.
-    printed = packed(7, 3 * gib, user="bob", state=JobState.FAILED, submitted=-1, started=-1, ended=-59 / 60,
-                     gpus=(1,), reason=stopped.reason, cause=Cause.EXIT_CODE)  # fmt: skip
+    printed = packed(
+        7,
+        3 * gib,
+        user="bob",
+        state=JobState.FAILED,
+        submitted=-1,
+        started=-1,
+        ended=-59 / 60,
+        gpus=(1,),
+        reason=stopped.reason,
+        cause=Cause.EXIT_CODE,
+    )
     whole = job(6, user="bob", submitted=-1, started=-0.5, ended=0, gpus=(1,))
     report = build_report([*alice, stopped, printed, whole], 2, now=NOW, totals=(80 * gib, 80 * gib), overhead=1 * gib)
     assert report.saved_by_user["alice"] == pytest.approx(4 * 0.9)  # each held 8 of 80 GiB for an hour

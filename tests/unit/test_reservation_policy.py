@@ -22,11 +22,16 @@ def _alice(start: float = NOW + HOUR, hours: float = 3, gpus: tuple[int, ...] = 
     return Reservation("deadline", "alice", 1001, gpus, start, start + hours * HOUR)
 
 
-def _fence(requests: list[Request], booked: list[Reservation], now: float = NOW, named: dict[int, str] | None = None,
-           preemptible: set[int] | None = None) -> tuple[list[Request], dict[int, str], dict[int, str]]:  # fmt: skip
+def _fence(
+    requests: list[Request],
+    booked: list[Reservation],
+    now: float = NOW,
+    named: dict[int, str] | None = None,
+    preemptible: set[int] | None = None,
+) -> tuple[list[Request], dict[int, str], dict[int, str]]:
     return rules.fence(
         requests, booked, now, list(range(8)), lambda j: (named or {}).get(j, ""), lambda j: j in (preemptible or set())
-    )  # fmt: skip
+    )
 
 
 def _gpus(count: int = 8) -> list[GpuView]:
@@ -66,8 +71,12 @@ def test_a_preemptible_job_may_use_reserved_gpus_before_the_start_because_it_ste
 
 def test_during_the_reservation_only_the_owners_jobs_that_name_it_run_on_its_gpus() -> None:
     booked = [_alice(start=NOW - 60)]
-    requests = [Request(1, 2, user="alice"), Request(2, 2, user="alice"), Request(3, 2, user="bob"),
-                Request(4, 1, user="bob", time_limit=60)]  # fmt: skip
+    requests = [
+        Request(1, 2, user="alice"),
+        Request(2, 2, user="alice"),
+        Request(3, 2, user="bob"),
+        Request(4, 1, user="bob", time_limit=60),
+    ]
     placeable, waiting, _ = _fence(requests, booked, named={2: "deadline", 3: "deadline"})
     by_id = {r.job_id: r for r in placeable}
     assert by_id[1].only == (4, 5, 6, 7)  # alice's own job outside it: elsewhere, like anyone's
@@ -78,8 +87,9 @@ def test_during_the_reservation_only_the_owners_jobs_that_name_it_run_on_its_gpu
 
 
 def test_a_job_naming_a_reservation_waits_for_its_start_and_one_naming_none_says_so() -> None:
-    _, waiting, _ = _fence([Request(1, 1, user="alice"), Request(2, 1, user="alice")], [_alice()],
-                           named={1: "deadline", 2: "typo"})  # fmt: skip
+    _, waiting, _ = _fence(
+        [Request(1, 1, user="alice"), Request(2, 1, user="alice")], [_alice()], named={1: "deadline", 2: "typo"}
+    )
     assert waiting[1] == f"waiting for reservation deadline, which starts at {clock(NOW + HOUR, NOW)}"
     assert waiting[2] == "reservation typo is not known here or has ended (`gpuq reserve --list`)"
 
@@ -93,10 +103,12 @@ def test_a_reservation_over_or_ended_bars_nothing() -> None:
 def test_at_the_start_preemptible_work_on_its_gpus_steps_aside_and_the_rest_is_said_ahead() -> None:
     booked = _alice(start=NOW)
     running = [
-        rules.Work(1, (0,), "bob", preemptible=True), rules.Work(2, (1,), "bob"),
-        rules.Work(3, (2,), "bob", ends_by=NOW + 2 * HOUR), rules.Work(4, (5,), "bob", preemptible=True),
+        rules.Work(1, (0,), "bob", preemptible=True),
+        rules.Work(2, (1,), "bob"),
+        rules.Work(3, (2,), "bob", ends_by=NOW + 2 * HOUR),
+        rules.Work(4, (5,), "bob", preemptible=True),
         rules.Work(5, (3,), "alice", reservation="deadline"),
-    ]  # fmt: skip
+    ]
     assert [(w.job_id, r.name) for w, r in rules.victims([booked], running, NOW)] == [(1, "deadline")]
     assert rules.victims([booked], running, NOW - 1) == []  # not before the start
     ahead = rules.conflicts(_alice(), running, list(range(8)), NOW)
@@ -134,11 +146,16 @@ def test_the_daemon_wakes_at_the_next_start_or_end() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("now", NOW), ("+2h", NOW + 2 * HOUR), ("+90m", NOW + 90 * 60), ("18:30", NOW + 90 * 60),
-        ("tomorrow 09:00", NOW + 16 * HOUR), ("tomorrow  9:05", NOW + 16 * HOUR + 300),
-        ("2026-12-01 09:00", NOW + 40 * HOUR), ("2026-12-01T09:00:00+01:00", NOW + 39 * HOUR),
+        ("now", NOW),
+        ("+2h", NOW + 2 * HOUR),
+        ("+90m", NOW + 90 * 60),
+        ("18:30", NOW + 90 * 60),
+        ("tomorrow 09:00", NOW + 16 * HOUR),
+        ("tomorrow  9:05", NOW + 16 * HOUR + 300),
+        ("2026-12-01 09:00", NOW + 40 * HOUR),
+        ("2026-12-01T09:00:00+01:00", NOW + 39 * HOUR),
     ],
-)  # fmt: skip
+)
 def test_the_start_grammar(text: str, expected: float) -> None:
     assert parse_start(text, NOW, UTC) == expected
 
@@ -146,11 +163,15 @@ def test_the_start_grammar(text: str, expected: float) -> None:
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("09:00", "has passed today; say 'tomorrow 09:00'"), ("25:00", "no such time of day"),
-        ("tomorrow", "cannot read --start"), ("next week", "cannot read --start"), ("+soon", "after + give"),
-        ("2020-01-01 09:00", "is in the past"), ("tomorrow 9", "cannot read --start"),
+        ("09:00", "has passed today; say 'tomorrow 09:00'"),
+        ("25:00", "no such time of day"),
+        ("tomorrow", "cannot read --start"),
+        ("next week", "cannot read --start"),
+        ("+soon", "after + give"),
+        ("2020-01-01 09:00", "is in the past"),
+        ("tomorrow 9", "cannot read --start"),
     ],
-)  # fmt: skip
+)
 def test_a_start_that_cannot_be_read_is_one_line_saying_what_to_write(text: str, words: str) -> None:
     with pytest.raises(BadInput) as err:
         parse_start(text, NOW, UTC)
@@ -160,7 +181,15 @@ def test_a_start_that_cannot_be_read_is_one_line_saying_what_to_write(text: str,
 def test_a_reserve_request_written_by_hand_is_held_to_the_same_rules() -> None:
     good = {"token": "a" * 32, "gpus": 2, "start": NOW, "end": NOW + HOUR, "name": "x", "user": ""}
     assert ask_from(good).gpus == 2
-    for bad in ({"gpus": 0}, {"gpus": True}, {"end": NOW}, {"token": "zz"}, {"name": "../x"}, {"start": 1e300},
-                {"admin": True}, {"end": NOW + 365 * 86400}):  # fmt: skip
+    for bad in (
+        {"gpus": 0},
+        {"gpus": True},
+        {"end": NOW},
+        {"token": "zz"},
+        {"name": "../x"},
+        {"start": 1e300},
+        {"admin": True},
+        {"end": NOW + 365 * 86400},
+    ):
         with pytest.raises(BadInput):
             ask_from({**good, **bad})

@@ -50,10 +50,17 @@ def test_a_request_ingested_before_a_crash_is_not_run_twice(gpuq: Gpuq) -> None:
     gpuq.run("wait", str(job_id))
     request = gpuq.home / "spool" / f"submit-{job_id:012d}.json"
     spec = gpuq.job(job_id)
-    request.write_text(json.dumps({
-        "schema": 1, "kind": "submit", "id": job_id, "submitted_at": spec["submitted_at"],
-        "spec": {"command": spec["command"], "cwd": spec["cwd"], "gpus": 1},
-    }))  # fmt: skip  # the state a kill -9 between commit and unlink leaves behind
+    request.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "kind": "submit",
+                "id": job_id,
+                "submitted_at": spec["submitted_at"],
+                "spec": {"command": spec["command"], "cwd": spec["cwd"], "gpus": 1},
+            }
+        )
+    )  # the state a kill -9 between commit and unlink leaves behind
     gpuq.submit("true")
     gpuq.run("wait")
     assert len(read_reports(report)) == 1

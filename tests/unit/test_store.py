@@ -95,8 +95,10 @@ def test_a_34565a6_shared_table_upgrades_without_keeping_its_submit_tokens(tmp_p
     assert all(t.encode() in (tmp_path / "jobs.db").read_bytes() for t in tokens.values())  # what 34565a6 kept
     reader = JobTable(tmp_path / "jobs.db")  # `gpuq status` before the upgraded daemon ran
     assert [(r.id, r.state) for r in reader.records()] == [
-        (1, JobState.SUCCEEDED), (2, JobState.PENDING), (3, JobState.PENDING)
-    ]  # fmt: skip
+        (1, JobState.SUCCEEDED),
+        (2, JobState.PENDING),
+        (3, JobState.PENDING),
+    ]
     reader.close()
     daemon = JobTable(tmp_path / "jobs.db", create=True)
     assert daemon.intake_ids([tokens[2], tokens[3], "0" * 32]) == {tokens[2]: (2, 4242), tokens[3]: (3, 0)}

@@ -27,13 +27,35 @@ from tests.conftest import FIXTURES
 # A spec with every field away from its default: a field added to JobSpec fails
 # test_every_field_of_a_spec_is_written_and_read_back_by_its_type until it is given a value here.
 FULL_SPEC = JobSpec(
-    command=("python", "train.py", "--lr", "{lr}"), cwd="/work dir", env={"TOKEN": "s3cret"}, gpus=2,
-    mem_per_gpu=20 << 30, name="sweep {lr}", priority=5, time_limit=3600.0, mode=Mode.DATAPARALLEL,
-    python="/usr/bin/python3", after=(3, 4), after_any=True, retries=2, oom_retry=True, notify="echo done",
-    mem_auto=True, like=7, kind="cmd:abc", mem_from="job 7", client=4242, sweep=(("lr", ("1e-3", "1e-4")),),
-    values=(("lr", "1e-3"),), cpus=2.5, ram=8 << 30, preemptible=True, preempt_signal="USR2",
-    from_script=("--gpus", "2"), options={"gpu_ids": [0, 1], "output": "out/%j.log"},
-)  # fmt: skip
+    command=("python", "train.py", "--lr", "{lr}"),
+    cwd="/work dir",
+    env={"TOKEN": "s3cret"},
+    gpus=2,
+    mem_per_gpu=20 << 30,
+    name="sweep {lr}",
+    priority=5,
+    time_limit=3600.0,
+    mode=Mode.DATAPARALLEL,
+    python="/usr/bin/python3",
+    after=(3, 4),
+    after_any=True,
+    retries=2,
+    oom_retry=True,
+    notify="echo done",
+    mem_auto=True,
+    like=7,
+    kind="cmd:abc",
+    mem_from="job 7",
+    client=4242,
+    sweep=(("lr", ("1e-3", "1e-4")),),
+    values=(("lr", "1e-3"),),
+    cpus=2.5,
+    ram=8 << 30,
+    preemptible=True,
+    preempt_signal="USR2",
+    from_script=("--gpus", "2"),
+    options={"gpu_ids": [0, 1], "output": "out/%j.log"},
+)
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -80,11 +102,32 @@ def test_the_submit_request_holds_the_keys_of_the_spec_json_in_its_order(tmp_pat
 def _full_record() -> JobRecord:
     """A record with every field of the jobs row away from its default."""
     record = JobRecord(
-        id=9, spec=FULL_SPEC, uid=1000, user="alice", state=JobState.SUSPENDED, submitted_at=1.5, started_at=2.5,
-        ended_at=3.5, gpus=(0, 2), gpu_uuids=("GPU-a", "GPU-b"), exit_code=3, signal=9, reason="why",
-        cause=Cause.OOM_VICTIM, culprit=8, peak_mem=1 << 30, log="/logs/9.log", array_id=5, array_index=1,
-        attempt=2, held=True, step=Step.RESUMING, host_bytes=4 << 30, suspended_at=4.5, suspended_for=6.5,
-    )  # fmt: skip
+        id=9,
+        spec=FULL_SPEC,
+        uid=1000,
+        user="alice",
+        state=JobState.SUSPENDED,
+        submitted_at=1.5,
+        started_at=2.5,
+        ended_at=3.5,
+        gpus=(0, 2),
+        gpu_uuids=("GPU-a", "GPU-b"),
+        exit_code=3,
+        signal=9,
+        reason="why",
+        cause=Cause.OOM_VICTIM,
+        culprit=8,
+        peak_mem=1 << 30,
+        log="/logs/9.log",
+        array_id=5,
+        array_index=1,
+        attempt=2,
+        held=True,
+        step=Step.RESUMING,
+        host_bytes=4 << 30,
+        suspended_at=4.5,
+        suspended_for=6.5,
+    )
     defaults = _defaults(JobRecord)
     assert [name for name in job_rows.RECORD_COLUMNS if getattr(record, name) == defaults[name]] == []
     return record
@@ -125,11 +168,12 @@ def _shape(path: Path) -> dict[str, Any]:
     try:
         tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {
-            "tables": {table: sorted(tuple(row[1:]) for row in db.execute(f"PRAGMA table_info({table})"))
-                       for table in tables},
+            "tables": {
+                table: sorted(tuple(row[1:]) for row in db.execute(f"PRAGMA table_info({table})")) for table in tables
+            },
             "indexes": sorted(db.execute("SELECT name, sql FROM sqlite_master WHERE type='index'")),
             "version": db.execute("PRAGMA user_version").fetchone()[0],
-        }  # fmt: skip
+        }
     finally:
         db.close()
 
@@ -138,9 +182,10 @@ def _as_version(path: Path, version: int) -> None:
     """A new table taken back to ``version``: without the columns and index later versions added."""
     db = sqlite3.connect(path, isolation_level=None)
     later = {
-        2: [column for column, _, _ in schema.LISTED], 3: [column for column, _ in schema.CAUSED],
+        2: [column for column, _, _ in schema.LISTED],
+        3: [column for column, _ in schema.CAUSED],
         4: [column for column, _ in schema.SUSPENSION],
-    }  # fmt: skip
+    }
     if version < 4:
         db.execute("DROP INDEX jobs_live")
     for since, columns in later.items():

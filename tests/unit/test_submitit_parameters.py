@@ -11,16 +11,31 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.submitit.parameters import GENERIC, GPUQ, LOCAL, SLURM, UnknownParameter, read
 
 SAMPLES: dict[str, Any] = {
-    "name": "x", "job_name": "x", "timeout_min": 5, "time": 5, "mem_gb": 4, "mem": "4G", "nodes": 1,
-    "cpus_per_task": 2, "gpus_per_node": 1, "num_gpus": 1, "tasks_per_node": 1, "ntasks_per_node": 1,
-    "stderr_to_stdout": False, "array_parallelism": 3, "visible_gpus": (2, 3), "setup": ["true"],
-}  # fmt: skip
+    "name": "x",
+    "job_name": "x",
+    "timeout_min": 5,
+    "time": 5,
+    "mem_gb": 4,
+    "mem": "4G",
+    "nodes": 1,
+    "cpus_per_task": 2,
+    "gpus_per_node": 1,
+    "num_gpus": 1,
+    "tasks_per_node": 1,
+    "ntasks_per_node": 1,
+    "stderr_to_stdout": False,
+    "array_parallelism": 3,
+    "visible_gpus": (2, 3),
+    "setup": ["true"],
+}
 DEFAULT = read({}, "local")
 
 
 def _every_name() -> list[str]:
-    slurm = [f"slurm_{arg}" for arg in [*SLURM, "job_name", "time", "ntasks_per_node", "num_gpus", "mem",
-                                        "array_parallelism", *GENERIC]]  # fmt: skip
+    slurm = [
+        f"slurm_{arg}"
+        for arg in [*SLURM, "job_name", "time", "ntasks_per_node", "num_gpus", "mem", "array_parallelism", *GENERIC]
+    ]
     return [*GENERIC, *slurm, *(f"local_{arg}" for arg in [*LOCAL, *GENERIC]), *(f"debug_{arg}" for arg in GENERIC)]
 
 
@@ -39,16 +54,26 @@ def test_no_parameter_is_dropped_in_silence(key: str, where: str) -> None:
 
 
 def test_generic_names_are_gpuq_options_and_a_prefixed_one_overrides_where_the_jobs_go() -> None:
-    given = {"name": "t", "timeout_min": 90, "gpus_per_node": 2, "cpus_per_task": 8, "mem_gb": 1.5,
-             "slurm_timeout_min": 10, "local_gpus_per_node": 1, "slurm_array_parallelism": 4}  # fmt: skip
-    assert read(given, "local").options == {"gpus": 1, "name": "t", "time_limit": 5400.0, "cpus": "8",
-                                            "ram": 3 << 29}  # fmt: skip
+    given = {
+        "name": "t",
+        "timeout_min": 90,
+        "gpus_per_node": 2,
+        "cpus_per_task": 8,
+        "mem_gb": 1.5,
+        "slurm_timeout_min": 10,
+        "local_gpus_per_node": 1,
+        "slurm_array_parallelism": 4,
+    }
+    assert read(given, "local").options == {"gpus": 1, "name": "t", "time_limit": 5400.0, "cpus": "8", "ram": 3 << 29}
     there = read(given, "slurm")
     assert there.options["gpus"] == 2 and there.options["time_limit"] == 600.0 and there.throttle == 4
     assert "local_gpus_per_node" in there.unused
     assert read({"slurm_time": 30, "slurm_mem": "16GB", "slurm_job_name": "j"}, "slurm").options == {
-        "gpus": 0, "time_limit": 1800.0, "ram": "16G", "name": "j"
-    }  # fmt: skip
+        "gpus": 0,
+        "time_limit": 1800.0,
+        "ram": "16G",
+        "name": "j",
+    }
     assert read({"slurm_mem": 16000}, "slurm").options["ram"] == "16000M"  # Slurm's bare number: megabytes
     assert read({"gpus_per_node": 2, "local_visible_gpus": [5, 1, 7]}, "local").options["gpu_ids"] == [5, 1]
     assert read({"gpuq_mem": "20G", "gpuq_gpus": 3, "gpus_per_node": 1}, "local").options == {"gpus": 3, "mem": "20G"}

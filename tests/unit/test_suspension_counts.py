@@ -23,9 +23,17 @@ NOW = 1_700_000_000.0
 def _record(job_id: int, user: str, state: JobState = JobState.SUCCEEDED, **more: object) -> JobRecord:
     spec = JobSpec(command=("x",), cwd="/")
     return JobRecord(
-        id=job_id, spec=spec, uid=1000, user=user, state=state, submitted_at=NOW - 3600, started_at=NOW - 3000,
-        ended_at=None if state is not JobState.SUCCEEDED else NOW - 60, gpus=(0,), **more,  # type: ignore[arg-type]
-    )  # fmt: skip
+        id=job_id,
+        spec=spec,
+        uid=1000,
+        user=user,
+        state=state,
+        submitted_at=NOW - 3600,
+        started_at=NOW - 3000,
+        ended_at=None if state is not JobState.SUCCEEDED else NOW - 60,
+        gpus=(0,),
+        **more,  # type: ignore[arg-type]
+    )
 
 
 EVENTS = [

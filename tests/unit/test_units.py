@@ -13,9 +13,17 @@ from gpuq_scheduler.jobs.units import format_duration, format_size, parse_durati
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("20G", 20 << 30), ("20GiB", 20 << 30), ("20gib", 20 << 30), ("512M", 512 << 20), ("1.5T", 3 << 39),
-     ("20GB", 20 * 10**9), (" 4 G ", 4 << 30), ("100K", 100 << 10)],
-)  # fmt: skip
+    [
+        ("20G", 20 << 30),
+        ("20GiB", 20 << 30),
+        ("20gib", 20 << 30),
+        ("512M", 512 << 20),
+        ("1.5T", 3 << 39),
+        ("20GB", 20 * 10**9),
+        (" 4 G ", 4 << 30),
+        ("100K", 100 << 10),
+    ],
+)
 def test_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
 
@@ -28,9 +36,17 @@ def test_bad_sizes_are_refused_with_a_hint(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400), ("1d", 86400), ("01:30:00", 5400), ("5:00", 300),
-     ("1.5h", 5400)],
-)  # fmt: skip
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1d", 86400),
+        ("01:30:00", 5400),
+        ("5:00", 300),
+        ("1.5h", 5400),
+    ],
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -66,8 +82,13 @@ def _size_before(text: str) -> int | None:
         return None
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     unit = match.group(2).upper()
-    factor = scale.get(unit[:1]) if unit[1:] in ("", "I", "IB") else 10 ** (3 * "KMGT".index(unit[0]) + 3) if (
-        unit[1:] == "B" and unit[0] in "KMGT") else None  # fmt: skip
+    factor = (
+        scale.get(unit[:1])
+        if unit[1:] in ("", "I", "IB")
+        else 10 ** (3 * "KMGT".index(unit[0]) + 3)
+        if (unit[1:] == "B" and unit[0] in "KMGT")
+        else None
+    )
     size = None if factor is None else int(float(match.group(1)) * factor)
     return size if size else None
 
@@ -95,9 +116,11 @@ DURATION_TEXT = st.text(st.sampled_from([*"0123456789.: \t", "٣", *"dhmsHMx", "
 )
 @given(data=st.data())
 def test_parsers_accept_what_the_regular_expressions_did(
-    parse: Callable[[str], float], before: Callable[[str], float | None], texts: st.SearchStrategy[str],
+    parse: Callable[[str], float],
+    before: Callable[[str], float | None],
+    texts: st.SearchStrategy[str],
     data: st.DataObject,
-) -> None:  # fmt: skip
+) -> None:
     text = data.draw(texts)
     try:
         got: float | None = parse(text)

@@ -91,8 +91,10 @@ def test_warn_mode_finds_the_same_but_stops_nothing() -> None:
     running = {1: Given((0,), 4 * GiB), 2: Given((0,))}
     found = check(seen, owners, running, warn)
     assert [(f.job, f.rule, f.action) for f in found] == [
-        (1, Rule.PAST_SHARE, Action.WARN), (2, Rule.OTHER_GPU, Action.WARN), (3, Rule.LEFTOVER, Action.WARN),
-    ]  # fmt: skip
+        (1, Rule.PAST_SHARE, Action.WARN),
+        (2, Rule.OTHER_GPU, Action.WARN),
+        (3, Rule.LEFTOVER, Action.WARN),
+    ]
     assert to_stop(found) == {}
 
 

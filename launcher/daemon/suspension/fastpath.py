@@ -102,8 +102,13 @@ class Released:
         seconds = max((float(a.get("seconds") or 0.0) for a in self.answers.values() if a.get("ok")), default=0.0)
         moved = sum(int(a.get("bytes") or 0) for a in self.answers.values() if a.get("ok"))
         fallback = self.fallback.value if self.fallback is not None else None
-        return {"path": self.path.value, "fallback": fallback, "detail": self.detail, "fast_bytes": moved,
-                "fast_seconds": round(seconds, 3)}  # fmt: skip
+        return {
+            "path": self.path.value,
+            "fallback": fallback,
+            "detail": self.detail,
+            "fast_bytes": moved,
+            "fast_seconds": round(seconds, 3),
+        }
 
 
 def catches(pid: int, signum: int) -> bool:

@@ -38,9 +38,12 @@ class Forker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(theirs.fileno())], stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True, close_fds=True,
-            )  # fmt: skip
+                [sys.executable, "-m", __name__, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                close_fds=True,
+            )
         except BaseException:
             ours.close()
             raise

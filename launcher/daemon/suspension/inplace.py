@@ -59,8 +59,9 @@ def fits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> 
         own[gpu.index] = sum(used for pid, used in (gpu.processes or {}).items() if pid in job.pids)
     views = [
         dataclasses.replace(view, external=max(0, view.external - own.get(view.index, 0)))
-        for view in sight.views(scheduler, scheduler.last_snapshot) if view.index in record.gpus
-    ]  # fmt: skip
+        for view in sight.views(scheduler, scheduler.last_snapshot)
+        if view.index in record.gpus
+    ]
     if len(views) != len(record.gpus):
         return False  # its GPU is not seen (lost): it cannot resume there
     others = [claim for claim in claims if claim.job_id != record.id]  # its own kept place is its room

@@ -67,9 +67,12 @@ def gpu_state(scheduler: SchedulerState, job: Running) -> int:
     if job.held:
         return sum(job.held.values())
     return sum(
-        used for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
-        for pid, used in (gpu.processes or {}).items() if pid in job.pids
-    )  # fmt: skip
+        used
+        for gpu in scheduler.last_snapshot
+        if gpu.index in job.record.gpus
+        for pid, used in (gpu.processes or {}).items()
+        if pid in job.pids
+    )
 
 
 def _others_need(scheduler: SchedulerState, but: int, pools: Mapping[int, int]) -> int:
@@ -78,9 +81,10 @@ def _others_need(scheduler: SchedulerState, but: int, pools: Mapping[int, int]) 
     available memory shows its copy so far."""
     acting = scheduler.acting
     return sum(
-        max(0, gpu_state(scheduler, job) - pools.get(job_id, 0)) for job_id, job in scheduler.running.items()
+        max(0, gpu_state(scheduler, job) - pools.get(job_id, 0))
+        for job_id, job in scheduler.running.items()
         if job_id != but and job_id not in acting and job.record.spec.preemptible
-    )  # fmt: skip
+    )
 
 
 def pooled(scheduler: SchedulerState) -> dict[int, int]:

@@ -43,7 +43,7 @@ from gpuq_scheduler.launcher.gpus.checkpoint import (
     CudaState,
     DriverCheckpoint,
     FakeCheckpoint,
-)  # fmt: skip
+)
 from gpuq_scheduler.launcher.policy import hostroom
 from gpuq_scheduler.launcher.supervisor import containment
 from gpuq_scheduler.launcher.supervisor.containment import Box
@@ -101,9 +101,15 @@ def _until_frozen(cgroup: str, frozen: bool) -> None:
 
 
 def suspend(
-    cuda: Checkpointer, box: Box | None, leader: int, fast: str | None = None, gpu_bytes: int = 0, fake: bool = False,
-    room_coming: bool = False, keep_context: int = 0,
-) -> dict[str, Any]:  # fmt: skip
+    cuda: Checkpointer,
+    box: Box | None,
+    leader: int,
+    fast: str | None = None,
+    gpu_bytes: int = 0,
+    fake: bool = False,
+    room_coming: bool = False,
+    keep_context: int = 0,
+) -> dict[str, Any]:
     """``fast``: the job's fast directory, where its processes that catch gpuq's request answer it
     (``fastpath``): they move their PyTorch memory out first, and the driver's checkpoint takes the rest.
     First, host memory must hold the copy as it is now (``hostroom``; the daemon checked its last sample):
@@ -223,9 +229,15 @@ def act(order: dict[str, Any], opened: Opened | None = None) -> dict[str, Any]:
     fast = order.get("fast_dir")
     if order["action"] == "suspend":
         result = suspend(
-            opened.cuda, box, leader, fast, int(order.get("bytes") or 0), bool(order.get("fake")),
-            bool(order.get("room_coming")), int(order.get("keep_context") or 0),
-        )  # fmt: skip
+            opened.cuda,
+            box,
+            leader,
+            fast,
+            int(order.get("bytes") or 0),
+            bool(order.get("fake")),
+            bool(order.get("room_coming")),
+            int(order.get("keep_context") or 0),
+        )
     else:
         result = resume(opened.cuda, box, leader, fast, bool(order.get("keep")))
     steps = {"open": took, **result.get("steps", {})}
@@ -261,7 +273,7 @@ class Helper:
         where the time between a command and its record goes (bench/suspend_overhead.py)."""
         found = {"spawned": self.spawned} | {
             key: float(result[key]) for key in ("began", "ended") if isinstance(result.get(key), (int, float))
-        }  # fmt: skip
+        }
         return {key: round(value, 4) for key, value in found.items()}
 
     def result(self) -> dict[str, Any] | None:
@@ -311,8 +323,11 @@ def start_helper(order: dict[str, Any], wake: str, forker: Forks | None = None) 
             if pid <= 0:
                 child = subprocess.Popen(
                     [sys.executable, "-m", __name__, json.dumps({**order, "wake": wake})],
-                    stdin=subprocess.DEVNULL, stdout=write_end, start_new_session=True, close_fds=True,
-                )  # fmt: skip
+                    stdin=subprocess.DEVNULL,
+                    stdout=write_end,
+                    start_new_session=True,
+                    close_fds=True,
+                )
                 pid, keep = child.pid, child
     except BaseException:
         os.close(read_end)

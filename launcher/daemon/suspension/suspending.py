@@ -118,9 +118,12 @@ def host_need(scheduler: SchedulerState, job: Running) -> int:
 def _cuda_processes(scheduler: SchedulerState, job: Running) -> set[int]:
     """The job's processes that the last look at its GPUs found holding memory there."""
     return {
-        pid for gpu in scheduler.last_snapshot if gpu.index in job.record.gpus
-        for pid in (gpu.processes or {}) if pid in job.pids
-    }  # fmt: skip
+        pid
+        for gpu in scheduler.last_snapshot
+        if gpu.index in job.record.gpus
+        for pid in (gpu.processes or {})
+        if pid in job.pids
+    }
 
 
 def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float) -> None:
@@ -191,10 +194,12 @@ def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
         info = {}
     fake = isinstance(scheduler.source, FakeGpus)
     return {
-        "leader": info.get("pid", -1), "box": info.get("box"), "fake": fake,
+        "leader": info.get("pid", -1),
+        "box": info.get("box"),
+        "fake": fake,
         "usage": os.environ.get("GPUQ_FAKE_USAGE") if fake else None,
         "fast_dir": fast if os.path.isdir(fast := scheduler.state.fast_dir(job_id)) else None,
-    }  # fmt: skip
+    }
 
 
 def pause_record(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
@@ -273,9 +278,13 @@ def advance(
 
 
 def _settle(
-    scheduler: SchedulerState, job_id: int, acting: Acting, result: dict[str, Any], now: float,
+    scheduler: SchedulerState,
+    job_id: int,
+    acting: Acting,
+    result: dict[str, Any],
+    now: float,
     events: list[dict[str, Any]],
-) -> None:  # fmt: skip
+) -> None:
     job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
     helper = acting.child.times(result) if acting.child is not None else {}
@@ -302,9 +311,13 @@ def _settle(
         scheduler.preemption.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
         spent = max(0.0, now - (job.record.suspended_at or now))
         job.record = job.record.replace(
-            state=JobState.RUNNING, step=None, host_bytes=None, suspended_at=None,
-            suspended_for=job.record.suspended_for + spent, reason="",
-        )  # fmt: skip
+            state=JobState.RUNNING,
+            step=None,
+            host_bytes=None,
+            suspended_at=None,
+            suspended_for=job.record.suspended_for + spent,
+            reason="",
+        )
         pool = int(result.get("pool") or 0)  # pinned host memory it kept for its next suspend (``pools``)
         events.append(Resumed(now, job_id, steps, helper, pool).to_json())
         return

@@ -87,9 +87,7 @@ def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuVie
                 ours |= server_pids(scheduler.state.mps, set(gpu.processes) - ours)
         external = gpu.outside_use(ours)
         available = not gpu.lost and gpu.index not in scheduler.drained
-        views.append(GpuView(
-            gpu.index, gpu.total, gpu.used, external, available=available, mps=mps
-        ))  # fmt: skip
+        views.append(GpuView(gpu.index, gpu.total, gpu.used, external, available=available, mps=mps))
     return views
 
 
@@ -122,13 +120,19 @@ def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
     asked = "auto" if record.spec.mem_auto else format_size(share) if share is not None else ""
     others = [
         blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, other.held)
-        for other in scheduler.running.values() if other.record.id != record.id
-    ]  # fmt: skip
+        for other in scheduler.running.values()
+        if other.record.id != record.id
+    ]
     free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
     return blame.out_of_memory(
-        blame.Sampled(record.id, share, job.held), record.gpus, others,
-        overhead=scheduler.policy.overhead, fenced=scheduler.fence is not fences.NONE, asked=asked, free=free,
-    )  # fmt: skip
+        blame.Sampled(record.id, share, job.held),
+        record.gpus,
+        others,
+        overhead=scheduler.policy.overhead,
+        fenced=scheduler.fence is not fences.NONE,
+        asked=asked,
+        free=free,
+    )
 
 
 def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> None:
@@ -142,10 +146,13 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
     every = SAMPLE_EVERY if limit is None else min(SAMPLE_EVERY, limit / 10)
     scheduler.monitor.next_idle_check = now + every
     watched = [
-        (job_id, job) for job_id, job in scheduler.running.items()
-        if job.record.spec.interactive and job.record.gpus and not job.launch.cancel_by
+        (job_id, job)
+        for job_id, job in scheduler.running.items()
+        if job.record.spec.interactive
+        and job.record.gpus
+        and not job.launch.cancel_by
         and fences.kind(scheduler, job.record) != fences.MPS
-    ]  # fmt: skip
+    ]
     if not watched:
         return
     busy = _busy(scheduler, readings.with_shares())
@@ -175,7 +182,6 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
     scheduler.journal.extend(events)
 
 
-
 def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings) -> None:
     """Say in its reason when a batch job's GPUs have done no work for ``idle_report`` or more (a hung
     NCCL call, a job waiting on input that never comes): it holds GPUs others wait for. Reported, never
@@ -185,8 +191,11 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
     if after is None or now < scheduler.monitor.next_batch_check:
         return
     scheduler.monitor.next_batch_check = now + min(SAMPLE_EVERY, after / 10)
-    watched = [(job_id, job) for job_id, job in scheduler.running.items()
-               if not job.record.spec.interactive and job.record.gpus]  # fmt: skip
+    watched = [
+        (job_id, job)
+        for job_id, job in scheduler.running.items()
+        if not job.record.spec.interactive and job.record.gpus
+    ]
     if not watched:
         return
     snapshot = readings.with_shares()

@@ -70,9 +70,12 @@ def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rul
     if every and every not in ("stop", "warn"):
         raise BadInput(f"GPUQ_WATCHDOG={every!r}: choose stop (the default) or warn")
     return rules.Settings(
-        other_gpu=rules.Action(every or config.other_gpu), past_share=rules.Action(every or config.past_share),
-        leftover=rules.Action(every or config.leftover), tolerance=config.tolerance, overhead=overhead,
-    )  # fmt: skip
+        other_gpu=rules.Action(every or config.other_gpu),
+        past_share=rules.Action(every or config.past_share),
+        leftover=rules.Action(every or config.leftover),
+        tolerance=config.tolerance,
+        overhead=overhead,
+    )
 
 
 def check(
@@ -88,8 +91,10 @@ def check(
     snapshot = readings.with_energy() if holding else readings.plain
     seen = [
         rules.Seen(gpu.index, pid, used)
-        for gpu in snapshot if gpu.processes and not gpu.lost for pid, used in gpu.processes.items()
-    ]  # fmt: skip
+        for gpu in snapshot
+        if gpu.processes and not gpu.lost
+        for pid, used in gpu.processes.items()
+    ]
     owners = _owners(lives, table, watch.key, {row.pid for row in seen}) if seen else {}
     for pid, job_id in owners.items():  # placement, peaks and blame count them as the job's from now on
         job = lives.running.get(job_id) if job_id is not None else None
@@ -223,6 +228,12 @@ def _key(finding: rules.Finding) -> str:
 
 def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
     return Broken(
-        now, finding.job, finding.rule.value, finding.action.value, finding.gpu, finding.pids, finding.held,
+        now,
+        finding.job,
+        finding.rule.value,
+        finding.action.value,
+        finding.gpu,
+        finding.pids,
+        finding.held,
         finding.what(),
-    ).to_json()  # fmt: skip
+    ).to_json()

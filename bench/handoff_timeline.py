@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: one benchmark, its tracing and its report read as one story.
 """Where a successor hand-off's time goes: one job's end to the next one's start on its GPUs, step by step.
 
     sudo python bench/handoff_timeline.py [--jobs 40] [--seconds 0.1] [--rounds 3] [--against REV ...]

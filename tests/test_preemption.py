@@ -1,3 +1,4 @@
+# One module past 400 lines on purpose: its trainers' job scripts and the daemon tests that run them belong together.
 """Automatic preemption (#28, 2) with a real daemon on the fake inventory: an urgent job takes the GPU of a
 preemptible counting job, which stops where it was and, once the urgent job ended, goes on to the end."""
 

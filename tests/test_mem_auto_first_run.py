@@ -149,3 +149,36 @@ def test_a_member_that_outgrows_the_early_peak_meets_its_fence_and_comes_back_it
     assert ran_out == {r["id"] for r in others}, events
     fenced = "CUDA out of memory at its 820.0M share (--mem auto)"  # 1.8G reserved, less the context's 1 GiB
     assert any(fenced in str(e.get("reason", "")) for e in events), events
+
+
+def test_a_probe_that_grows_past_the_share_its_early_peak_gave_it_is_not_stopped_by_the_watchdog(
+    queue: Gpuq, tmp_path: Path
+) -> None:
+    """A probe runs unfenced on a whole GPU; once its early peak counts, that peak (plus a margin) is its share
+    for placement's sake. It was stopped as a liar ("past its share") by a watchdog check that fell in the
+    moments it held more, and failed: gpuq's own figure cost the job. The test holds the probe past that share
+    until a watchdog check has seen it there (the check charges the GPU's energy: the event waited for)."""
+    grow, done = tmp_path / "grow", tmp_path / "done"
+    (probe,) = _array(
+        queue, 1, "fake_cuda.py", "1", "0", "--grow-to", "3", "--grow-when", str(grow), "--end-when", str(done)
+    )
+    settled = wait_for(
+        lambda: (job := queue.job(probe))["mem_per_gpu"] and job,
+        120,
+        "the probe's early peak to count as its share",
+    )
+    assert settled["mem_from"].startswith("a probe; since it settled, ") and settled["mem_per_gpu"] < 3 * GiB
+    grow.touch()
+    grown = wait_for(lambda: (job := queue.job(probe))["peak_mem"] >= 3 * GiB and job, 120, "its growth sampled")
+    before = grown["gpu_energy_j"] or 0
+    wait_for(
+        lambda: (job := queue.job(probe))["state"] != "running" or job["gpu_energy_j"] > before or None,
+        120,
+        "a watchdog check after it (or its end)",
+    )
+    assert queue.job(probe)["state"] == "running", queue.job(probe)["reason"]
+    done.touch()
+    ended = queue.wait_state(probe, *DONE, timeout=120)
+    assert (ended["state"], ended["attempt"]) == ("succeeded", 1), ended
+    events = [json.loads(line) for line in (queue.home / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "watchdog" and e.get("job") == probe]

@@ -122,7 +122,8 @@ class Scheduler(SchedulerState):
         return now >= min(checks)
 
     def _watch(self, now: float, readings: sight.Readings) -> None:
-        self.journal.extend(self.watch.check(self.lives, self.table, self, now, readings))
+        probes = set(self.mem_auto.probes.values())
+        self.journal.extend(self.watch.check(self.lives, self.table, self, now, readings, probes))
         sight.release_idle(self, now, readings)
         sight.report_idle_batch(self, now, readings)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,10 +57,17 @@ class Watch:
         return cls(attribution.queue_key(root), rules.Settings(overhead=overhead))
 
     def check(
-        self, lives: Lives, table: JobTable, stopping: Stopping, now: float, readings: Readings
+        self,
+        lives: Lives,
+        table: JobTable,
+        stopping: Stopping,
+        now: float,
+        readings: Readings,
+        probes: Collection[int] = (),
     ) -> list[dict[str, Any]]:
-        """One check (``check``); the events it journals."""
-        return check(lives, table, stopping, self, now, readings)
+        """One check (``check``); the events it journals. ``probes``: the running ``--mem auto`` probes, whose
+        share is placement's figure from their own early peak, not a limit they were given."""
+        return check(lives, table, stopping, self, now, readings, probes)
 
 
 def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rules.Settings:
@@ -79,7 +86,13 @@ def settings(config: Watchdog, environ: Mapping[str, str], overhead: int) -> rul
 
 
 def check(
-    lives: Lives, table: JobTable, stopping: Stopping, watch: Watch, now: float, readings: Readings
+    lives: Lives,
+    table: JobTable,
+    stopping: Stopping,
+    watch: Watch,
+    now: float,
+    readings: Readings,
+    probes: Collection[int] = (),
 ) -> list[dict[str, Any]]:
     """One check over this pass's snapshot, at most every ``EVERY`` seconds; the events to journal. Energy counters
     are read only while a job holds a GPU: a job is charged from the first check after its start, never for what
@@ -104,7 +117,10 @@ def check(
     if not seen:
         watch.said.clear()
         return []
-    running = {job_id: _given(job) for job_id, job in lives.running.items()}
+    # A probe started unfenced on a whole GPU, and its share came later from its own early peak: it is
+    # placement's figure for the jobs beside it, not a limit the probe was given, so its growth past it is no
+    # lie to stop it for (it was, when a watchdog check fell in the moments it held more).
+    running = {job_id: _given(job, job_id in probes) for job_id, job in lives.running.items()}
     for job_id, job in lives.suspended.items():  # its frozen context, kept on its GPU, is no leftover:
         running[job_id] = _given(job)  # in place (an MPS client), or kept as nothing else was left (#40)
     for job_id, staged in lives.staged.items():  # its shim may start it before this daemon hears of it
@@ -156,9 +172,9 @@ def _charge(
         table.add_energy(charges)
 
 
-def _given(job: Running) -> rules.Given:
+def _given(job: Running, probe: bool = False) -> rules.Given:
     spec = job.record.spec
-    return rules.Given(job.record.gpus, spec.mem_per_gpu if spec.gpus else None)
+    return rules.Given(job.record.gpus, spec.mem_per_gpu if spec.gpus and not probe else None)
 
 
 def _owners(lives: Lives, table: JobTable, key: str, pids: set[int]) -> dict[int, int | None]:

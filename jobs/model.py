@@ -284,6 +284,9 @@ class JobRecord:
             "mem_per_gpu": self.spec.mem_per_gpu,
             "mem_auto": self.spec.mem_auto,
             "mem_from": self.spec.mem_from,
+            "cpus": self.spec.cpus,  # host limits (--cpus, --ram): None where not asked
+            "ram": self.spec.ram,
+            "preemptible": self.spec.preemptible,
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
             "ended_at": self.ended_at,

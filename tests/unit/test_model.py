@@ -78,3 +78,12 @@ def test_the_records_a_daemon_holds_by_the_ten_thousand_stay_compact() -> None:
     assert not hasattr(record, "__dict__")
     assert record.replace(attempt=2).attempt == 2 and pickle.loads(pickle.dumps(record)) == record
     assert len(dataclasses.fields(JobSpec)) <= 30 or not hasattr(record.spec, "__dict__")
+
+
+def test_the_public_view_says_a_jobs_host_limits_and_whether_it_may_be_preempted() -> None:
+    """`gpuq show --json` left out --cpus, --ram and --preemptible, which `gpuq show` and the queue act on."""
+    spec = JobSpec(command=("x",), cwd="/", cpus=2.5, ram=8 << 30, preemptible=True)
+    shown = JobRecord(1, spec, 0, "a", JobState.RUNNING, 0.0).to_json()
+    assert (shown["cpus"], shown["ram"], shown["preemptible"]) == (2.5, 8 << 30, True)
+    plain = JobRecord(2, JobSpec(command=("x",), cwd="/"), 0, "a", JobState.PENDING, 0.0).to_json()
+    assert (plain["cpus"], plain["ram"], plain["preemptible"]) == (None, None, False)

@@ -8,6 +8,7 @@ processes hold in host memory, as a real host's does."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -156,5 +157,24 @@ def test_a_victim_whose_suspend_needs_another_jobs_pool_is_suspended_once_it_is_
         assert len(_events(queue, a, "suspending")) == 1 and queue.job(a)["state"] == "running"
         _counts_on(a_counts)
         assert _pool_said(queue, a, a_pid) == 0
+    finally:
+        queue.cleanup()
+
+
+def test_a_fifo_a_job_leaves_as_its_pool_file_never_holds_the_daemon(tmp_path: Path) -> None:
+    """The job's fast directory is its own, and the daemon reads each process's pool file there in every pass
+    while a --preemptible job runs. A FIFO put there in place of the file (as a hostile teammate's job may)
+    held the root daemon's pass forever in open(), and with it the whole queue: it is read only if it is a
+    regular file, never waiting for a writer: another job still runs to its end."""
+    queue = fake_cuda_queue(tmp_path, "2x80GiB", GPUQ_FAKE_HOST_MEMORY="100GiB")
+    shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
+    try:
+        a, a_pid, a_counts = _start(queue, "a", 4, "--preemptible")
+        pool = queue.home / "run" / f"{a}.fast" / f"{a_pid}.pool"
+        os.mkfifo(pool)  # what the job, whose directory it is, may do
+        other = queue.submit("true")
+        assert queue.wait_state(other, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        _counts_on(a_counts)
+        assert queue.job(a)["state"] == "running"
     finally:
         queue.cleanup()

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,19 +124,28 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _answer(directory: str, pid: int, what: str) -> dict[str, Any] | None:
-    """A process's answer file, read without following a link (the directory is the job's), or None."""
+def _job_file(path: str, limit: int) -> dict[str, Any] | None:
+    """A JSON object the job wrote in its own directory, read as root may read it: no link followed, nothing
+    but a regular file (a FIFO put there would hold the reader forever: the daemon's pass reads pool files),
+    at most ``limit`` bytes; None for anything else (a job that is not gpuq's handler wrote it, or nothing)."""
     try:
-        fd = os.open(os.path.join(directory, f"{pid}.{what}"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        found = json.loads(os.read(fd, 65536))
-    except ValueError:
-        return None  # written by a job that is not gpuq's handler: no answer
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        found = json.loads(os.read(fd, limit))
+    except (OSError, ValueError):
+        return None
     finally:
         os.close(fd)
     return found if isinstance(found, dict) else None
+
+
+def _answer(directory: str, pid: int, what: str) -> dict[str, Any] | None:
+    """A process's answer file (``<pid>.released``, ``.restored``), or None."""
+    return _job_file(os.path.join(directory, f"{pid}.{what}"), 65536)
 
 
 def _wait(directory: str, pids: list[int], what: str, within: float) -> dict[int, dict[str, Any]]:
@@ -179,17 +189,7 @@ def pool_of(directory: str | None, pids: Iterable[int], scale: int = 1) -> int:
 
 
 def _pool_said(directory: str, pid: int) -> int:
-    try:
-        fd = os.open(pool_file(directory, pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return 0
-    try:
-        found = json.loads(os.read(fd, 4096))
-    except ValueError:
-        return 0
-    finally:
-        os.close(fd)
-    said = found.get("bytes") if isinstance(found, dict) else None
+    said = (_job_file(pool_file(directory, pid), 4096) or {}).get("bytes")
     return said if isinstance(said, int) and not isinstance(said, bool) else 0
 
 

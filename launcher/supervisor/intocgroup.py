@@ -37,29 +37,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuq_scheduler.launcher.supervisor import spawncg, waiter, zygote
-from gpuq_scheduler.launcher.supervisor.waiter import Job, become, close_all_but
+from gpuq_scheduler.launcher.supervisor.waiter import CLONE_ARGS, Job, become, close_all_but
 
 _SYS_CLONE3 = 435  # the same number on every architecture: clone3 came after the tables were unified
 _CLONE_INTO_CGROUP = 0x200000000
 
 
 class _CloneArgs(ctypes.Structure):
-    _fields_ = [  # struct clone_args, up to CLONE_ARGS_SIZE_VER2 (the cgroup field)
-        (name, ctypes.c_uint64)
-        for name in (
-            "flags",
-            "pidfd",
-            "child_tid",
-            "parent_tid",
-            "exit_signal",
-            "stack",
-            "stack_size",
-            "tls",
-            "set_tid",
-            "set_tid_size",
-            "cgroup",
-        )
-    ]
+    _fields_ = [(name, ctypes.c_uint64) for name in CLONE_ARGS]
 
 
 class Unsupported(Exception):

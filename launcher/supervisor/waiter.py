@@ -99,6 +99,23 @@ def _details(details: int) -> Job | None:
     return marshal.loads(posix.pread(details, size, 0)) if size else None
 
 
+# struct clone_args, up to CLONE_ARGS_SIZE_VER2 (the cgroup field): every field a 64-bit integer. Declared here,
+# where the zygote builds its own without importing ctypes at the top; intocgroup's structure uses it too.
+CLONE_ARGS = (
+    "flags",
+    "pidfd",
+    "child_tid",
+    "parent_tid",
+    "exit_signal",
+    "stack",
+    "stack_size",
+    "tls",
+    "set_tid",
+    "set_tid_size",
+    "cgroup",
+)
+
+
 def zygote(control: int) -> None:
     """Make a waiter for each request on the socket ``control`` (a byte, with five descriptors: the job's
     cgroup, then ``main``'s four), answering its pid, or minus the errno its clone failed with; exit at the end
@@ -109,20 +126,8 @@ def zygote(control: int) -> None:
     gc.disable()  # no finalizer may run in a copy of this process
     call = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL is held across it, as after a fork
     call.restype, call.argtypes = ctypes.c_long, [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
-    fields = (
-        "flags",
-        "pidfd",
-        "child_tid",
-        "parent_tid",
-        "exit_signal",
-        "stack",
-        "stack_size",
-        "tls",
-        "set_tid",
-        "set_tid_size",
-        "cgroup",
-    )
-    args = type("CloneArgs", (ctypes.Structure,), {"_fields_": [(name, ctypes.c_uint64) for name in fields]})()
+    fields = [(name, ctypes.c_uint64) for name in CLONE_ARGS]
+    args = type("CloneArgs", (ctypes.Structure,), {"_fields_": fields})()
     every = signals.valid_signals()
     socket = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET, 0, control)
     room = sockets.CMSG_SPACE(5 * 4)

@@ -124,7 +124,7 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _job_file(path: str, limit: int) -> dict[str, Any] | None:
+def _job_file(path: str | os.PathLike[str], limit: int) -> dict[str, Any] | None:
     """A JSON object the job wrote in its own directory, read as root may read it: no link followed, nothing
     but a regular file (a FIFO put there would hold the reader forever: the daemon's pass reads pool files),
     at most ``limit`` bytes; None for anything else (a job that is not gpuq's handler wrote it, or nothing)."""

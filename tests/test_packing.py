@@ -141,11 +141,37 @@ def test_mem_auto_runs_one_probe_then_packs_the_array_at_its_learned_peak(probin
     assert "--mem auto: 4.2G learned from job" in shown
 
 
-def test_an_auto_job_that_outgrows_its_share_comes_back_with_twice_and_its_kind_learns(mps: Gpuq) -> None:
+def test_an_auto_job_that_outgrows_its_share_comes_back_with_twice_and_its_kind_learns(
+    mps: Gpuq, tmp_path: Path
+) -> None:
     first = mps.submit("--name", "grower", "--mem", "auto", "fake_cuda.py", "2", "3")
     (probe,) = _ended(mps, [first])
     assert probe["state"] == "succeeded" and probe["peak_mem"] == int(2.5 * (1 << 30))
-    grower = mps.submit("--name", "grower", "--mem", "auto", "fake_cuda.py", "2", "3", "--grow-to", "3.5")
+    # Each attempt grows at once; the one that fits holds its 4.0G until its peak was sampled (it once grew
+    # halfway through 3 s, and a loaded machine's samples could miss its last 1.5 s: the kind learned 2.5G).
+    grow, done = tmp_path / "grow", tmp_path / "done"
+    grow.touch()
+    grower = mps.submit(
+        "--name",
+        "grower",
+        "--mem",
+        "auto",
+        "fake_cuda.py",
+        "2",
+        "0",
+        "--grow-to",
+        "3.5",
+        "--grow-when",
+        str(grow),
+        "--end-when",
+        str(done),
+    )
+    wait_for(
+        lambda: (job := mps.job(grower))["attempt"] == 2 and (job["peak_mem"] or 0) >= 4 * GiB,
+        120,
+        "its second attempt's 4.0G to be sampled",
+    )
+    done.touch()
     (record,) = _ended(mps, [grower])
     assert record["state"] == "succeeded" and record["attempt"] == 2
     events = mps.home.joinpath("events.jsonl").read_text().splitlines()

@@ -134,7 +134,7 @@ def _may_follow(scheduler: SchedulerState, record: JobRecord, job: Running) -> b
     # member ahead fails, before the guard has seen that failure (and all of an array that fails would run).
     unproven = record.array_id is not None and record.array_id not in scheduler.guard_open
     return (
-        record.id not in scheduler.preemption.no_handoff  # it preempts instead (launcher.daemon.preempting)
+        not ((marks := scheduler.lives.peek(record.id)) and marks.no_handoff)  # it preempts instead (``preempting``)
         and spec.gpus == len(job.record.gpus)
         and spec.mem_per_gpu is None
         and not spec.mem_auto

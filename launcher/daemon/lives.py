@@ -4,10 +4,20 @@ and its end is one record, in one phase, carrying that phase's own data and noth
     pending ──stage──> staged ──start──> running ──act──> suspending ──suspend──> suspended
        ^  <──unstage──   │                ^  ^  <──acted──┘                         │
        │                 └─────start──────┘  └─acted── resuming <──act── running <──resume
-       └──────requeue (from running, suspending, resuming or suspended)──────┘
+       └──────requeue (from running, suspending, resuming, ending or suspended)──────┘
+
+    running, suspending or resuming ──stop──> ending ──end──> (gone)     ending ──unstop──> as before
 
 A suspended job holds its GPUs again from the moment its resume begins (``resume``); its helper then acts
 (``act``: resuming) until it is done (``acted``). A suspend that fails is undone the same way (``acted``).
+A job gpuq stops (the watchdog, a lost GPU, a requeued victim's grace over) is ending: it holds its GPUs, with the
+outcome it gets unless it succeeds first, until its end; a helper acting on it when it was stopped is still followed
+to its end, and starts nothing after (``acted`` and ``suspend`` leave it ending).
+
+Besides its phase, a job has its marks (:class:`Marks`): what the steps keep of it whatever its phase (how often it
+was preempted, a resume asked for), dropped with its life. A pass rolled back reads the phases back from the
+table; the marks stay with the jobs still live (they were never the table's, and the steps undo their own marks
+through ``on_rollback``), as do the helpers under way and the stops (``Scheduler.reload``).
 
 A phase is changed only by its moves (:class:`Lives`' methods), and a move the phase does not allow raises
 :class:`ImpossibleMove`: a bug in the daemon, never bad input. A job's end is one removal (``Lives.end``).
@@ -20,154 +30,67 @@ moves, tracked (``launcher.daemon.tracked``) where placement reads them, so a mo
 from __future__ import annotations
 
 import contextlib
-import enum
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
-from gpuq_scheduler.jobs.model import JobRecord, Launch
-from gpuq_scheduler.jobs.outcome import Step
-from gpuq_scheduler.jobs.store.actions import Action
+from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.outcome import Outcome, Step
+from gpuq_scheduler.launcher.daemon.phases import (
+    ON_GPUS,
+    Acting,
+    Child,
+    EndingLife,
+    ImpossibleMove,
+    Life,
+    Marks,
+    Pending,
+    Phase,
+    ResumingLife,
+    Running,
+    RunningLife,
+    Staged,
+    StagedLife,
+    SuspendedLife,
+    SuspendingLife,
+    Taking,
+)
 from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
 
-
-class Phase(enum.Enum):
-    PENDING = "pending"
-    STAGED = "staged"
-    RUNNING = "running"
-    SUSPENDING = "suspending"
-    SUSPENDED = "suspended"
-    RESUMING = "resuming"
-
-
-class ImpossibleMove(RuntimeError):
-    """A move its job's phase does not allow (or a job that is not live): the daemon's own mistake."""
-
-
-@dataclass
-class Running:
-    """A job on its shim (running, or suspended to host memory): its record, how it was launched, its processes,
-    and what the samples of its GPUs said of it this run (``daemon.watching``, ``daemon.learning``)."""
-
-    record: JobRecord
-    launch: Launch
-    pids: set[int] = field(default_factory=set)
-    held: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes its processes held, the last sample
-    peak: int = 0  # the most it held on one GPU in a sample
-    active_at: float | None = None  # monotonic: when its GPUs last did work, or this daemon first watched it
-
-
-@dataclass
-class Staged:
-    """A pending job handed to the shim of the running job ``after``, to start on its GPUs when it ends
-    (``launcher.daemon.handoff``). Out of placement until that job's end says whether it started."""
-
-    after: int
-    gpus: tuple[int, ...]
-    uuids: tuple[str, ...]
-    dropping: bool = False  # taken back: it starts only if the drop reached the shim too late
-    cancel_by: str | None = None  # cancelled while staged: it ends cancelled, started or not
-
-
-class Child(Protocol):
-    """The helper a suspend or resume runs in, as a life holds it (``suspension.suspender.Helper``: the suspend
-    step's to start; typed here by what is asked of it, so the lives import nothing of that step's)."""
-
-    pid: int
-    started: float
-
-    def result(self) -> dict[str, Any] | None: ...
-
-    def times(self, result: dict[str, Any]) -> dict[str, float]: ...
-
-
-@dataclass
-class Acting:
-    """A suspend or resume under way (``launcher.daemon.suspension.suspending``): its child, or (after a restart)
-    the one an earlier daemon left."""
-
-    step: Step
-    by: str
-    child: Child | None = None
-    left: tuple[int, float] | None = None  # an earlier daemon's child (pid, start): waited for first
-    action: Action | None = None  # what the child does: suspend, or resume (a resume, or a suspend undone)
-    began: float = 0.0  # wall time
-    bytes: int = 0  # what the job held on its GPUs when its suspend began (the last sample)
-    retry_at: float = 0.0  # wall time: a failed resume (or undo) is tried again from then
-    again: bool = False  # no child of ours: start one (after a restart, or a failure) once ``left`` is gone
-
-
-@dataclass(frozen=True)
-class Pending:
-    phase: ClassVar[Phase] = Phase.PENDING
-    record: JobRecord
-    not_before: float | None = None  # wall time: a requeued job's backoff, not placed before it
-
-
-@dataclass(frozen=True)
-class StagedLife:
-    phase: ClassVar[Phase] = Phase.STAGED
-    record: JobRecord
-    staged: Staged
-
-
-@dataclass(frozen=True)
-class RunningLife:
-    phase: ClassVar[Phase] = Phase.RUNNING
-    job: Running
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
-
-
-@dataclass(frozen=True)
-class SuspendingLife:
-    phase: ClassVar[Phase] = Phase.SUSPENDING
-    job: Running
-    acting: Acting
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
-
-
-@dataclass(frozen=True)
-class SuspendedLife:
-    phase: ClassVar[Phase] = Phase.SUSPENDED
-    job: Running
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
-
-
-@dataclass(frozen=True)
-class ResumingLife:
-    phase: ClassVar[Phase] = Phase.RESUMING
-    job: Running
-    acting: Acting
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
-
-
-Life = Pending | StagedLife | RunningLife | SuspendingLife | SuspendedLife | ResumingLife
-ON_GPUS = (Phase.RUNNING, Phase.SUSPENDING, Phase.RESUMING)  # a job with a helper acting holds its GPUs
+__all__ = [  # the steps import a life's parts from here, where the moves are
+    "ON_GPUS",
+    "Acting",
+    "Child",
+    "EndingLife",
+    "ImpossibleMove",
+    "Life",
+    "Marks",
+    "Pending",
+    "Phase",
+    "ResumingLife",
+    "Running",
+    "RunningLife",
+    "Staged",
+    "StagedLife",
+    "SuspendedLife",
+    "SuspendingLife",
+    "Taking",
+]
 
 
 class Lives:
     """Every live job's life, by id, and the indexes the steps read."""
 
     def __init__(self, changes: Changes) -> None:
+        self._changes = changes
         self._lives: dict[int, Life] = {}
+        self._marks: dict[int, Marks] = {}  # only the jobs a step marked: the steps' loops over them stay short
         self._pending: TrackedDict[int, JobRecord] = TrackedDict(changes)  # pending and staged jobs' records
         self._running: TrackedDict[int, Running] = TrackedDict(changes)  # running, suspending and resuming
         self._suspended: TrackedDict[int, Running] = TrackedDict(changes)
         self._staged: TrackedDict[int, Staged] = TrackedDict(changes)
         self._acting: dict[int, Acting] = {}  # suspending and resuming (placement does not read it)
         self._not_before: TrackedDict[int, float] = TrackedDict(changes)  # pending jobs in their backoff
+        self._stopped_for: TrackedDict[int, Outcome] = TrackedDict(changes)  # ending
 
     # What the steps read.
     @property
@@ -198,6 +121,33 @@ class Lives:
         """The pending jobs in a backoff (a retry's, a preempted job's), each with when it may start."""
         return self._not_before
 
+    @property
+    def stopped_for(self) -> Mapping[int, Outcome]:
+        """The jobs gpuq is stopping (ending), each with the outcome it gets unless it succeeds first."""
+        return self._stopped_for
+
+    def marks(self, job_id: int) -> Marks:
+        """The live job's marks, to read or change (``take`` changes ``taking``)."""
+        if job_id not in self._lives:
+            raise ImpossibleMove(f"job {job_id} cannot be marked: it is not live")
+        marks = self._marks.get(job_id)
+        if marks is None:
+            marks = self._marks[job_id] = Marks()
+        return marks
+
+    def peek(self, job_id: int) -> Marks | None:
+        """The job's marks if a step marked it (a read that marks nothing: the loops over ``marked`` stay short)."""
+        return self._marks.get(job_id)
+
+    def marked(self) -> list[tuple[int, Marks]]:
+        """The jobs a step has marked, with their marks (a list: a loop over it may change them)."""
+        return list(self._marks.items())
+
+    def take(self, job_id: int, taking: Taking | None) -> None:
+        """A waiting job takes others' GPUs (or no longer does): placement looks again."""
+        self.marks(job_id).taking = taking
+        self._changes.mark()
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._lives
 
@@ -219,7 +169,9 @@ class Lives:
         suspended: Iterable[Running],
         not_before: Mapping[int, float],
     ) -> None:
-        """Start again from what the table says (a daemon's start, a tick rolled back)."""
+        """Start again from what the table says (a daemon's start, a tick rolled back): the jobs still live keep
+        their marks."""
+        marks = dict(self._marks)  # ``end`` drops them
         for job_id in list(self._lives):
             self.end(job_id)
         for record in pending:
@@ -228,6 +180,7 @@ class Lives:
             self._put(RunningLife(job))
         for job in suspended:
             self._put(SuspendedLife(job))
+        self._marks = {job_id: kept for job_id, kept in marks.items() if job_id in self._lives}
 
     def add(self, record: JobRecord) -> None:
         """A job new to the daemon: pending."""
@@ -278,19 +231,46 @@ class Lives:
 
     def acted(self, job_id: int) -> Acting:
         """The suspend or resume under way is over and the job runs on its GPUs: resumed, its suspend undone,
-        or about to act again."""
-        life = self._life(job_id, "end a suspend or resume", Phase.SUSPENDING, Phase.RESUMING)
+        or about to act again. An ending job stays ending."""
+        life = self._life(job_id, "end a suspend or resume", Phase.SUSPENDING, Phase.RESUMING, Phase.ENDING)
+        if isinstance(life, EndingLife):
+            if life.acting is None:
+                raise ImpossibleMove(f"job {job_id} cannot end a suspend or resume: none is under way")
+            self._put(EndingLife(life.job, life.outcome))
+            return life.acting
         assert isinstance(life, (SuspendingLife, ResumingLife))
         self._put(RunningLife(life.job))
         return life.acting
 
     def suspend(self, job_id: int) -> Running:
-        """A job being suspended is now in host memory: its GPUs are free for others."""
-        life = self._life(job_id, "be suspended", Phase.SUSPENDING)
+        """A job being suspended is now in host memory: its GPUs are free for others. One stopped meanwhile
+        stays ending, on its GPUs, until its end."""
+        life = self._life(job_id, "be suspended", Phase.SUSPENDING, Phase.ENDING)
+        if isinstance(life, EndingLife):
+            self.acted(job_id)
+            return life.job
         assert isinstance(life, SuspendingLife)
         life.job.held = {}  # its GPUs hold nothing of it now
         self._put(SuspendedLife(life.job))
         return life.job
+
+    def stop(self, job_id: int, outcome: Outcome) -> None:
+        """gpuq stops a job on its GPUs: it ends as ``outcome`` unless it succeeds first."""
+        life = self._life(job_id, "be stopped", Phase.RUNNING, Phase.SUSPENDING, Phase.RESUMING)
+        assert isinstance(life, (RunningLife, SuspendingLife, ResumingLife))
+        acting = life.acting if isinstance(life, (SuspendingLife, ResumingLife)) else None
+        self._put(EndingLife(life.job, outcome, acting))
+
+    def unstop(self, job_id: int) -> None:
+        """A stop taken back before it was sent (its pass rolled back): the job is as it was."""
+        life = self._life(job_id, "be stopped no more", Phase.ENDING)
+        assert isinstance(life, EndingLife)
+        if life.acting is None:
+            self._put(RunningLife(life.job))
+        elif life.acting.step is Step.SUSPENDING:
+            self._put(SuspendingLife(life.job, life.acting))
+        else:
+            self._put(ResumingLife(life.job, life.acting))
 
     def resume(self, job_id: int) -> Running:
         """A suspended job holding its GPUs again (from the moment its resume begins)."""
@@ -310,6 +290,7 @@ class Lives:
     def end(self, job_id: int) -> Life | None:
         """The job ended (or left the daemon's view): its life goes, with everything it held. None: not live."""
         life = self._lives.pop(job_id, None)
+        self._marks.pop(job_id, None)
         if life is not None:
             for index, _ in self._entries(life):
                 index.pop(job_id, None)
@@ -351,6 +332,9 @@ class Lives:
             return [(self._running, life.job)]
         if isinstance(life, SuspendedLife):
             return [(self._suspended, life.job)]
+        if isinstance(life, EndingLife):
+            entries: list[tuple[dict[int, Any], Any]] = [(self._running, life.job), (self._stopped_for, life.outcome)]
+            return entries + ([(self._acting, life.acting)] if life.acting is not None else [])
         return [(self._running, life.job), (self._acting, life.acting)]
 
     def _put(self, life: Life) -> None:

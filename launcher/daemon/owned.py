@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.store.calendar import Calendar
-from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict, TrackedSet
+from gpuq_scheduler.launcher.daemon.tracked import Changes, TrackedDict
 from gpuq_scheduler.launcher.policy import memory
 from gpuq_scheduler.launcher.policy.preemption import Settings
 
@@ -56,47 +56,32 @@ class Forks(Protocol):
 
 @dataclass
 class Suspensions:
-    """``daemon.suspension.suspending``: the resumes asked for, waiting for their GPUs (job -> who asked), and the
-    server that forks the helpers (``forker.Forker``); ``daemon.suspension.pools``: GPUQ_FAST_POOL, and the jobs
-    told to give their pools back (-> monotonic time told). The suspends and resumes under way are their jobs' phases
+    """``daemon.suspension.suspending``: the server that forks the helpers (``forker.Forker``);
+    ``daemon.suspension.pools``: GPUQ_FAST_POOL, and the jobs told to give their pools back (-> monotonic time
+    told). The suspends and resumes under way are their jobs' phases, a resume asked for is a job's mark
     (``launcher.daemon.lives``)."""
 
-    resume_wanted: dict[int, str] = field(default_factory=dict)
     forker: Forks | None = None
     pool_mode: str = "auto"
     told: dict[int, float] = field(default_factory=dict)
 
 
+@dataclass
 class Preemption:
-    """``daemon.preempting``: its settings; the waiting jobs taking others' GPUs (-> a Taking; placement
-    reserves their GPUs); the preempted jobs (-> their preemptor and why), kept their places until they
-    resume; how often each job was preempted; when each last resumed; the jobs whose suspend failed (never
-    victims again); the victims requeued instead (-> monotonic time their grace ends); and the waiting jobs
-    that preempt, never staged behind a running job."""
+    """``daemon.preempting``: its settings. What it keeps of each job (its victims, their preemptors, the GPUs a
+    waiting job takes) is that job's marks (``launcher.daemon.lives``)."""
 
-    def __init__(self, changes: Changes) -> None:
-        self.settings = Settings()
-        self.taking: TrackedDict[int, Any] = TrackedDict(changes)
-        self.preempted: dict[int, tuple[int, str]] = {}
-        self.preemptions: dict[int, int] = {}
-        self.resumed_at: dict[int, float] = {}
-        self.unsuspendable: set[int] = set()
-        self.signalled: dict[int, float] = {}
-        self.no_handoff: TrackedSet[int] = TrackedSet(changes)
+    settings: Settings = field(default_factory=Settings)
 
 
 @dataclass
 class Booked:
     """``daemon.reserving``: the calendar (as ``reservations.json`` holds it: the daemon is its only writer),
-    its settings (an unused reservation's idle time; a user's GPU-hours reserved ahead, None: no quota), the
-    jobs suspended for a reservation (-> its name; they resume once it is over), and when to look again for
-    work its owner must hear of."""
+    its settings (an unused reservation's idle time; a user's GPU-hours reserved ahead, None: no quota), and when
+    to look again for work its owner must hear of. Its victims are marked so (``launcher.daemon.lives``)."""
 
     calendar: Calendar
     idle: float | None = 3600.0
     quota: float | None = None
-    victims: dict[int, str] = field(default_factory=dict)
-    returning: set[int] = field(default_factory=set)  # victims of one over, their places kept until they resume
-    undone: set[int] = field(default_factory=set)  # victims whose suspend was undone once (the next: requeued)
     next_look: float = 0.0
     dirty: bool = False

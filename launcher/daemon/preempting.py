@@ -6,7 +6,7 @@ waiting job on their GPUs once they are off them, and keeps their places:
 
 * **One taking at a time.** ``decide`` looks at the first job in queue order that could not start (not one
   held back by its user's cap or its array's throttle) once a pass; while its victims are being suspended
-  (``scheduler.preemption.taking``) nothing else is preempted.
+  (its mark's ``taking``, ``launcher.daemon.lives``) nothing else is preempted.
 * **The preemptor starts on its victims' GPUs** (``launch_ready``) as soon as every victim is off them
   (suspended, or ended), in the same pass, before placement looks: nothing else can take those GPUs first.
   If a victim's suspend fails or is undone, or the waiting job went (started elsewhere, cancelled), the
@@ -32,7 +32,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.config import Shared
@@ -45,9 +44,9 @@ from gpuq_scheduler.jobs.store.events import Preempted
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import fences, handoff
-from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.lives import Marks, Phase, Running, Taking
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspension import hostmem, pools, suspending
+from gpuq_scheduler.launcher.daemon.suspension import hostmem, pausefiles, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -59,15 +58,6 @@ from gpuq_scheduler.launcher.supervisor import containment
 log = logging.getLogger("gpuq.preempt")
 
 BY = ("priority", "fair_share")
-
-
-@dataclass
-class Taking:
-    """A waiting job whose victims are being suspended: it starts on ``gpus`` once they are off them."""
-
-    victims: set[int]
-    gpus: tuple[int, ...]
-    uuids: tuple[str, ...]
 
 
 def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
@@ -96,29 +86,34 @@ def settings(shared: Shared | None, environ: Mapping[str, str]) -> Settings:
 def recover(scheduler: SchedulerState) -> None:
     """At start-up: a suspended job an earlier daemon preempted resumes once its preemptor is not running."""
     for job_id in scheduler.suspended:
-        paused = suspending.pause_record(scheduler, job_id)
+        paused = pausefiles.read(scheduler.state, job_id)
         preemptor = paused.get("for")
+        marks = scheduler.lives.marks(job_id)
         if isinstance(preemptor, int):
-            scheduler.preemption.preempted[job_id] = (preemptor, str(paused.get("why") or ""))
-            scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
+            marks.preempted_by = (preemptor, str(paused.get("why") or ""))
+            marks.resume_wanted = marks.resume_wanted or "gpuq"
         times = paused.get("preemptions")
         if isinstance(times, int):
-            scheduler.preemption.preemptions[job_id] = times
+            marks.preemptions = times
 
 
 def holdings(scheduler: SchedulerState) -> list[Holding]:
     """Placement's view of the places kept for preempted jobs, and of what a waiting job taking GPUs will hold
     there: reserved as if they ran (so nothing placed meanwhile fills the room it was chosen for)."""
-    kept = [
-        Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
-        for job_id, job in scheduler.suspended.items()
-        if job_id in scheduler.preemption.preempted
-    ]
-    for job_id, taking in scheduler.preemption.taking.items():
+    kept = []
+    for job_id, marks in scheduler.lives.marked():
+        job = scheduler.suspended.get(job_id)
+        if job is not None and marks.preempted_by is not None:
+            kept.append(Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None))
         record = scheduler.pending.get(job_id)
-        if record is not None:
-            kept.append(Holding(job_id, taking.gpus, record.spec.mem_per_gpu, None))
+        if record is not None and marks.taking is not None:
+            kept.append(Holding(job_id, marks.taking.gpus, record.spec.mem_per_gpu, None))
     return kept
+
+
+def takings(scheduler: SchedulerState) -> dict[int, Taking]:
+    """The waiting jobs taking others' GPUs, each with what it takes."""
+    return {job_id: marks.taking for job_id, marks in scheduler.lives.marked() if marks.taking is not None}
 
 
 def launch_ready(
@@ -127,38 +122,43 @@ def launch_ready(
     """Start each waiting job whose victims are all off its GPUs; drop a taking that can no longer be. End
     the requeued victims whose grace period is over."""
     _end_signalled(scheduler)
-    for job_id, taking in list(scheduler.preemption.taking.items()):
+    lives = scheduler.lives
+    for job_id, taking in takings(scheduler).items():
         record = scheduler.pending.get(job_id)
         still = [v for v in taking.victims if v in scheduler.running]
         # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
         failed = [v for v in still if v not in scheduler.acting and v not in scheduler.stopped_for]
         for victim in [v for v in failed if scheduler.running[v].record.spec.preemptible and record is not None]:
-            why = scheduler.preemption.preempted.pop(victim, (job_id, ""))[1]
+            marks = lives.marks(victim)
+            why = marks.preempted_by[1] if marks.preempted_by is not None else ""
+            marks.preempted_by = None
             _requeue(scheduler, scheduler.running[victim], job_id, why, now)
             failed.remove(victim)
         if record is None or failed or any(gpu in scheduler.drained for gpu in taking.gpus):
-            del scheduler.preemption.taking[job_id]
+            lives.take(job_id, None)
             for victim in failed:  # still running; one still suspending stays preempted: it resumes at once
-                scheduler.preemption.preempted.pop(victim, None)
-            scheduler.preemption.unsuspendable |= set(failed)
+                lives.marks(victim).preempted_by = None
+                lives.marks(victim).unsuspendable = True
             log.info("job %d no longer takes the GPUs of %s", job_id, sorted(taking.victims))
             continue
         if still:
             continue
-        del scheduler.preemption.taking[job_id]
-        scheduler.lives.due(job_id)
+        lives.take(job_id, None)
+        lives.due(job_id)
         launch(record, taking.gpus, taking.uuids, now)
 
 
 def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
     """Once a pass: may the first waiting job take running jobs' GPUs? If so, begin suspending them."""
     settings = scheduler.preemption.settings
-    if not settings.enabled or scheduler.preemption.taking or not scheduler.pending or not scheduler.running:
+    if not settings.enabled or not scheduler.pending or not scheduler.running or takings(scheduler):
         return
     head = _head(scheduler)
     if head is None:
         return
-    victims_of = {preemptor for preemptor, _ in scheduler.preemption.preempted.values()}
+    marked = scheduler.lives.marked()
+    victims_of = {marks.preempted_by[0] for _, marks in marked if marks.preempted_by is not None}
+    unsuspendable = {job_id for job_id, marks in marked if marks.unsuspendable}
     staged_before = {staged.after for job_id, staged in scheduler.staged.items() if job_id != head.id}
     over = _fair_share(scheduler, now, settings.by_fair_share)
     waiting = Job(
@@ -188,7 +188,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
             holdings_now.append(_holding(job.record))
             continue
         # One that cannot be suspended is requeued instead, if it said it can take that (--preemptible).
-        requeue = job_id in scheduler.preemption.unsuspendable or bool(suspending.refusal(scheduler, job))
+        requeue = job_id in unsuspendable or bool(suspending.refusal(scheduler, job))
         if requeue and not job.record.spec.preemptible:
             holdings_now.append(_holding(job.record))
             continue
@@ -207,7 +207,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         # never staged again), it preempts once given back. After the commit: it may have been staged in this
         # very pass, and its shim must hear of it before the drop.
         scheduler.after_commit.append(lambda: handoff.withdraw(scheduler, head.id))
-        scheduler.preemption.no_handoff.add(head.id)
+        scheduler.lives.marks(head.id).no_handoff = True  # only rules a hand-off out: placement need not look
         return
     requeued = {c.job_id for c in candidates if c.requeue}
     suspended = [c.job_id for c in candidates if c.job_id in choice.victims and not c.requeue]
@@ -219,23 +219,25 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     pools.make_room(scheduler, set(suspended), moved, now, scheduler.journal)  # for all of them at once
     uuids = {gpu.index: gpu.uuid for gpu in snapshot}
     taking = Taking(set(choice.victims), choice.gpus, tuple(uuids[i] for i in choice.gpus))
-    scheduler.preemption.taking[head.id] = taking
+    scheduler.lives.take(head.id, taking)
     for victim in choice.victims:
         why = choice.why[victim]
         if victim in requeued:
             _requeue(scheduler, scheduler.running[victim], head.id, why, now)
             continue
-        scheduler.preemption.preempted[victim] = (head.id, why)
-        scheduler.preemption.preemptions[victim] = scheduler.preemption.preemptions.get(victim, 0) + 1
-        suspending.note_preemption(scheduler, victim, head.id, why, scheduler.preemption.preemptions[victim])
+        marks = scheduler.lives.marks(victim)
+        marks.preempted_by = (head.id, why)
+        marks.preemptions += 1
+        pausefiles.note_preemption(scheduler.state, victim, head.id, why, marks.preemptions)
         suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
         scheduler.journal.append(Preempted(now, victim, why, preemptor=head.id).to_json())
         log.info("suspending job %d for job %d (%s)", victim, head.id, why)
 
     def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
-        scheduler.preemption.taking.pop(head.id, None)
-        for victim in choice.victims:
-            scheduler.preemption.preempted.pop(victim, None)
+        for victim in [v for v in choice.victims if v in scheduler.lives]:
+            scheduler.lives.marks(victim).preempted_by = None
+        if head.id in scheduler.lives:
+            scheduler.lives.take(head.id, None)
 
     scheduler.on_rollback.append(undo)
 
@@ -254,7 +256,8 @@ def _unreserved(scheduler: SchedulerState, head: JobRecord, views: list[GpuView]
 
 def reason(scheduler: SchedulerState, job_id: int) -> str:
     """A taking's waiting job's reason: whose GPUs it takes."""
-    taking = scheduler.preemption.taking[job_id]
+    taking = scheduler.lives.marks(job_id).taking
+    assert taking is not None  # placement asks only of the jobs taking GPUs
     return f"taking the GPUs of job(s) {', '.join(map(str, sorted(taking.victims)))}, suspending them"
 
 
@@ -295,9 +298,10 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
         outcome = Outcome(JobState.FAILED, Cause.PREEMPTED, reason=f"preempted for {words} ({why})")
     else:
         words, outcome = f"job {preemptor}", Outcome.preempted(preemptor, why)
-    scheduler.stopped_for[record.id] = outcome
-    scheduler.preemption.signalled[record.id] = time.monotonic() + scheduler.preemption.settings.grace
-    scheduler.preemption.preemptions[record.id] = scheduler.preemption.preemptions.get(record.id, 0) + 1
+    scheduler.lives.stop(record.id, outcome)  # its stop comes once its grace is over (``_end_signalled``)
+    marks = scheduler.lives.marks(record.id)
+    marks.signalled_until = time.monotonic() + scheduler.preemption.settings.grace
+    marks.preemptions += 1
     scheduler.table.set_reasons(
         {record.id: f"requeued for {words} ({why}); it cannot be suspended: {cannot}"}, state=JobState.RUNNING
     )
@@ -315,8 +319,9 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
     scheduler.after_commit.append(tell)
 
     def undo() -> None:  # the pass failed: it was not signalled, and is not being requeued
-        scheduler.stopped_for.pop(record.id, None)
-        scheduler.preemption.signalled.pop(record.id, None)
+        if scheduler.lives.phase(record.id) is Phase.ENDING:
+            scheduler.lives.unstop(record.id)
+            scheduler.lives.marks(record.id).signalled_until = None
 
     scheduler.on_rollback.append(undo)
     for_job, for_reservation = (None, preemptor) if isinstance(preemptor, str) else (preemptor, None)
@@ -328,12 +333,10 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
 def _end_signalled(scheduler: SchedulerState) -> None:
     """Stop the signalled victims whose grace period is over (a job that ended by itself meanwhile is gone)."""
     now = time.monotonic()
-    for job_id, due in list(scheduler.preemption.signalled.items()):
+    for job_id, marks in scheduler.lives.marked():
         job = scheduler.running.get(job_id)
-        if job is None:
-            del scheduler.preemption.signalled[job_id]
-        elif now >= due:
-            del scheduler.preemption.signalled[job_id]
+        if job is not None and marks.signalled_until is not None and now >= marks.signalled_until:
+            marks.signalled_until = None
             scheduler.stop(job)
 
 
@@ -343,7 +346,8 @@ def _rank(record: JobRecord) -> tuple[int, int]:
 
 def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], requeue: bool) -> Job:
     record = job.record
-    started = max(record.started_at or now, scheduler.preemption.resumed_at.get(record.id, 0.0))
+    marks = scheduler.lives.peek(record.id) or Marks()
+    started = max(record.started_at or now, marks.resumed_at or 0.0)
     return Job(
         record.id,
         record.gpus,
@@ -355,7 +359,7 @@ def _job(scheduler: SchedulerState, job: Running, now: float, over: set[str], re
         record.user in over,
         ran=now - started,
         held=pools.gpu_state(scheduler, job),
-        preemptions=scheduler.preemption.preemptions.get(record.id, 0),
+        preemptions=marks.preemptions,
         ends_by=_ends_by(record),
         requeue=requeue,
     )

@@ -17,9 +17,7 @@ The rules are pure (``launcher.policy.reserved``); here the daemon applies them:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import pwd
 import time
 from collections.abc import Mapping
@@ -34,7 +32,6 @@ from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
-from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import (
     Kind,
     Preempted,
@@ -48,14 +45,13 @@ from gpuq_scheduler.launcher.daemon import handoff, preempting
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.owned import Booked
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspension import suspending
+from gpuq_scheduler.launcher.daemon.suspension import pausefiles, suspending
 from gpuq_scheduler.launcher.policy import reserved as rules
 from gpuq_scheduler.launcher.policy.placement import Holding, Request
 
 log = logging.getLogger("gpuq.reserve")
 
 LOOK_EVERY = 2.0  # seconds between looks for work a reservation's owner must hear of
-RESERVATION = "reservation"  # the key a victim's pause file names its reservation by
 
 
 def settings(shared: Shared | None, environ: Mapping[str, str]) -> tuple[float | None, float | None]:
@@ -173,13 +169,13 @@ def _end(
     book.calendar.reservations = [r for r in book.calendar.reservations if r is not reservation]
     if why:  # kept a day, so its owner reads why in `gpuq status`
         book.calendar.reservations.append(reservation.but(ended=why, ended_at=now))
-    for job_id, name in list(book.victims.items()):
-        if name == reservation.name:
-            del book.victims[job_id]
-            _forget_victim(scheduler, job_id)
-            book.returning.add(job_id)  # its place is kept until it resumes (``holdings``)
+    for job_id, marks in scheduler.lives.marked():
+        if marks.victim_of == reservation.name:
+            marks.victim_of = None
+            pausefiles.forget_reservation(scheduler.state, job_id)
+            marks.returning = True  # its place is kept until it resumes (``holdings``)
             if job_id in scheduler.suspended:  # before suspends advance: it resumes in this very pass
-                scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
+                marks.resume_wanted = marks.resume_wanted or "gpuq"
     events.append(ReservationEnded(now, reservation.name, why or "its time is up").to_json())
     log.info("reservation %s ended: %s", reservation.name, why or "its time is up")
     scheduler.changes.mark()
@@ -215,14 +211,16 @@ def step(scheduler: SchedulerState, now: float) -> None:
 def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
     """At (and after) a start: suspend the preemptible jobs still on its GPUs, or requeue them."""
     book = scheduler.booked
-    for job_id, name in list(book.victims.items()):  # its suspend was undone (a restart) or failed
+    for job_id, marks in scheduler.lives.marked():  # a victim whose suspend was undone (a restart) or failed
         job = scheduler.running.get(job_id)
-        if job is not None and job_id not in scheduler.acting and job_id not in scheduler.stopped_for:
-            del book.victims[job_id]
-            _forget_victim(scheduler, job_id)
-            if job_id in book.undone:  # the second time: requeued instead, as preemption does
-                preempting.requeue(scheduler, job, name, "its suspend for the reservation failed twice", now)
-            book.undone.add(job_id)  # the first: suspended again below
+        name = marks.victim_of
+        if name is None or job is None or job_id in scheduler.acting or job_id in scheduler.stopped_for:
+            continue  # not a victim, or one suspended, being suspended or stopped
+        marks.victim_of = None
+        pausefiles.forget_reservation(scheduler.state, job_id)
+        if marks.undone:  # the second time: requeued instead, as preemption does
+            preempting.requeue(scheduler, job, name, "its suspend for the reservation failed twice", now)
+        marks.undone = True  # the first: suspended again below
     for work, reservation in rules.victims(book.calendar.reservations, _work(scheduler), now):
         job = scheduler.running.get(work.job_id)
         if job is None or work.job_id in scheduler.acting or work.job_id in scheduler.stopped_for:
@@ -231,8 +229,8 @@ def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, 
         if suspending.refusal(scheduler, job):
             preempting.requeue(scheduler, job, reservation.name, why, now)
             continue
-        book.victims[work.job_id] = reservation.name
-        _note_victim(scheduler, work.job_id, reservation.name)
+        scheduler.lives.marks(work.job_id).victim_of = reservation.name
+        pausefiles.note_reservation(scheduler.state, work.job_id, reservation.name)
         suspending.begin_suspend(scheduler, job, f"reservation {reservation.name}", now)
         events.append(Preempted(now, work.job_id, why, reservation=reservation.name).to_json())
         log.info("suspending job %d for reservation %s", work.job_id, reservation.name)
@@ -242,13 +240,19 @@ def label(scheduler: SchedulerState, now: float) -> None:
     """Once suspends have settled in this pass: a victim suspended says for which reservation, until when (in
     the same transaction as its state, so no reader sees one without the other)."""
     book = scheduler.booked
-    for job_id in list(book.returning):  # one still suspending when its reservation ended: resumes once suspended
-        if job_id in scheduler.suspended and job_id not in scheduler.acting:
-            scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
-        elif job_id not in scheduler.suspended and job_id not in scheduler.acting:
-            book.returning.discard(job_id)  # running again (resumed, or its suspend undone), or ended
-    for job_id, name in book.victims.items():
+    marked = scheduler.lives.marked()
+    for job_id, marks in marked:  # one still suspending when its reservation ended: resumes once suspended
+        if not marks.returning or job_id in scheduler.acting:
+            continue
+        if job_id in scheduler.suspended:
+            marks.resume_wanted = marks.resume_wanted or "gpuq"
+        else:
+            marks.returning = False  # running again (resumed, or its suspend undone)
+    for job_id, marks in marked:
+        name = marks.victim_of
         job = scheduler.suspended.get(job_id)
+        if name is None:
+            continue
         found = book.calendar.named(name)
         if job is None or found is None or job.record.reason.startswith("suspended for reservation"):
             continue
@@ -297,8 +301,8 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     nothing placed meanwhile takes the room they resume into."""
     return [
         Holding(job_id, job.record.gpus, job.record.spec.mem_per_gpu, None)
-        for job_id in scheduler.booked.returning
-        if (job := scheduler.suspended.get(job_id)) is not None
+        for job_id, marks in scheduler.lives.marked()
+        if marks.returning and (job := scheduler.suspended.get(job_id)) is not None
     ]
 
 
@@ -322,17 +326,18 @@ def recover(scheduler: SchedulerState) -> None:
     book = scheduler.booked
     now = time.time()
     for job_id in list(scheduler.suspended) + list(scheduler.running):
-        name = suspending.pause_record(scheduler, job_id).get(RESERVATION)
+        name = pausefiles.read(scheduler.state, job_id).get(pausefiles.RESERVATION)
         if not isinstance(name, str):
             continue
         found = book.calendar.named(name)
+        marks = scheduler.lives.marks(job_id)
         if found is not None and not found.over(now):
-            book.victims[job_id] = name
+            marks.victim_of = name
         else:
-            _forget_victim(scheduler, job_id)
-            book.returning.add(job_id)
+            pausefiles.forget_reservation(scheduler.state, job_id)
+            marks.returning = True
             if job_id in scheduler.suspended:
-                scheduler.suspensions.resume_wanted.setdefault(job_id, "gpuq")
+                marks.resume_wanted = marks.resume_wanted or "gpuq"
 
 
 def _work(scheduler: SchedulerState) -> list[rules.Work]:
@@ -361,23 +366,6 @@ def _fresh_name(scheduler: SchedulerState, owner: str) -> str:
 def _replace(book: Booked, old: Reservation, new: Reservation) -> None:
     book.calendar.reservations = [new if r is old else r for r in book.calendar.reservations]
     book.dirty = True
-
-
-def _note_victim(scheduler: SchedulerState, job_id: int, name: str) -> None:
-    paused = suspending.pause_record(scheduler, job_id)
-    paused[RESERVATION] = name
-    _write_pause(scheduler, job_id, paused)
-
-
-def _forget_victim(scheduler: SchedulerState, job_id: int) -> None:
-    paused = suspending.pause_record(scheduler, job_id)
-    if paused.pop(RESERVATION, None) is not None and os.path.exists(scheduler.state.pause_file(job_id)):
-        _write_pause(scheduler, job_id, paused)
-
-
-def _write_pause(scheduler: SchedulerState, job_id: int, paused: dict[str, Any]) -> None:
-    """The pause file as ``daemon.suspension.suspending`` keeps it, with the reservation's name beside its keys."""
-    write_atomic(scheduler.state.pause_file(job_id), json.dumps(paused).encode(), durable=False)
 
 
 def _save(scheduler: SchedulerState) -> None:

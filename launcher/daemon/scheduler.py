@@ -160,13 +160,17 @@ class Scheduler(SchedulerState):
 
     def reload(self) -> None:
         """Forget what this tick did in memory and read the active jobs back from the table."""
-        acting = dict(self.acting)  # the helpers under way: the table knows only their steps
-        self.load_lives()
+        acting = dict(self.acting)  # the helpers under way and the stops: the table knows neither
+        stopping = dict(self.stopped_for)
+        self.load_lives()  # the jobs still live keep their marks
         for job_id, helper in acting.items():
             if job_id in self.suspended:  # resuming: it holds its GPUs
                 self.lives.resume(job_id)
             if job_id in self.running:
                 self.lives.act(job_id, helper)
+        for job_id, outcome in stopping.items():
+            if job_id in self.running:
+                self.lives.stop(job_id, outcome)
         self.arrays = self.table.arrays(active_only=True)
         self.guard_waits, self.guard_open = {}, set()
         endings.judge_arrays(self, list(self.arrays), time.time())
@@ -195,7 +199,7 @@ class Scheduler(SchedulerState):
             return 0.0  # a flood of one user's requests, read a part a pass: the next part at once
         if self.controls is not None and self.controls.busy:
             return 0.1  # a control daemon starts or quits beside the pass: collect it soon
-        if self.acting or self.suspensions.resume_wanted:
+        if self.acting or suspending.wants_resumes(self):
             return 0.1  # a suspend or resume runs beside the pass, or waits for its GPUs
         soonest = max(0.0, reserving.next_change(self, now) - now)  # a reservation starts or ends then
         if self.pending:

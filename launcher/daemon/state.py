@@ -42,11 +42,10 @@ from gpuq_scheduler.launcher.supervisor import containment, processes, shim
 
 class SchedulerState:
     # What placement reads, each marking ``changes`` when it changes (``launcher.daemon.tracked``), with the
-    # learned memory, the probes, the takings and no_handoff (``launcher.daemon.owned``): placement skips a pass
-    # only when none of them, the GPUs, the pause or the running jobs' records moved.
+    # learned memory and the probes (``launcher.daemon.owned``), the lives' moves and the takings (``lives``):
+    # placement skips a pass only when none of them, the GPUs, the pause or the running jobs' records moved.
     arrays = DictField[int, ArrayInfo]()
     drained = SetField[int]()
-    stopped_for = DictField[int, Outcome]()
     fence_waits = DictField[int, tuple[tuple[int, ...], tuple[str, ...]]]()
     # The fail-fast guard's word on active arrays (``endings.judge_arrays``): why an array's pending members
     # wait for it, and until when at the latest; the arrays it has decided (their members may be handed off).
@@ -88,7 +87,7 @@ class SchedulerState:
         self.load_lives()
         # What each step keeps to itself (``launcher.daemon.owned``).
         self.suspensions = Suspensions()
-        self.preemption = Preemption(self.changes)
+        self.preemption = Preemption()
         self.booked = Booked(calendar.read(state))  # reservations (``daemon.reserving``)
         self.monitor = Monitor(
             idle_limit=shared.idle_limit if shared else None, idle_report=shared.idle_report if shared else None
@@ -123,9 +122,6 @@ class SchedulerState:
         self.last_snapshot: list[GpuSnapshot] = []
         self._inventory_key: object = None
         self._next_liveness = 0.0
-        # Running jobs gpuq is stopping, and the outcome each gets if it does not succeed first: its GPU was
-        # lost (daemon/watching/sight.py); the watchdog's stops go here too.
-        self.stopped_for = {}
         # Before any shim is forked: a daemon that must leave its own cgroup (containment's "no internal
         # processes") does so here, and its shims are born where it went.
         self.containment = containment.open_for(state.root, os.environ)
@@ -172,6 +168,12 @@ class SchedulerState:
     def not_before(self) -> Mapping[int, float]:
         """The pending jobs in a backoff, each with when it may start (on its pending life)."""
         return self.lives.not_before
+
+    @property
+    def stopped_for(self) -> Mapping[int, Outcome]:
+        """The jobs gpuq is stopping (ending), each with the outcome it gets unless it succeeds first: its GPU
+        was lost (``watching.sight``), the watchdog stopped it, a requeued victim's grace ran out."""
+        return self.lives.stopped_for
 
     @property
     def staged(self) -> Mapping[int, Staged]:
@@ -264,6 +266,11 @@ class SchedulerState:
         if not self.shims.cancel(job.record.id):  # started by an earlier daemon: we have no pipe to its shim
             processes.signal_shim(job.launch.shim_pid, job.launch.shim_start)
 
+    def stop_for(self, job: Running, outcome: Outcome) -> None:
+        """Stop a running job now, to end as ``outcome`` unless it succeeds first."""
+        self.lives.stop(job.record.id, outcome)
+        self.stop(job)
+
     def cancel(self, job: Running, who: str) -> None:
         """Stop a running job so that it ends as cancelled by ``who`` (a user, or gpuq's idle limit)."""
         self.table.set_cancel_by(job.record.id, who)
@@ -271,24 +278,9 @@ class SchedulerState:
         self.stop(job)
 
     def forget(self, job_id: int) -> None:
-        """Drop an ended job from the in-memory view of the queue: its life, in one removal, and what the steps
-        below still keep of it by job id (data that belongs on its life, where it would need no line here)."""
+        """Drop an ended job from the in-memory view of the queue: its life and marks, in one removal; the probe
+        of its kind, if it was one; its shim, if that died with it."""
         self.lives.end(job_id)
-        self.suspensions.resume_wanted.pop(job_id, None)
-        preemption = self.preemption
-        for table in (
-            preemption.taking,
-            preemption.preempted,
-            preemption.preemptions,
-            preemption.resumed_at,
-            preemption.signalled,
-        ):
-            table.pop(job_id, None)
-        preemption.unsuspendable.discard(job_id)
-        self.booked.victims.pop(job_id, None)
-        self.booked.returning.discard(job_id)
-        self.booked.undone.discard(job_id)
-        preemption.no_handoff.discard(job_id)
         for kind in [kind for kind, prober in self.mem_auto.probes.items() if prober == job_id]:
             del self.mem_auto.probes[kind]  # a probe that ended (or never ran): the next of its kind probes
         self.shims.lost(job_id)  # still there only if it ended without an exit file: its shim died

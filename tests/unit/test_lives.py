@@ -8,9 +8,10 @@ import os
 import pytest
 
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
-from gpuq_scheduler.jobs.outcome import JobState, Step
+from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.launcher.daemon.lives import (
     Acting,
+    EndingLife,
     ImpossibleMove,
     Lives,
     Pending,
@@ -22,6 +23,7 @@ from gpuq_scheduler.launcher.daemon.lives import (
     StagedLife,
     SuspendedLife,
     SuspendingLife,
+    Taking,
 )
 from gpuq_scheduler.launcher.daemon.tracked import Changes
 
@@ -38,6 +40,7 @@ def _running(job_id: int) -> Running:
     return Running(record, Launch(shim_pid=1, shim_start=1.0, boot_id="boot"))
 
 
+LOST = Outcome.gpu_lost("GPU 0 was lost")
 SUSPEND, RESUME = Acting(Step.SUSPENDING, "me", action="suspend"), Acting(Step.RESUMING, "me", action="resume")
 
 
@@ -113,6 +116,14 @@ def test_a_staged_job_starts_from_staged() -> None:
         ("suspended", lambda lives: lives.act(1, RESUME), "job 1 cannot begin resuming: it is suspended"),
         ("suspended", lambda lives: lives.acted(1), "job 1 cannot end a suspend or resume: it is suspended"),
         ("suspended", lambda lives: lives.start(_running(1)), "job 1 cannot start: it is suspended"),
+        ("suspended", lambda lives: lives.stop(1, LOST), "job 1 cannot be stopped: it is suspended"),
+        ("pending", lambda lives: lives.stop(1, LOST), "job 1 cannot be stopped: it is pending"),
+        ("ending", lambda lives: lives.stop(1, LOST), "job 1 cannot be stopped: it is ending"),
+        ("ending", lambda lives: lives.act(1, SUSPEND), "job 1 cannot begin suspending: it is ending"),
+        ("ending", lambda lives: lives.acted(1), "job 1 cannot end a suspend or resume: none is under way"),
+        ("ending", lambda lives: lives.resume(1), "job 1 cannot resume: it is ending"),
+        ("running", lambda lives: lives.unstop(1), "job 1 cannot be stopped no more: it is running"),
+        ("ended", lambda lives: lives.marks(1), "job 1 cannot be marked: it is not live"),
         ("ended", lambda lives: lives.resume(1), "job 1 cannot resume: it is not live"),
         ("ended", lambda lives: lives.update(_record(1)), "job 1 cannot be updated: it is not live"),
     ],
@@ -122,12 +133,14 @@ def test_an_impossible_move_is_refused_and_changes_nothing(setup: str, move, wor
     lives.add(_record(1))
     if setup == "staged":
         lives.stage(1, Staged(after=9, gpus=(0,), uuids=("GPU-0",)))
-    elif setup in ("running", "suspending", "suspended"):
+    elif setup in ("running", "suspending", "suspended", "ending"):
         lives.start(_running(1))
-        if setup != "running":
+        if setup in ("suspending", "suspended"):
             lives.act(1, SUSPEND)
         if setup == "suspended":
             lives.suspend(1)
+        if setup == "ending":
+            lives.stop(1, LOST)
     elif setup == "ended":
         lives.end(1)
     before, life = _views(lives), lives.get(1)
@@ -230,3 +243,85 @@ def test_a_daemon_that_starts_again_finds_each_pending_jobs_backoff_on_its_life(
     assert lives.not_before == {1: 40.0}  # only pending jobs wait on a backoff
     lives.load([_record(2)], [], [], {})
     assert lives.not_before == {}
+
+
+def test_a_stopped_job_is_ending_on_its_gpus_with_its_outcome_until_its_end() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    job = _running(1)
+    lives.start(job)
+    lives.stop(1, LOST)
+    life = lives.get(1)
+    assert isinstance(life, EndingLife) and life.phase is Phase.ENDING and life.job is job
+    assert lives.running[1] is job and lives.stopped_for == {1: LOST}  # it holds its GPUs until it ends
+    lives.end(1)
+    assert dict(lives.stopped_for) == {} and 1 not in lives  # the stop goes with its life: no map to forget
+
+
+def test_a_job_stopped_while_a_helper_acts_stays_ending_whatever_the_helper_does() -> None:
+    """The watchdog or a lost GPU may stop a job being suspended: its helper is still followed to its end, and
+    the job, whether its suspend went through or not, stays on its GPUs until it ends, as the stop says."""
+    for finish in ("suspend", "acted"):
+        lives = Lives(Changes())
+        lives.add(_record(1))
+        lives.start(_running(1))
+        lives.act(1, SUSPEND)
+        lives.stop(1, LOST)
+        assert lives.acting[1] is SUSPEND and lives.stopped_for[1] is LOST
+        lives.suspend(1) if finish == "suspend" else lives.acted(1)
+        life = lives.get(1)
+        assert isinstance(life, EndingLife) and life.acting is None and life.outcome is LOST
+        assert _views(lives) == (set(), set(), {1}, set(), set())
+
+
+def test_a_stop_taken_back_leaves_the_job_as_it_was() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    lives.start(_running(1))
+    lives.stop(1, LOST)
+    lives.unstop(1)
+    assert isinstance(lives.get(1), RunningLife) and dict(lives.stopped_for) == {}
+    lives.act(1, RESUME)
+    lives.stop(1, LOST)
+    lives.unstop(1)
+    assert isinstance(lives.get(1), ResumingLife) and lives.acting[1] is RESUME
+
+
+def test_a_jobs_marks_follow_it_through_its_phases_and_go_with_it() -> None:
+    lives = Lives(Changes())
+    lives.add(_record(1))
+    lives.add(_record(2))
+    assert lives.peek(1) is None and lives.marked() == []  # a read marks nothing
+    lives.marks(1).no_handoff = True
+    lives.start(_running(1))
+    lives.act(1, SUSPEND)
+    lives.marks(1).preempted_by = (2, "priority 10 > 0")
+    lives.suspend(1)
+    marks = lives.peek(1)
+    assert marks is not None and marks.no_handoff and marks.preempted_by == (2, "priority 10 > 0")
+    assert [job_id for job_id, _ in lives.marked()] == [1]
+    lives.end(1)
+    assert lives.peek(1) is None and lives.marked() == []
+
+
+def test_a_taking_is_a_change_placement_sees() -> None:
+    changes = Changes()
+    lives = Lives(changes)
+    lives.add(_record(1))
+    before = changes.count
+    lives.take(1, Taking({2}, (0,), ("GPU-0",)))
+    assert changes.count > before and lives.marks(1).taking is not None
+    before = changes.count
+    lives.take(1, None)
+    assert changes.count > before and lives.marks(1).taking is None
+
+
+def test_load_keeps_the_marks_of_the_jobs_still_live_and_drops_the_others() -> None:
+    """A pass rolled back reads the phases back from the table; what the steps marked of a job stays with it
+    (they undo their own marks), and a job the table no longer holds live takes its marks with it."""
+    lives = Lives(Changes())
+    for job_id in (1, 2):
+        lives.add(_record(job_id))
+        lives.marks(job_id).preemptions = job_id
+    lives.load([_record(1)], [], [], {})
+    assert lives.marks(1).preemptions == 1 and lives.peek(2) is None and 2 not in lives

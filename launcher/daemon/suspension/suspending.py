@@ -13,8 +13,8 @@ suspend begun undoes it (runs a resume: the job never left its GPUs, which nobod
 resume begun finishes it (the job holds its GPUs again from the start). It first waits for the child an
 earlier daemon left, named in the job's pause file, so two never act on one job at once.
 
-The pause file (``run/<id>.paused``) also tells the job's shim how long it was suspended: its time limit
-does not run meanwhile (``shim.suspended_for``).
+The pause file (``run/<id>.paused``, ``suspension.pausefiles``) also tells the job's shim how long it was
+suspended: its time limit does not run meanwhile (``shim.suspended_for``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.actions import Action
-from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import Asked, Kind, Refused, Resumed, StepFailed, Suspended
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon.lives import Acting, Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.daemon.suspension import inplace, pools
+from gpuq_scheduler.launcher.daemon.suspension import inplace, pausefiles, pools
 from gpuq_scheduler.launcher.daemon.suspension.forker import Forker
 from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin, room
 from gpuq_scheduler.launcher.daemon.suspension.pools import gpu_state
@@ -65,10 +64,11 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
             events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
             continue
-        if record.id in scheduler.acting or record.id in scheduler.suspensions.resume_wanted:
+        marks = scheduler.lives.marks(record.id)
+        if record.id in scheduler.acting or marks.resume_wanted is not None:
             continue  # already under way
         if request.action is Action.RESUME:
-            scheduler.suspensions.resume_wanted[record.id] = who
+            marks.resume_wanted = who
             events.append(Asked(now, Kind.RESUME_REQUESTED, record.id, who).to_json())
             continue
         why = refusal(scheduler, job)
@@ -90,6 +90,8 @@ def _named(pool: Mapping[int, Running], job_id: int) -> list[Running]:
 def refusal(scheduler: SchedulerState, job: Running) -> str:
     """Why this running job cannot be suspended now ("" if it can)."""
     job_id = job.record.id
+    if job_id in scheduler.stopped_for:
+        return "gpuq is stopping it"
     if why := inplace.refusal(scheduler, job):
         return why
     if any(staged.after == job_id for staged in scheduler.staged.values()):
@@ -131,14 +133,6 @@ def begin_suspend(scheduler: SchedulerState, job: Running, who: str, now: float)
     _begin(scheduler, job, Step.SUSPENDING, Action.SUSPEND, who, now)
 
 
-def note_preemption(scheduler: SchedulerState, job_id: int, preemptor: int, why: str, times: int) -> None:
-    """Record in the job's pause file that it is suspended for ``preemptor``: a later daemon resumes it once
-    that one is not running (its place is kept meanwhile)."""
-    paused = _pause(scheduler, job_id)
-    paused.update({"for": preemptor, "why": why, "preemptions": times})
-    _write_pause(scheduler, job_id, paused)
-
-
 def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, who: str, now: float) -> None:
     """Record the step; once that is committed, start its child (a daemon that dies before the commit leaves
     nothing done that its successor does not know of). The pause file names the child for a later daemon."""
@@ -157,10 +151,10 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
         order["keep"] = pools.keep_after_resume(scheduler, job)
 
     def start() -> None:
-        paused = _pause(scheduler, record.id)
+        paused = pausefiles.read(scheduler.state, record.id)
         if step is Step.SUSPENDING and paused.get("since") is None:
             paused["since"] = time.monotonic()  # its time limit stops running now
-        _write_pause(scheduler, record.id, paused)
+        pausefiles.write(scheduler.state, record.id, paused)
         try:
             acting.child = start_helper(order, str(scheduler.state.inner_wake), forker(scheduler))
         except OSError as err:  # out of processes: undone (a suspend) or tried again (a resume), as after a failure
@@ -168,7 +162,7 @@ def _begin(scheduler: SchedulerState, job: Running, step: Step, action: Action, 
             acting.again, acting.retry_at = True, time.time() + RETRY
             return
         paused["child"] = [acting.child.pid, acting.child.started]
-        _write_pause(scheduler, record.id, paused)
+        pausefiles.write(scheduler.state, record.id, paused)
 
     scheduler.after_commit.append(start)
     # A pass that fails drops ``start``: then the step is undone (a suspend) or finished (a resume) as after
@@ -202,35 +196,6 @@ def subject(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
     }
 
 
-def pause_record(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
-    """The job's pause file: since when it is suspended, its child, what preempted it (empty if none)."""
-    return _pause(scheduler, job_id)
-
-
-def _pause(scheduler: SchedulerState, job_id: int) -> dict[str, Any]:
-    try:
-        data = json.loads(read_bytes(scheduler.state.pause_file(job_id)))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_pause(scheduler: SchedulerState, job_id: int, paused: dict[str, Any]) -> None:
-    write_atomic(scheduler.state.pause_file(job_id), json.dumps(paused).encode(), durable=False)
-
-
-def _unpause(scheduler: SchedulerState, job_id: int) -> None:
-    """The job runs again: its time limit counts on from where it stopped."""
-    paused = _pause(scheduler, job_id)
-    since = paused.pop("since", None)
-    if since is not None:
-        paused["total"] = float(paused.get("total") or 0.0) + max(0.0, time.monotonic() - float(since))
-    paused.pop("child", None)
-    paused.pop("for", None)  # preempted no more (its count of preemptions stays)
-    paused.pop("why", None)
-    _write_pause(scheduler, job_id, paused)
-
-
 def recover(scheduler: SchedulerState) -> None:
     """At start-up: undo a suspend an earlier daemon began, finish a resume it began (see the module's doc)."""
     now = time.time()
@@ -249,7 +214,7 @@ def recover(scheduler: SchedulerState) -> None:
 
 
 def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
-    child = _pause(scheduler, job_id).get("child")
+    child = pausefiles.read(scheduler.state, job_id).get("child")
     if isinstance(child, list) and len(child) == 2:
         return int(child[0]), float(child[1])
     return -1, 0.0
@@ -268,7 +233,8 @@ def advance(
                 continue
             job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
             scheduler.lives.acted(job_id)
-            _begin(scheduler, job, acting.step, Action.RESUME, acting.by, now)
+            if job_id not in scheduler.stopped_for:  # one being stopped needs no helper: it ends
+                _begin(scheduler, job, acting.step, Action.RESUME, acting.by, now)
             continue
         result = acting.child.result()
         if result is None:
@@ -296,9 +262,10 @@ def _settle(
         job.record = record
         scheduler.lives.suspend(job_id)
         events.append(Suspended.of(now, job_id, host_bytes, steps, helper, facts).to_json())
-        if job_id in scheduler.preemption.preempted:  # it resumes by itself once its preemptor is not running
-            scheduler.suspensions.resume_wanted[job_id] = "gpuq"
-            preemptor, why = scheduler.preemption.preempted[job_id]
+        marks = scheduler.lives.marks(job_id)
+        if marks.preempted_by is not None and job_id in scheduler.suspended:  # it resumes by itself once its
+            marks.resume_wanted = "gpuq"  # preemptor is not running
+            preemptor, why = marks.preempted_by
             reason = f"suspended for job {preemptor} ({why}); {in_host_memory(host_bytes)}"
             scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
             job.record = job.record.replace(reason=reason)
@@ -306,9 +273,10 @@ def _settle(
     if acting.step is Step.RESUMING and result.get("ok"):
         scheduler.table.mark_resumed(job_id, now)
         scheduler.lives.acted(job_id)
-        _unpause(scheduler, job_id)
-        scheduler.preemption.preempted.pop(job_id, None)
-        scheduler.preemption.resumed_at[job_id] = now  # preemption's minimum runtime counts from here
+        pausefiles.unpause(scheduler.state, job_id)
+        marks = scheduler.lives.marks(job_id)
+        marks.preempted_by = None
+        marks.resumed_at = now  # preemption's minimum runtime counts from here
         spent = max(0.0, now - (job.record.suspended_at or now))
         job.record = job.record.replace(
             state=JobState.RUNNING,
@@ -327,12 +295,15 @@ def _settle(
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
         events.append(StepFailed(now, Kind.RESUME_FAILED, job_id, str(result.get("why"))).to_json())
         again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
-        scheduler.lives.act(job_id, again)
+        if job_id in scheduler.stopped_for:
+            scheduler.lives.acted(job_id)  # being stopped: it ends, tried again never
+        else:
+            scheduler.lives.act(job_id, again)
         return
     if acting.step is Step.SUSPENDING:  # refused by the driver and undone, or undone after a restart
         scheduler.table.undo_step(job_id)
         scheduler.lives.acted(job_id)
-        _unpause(scheduler, job_id)
+        pausefiles.unpause(scheduler.state, job_id)
         job.record = job.record.replace(step=None)
         why = str(result.get("why") or "a daemon restarted in the middle of it")
         if acting.action is Action.SUSPEND:
@@ -345,17 +316,19 @@ def _start_resumes(
 ) -> None:
     """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them); one suspended in
     place once its share fits again there."""
-    if not scheduler.suspensions.resume_wanted:
+    wanted = [(job_id, marks) for job_id, marks in scheduler.lives.marked() if marks.resume_wanted is not None]
+    if not wanted:
         return
     busy = {gpu for job in scheduler.running.values() for gpu in job.record.gpus}
     busy |= {gpu for staged in scheduler.staged.values() for gpu in staged.gpus}
-    for job_id, who in list(scheduler.suspensions.resume_wanted.items()):
+    for job_id, marks in wanted:
+        who = marks.resume_wanted or "gpuq"
         job = scheduler.suspended.get(job_id)
         if job is None:
-            del scheduler.suspensions.resume_wanted[job_id]
+            marks.resume_wanted = None
             continue
-        preemptor = scheduler.preemption.preempted.get(job_id, (None, ""))[0]
-        if preemptor is not None and (preemptor in scheduler.running or preemptor in scheduler.preemption.taking):
+        preemptor = marks.preempted_by[0] if marks.preempted_by is not None else None
+        if preemptor is not None and (preemptor in scheduler.running or _taking(scheduler, preemptor)):
             continue  # its place was kept: only its preemptor is on its memory
         if inplace.is_client(scheduler, job_id):
             wait = inplace.waits(scheduler, job, claims())
@@ -368,7 +341,7 @@ def _start_resumes(
                 scheduler.table.set_reasons({job_id: reason}, state=JobState.SUSPENDED)
                 job.record = job.record.replace(reason=reason)
             continue
-        del scheduler.suspensions.resume_wanted[job_id]
+        marks.resume_wanted = None
         if not scheduler.table.mark_step(job_id, Step.RESUMING):
             continue
         job.record = job.record.replace(step=Step.RESUMING)
@@ -376,6 +349,16 @@ def _start_resumes(
         busy |= set(job.record.gpus)
         _begin(scheduler, job, Step.RESUMING, Action.RESUME, who, now)
         events.append(Asked(now, Kind.RESUMING, job_id, who).to_json())
+
+
+def _taking(scheduler: SchedulerState, job_id: int) -> bool:
+    """Whether a waiting job is taking others' GPUs (``daemon.preempting``)."""
+    return job_id in scheduler.lives and scheduler.lives.marks(job_id).taking is not None
+
+
+def wants_resumes(scheduler: SchedulerState) -> bool:
+    """Whether a suspended job's resume was asked for (it waits for its GPUs)."""
+    return any(marks.resume_wanted is not None for _, marks in scheduler.lives.marked())
 
 
 def thaw(scheduler: SchedulerState, job_id: int) -> None:

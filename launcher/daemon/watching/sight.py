@@ -59,16 +59,13 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         else:
             scheduler.monitor.lost_since.pop(gpu.index, None)
     dead = {g.index: g for g in snapshot if g.lost and now - scheduler.monitor.lost_since[g.index] >= LOST_AFTER}
-    for job_id in [j for j in scheduler.stopped_for if j not in scheduler.running]:
-        del scheduler.stopped_for[job_id]
     events: list[dict[str, Any]] = []
-    for job_id, job in scheduler.running.items():
+    for job_id, job in list(scheduler.running.items()):
         gone = [dead[i] for i in job.record.gpus if i in dead]
         if not gone or job_id in scheduler.stopped_for:
             continue
         why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
-        scheduler.stopped_for[job_id] = Outcome.gpu_lost(why)
-        scheduler.stop(job)  # SIGTERM, then SIGKILL after the grace period
+        scheduler.stop_for(job, Outcome.gpu_lost(why))  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
         events.append(GpuLost(now, job_id, why).to_json())
     scheduler.journal.extend(events)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,9 +36,9 @@ class Stopping(Protocol):
     it succeeds first, and the act of stopping one."""
 
     @property
-    def stopped_for(self) -> MutableMapping[int, Outcome]: ...
+    def stopped_for(self) -> Mapping[int, Outcome]: ...
 
-    def stop(self, job: Running) -> None: ...
+    def stop_for(self, job: Running, outcome: Outcome) -> None: ...
 
 
 @dataclass
@@ -195,8 +195,7 @@ def _owners(lives: Lives, table: JobTable, key: str, pids: set[int]) -> dict[int
 
 def _stop(stopping: Stopping, job: Running, what: str) -> None:
     """Stop a running job for ``what`` it took: unless it succeeds first, it fails with Cause.WATCHDOG."""
-    stopping.stopped_for[job.record.id] = Outcome.stopped_by_watchdog(what)
-    stopping.stop(job)  # SIGTERM to every process of the job, SIGKILL after the grace period
+    stopping.stop_for(job, Outcome.stopped_by_watchdog(what))  # SIGTERM to all its processes, SIGKILL after grace
 
 
 def _end_leftover(

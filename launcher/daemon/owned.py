@@ -57,13 +57,11 @@ class Forks(Protocol):
 @dataclass
 class Suspensions:
     """``daemon.suspension.suspending``: the server that forks the helpers (``forker.Forker``);
-    ``daemon.suspension.pools``: GPUQ_FAST_POOL, and the jobs told to give their pools back (-> monotonic time
-    told). The suspends and resumes under way are their jobs' phases, a resume asked for is a job's mark
-    (``launcher.daemon.lives``)."""
+    ``daemon.suspension.pools``: GPUQ_FAST_POOL. The suspends and resumes under way are their jobs' phases; a
+    resume asked for, a pool asked back, are a job's marks (``launcher.daemon.lives``)."""
 
     forker: Forks | None = None
     pool_mode: str = "auto"
-    told: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass

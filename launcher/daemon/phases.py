@@ -108,6 +108,8 @@ class Marks:
     unsuspendable: bool = False
     # daemon.suspension.suspending: who asked for its resume, while it waits for its GPUs.
     resume_wanted: str | None = None
+    # daemon.suspension.pools: when it was told to give its pool back (monotonic), while it still keeps it.
+    pool_told: float | None = None
     # daemon.reserving: the reservation it was suspended for; one over, its place kept until it resumes; its
     # suspend for one was undone once (the next time it is requeued instead).
     victim_of: str | None = None

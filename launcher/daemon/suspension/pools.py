@@ -22,16 +22,18 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.errors import DaemonError
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
 from gpuq_scheduler.jobs.store.events import PoolGivenBack
-from gpuq_scheduler.launcher.daemon.lives import Running
-from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.launcher.daemon.lives import Lives, Running
+from gpuq_scheduler.launcher.daemon.owned import Suspensions
 from gpuq_scheduler.launcher.daemon.suspension import fastpath
 from gpuq_scheduler.launcher.daemon.suspension.hostmem import host_memory, margin
 from gpuq_scheduler.launcher.gpus.fake import FakeGpus
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import hostroom
 
 log = logging.getLogger("gpuq.pools")
@@ -39,6 +41,27 @@ log = logging.getLogger("gpuq.pools")
 MODES = ("auto", "on", "off")
 TOLD_AGAIN = 60.0  # seconds before a job told to give its pool back that still holds it is told again
 GIB = 1 << 30
+
+
+class Daemon(Protocol):
+    """What the pools' rules read of the daemon's state (``SchedulerState`` is one): the jobs on their GPUs and
+    those acting, the state directory (their fast directories), whether the GPUs are the fake inventory's, the
+    last look at the GPUs, GPUQ_FAST_POOL."""
+
+    @property
+    def lives(self) -> Lives: ...
+
+    @property
+    def state(self) -> StateDir: ...
+
+    @property
+    def source(self) -> GpuSource: ...
+
+    @property
+    def last_snapshot(self) -> list[GpuSnapshot]: ...
+
+    @property
+    def suspensions(self) -> Suspensions: ...
 
 
 def mode(environ: Mapping[str, str]) -> str:
@@ -49,7 +72,7 @@ def mode(environ: Mapping[str, str]) -> str:
     return found
 
 
-def held(scheduler: SchedulerState, job: Running) -> int:
+def held(scheduler: Daemon, job: Running) -> int:
     """Bytes of pinned host memory the job's processes keep for their next suspend (``fastpath.pool_of``)."""
     fast = scheduler.state.fast_dir(job.record.id)
     if not job.record.spec.preemptible or not os.path.isdir(fast):
@@ -57,11 +80,11 @@ def held(scheduler: SchedulerState, job: Running) -> int:
     return fastpath.pool_of(fast, job.pids, FAKE_SCALE if _fake(scheduler) else 1)
 
 
-def _fake(scheduler: SchedulerState) -> bool:
+def _fake(scheduler: Daemon) -> bool:
     return isinstance(scheduler.source, FakeGpus)
 
 
-def gpu_state(scheduler: SchedulerState, job: Running) -> int:
+def gpu_state(scheduler: Daemon, job: Running) -> int:
     """Bytes the job holds on its GPUs: at the last sample, or, before one, what the last look at the GPUs
     lists for its processes."""
     if job.held:
@@ -75,26 +98,26 @@ def gpu_state(scheduler: SchedulerState, job: Running) -> int:
     )
 
 
-def _others_need(scheduler: SchedulerState, but: int, pools: Mapping[int, int]) -> int:
+def _others_need(scheduler: Daemon, but: int, pools: Mapping[int, int]) -> int:
     """What the suspends of the running preemptible jobs other than ``but`` would take from host memory:
     their GPU state less their pools. A job being suspended or resumed counts as it stands: the host's
     available memory shows its copy so far."""
-    acting = scheduler.acting
+    acting = scheduler.lives.acting
     return sum(
         max(0, gpu_state(scheduler, job) - pools.get(job_id, 0))
-        for job_id, job in scheduler.running.items()
+        for job_id, job in scheduler.lives.running.items()
         if job_id != but and job_id not in acting and job.record.spec.preemptible
     )
 
 
-def pooled(scheduler: SchedulerState) -> dict[int, int]:
+def pooled(scheduler: Daemon) -> dict[int, int]:
     """The running jobs that keep a pool (not one being suspended or resumed), and its bytes."""
-    acting = scheduler.acting
-    found = {job_id: held(scheduler, job) for job_id, job in scheduler.running.items() if job_id not in acting}
+    acting = scheduler.lives.acting
+    found = {job_id: held(scheduler, job) for job_id, job in scheduler.lives.running.items() if job_id not in acting}
     return {job_id: size for job_id, size in found.items() if size > 0}
 
 
-def keep_after_resume(scheduler: SchedulerState, job: Running) -> bool:
+def keep_after_resume(scheduler: Daemon, job: Running) -> bool:
     """Whether the job about to resume keeps its pinned host memory afterwards (held now: its copy)."""
     chosen = scheduler.suspensions.pool_mode
     if chosen != "auto":
@@ -103,7 +126,7 @@ def keep_after_resume(scheduler: SchedulerState, job: Running) -> bool:
     return hostroom.keeps(available, margin(total), _others_need(scheduler, job.record.id, pooled(scheduler)))
 
 
-def reclaimable(scheduler: SchedulerState, but: set[int]) -> dict[int, int]:
+def reclaimable(scheduler: Daemon, but: set[int]) -> dict[int, int]:
     """The pools a suspend may have given back for its room (none with ``GPUQ_FAST_POOL=on``): those of the
     running jobs not in ``but``."""
     if scheduler.suspensions.pool_mode == "on":
@@ -111,7 +134,7 @@ def reclaimable(scheduler: SchedulerState, but: set[int]) -> dict[int, int]:
     return {job_id: size for job_id, size in pooled(scheduler).items() if job_id not in but}
 
 
-def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, events: list[dict[str, Any]]) -> bool:
+def make_room(scheduler: Daemon, jobs: set[int], need: int, now: float, events: list[dict[str, Any]]) -> bool:
     """Before suspending ``jobs``, whose copies take ``need`` bytes: if that does not fit in host memory with
     the margin, tell the fewest other jobs to give their pools back that make it fit (pools already being
     given back count as room to come: preemption asks once for all its victims, then each victim's suspend
@@ -121,7 +144,7 @@ def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, 
         return False
     available, total = host_memory(_fake(scheduler))
     spare = margin(total)
-    told = {job: size for job, size in pools.items() if job in scheduler.suspensions.told}
+    told = {job: size for job, size in pools.items() if _told_at(scheduler, job) is not None}
     rest = {job: size for job, size in pools.items() if job not in told}
     chosen = hostroom.give_back(need, available + sum(told.values()), spare, rest) or []
     whose = ", ".join(map(str, sorted(jobs)))
@@ -130,17 +153,18 @@ def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, 
     return bool(chosen) or (bool(told) and need + spare > available)
 
 
-def tend(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+def tend(scheduler: Daemon, now: float, events: list[dict[str, Any]]) -> None:
     """Once a pass: give back each pool whose rule no longer holds (every pool with ``GPUQ_FAST_POOL=off``)."""
-    told = scheduler.suspensions.told
-    for job_id in [j for j in told if j not in scheduler.running]:
-        del told[job_id]
+    for job_id, marks in scheduler.lives.marked():
+        if job_id not in scheduler.lives.running:
+            marks.pool_told = None  # suspended: its pool is its copy now
     chosen = scheduler.suspensions.pool_mode
-    if chosen == "on" or not any(job.record.spec.preemptible for job in scheduler.running.values()):
+    if chosen == "on" or not any(job.record.spec.preemptible for job in scheduler.lives.running.values()):
         return
     pools = pooled(scheduler)
-    for job_id in [j for j in told if j not in pools]:
-        del told[job_id]  # given back
+    for job_id, marks in scheduler.lives.marked():
+        if job_id not in pools:
+            marks.pool_told = None  # given back
     if not pools:
         return
     available, total = host_memory(_fake(scheduler))
@@ -158,15 +182,19 @@ def tend(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) ->
             _tell(scheduler, job_id, size, why, now, events)
 
 
-def _tell(
-    scheduler: SchedulerState, job_id: int, size: int, why: str, now: float, events: list[dict[str, Any]]
-) -> None:
+def _told_at(scheduler: Daemon, job_id: int) -> float | None:
+    """When the job was last told to give its pool back (monotonic), if it was and still keeps it."""
+    marks = scheduler.lives.peek(job_id)
+    return marks.pool_told if marks is not None else None
+
+
+def _tell(scheduler: Daemon, job_id: int, size: int, why: str, now: float, events: list[dict[str, Any]]) -> None:
     """Tell the job to give its pool back, once (again only after TOLD_AGAIN seconds if it still holds it)."""
-    told = scheduler.suspensions.told
-    if time.monotonic() < told.get(job_id, -TOLD_AGAIN) + TOLD_AGAIN:
+    told = _told_at(scheduler, job_id)
+    if told is not None and time.monotonic() < told + TOLD_AGAIN:
         return
-    job = scheduler.running[job_id]
+    job = scheduler.lives.running[job_id]
     pids = fastpath.give_back(scheduler.state.fast_dir(job_id), sorted(job.pids))
-    told[job_id] = time.monotonic()
+    scheduler.lives.marks(job_id).pool_told = time.monotonic()
     log.info("job %d told to give back its pool of %.1f GiB: %s", job_id, size / GIB, why)
     events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)).to_json())

@@ -61,13 +61,25 @@ def test_torchrun_device_follows_local_rank() -> None:
 @pytest.mark.gpu
 @needs_gpu
 def test_wrap_uses_dataparallel_only_with_several_gpus_and_not_under_torchrun() -> None:
-    several = torch.cuda.device_count() > 1
-    dataparallel = Allocation.from_env(GPUQ_ENV).wrap(torch.nn.Linear(4, 2))
-    torchrun = Allocation.from_env({**GPUQ_ENV, "GPUQ_MODE": "torchrun", "LOCAL_RANK": "0"})
+    """In a fresh interpreter: the model it wraps goes to the GPU, and a CUDA context made in pytest's own
+    process would stay on GPU 0 for the session, as use outside gpuq to every later GPU test's daemon (it took
+    the room test_suspend_gpu's jobs leave their context in)."""
+    code = f"""
+        import torch
+        from gpuq_scheduler.jobs.allocation import Allocation
+        env = {GPUQ_ENV!r}
+        several = torch.cuda.device_count() > 1
+        dataparallel = Allocation.from_env(env).wrap(torch.nn.Linear(4, 2))
+        torchrun = Allocation.from_env({{**env, "GPUQ_MODE": "torchrun", "LOCAL_RANK": "0"}})
+        assert isinstance(dataparallel, torch.nn.DataParallel) == several
+        assert next(dataparallel.parameters()).device == torch.device("cuda", 0)
+        assert isinstance(torchrun.wrap(torch.nn.Linear(4, 2)), torch.nn.Linear)
+        print("wrapped")
+    """
+    result = run_isolated(code, {})
 
-    assert isinstance(dataparallel, torch.nn.DataParallel) == several
-    assert next(dataparallel.parameters()).device == torch.device("cuda", 0)
-    assert isinstance(torchrun.wrap(torch.nn.Linear(4, 2)), torch.nn.Linear)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "wrapped"
 
 
 def run_isolated(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

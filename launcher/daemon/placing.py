@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.launcher.daemon import fences, handoff, isolation, preempting, readiness, reserving
-from gpuq_scheduler.launcher.daemon.clients import withdrawn
+from gpuq_scheduler.launcher.daemon.clients import gone, withdraw
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
@@ -76,7 +76,8 @@ def place_and_launch(
     for decision in planned.decisions:
         record = state.pending[decision.job_id]  # pending until it starts (``launching``)
         state.lives.due(record.id)
-        if withdrawn(state, record, now):  # its client went since the last look: its GPUs wait for the next pass
+        if gone(record):  # its client went since the last look: it is withdrawn, its GPUs wait for the next pass
+            withdraw(state, [record], now)
             continue
         launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
     placed = {decision.job_id for decision in planned.decisions}

@@ -37,7 +37,7 @@ from gpuq_scheduler.launcher.daemon import (
     preempting,
     reserving,
 )
-from gpuq_scheduler.launcher.daemon.clients import withdraw_gone
+from gpuq_scheduler.launcher.daemon.clients import gone_waiting, withdraw
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
@@ -103,7 +103,7 @@ class Scheduler(SchedulerState):
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
         sight.stop_on_lost_gpus(self, now, snapshot)
-        withdraw_gone(self, now)
+        withdraw(self, gone_waiting(self.monitor, self.lives, now), now)
         self.launch_fenced(now)
         preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
         placing.place_and_launch(self, self.placement, now, snapshot, self._launch)

@@ -42,7 +42,10 @@ def launch(state: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uuid
     port = None
     if spec.mode.value == "torchrun":
         port = processes.free_port({j.launch.port for j in state.running.values() if j.launch.port})
-    fence = fences.environment(state, record, gpus, uuids)  # MPS's limit, or PyTorch's, at its share
+    # MPS's limit, or PyTorch's, at its share
+    fence = fences.environment(
+        state, record, gpus, uuids, account=account, overhead=state.policy.overhead, snapshot=state.last_snapshot
+    )
     if fence is None:  # its user's control daemon on that GPU is starting: it waits for it there
         fences.wait(state, record, gpus, uuids)
         return

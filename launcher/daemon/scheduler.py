@@ -60,7 +60,8 @@ class Scheduler(SchedulerState):
         super().__init__(*args, **kwargs)
         endings.judge_arrays(self, list(self.arrays), time.time())
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
-        fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
+        # Before anything starts: MPS control daemons an earlier daemon left behind.
+        fences.adopt(self, self.lives, shared=self.shared is not None)
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
         reserving.recover(self)  # a job suspended for a reservation resumes once it is over
@@ -290,7 +291,7 @@ class Scheduler(SchedulerState):
 
     def launch_fenced(self, now: float) -> None:
         """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
-        for record, gpus, uuids in fences.step(self):
+        for record, gpus, uuids in fences.step(self, shared=self.shared is not None):
             self._launch(record, gpus, uuids, now)
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:

@@ -70,7 +70,8 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
         except INPUT_ERRORS as err:
             reason = f"made the daemon's pass fail ({describe(err)}); fix it and submit again"
             events: list[dict[str, Any]] = []
-            intake.set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+            bad = spool.BadRequest(request.path, reason)
+            intake.set_aside(scheduler.state, bad, now, events, answer=scheduler.shared is not None)
             scheduler.journal.extend(events)
 
 

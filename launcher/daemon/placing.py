@@ -66,7 +66,7 @@ def place_and_launch(
         planned = plan(state, placement, now, snapshot, ready)
     except isolation.INPUT_ERRORS:  # a job that breaks planning fails alone, not every pass for everyone
         retry = lambda: plan(state, placement, now, snapshot, readiness.eligible(state, now)[0])  # noqa: E731
-        bad = isolation.unplaceable(state, retry)
+        bad = isolation.unplaceable(state.lives, retry)
         if not bad:
             raise
         isolation.fail(state, bad, now)

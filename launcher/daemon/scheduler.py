@@ -295,4 +295,6 @@ class Scheduler(SchedulerState):
             self._launch(record, gpus, uuids, now)
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
-        launching.launch(self, record, gpus, uuids, now)
+        refused = launching.launch(self, record, gpus, uuids, now)
+        if refused is not None:  # it cannot start here: it ends failed to spawn, saying why
+            endings.finish(self, record, refused, now, [])

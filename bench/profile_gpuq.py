@@ -120,7 +120,7 @@ def serve_traced(home: Path) -> int:
         (f"{daemon_}.suspending", "advance"),
         (f"{daemon_}.preempting", "launch_ready"),
         (f"{daemon_}.preempting", "decide"),
-        (f"{daemon_}.scheduler", "withdraw_gone"),
+        (f"{daemon_}.scheduler", "gone_waiting"),
         (f"{daemon_}.watching", "sample"),
         (f"{daemon_}.watching", "release_idle"),
         (f"{daemon_}.watching", "report_idle_batch"),

@@ -10,6 +10,8 @@ from gpuq_scheduler.jobs.hold import client_alive
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.launcher.daemon import endings
+from gpuq_scheduler.launcher.daemon.lives import Lives
+from gpuq_scheduler.launcher.daemon.owned import Monitor
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 CHECK_EVERY = 1.0  # seconds between looks at the clients of waiting interactive jobs
@@ -19,25 +21,18 @@ def gone(record: JobRecord) -> bool:
     return record.spec.client is not None and client_alive(record.spec.command) is False
 
 
-def withdraw_gone(scheduler: SchedulerState, now: float, *, every: float = CHECK_EVERY) -> None:
-    """Withdraw the waiting interactive jobs whose client is gone: one /proc read per such job, once a second."""
-    if now < scheduler.monitor.next_client_check:
-        return
-    scheduler.monitor.next_client_check = now + every
+def gone_waiting(monitor: Monitor, lives: Lives, now: float, *, every: float = CHECK_EVERY) -> list[JobRecord]:
+    """The waiting interactive jobs whose client is gone, to withdraw: one /proc read per such job, once a second."""
+    if now < monitor.next_client_check:
+        return []
+    monitor.next_client_check = now + every
     # A job staged behind a running one is its shim's to start: if its client is gone by then, the placeholder
     # ends as a hang-up would end a program (jobs.hold), never as a success.
-    withdraw(scheduler, [r for r in scheduler.pending.values() if r.id not in scheduler.staged and gone(r)], now)
-
-
-def withdrawn(scheduler: SchedulerState, record: JobRecord, now: float) -> bool:
-    """Withdraw a job about to start if its client is gone (since the last look); whether it was."""
-    if not gone(record):
-        return False
-    withdraw(scheduler, [record], now)
-    return True
+    return [r for r in lives.pending.values() if r.id not in lives.staged and gone(r)]
 
 
 def withdraw(scheduler: SchedulerState, records: list[JobRecord], now: float) -> None:
+    """End ``records`` withdrawn (the state is ``endings.finish_pending``'s, which takes it whole)."""
     if not records:
         return
     events: list[dict[str, Any]] = []

@@ -24,6 +24,7 @@ from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.statedir import SPOOL, StateDir
 from gpuq_scheduler.launcher.daemon import endings, intake
+from gpuq_scheduler.launcher.daemon.lives import Lives
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 
 log = logging.getLogger("gpuq.isolation")
@@ -52,7 +53,7 @@ def describe(err: BaseException) -> str:
 def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) -> None:
     """``intake.ingest`` over the spool as one transaction, or, if that raises on bad input, one request at
     a time, setting aside each request that raises alone. ``reload``: the scheduler's, to forget in memory
-    what a rolled-back attempt did."""
+    what a rolled-back attempt did. It takes the whole state for ``intake.ingest``, which does."""
     sweep_leftovers(scheduler.state, now)
     # A shared queue reads a bounded number of each user's requests a pass (``spool.scan``): what is left
     # waits for the next pass, which follows at once (``Scheduler.next_wakeup``).
@@ -70,7 +71,8 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
         except INPUT_ERRORS as err:
             reason = f"made the daemon's pass fail ({describe(err)}); fix it and submit again"
             events: list[dict[str, Any]] = []
-            intake.set_aside(scheduler, spool.BadRequest(request.path, reason), now, events)
+            bad = spool.BadRequest(request.path, reason)
+            intake.set_aside(scheduler.state, bad, now, events, answer=scheduler.shared is not None)
             scheduler.journal.extend(events)
 
 
@@ -127,15 +129,15 @@ def _attempt(scheduler: SchedulerState, now: float, found: list[spool.Request], 
         raise
 
 
-def unplaceable(scheduler: SchedulerState, attempt: Callable[[], object]) -> list[tuple[JobRecord, BaseException]]:
-    """The pending jobs that make ``attempt`` (the scheduler's eligibility and planning) raise on their own.
-    What an attempt legitimately did to a job (a learned reservation, an end because a dependency failed)
-    stays done."""
+def unplaceable(lives: Lives, attempt: Callable[[], object]) -> list[tuple[JobRecord, BaseException]]:
+    """The pending jobs that make ``attempt`` (the scheduler's eligibility and planning) raise on their own, each
+    tried with the lives narrowed to it. What an attempt legitimately did to a job (a learned reservation, an
+    end because a dependency failed) stays done."""
     found = []
-    for record in list(scheduler.pending.values()):
-        if record.id not in scheduler.pending:
+    for record in list(lives.pending.values()):
+        if record.id not in lives.pending:
             continue  # ended by an earlier one's attempt
-        with scheduler.lives.narrowed(record.id):
+        with lives.narrowed(record.id):
             try:
                 attempt()
             except INPUT_ERRORS as err:
@@ -144,7 +146,8 @@ def unplaceable(scheduler: SchedulerState, attempt: Callable[[], object]) -> lis
 
 
 def fail(scheduler: SchedulerState, bad: list[tuple[JobRecord, BaseException]], now: float) -> None:
-    """End each job that placement cannot take, saying why; the others go on."""
+    """End each job that placement cannot take, saying why; the others go on (the state is
+    ``endings.finish_pending``'s, which takes it whole)."""
     events: list[dict[str, Any]] = []
     endings.finish_pending(
         scheduler,

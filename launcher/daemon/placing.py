@@ -7,17 +7,20 @@ Placement's own memory between passes is :class:`Placement`'s: nothing else read
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.options import GPU_IDS
+from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import fences, handoff, isolation, preempting, readiness, reserving
-from gpuq_scheduler.launcher.daemon.clients import withdrawn
+from gpuq_scheduler.launcher.daemon.clients import gone, withdraw
+from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.watching import sight
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import fairshare
+from gpuq_scheduler.launcher.policy.fairshare import Usage
 from gpuq_scheduler.launcher.policy.placement import Holding, Plan, Request, place
 
 Launcher = Callable[[JobRecord, tuple[int, ...], tuple[str, ...], float], None]
@@ -42,8 +45,12 @@ class Placement:
 def place_and_launch(
     state: SchedulerState, placement: Placement, now: float, snapshot: list[GpuSnapshot], launch: Launcher
 ) -> None:
-    if not state.pending:
-        _record_reasons(state, placement, {}, now)
+    """Place the pending jobs (the lives') that may start and ``launch`` them; stage those that follow running
+    ones; record why the others wait. It takes the whole state for the steps it runs that do: readiness,
+    reservations, preemptions, the hand-offs, withdrawing a job whose client is gone."""
+    lives = state.lives
+    if not lives.pending:
+        _record_reasons(state.table, placement, {}, now)
         return
     # Nothing that placement looks at has changed since the last pass (a periodic wake-up with a
     # blocked queue): skip it, so 10,000 waiting jobs cost no CPU between events. What it reads marks
@@ -52,13 +59,13 @@ def place_and_launch(
         tuple((g.index, g.used, g.lost) for g in snapshot),
         state.changes.count,
         state.paused_by,
-        tuple(job.record for job in state.running.values()),
-        min(state.not_before.values(), default=0.0) <= now,
+        tuple(job.record for job in lives.running.values()),
+        min(lives.not_before.values(), default=0.0) <= now,
         reserving.phase(state, now),
     )
-    if key == placement.last_key and not any(now >= t for t in state.not_before.values()):
+    if key == placement.last_key and not any(now >= t for t in lives.not_before.values()):
         if placement.unsaved is not None and now >= placement.reasons_due:
-            _record_reasons(state, placement, placement.unsaved, now)  # held back by the once-a-second limit
+            _record_reasons(state.table, placement, placement.unsaved, now)  # held back by the once-a-second limit
         return
     placement.last_key = key
     try:
@@ -66,7 +73,7 @@ def place_and_launch(
         planned = plan(state, placement, now, snapshot, ready)
     except isolation.INPUT_ERRORS:  # a job that breaks planning fails alone, not every pass for everyone
         retry = lambda: plan(state, placement, now, snapshot, readiness.eligible(state, now)[0])  # noqa: E731
-        bad = isolation.unplaceable(state, retry)
+        bad = isolation.unplaceable(lives, retry)
         if not bad:
             raise
         isolation.fail(state, bad, now)
@@ -74,21 +81,22 @@ def place_and_launch(
         planned = plan(state, placement, now, snapshot, ready)
     uuids = {g.index: g.uuid for g in snapshot}
     for decision in planned.decisions:
-        record = state.pending[decision.job_id]  # pending until it starts (``launching``)
-        state.lives.due(record.id)
-        if withdrawn(state, record, now):  # its client went since the last look: its GPUs wait for the next pass
+        record = lives.pending[decision.job_id]  # pending until it starts (``launching``)
+        lives.due(record.id)
+        if gone(record):  # its client went since the last look: it is withdrawn, its GPUs wait for the next pass
+            withdraw(state, [record], now)
             continue
         launch(record, decision.gpus, tuple(uuids[i] for i in decision.gpus), now)
     placed = {decision.job_id for decision in planned.decisions}
     skip = placed | placement.fenced_off
     # What comes next, lazily: staging looks at a few jobs, and 10,000 may wait.
-    upcoming = (state.pending[q.job_id] for q in placement.queue_order if q.job_id not in skip)
+    upcoming = (lives.pending[q.job_id] for q in placement.queue_order if q.job_id not in skip)
     handoff.stage(state, upcoming, snapshot, now)
     # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
-    behind = {job_id: handoff.reason(staged) for job_id, staged in state.staged.items()}
+    behind = {job_id: handoff.reason(staged) for job_id, staged in lives.staged.items()}
     fenced = {job_id: fences.waiting_reason(state, job_id) for job_id in state.fence_waits}
     taking = {job_id: preempting.reason(state, job_id) for job_id in preempting.takings(state)}
-    _record_reasons(state, placement, {**waiting, **planned.waiting, **behind, **fenced, **taking}, now)
+    _record_reasons(state.table, placement, {**waiting, **planned.waiting, **behind, **fenced, **taking}, now)
 
 
 def plan(
@@ -98,7 +106,10 @@ def plan(
     snapshot: list[GpuSnapshot],
     ready: list[JobRecord] | None = None,
 ) -> Plan:
-    jobs = list(state.pending.values()) if ready is None else ready
+    """The plan over ``ready`` (else every pending job). It takes the whole state for the reservations' fence
+    and the GPUs' views (``reserving``, ``watching.sight``), which do."""
+    running = state.lives.running
+    jobs = list(state.lives.pending.values()) if ready is None else ready
     caps: dict[str, int] | None = None
     held: dict[str, int] | None = None
     used: dict[str, float] = {}
@@ -110,19 +121,19 @@ def plan(
         requests.sort(key=_BY_PRIORITY, reverse=True)  # (reverse keeps equal priorities in id order)
         placement.queue_order = requests
     else:
-        used, held = _use(state, now)
+        used, held = _use(state.usage, running, now)
         queue = fairshare.fair_order(jobs, _fair_key, used=used, held=held, user_priority=state.shared.priority)
         cap = state.shared.max_gpus_per_user
         caps = None if cap is None else {r.user: cap for r in jobs}
         requests = [_request(placement, cache, r) for r in queue]
     state.plan_order = requests
     claims = holdings(state)
-    cpu_jobs = sum(1 for job in state.running.values() if not job.record.gpus)
+    cpu_jobs = sum(1 for job in running.values() if not job.record.gpus)
     # Only the arrays in play (state.arrays also holds those whose pending members all wait: held, say).
-    live = {q.group for q in requests} | {j.record.array_id for j in state.running.values()}
+    live = {q.group for q in requests} | {j.record.array_id for j in running.values()}
     limits = {a: info.throttle for a in live if a is not None and (info := state.arrays.get(a)) and info.throttle}
     in_group: dict[int, int] = {}
-    for job in state.running.values():
+    for job in running.values():
         if job.record.array_id in limits:
             in_group[job.record.array_id] = in_group.get(job.record.array_id, 0) + 1
     requests, reserved, notes = reserving.fence(state, requests, now, [g.index for g in snapshot])
@@ -152,7 +163,8 @@ def plan(
 
 
 def holdings(state: SchedulerState) -> list[Holding]:
-    """Placement's claims on the GPUs: the running jobs' reservations, and the places kept for others."""
+    """Placement's claims on the GPUs: the running jobs' reservations, and the places kept for others (the
+    fences', the preemptions' and the reservations': the state is for the last two, which take it whole)."""
     return (
         [
             Holding(
@@ -163,7 +175,7 @@ def holdings(state: SchedulerState) -> list[Holding]:
                 if job.record.spec.time_limit is None or job.record.started_at is None
                 else job.record.started_at + job.record.spec.time_limit,
             )
-            for job in state.running.values()
+            for job in state.lives.running.values()
         ]
         + fences.holdings(state)
         + preempting.holdings(state)
@@ -171,11 +183,11 @@ def holdings(state: SchedulerState) -> list[Holding]:
     )
 
 
-def _use(state: SchedulerState, now: float) -> tuple[dict[str, float], dict[str, int]]:
+def _use(usage: Usage | None, running: Mapping[int, Running], now: float) -> tuple[dict[str, float], dict[str, int]]:
     """Each user's recent GPU-seconds (running jobs' time so far included) and GPUs held now."""
-    assert state.usage is not None
-    runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in state.running.values()]
-    return fairshare.recent_use(state.usage, runs, now), fairshare.held_gpus(runs)
+    assert usage is not None  # a shared queue's, which fair share is for
+    runs = [(j.record.user, len(j.record.gpus), j.record.started_at or now) for j in running.values()]
+    return fairshare.recent_use(usage, runs, now), fairshare.held_gpus(runs)
 
 
 def _request(placement: Placement, cache: dict[int, tuple[JobSpec, Request]], record: JobRecord) -> Request:
@@ -198,7 +210,7 @@ def _request(placement: Placement, cache: dict[int, tuple[JobSpec, Request]], re
     return cached[1]
 
 
-def _record_reasons(state: SchedulerState, placement: Placement, waiting: dict[int, str], now: float) -> None:
+def _record_reasons(table: JobTable, placement: Placement, waiting: dict[int, str], now: float) -> None:
     """Store why jobs wait, for `gpuq status`: at most once a second, since they are for people to
     read and writing them on every tick would cost the dispatch path a write per tick."""
     if now < placement.reasons_due and set(waiting) <= set(placement.waiting):
@@ -209,7 +221,7 @@ def _record_reasons(state: SchedulerState, placement: Placement, waiting: dict[i
     changed = {job_id: why for job_id, why in waiting.items() if placement.waiting.get(job_id) != why}
     placement.waiting = waiting
     if changed:
-        state.table.set_reasons(changed)
+        table.set_reasons(changed)
 
 
 _BY_ID = operator.attrgetter("job_id")

@@ -6,18 +6,49 @@ dependency failed never will run: it is cancelled here, saying why.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import endings, fences, learning
+from gpuq_scheduler.launcher.daemon.lives import Lives
+from gpuq_scheduler.launcher.daemon.owned import MemAuto
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
+from gpuq_scheduler.launcher.gpus.mps import Fence
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import lifecycle
+from gpuq_scheduler.launcher.policy.placement import Policy
+
+
+class Learning(Protocol):
+    """What ``--mem auto``'s reservations ask of the state (``daemon.learning``): what each kind has shown and its
+    probes, the table (a --like job's peak), placement's policy, the GPUs as last seen, the fence, the lives."""
+
+    @property
+    def mem_auto(self) -> MemAuto: ...
+
+    @property
+    def table(self) -> JobTable: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def last_snapshot(self) -> list[GpuSnapshot]: ...
+
+    @property
+    def fence(self) -> Fence: ...
+
+    @property
+    def lives(self) -> Lives: ...
 
 
 def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], dict[int, str]]:
     """Pending jobs free to be placed now, and why each of the others waits (paused, held, backoff,
-    dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
+    dependencies). A job whose dependency failed never will be: it is cancelled here, saying why (the state is
+    for that: ``endings.finish_pending`` takes it whole)."""
     ready: list[JobRecord] = []
     waiting: dict[int, str] = {}
     events: list[dict[str, Any]] = []
@@ -25,9 +56,10 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     never: list[tuple[JobRecord, Outcome]] = []
     # Read once: the state's tracked fields are data descriptors, which Python reads a third slower than a
     # plain attribute, and this loop runs over every pending job on every pass (10,000 in the harness's D).
-    staged, fence_waits, not_before = scheduler.staged, scheduler.fence_waits, scheduler.not_before
+    lives, table = scheduler.lives, scheduler.table
+    staged, fence_waits, not_before = lives.staged, scheduler.fence_waits, lives.not_before
     guard_waits = scheduler.guard_waits
-    for record in list(scheduler.pending.values()):
+    for record in list(lives.pending.values()):
         if record.id in staged:
             continue  # behind a running job, on its GPUs: not placed anywhere else meanwhile
         if record.id in fence_waits:  # placed, its memory reserved: its MPS fence is starting
@@ -42,7 +74,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
         elif record.spec.after:
             for dep in record.spec.after:
                 if dep not in deps:
-                    deps[dep] = _job_list(scheduler, dep)
+                    deps[dep] = _job_list(scheduler.arrays, lives, table, dep)
             readiness = lifecycle.dependencies(record.spec, deps)
             if isinstance(readiness, lifecycle.Never):
                 never.append((record, Outcome.not_run(readiness.reason)))
@@ -64,7 +96,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     return ready, waiting
 
 
-def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
+def _with_learned_memory(scheduler: Learning, ready: list[JobRecord], waiting: dict[int, str]) -> list[JobRecord]:
     """``--mem auto`` jobs with the reservation they get now (``daemon.learning``); those that wait for
     their kind's probe move to ``waiting``."""
     if not any(record.spec.mem_auto for record in ready):
@@ -85,9 +117,10 @@ def _with_learned_memory(scheduler: SchedulerState, ready: list[JobRecord], wait
     return placed
 
 
-def _job_list(scheduler: SchedulerState, job_id: int) -> list[JobRecord]:
-    """A dependency's records: the job, or an array's members (``scheduler.arrays`` forgets ended arrays)."""
-    if job_id in scheduler.arrays:
-        return scheduler.table.members(job_id)
-    record = scheduler.pending.get(job_id) or scheduler.table.get(job_id)
-    return scheduler.table.members(job_id) if record is None else [record]
+def _job_list(arrays: Mapping[int, ArrayInfo], lives: Lives, table: JobTable, job_id: int) -> list[JobRecord]:
+    """A dependency's records: the job, or an array's members (``arrays``: the active ones; ended ones are
+    forgotten)."""
+    if job_id in arrays:
+        return table.members(job_id)
+    record = lives.pending.get(job_id) or table.get(job_id)
+    return table.members(job_id) if record is None else [record]

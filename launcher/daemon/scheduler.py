@@ -37,7 +37,7 @@ from gpuq_scheduler.launcher.daemon import (
     preempting,
     reserving,
 )
-from gpuq_scheduler.launcher.daemon.clients import withdraw_gone
+from gpuq_scheduler.launcher.daemon.clients import gone_waiting, withdraw
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
@@ -60,7 +60,8 @@ class Scheduler(SchedulerState):
         super().__init__(*args, **kwargs)
         endings.judge_arrays(self, list(self.arrays), time.time())
         handoff.load(self)  # jobs an earlier daemon staged behind running ones: not placed until those end
-        fences.adopt(self)  # before anything starts: MPS control daemons an earlier daemon left behind
+        # Before anything starts: MPS control daemons an earlier daemon left behind.
+        fences.adopt(self, self.lives, shared=self.shared is not None)
         suspending.recover(self)  # a suspend an earlier daemon began is undone, a resume finished
         preempting.recover(self)  # a job an earlier daemon preempted resumes once its preemptor is not running
         reserving.recover(self)  # a job suspended for a reservation resumes once it is over
@@ -103,7 +104,7 @@ class Scheduler(SchedulerState):
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
         sight.stop_on_lost_gpus(self, now, snapshot)
-        withdraw_gone(self, now)
+        withdraw(self, gone_waiting(self.monitor, self.lives, now), now)
         self.launch_fenced(now)
         preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
         placing.place_and_launch(self, self.placement, now, snapshot, self._launch)
@@ -294,8 +295,10 @@ class Scheduler(SchedulerState):
 
     def launch_fenced(self, now: float) -> None:
         """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""
-        for record, gpus, uuids in fences.step(self):
+        for record, gpus, uuids in fences.step(self, shared=self.shared is not None):
             self._launch(record, gpus, uuids, now)
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
-        launching.launch(self, record, gpus, uuids, now)
+        refused = launching.launch(self, record, gpus, uuids, now)
+        if refused is not None:  # it cannot start here: it ends failed to spawn, saying why
+            endings.finish(self, record, refused, now, [])

@@ -15,12 +15,12 @@ from typing import Any
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.action_values import Update
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.events import Asked, Kind, QueueSet, Refused
-from gpuq_scheduler.jobs.units import parse_duration
 from gpuq_scheduler.launcher.daemon import endings, handoff, reserving
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import suspending
@@ -100,7 +100,8 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             continue
         handoff.withdraw(scheduler, record.id)  # held or changed, it may no longer be the one to go next
         if on_job(scheduler, record, request, who):
-            events.append(Asked(now, Kind.done(request.action), record.id, who, request.values).to_json())
+            written = {} if request.values is None else request.values.to_json()  # an update's, in its event
+            events.append(Asked(now, Kind.done(request.action), record.id, who, written).to_json())
 
 
 def _hold(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
@@ -120,11 +121,11 @@ def _set_held(scheduler: SchedulerState, record: JobRecord, held: bool, reason: 
 def _update(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
     """Whether the update applied: one the queue's bounds refuse is logged and changes nothing."""
     try:
-        spec = _updated(record, request.values)
+        spec = _updated(record, request.values_as(Update))
         longest = scheduler.shared.max_time if scheduler.shared else None
         if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
             raise BadInput(f"--time is longer than this queue allows (max_time {longest:g}s)")
-    except (BadInput, ValueError, TypeError) as err:
+    except BadInput as err:
         log.warning("refused update of job %d: %s", record.id, err)
         return False
     scheduler.table.update_spec(record.id, spec)
@@ -132,14 +133,10 @@ def _update(scheduler: SchedulerState, record: JobRecord, request: spool.Control
     return True
 
 
-def _updated(record: JobRecord, values: dict[str, Any]) -> Any:
-    changes: dict[str, Any] = {}
-    if "priority" in values:
-        changes["priority"] = int(values["priority"])
-    if "time_limit" in values:
-        limit = values["time_limit"]
-        changes["time_limit"] = parse_duration(limit) if isinstance(limit, str) else float(limit)
-    return dataclasses.replace(record.spec, **changes)
+def _updated(record: JobRecord, update: Update) -> JobSpec:
+    priority = record.spec.priority if update.priority is None else update.priority
+    limit = record.spec.time_limit if update.time_limit is None else update.time_limit
+    return dataclasses.replace(record.spec, priority=priority, time_limit=limit)
 
 
 def _queue_control(

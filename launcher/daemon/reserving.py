@@ -32,7 +32,7 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
-from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
+from gpuq_scheduler.jobs.reservations import Ask, Reservation, Unreserve, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.events import (
@@ -82,9 +82,9 @@ def reservation_of(record: JobRecord) -> str:
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
     """A `gpuq reserve` (``reserve``) or `gpuq reserve --cancel` (``unreserve``)."""
     if request.action == "unreserve":
-        _cancel(scheduler, request.uid, cancel_name(request.values), now, events)
+        _cancel(scheduler, request.uid, request.values_as(Unreserve).name, now, events)
         return
-    ask = ask_from(request.values)
+    ask = request.values_as(Ask)
     book = scheduler.booked
     if not scheduler.last_snapshot:  # a request read before the daemon's first look at the GPUs
         scheduler.snapshot()

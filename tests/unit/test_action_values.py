@@ -148,6 +148,7 @@ def test_the_daemon_applies_an_update_from_its_typed_values_and_journals_them(gp
     each applied from the values the spool typed, and journalled as the request's JSON has always laid them."""
     go = gpuq.cwd / "go"
     blocker = gpuq.submit("--gpus", "4", "sh", "-c", 'while [ ! -e "$1" ]; do sleep 0.02; done', "sh", str(go))
+    gpuq.wait_state(blocker, "running")  # before the update: a priority of 5 would put it ahead of the blocker
     waiting = gpuq.submit("--gpus", "4", "true")
     gpuq.run("update", str(waiting), "--priority", "5", "--time", "10m")
     wait_for(lambda: (gpuq.job(waiting)["priority"], gpuq.job(waiting)["time_limit"]) == (5, 600.0), 30, "the update")

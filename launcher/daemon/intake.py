@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
@@ -26,7 +25,7 @@ from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.atomic import write_atomic
-from gpuq_scheduler.jobs.store.events import Rejected, Submitted
+from gpuq_scheduler.jobs.store.events import Event, Rejected, Submitted
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.submission import Inventory
 from gpuq_scheduler.jobs.units import format_duration
@@ -44,7 +43,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     found = spool.scan(scheduler.state)[0] if found is None else found
     if not found:
         return
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
     named: list[tuple[str, int, int, float]] = []
     if scheduler.shared is not None:
@@ -90,7 +89,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     for record in fresh:
         if record.id not in inserted:
             continue  # ingested before a crash that left its request behind
-        events.append(Submitted(now, record.id, record.user).to_json())
+        events.append(Submitted(now, record.id, record.user))
         problem = _impossible(record, inventory)  # the caps, only a shared queue's, were checked in ``_number``
         if problem:
             endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
@@ -110,7 +109,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
 
 
 def _number(
-    scheduler: SchedulerState, submits: list[spool.SubmitRequest], now: float, events: list[dict[str, Any]]
+    scheduler: SchedulerState, submits: list[spool.SubmitRequest], now: float, events: list[Event]
 ) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, int, float]]]:
     """Give a shared queue's submits their ids: (the requests with their ids, (token, uid, id, now) of those
     given one now). A request its user sent again (read before a crash) keeps the id it was given then
@@ -175,7 +174,7 @@ def _prune_answers(scheduler: SchedulerState) -> None:
     scheduler.table.forget_intake(before)
 
 
-def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]) -> bool:
+def _clashes(scheduler: SchedulerState, request: spool.SubmitRequest, now: float, events: list[Event]) -> bool:
     """A personal queue's submit whose id the table already holds: the same request ingested before a crash
     (no clash), or a *different* job because the id counter was rewound (by hand, or from a backup).
     Dropping that as "already ingested" would lose it silently: it is set aside, saying why, and the counter
@@ -199,7 +198,7 @@ def _keep_private(scheduler: SchedulerState, submit: spool.SubmitRequest) -> Non
 
 
 def set_aside(
-    scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[dict[str, Any]], *, answer: bool = True
+    scheduler: SchedulerState, bad: spool.BadRequest, now: float, events: list[Event], *, answer: bool = True
 ) -> None:
     """Move a request out of the spool, saying why in the log, the journal and to its owner (`gpuq status`).
     ``answer``: and to its client (``answers/<token>``): not where the token is another user's, whose client
@@ -217,7 +216,7 @@ def set_aside(
                 scheduler.state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False, mode=0o644
             )
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
-    events.append(Rejected(now, name, bad.reason, owner).to_json())
+    events.append(Rejected(now, name, bad.reason, owner))
     if owner is not None:
         try:
             notices.set_aside(scheduler.state, owner, name, bad.reason, now)

@@ -70,4 +70,4 @@ def launch(state: SchedulerState, record: JobRecord, gpus: tuple[int, ...], uuid
     state.after_commit.append(lambda: supervisor.start(shim_launch))  # the job starts only once recorded running
     running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
     state.lives.start(Running(running, info))
-    state.journal.append(Started(now, record.id, tuple(gpus)).to_json())
+    state.journal.append(Started(now, record.id, tuple(gpus)))

@@ -6,10 +6,9 @@ dependency failed never will run: it is cancelled here, saying why.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.launcher.daemon import endings, fences, learning
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.policy import lifecycle
@@ -20,7 +19,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     dependencies). A job whose dependency failed never will be: it is cancelled here, saying why."""
     ready: list[JobRecord] = []
     waiting: dict[int, str] = {}
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     deps: dict[int, list[JobRecord]] = {}
     never: list[tuple[JobRecord, Outcome]] = []
     # Read once: the state's tracked fields are data descriptors, which Python reads a third slower than a

@@ -22,11 +22,10 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from gpuq_scheduler.jobs.errors import DaemonError
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
-from gpuq_scheduler.jobs.store.events import PoolGivenBack
+from gpuq_scheduler.jobs.store.events import Event, PoolGivenBack
 from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath
@@ -111,7 +110,7 @@ def reclaimable(scheduler: SchedulerState, but: set[int]) -> dict[int, int]:
     return {job_id: size for job_id, size in pooled(scheduler).items() if job_id not in but}
 
 
-def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, events: list[dict[str, Any]]) -> bool:
+def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, events: list[Event]) -> bool:
     """Before suspending ``jobs``, whose copies take ``need`` bytes: if that does not fit in host memory with
     the margin, tell the fewest other jobs to give their pools back that make it fit (pools already being
     given back count as room to come: preemption asks once for all its victims, then each victim's suspend
@@ -130,7 +129,7 @@ def make_room(scheduler: SchedulerState, jobs: set[int], need: int, now: float, 
     return bool(chosen) or (bool(told) and need + spare > available)
 
 
-def tend(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+def tend(scheduler: SchedulerState, now: float, events: list[Event]) -> None:
     """Once a pass: give back each pool whose rule no longer holds (every pool with ``GPUQ_FAST_POOL=off``)."""
     told = scheduler.suspensions.told
     for job_id in [j for j in told if j not in scheduler.running]:
@@ -158,9 +157,7 @@ def tend(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) ->
             _tell(scheduler, job_id, size, why, now, events)
 
 
-def _tell(
-    scheduler: SchedulerState, job_id: int, size: int, why: str, now: float, events: list[dict[str, Any]]
-) -> None:
+def _tell(scheduler: SchedulerState, job_id: int, size: int, why: str, now: float, events: list[Event]) -> None:
     """Tell the job to give its pool back, once (again only after TOLD_AGAIN seconds if it still holds it)."""
     told = scheduler.suspensions.told
     if time.monotonic() < told.get(job_id, -TOLD_AGAIN) + TOLD_AGAIN:
@@ -169,4 +166,4 @@ def _tell(
     pids = fastpath.give_back(scheduler.state.fast_dir(job_id), sorted(job.pids))
     told[job_id] = time.monotonic()
     log.info("job %d told to give back its pool of %.1f GiB: %s", job_id, size / GIB, why)
-    events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)).to_json())
+    events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)))

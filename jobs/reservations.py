@@ -96,7 +96,7 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Ask:
-    """A reserve request as the daemon reads it back (values of the control request ``reserve``)."""
+    """A reserve request's values (the control request ``reserve``; ``jobs.store.action_values``)."""
 
     token: str
     gpus: int
@@ -105,7 +105,7 @@ class Ask:
     name: str = ""  # "" : the daemon names it (user-N)
     user: str = ""  # "" : the requester
 
-    def to_values(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "token": self.token,
             "gpus": self.gpus,
@@ -114,6 +114,41 @@ class Ask:
             "name": self.name,
             "user": self.user,
         }
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> Ask:
+        """A reserve request's values, checked whole (the client holds its own to this first); BadInput says
+        what is wrong."""
+        unknown = sorted(set(values) - {"token", "gpus", "start", "end", "name", "user"})
+        if unknown:
+            raise BadInput(f"gives {unknown[0]!r} to reserve, which takes token, gpus, start, end, name and user")
+        token, gpus = values.get("token"), values.get("gpus")
+        name, user = values.get("name", ""), values.get("user", "")
+        if not isinstance(token, str) or len(token) != 32 or not set(token) <= set("0123456789abcdef"):
+            raise BadInput("gives reserve a token that is not 32 hex digits")
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 < gpus < MOST_GPUS:
+            raise BadInput(f"--gpus takes a number of GPUs from 1 to {MOST_GPUS - 1}")
+        start, end = _time(values.get("start"), "start"), _time(values.get("end"), "end")
+        if not isinstance(name, str) or not isinstance(user, str):
+            raise BadInput("gives reserve a name or user that is not text")
+        check_window(start, end)
+        return cls(token, gpus, start, end, check_name(name) if name else "", check_user(user))
+
+
+@dataclass(frozen=True)
+class Unreserve:
+    """An unreserve request's values: the reservation to cancel, by name."""
+
+    name: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> Unreserve:
+        if set(values) != {"name"} or not isinstance(values["name"], str):
+            raise BadInput("gives unreserve something other than a reservation's name")
+        return cls(check_name(values["name"]))
 
 
 def check_name(name: str) -> str:
@@ -128,34 +163,11 @@ def check_user(user: str) -> str:
     return user
 
 
-def ask_from(values: Mapping[str, Any]) -> Ask:
-    """The reserve request's values, checked whole (``jobs.store.checks``); BadInput says what is wrong."""
-    unknown = sorted(set(values) - {"token", "gpus", "start", "end", "name", "user"})
-    if unknown:
-        raise BadInput(f"gives {unknown[0]!r} to reserve, which takes token, gpus, start, end, name and user")
-    token, gpus, name, user = values.get("token"), values.get("gpus"), values.get("name", ""), values.get("user", "")
-    if not isinstance(token, str) or len(token) != 32 or not set(token) <= set("0123456789abcdef"):
-        raise BadInput("gives reserve a token that is not 32 hex digits")
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 < gpus < MOST_GPUS:
-        raise BadInput(f"--gpus takes a number of GPUs from 1 to {MOST_GPUS - 1}")
-    start, end = _time(values.get("start"), "start"), _time(values.get("end"), "end")
-    if not isinstance(name, str) or not isinstance(user, str):
-        raise BadInput("gives reserve a name or user that is not text")
-    check_window(start, end)
-    return Ask(token, gpus, start, end, check_name(name) if name else "", check_user(user))
-
-
 def check_window(start: float, end: float) -> None:
     if not end > start:
         raise BadInput("--duration must be more than zero, like 3h")
     if end - start > LONGEST:
         raise BadInput(f"--duration is longer than a reservation may be ({LONGEST / 86400:.0f} days)")
-
-
-def cancel_name(values: Mapping[str, Any]) -> str:
-    if set(values) != {"name"} or not isinstance(values["name"], str):
-        raise BadInput("gives unreserve something other than a reservation's name")
-    return check_name(values["name"])
 
 
 def _time(value: Any, what: str) -> float:

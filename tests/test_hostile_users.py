@@ -50,16 +50,20 @@ outbox.poke(state)
 print(token)
 """
 CONTROL = """
-import json, sys
+import json, os, sys
 from pathlib import Path
+from gpuq_scheduler.jobs import jsontext
 from gpuq_scheduler.jobs.store import outbox
-from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.statedir import REQUEST_SCHEMA, StateDir
 state = StateDir(Path(sys.argv[1]))
 body = json.loads(sys.argv[2])
 if body["kind"] == "cancel":
     outbox.write_cancel(state, body["ids"])
-else:
-    outbox.write_control(state, body["action"], body["ids"], body["values"])
+else:  # any values she likes, laid out as the client's writer lays out the typed values it takes
+    control = {"schema": REQUEST_SCHEMA, "kind": "control", "action": body["action"], "ids": body["ids"]}
+    control["values"] = body["values"]
+    write_atomic(state.control_request(os.urandom(16).hex()), jsontext.encode(control))
 outbox.poke(state)
 """
 
@@ -242,7 +246,7 @@ CLI_FUZZ = settings(
 
 
 def test_random_and_malicious_requests_never_stop_other_users_jobs(queue: SharedQueue, users: dict[str, User]) -> None:
-    """Mallory throws random requests at the live daemon, through the client's writer as she may, and types
+    """Mallory throws random requests at the live daemon, laid out as the client's writer lays them, and types
     random submits, while bob's jobs must still run and be recorded right; no pass fails, the spool empties."""
     queue.start()
     bob, mallory = users["gqfbob"], users["gqfmallory"]

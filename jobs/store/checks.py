@@ -16,20 +16,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuq_scheduler.jobs import reservations
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.options import kept_options
-from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_bounds, check_text, check_texts, check_update
+from gpuq_scheduler.jobs.rules import MAX_ARRAY, check_array, check_bounds, check_text, check_texts
+from gpuq_scheduler.jobs.store import action_values
+from gpuq_scheduler.jobs.store.action_values import ActionValues
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.submission import kind_of
-from gpuq_scheduler.jobs.units import parse_duration
 
 MAX_ID = (1 << 63) - 1  # SQLite's largest integer
 MAX_IDS = MAX_ARRAY + 1  # ids one cancel or control names: an array and all its members, at most
 MAX_PID = 1 << 22  # Linux's pid_max ceiling (an interactive job's client)
 LATEST = 1 << 33  # a submit time past this (year 2242) is not a clock's; readers could not render it
-UPDATABLE = ("priority", "time_limit")
 
 
 def submit(spec: JobSpec, submitted_at: float, indices: Sequence[int] | None, throttle: int | None) -> JobSpec:
@@ -62,30 +61,13 @@ def ids(named: Sequence[int]) -> None:
         raise BadInput(f"names {len(named)} jobs; one request may name at most {MAX_IDS}")
 
 
-def control(action: Action, named: Sequence[int], values: Mapping[str, Any]) -> None:
-    """A control request's ids and values: only `update` carries values, and only those it may change."""
+def control(action: Action, named: Sequence[int], values: Mapping[str, Any]) -> ActionValues | None:
+    """A control request's ids, and its values read as the type its action carries (``jobs.store.action_values``):
+    only `update`, `reserve` and `unreserve` carry any, and only what they may."""
     ids(named)
-    if action.on_reservations:  # a reservation's values (jobs.reservations), no ids
-        if named:
-            raise BadInput(f"names jobs or GPUs in {action}, which takes none")
-        reservations.ask_from(values) if action is Action.RESERVE else reservations.cancel_name(values)
-        return
-    if action is not Action.UPDATE:
-        if values:
-            raise BadInput(f"gives values to {action}, which takes none")
-        return
-    unknown = sorted(set(values) - set(UPDATABLE))
-    if unknown or not values:
-        shown = ", ".join(map(repr, unknown))[:80] or "nothing"
-        raise BadInput(f"updates {shown}; gpuq update changes only priority and time_limit")
-    priority, limit = values.get("priority"), values.get("time_limit")
-    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-        raise BadInput("updates priority to something that is not a whole number")
-    if isinstance(limit, str):
-        limit = parse_duration(limit)
-    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool)):
-        raise BadInput("updates time_limit to something that is not a duration")
-    check_update(priority, None if limit is None else float(limit))
+    if action.on_reservations and named:  # a reservation's values say what it is; it names no job or GPU
+        raise BadInput(f"names jobs or GPUs in {action}, which takes none")
+    return action_values.read(action, values)
 
 
 _TEXTS = frozenset({"command", "cwd", "env", "name", "notify", "python"})  # check_texts's, named as the user gave them

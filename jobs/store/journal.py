@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,11 @@ from gpuq_scheduler.jobs.store import events
 from gpuq_scheduler.jobs.store.events import Event, Kind
 
 
-def append(path: Path, lines: list[dict[str, Any]]) -> None:
-    """Add events (each an ``Event.to_json()``) in one write."""
-    if not lines:
+def append(path: Path, happened: Sequence[Event]) -> None:
+    """Add events in one write, each a line of its ``to_json`` (the one place the daemon's are encoded)."""
+    if not happened:
         return
-    data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+    data = "".join(json.dumps(event.to_json(), separators=(",", ":")) + "\n" for event in happened).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, data)

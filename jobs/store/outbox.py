@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from gpuq_scheduler.jobs.store.action_values import ActionValues
     from gpuq_scheduler.jobs.store.actions import Action
 
 
@@ -197,9 +198,12 @@ def read_answer(state: StateDir, token: str) -> int | None:
     return int(raw) if raw.isdigit() else None  # not yet whole: the daemon renames it in, so never
 
 
-def write_control(state: StateDir, action: Action, ids: list[int], values: dict[str, Any] | None = None) -> str:
+def write_control(state: StateDir, action: Action, ids: list[int], values: ActionValues | None = None) -> str:
+    """A control request; ``values``: the type ``action`` carries (``jobs.store.action_values``), written by its
+    own ``to_json`` (called, not imported: this module loads no dataclass)."""
     path = state.control_request(os.urandom(16).hex())
-    body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": values or {}}
+    written = {} if values is None else values.to_json()
+    body = {"schema": REQUEST_SCHEMA, "kind": "control", "action": action, "ids": ids, "values": written}
     write_atomic(path, jsontext.encode(body))
     return path
 

@@ -23,6 +23,7 @@ from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.submission import Inventory, check_host_limits, host_limits
 
 if TYPE_CHECKING:
+    from gpuq_scheduler.jobs.store.action_values import Update
     from gpuq_scheduler.jobs.store.table import JobTable
 
 
@@ -65,7 +66,7 @@ class Queue:
         return outbox.post_submit(self.state, spec.to_json(), plan, submitted_at=submitted_at, patience=patience)
 
     def control(
-        self, action: Action, ids: Iterable[int], values: dict[str, object] | None = None, *, uid: int | None = None
+        self, action: Action, ids: Iterable[int], values: Update | None = None, *, uid: int | None = None
     ) -> list[JobRecord]:
         """hold, release or update jobs (an array id stands for its members). Owner or admin only.
 
@@ -78,12 +79,11 @@ class Queue:
                 raise NotPermitted(
                     f"job {record.id} belongs to {record.user}; only {record.user} or an admin can {action} it"
                 )
-        limit = (values or {}).get("time_limit")
-        if isinstance(limit, (int, float)) and self.state.is_foreign():
-            self._check_time(limit)
+        if values is not None and values.time_limit is not None and self.state.is_foreign():
+            self._check_time(values.time_limit)
         pending = [r for r in records if r.state is JobState.PENDING]
         if pending:
-            outbox.write_control(self.state, action, [r.id for r in pending], dict(values or {}))
+            outbox.write_control(self.state, action, [r.id for r in pending], values)
         return pending
 
     def control_queue(self, action: Action, gpus: Iterable[int] = (), *, uid: int | None = None) -> None:

@@ -21,17 +21,19 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from gpuq_scheduler.jobs.errors import BadInput, StateDirError
 from gpuq_scheduler.jobs.model import JobSpec
 from gpuq_scheduler.jobs.store import checks
+from gpuq_scheduler.jobs.store.action_values import ActionValues
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.atomic import write_atomic
 from gpuq_scheduler.jobs.store.statedir import REJECTED, REQUEST_SCHEMA, SPOOL, StateDir
 
 MAX_REQUEST_BYTES = 8 << 20  # a request holds a command line and an environment: far less than this
 MAX_ID = (1 << 63) - 1  # the job table's largest integer: an id beyond it could never be recorded
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,14 @@ class ControlRequest:
     uid: int
     action: Action
     ids: tuple[int, ...]
-    values: dict[str, Any]
+    values: ActionValues | None  # read and checked whole as its action's type when the request was read
+
+    def values_as(self, kind: type[V]) -> V:
+        """Its values as ``kind``, the type its action carries (``action_values.CARRIES``): the spool reads
+        nothing else for that action, so another type here is gpuq's own mistake, never a user's."""
+        if not isinstance(self.values, kind):
+            raise TypeError(f"this {self.action} request carries {type(self.values).__name__}, not {kind.__name__}")
+        return self.values
 
 
 @dataclass(frozen=True)
@@ -202,7 +211,8 @@ def _parse(path: str, uid: int, raw: bytes) -> Request:
                 return BadRequest(path, "has ids that are not a list of job or GPU ids")
             if not isinstance(values, dict):
                 return BadRequest(path, "has values that are not an object")
-            return ControlRequest(path, uid, ACTIONS[action], tuple(ids), values)
+            asked, named = ACTIONS[action], tuple(ids)
+            return ControlRequest(path, uid, asked, named, checks.control(asked, named, values))
     except BadInput as err:
         return BadRequest(path, str(err))
     return BadRequest(path, f"is not a request gpuq knows (kind {kind!r})")
@@ -227,8 +237,6 @@ def _checked(request: Request) -> Request:
             return dataclasses.replace(request, spec=spec)
         if isinstance(request, CancelRequest):
             checks.ids(request.job_ids)
-        elif isinstance(request, ControlRequest):
-            checks.control(request.action, request.ids, request.values)
     except BadInput as err:
         return BadRequest(request.path, str(err))
     return request

@@ -10,6 +10,7 @@ from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState
 from gpuq_scheduler.jobs.selection import Selection
 from gpuq_scheduler.jobs.selection import parse as parse_selection
+from gpuq_scheduler.jobs.store.action_values import Update
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.launcher.cli.context import NUMBER, Context, pass_ctx
 from gpuq_scheduler.launcher.cli.own_jobs import _members
@@ -109,18 +110,13 @@ def update(ctx: Context, job_ids: tuple[int, ...], priority: int | None, time_li
 
     seconds = None if time_limit is None else parse_duration(time_limit)
     check_update(priority, seconds)
-    values: dict[str, object] = {}
-    if priority is not None:
-        values["priority"] = priority
-    if seconds is not None:
-        values["time_limit"] = seconds
-    if not values:
+    if priority is None and seconds is None:
         raise BadInput("nothing to update: give --priority P and/or --time DURATION")
-    _control(ctx, Action.UPDATE, job_ids, values)
+    _control(ctx, Action.UPDATE, job_ids, Update(priority, seconds))
 
 
 def _control(
-    ctx: Context, action: Action, job_ids: tuple[int, ...], values: dict[str, object] | None = None, said: bool = True
+    ctx: Context, action: Action, job_ids: tuple[int, ...], values: Update | None = None, said: bool = True
 ) -> list[JobRecord]:
     from gpuq_scheduler.jobs.api import ensure_daemon
 

@@ -15,7 +15,7 @@ import click
 
 from gpuq_scheduler.jobs import accounts, config, reservations
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.reservations import Ask, Reservation, clock, gpu_list
+from gpuq_scheduler.jobs.reservations import Ask, Reservation, Unreserve, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, outbox
 from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.units import format_duration, parse_duration
@@ -82,9 +82,9 @@ def _make(ctx: Context, gpus: int | None, start: str | None, duration: str | Non
     if name:
         reservations.check_name(name)
     ask = Ask(os.urandom(16).hex(), gpus, begins, ends, name, user)
-    reservations.ask_from(ask.to_values())  # what the daemon holds it to: refused here first
+    Ask.from_json(ask.to_json())  # what the daemon holds it to: refused here first
     ctx.state.ensure()
-    outbox.write_control(ctx.state, Action.RESERVE, [], ask.to_values())
+    outbox.write_control(ctx.state, Action.RESERVE, [], ask)
     outbox.ensure_daemon(ctx.state)
     answer = _answer(ctx, ask.token)
     if answer is None:
@@ -121,7 +121,7 @@ def _cancel(ctx: Context, name: str) -> None:
     admins = config.load().shared.admins
     if not accounts.may_act(os.getuid(), found.uid, admins, ctx.state.owner()):
         raise BadInput(f"reservation {name} is {found.user}'s; only {found.user} or an admin can cancel it")
-    outbox.write_control(ctx.state, Action.UNRESERVE, [], {"name": name})
+    outbox.write_control(ctx.state, Action.UNRESERVE, [], Unreserve(name))
     outbox.ensure_daemon(ctx.state)
     click.echo(f"cancelling reservation {name}")
 

@@ -4,11 +4,10 @@ when GPUs free, find nobody to serve, and end: a job that never ran, recorded as
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuq_scheduler.jobs.hold import client_alive
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.launcher.daemon import endings
 from gpuq_scheduler.launcher.daemon.lives import Lives
 from gpuq_scheduler.launcher.daemon.owned import Monitor
@@ -35,7 +34,7 @@ def withdraw(scheduler: SchedulerState, records: list[JobRecord], now: float) ->
     """End ``records`` withdrawn (the state is ``endings.finish_pending``'s, which takes it whole)."""
     if not records:
         return
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     endings.finish_pending(scheduler, [(r, Outcome.withdrawn(_why(r))) for r in records], now, events)
     scheduler.journal.extend(events)
 

@@ -12,13 +12,12 @@ import json
 import logging
 import os
 import time
-from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
-from gpuq_scheduler.jobs.store.events import Again, ArrayHeld, Ended, Kind
+from gpuq_scheduler.jobs.store.events import Again, ArrayHeld, Ended, Event, Kind
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.lives import Running
@@ -30,9 +29,7 @@ from gpuq_scheduler.launcher.supervisor import containment, joblog, processes
 log = logging.getLogger("gpuq.endings")
 
 
-def finish(
-    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
-) -> None:
+def finish(scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[Event]) -> None:
     """Record how a job ended, then what follows: a retry, an array held, a notification."""
     ran = record.id in scheduler.running
     if ran:
@@ -53,7 +50,7 @@ def finish(
             outcome.signal,
             record.attempt,
             outcome.culprit,
-        ).to_json()
+        )
     )
     if ran and outcome.cause.not_its_fault:
         _requeue_victim(scheduler, record, outcome, ended, events)
@@ -71,7 +68,7 @@ def finish(
             attempt=record.attempt + 1,
             not_before=ended + again.delay,
         )
-        events.append(Again(ended, Kind.RETRY, record.id, again.reason).to_json())
+        events.append(Again(ended, Kind.RETRY, record.id, again.reason))
         return
     scheduler.table.finish(record.id, outcome, ended)
     _ended(scheduler, record, outcome)
@@ -93,7 +90,7 @@ def stopped_line(job_id: int, outcome: Outcome, ended: float) -> str | None:
 
 
 def _requeue_victim(
-    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[dict[str, Any]]
+    scheduler: SchedulerState, record: JobRecord, outcome: Outcome, ended: float, events: list[Event]
 ) -> None:
     """Another job took its memory, or preempted it: it runs again as the same attempt (its retries are its own
     to spend), after ``lifecycle.requeue_delay``, keeping the cause and culprit of the run it lost for `gpuq show`."""
@@ -107,17 +104,17 @@ def _requeue_victim(
         not_before=ended + delay if delay else None,
         outcome=outcome,
     )
-    events.append(Again(ended, Kind.REQUEUED, record.id, reason, outcome.culprit).to_json())
+    events.append(Again(ended, Kind.REQUEUED, record.id, reason, outcome.culprit))
 
 
 def finish_pending(
-    scheduler: SchedulerState, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[dict[str, Any]]
+    scheduler: SchedulerState, endings: list[tuple[JobRecord, Outcome]], now: float, events: list[Event]
 ) -> None:
     """End many jobs that never started (a cancelled array, say) in one transaction: no retries apply."""
     scheduler.table.finish_many([(record.id, outcome, now) for record, outcome in endings])
     for record, outcome in endings:
         ending = Ended(now, Kind(outcome.state.value), record.id, outcome.recorded_reason(), outcome.cause)
-        events.append(ending.to_json())
+        events.append(ending)
         _ended(scheduler, record, outcome)
 
 
@@ -152,7 +149,7 @@ def follow_up_arrays(scheduler: SchedulerState, now: float) -> None:
     """For each array a member of which ended this tick: hold it if it fails fast, notify when done. An
     array whose members waited for the guard past the time its running members could still fail fast
     starts its next wave."""
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     touched, scheduler.touched_arrays = scheduler.touched_arrays, {}
     for array_id, failed in touched.items():
         _array_member_ended(scheduler, array_id, failed, now, events)
@@ -224,7 +221,7 @@ def unlink(*paths: str | os.PathLike[str]) -> None:
 
 
 def _array_member_ended(
-    scheduler: SchedulerState, array_id: int, failed: bool, now: float, events: list[dict[str, Any]]
+    scheduler: SchedulerState, array_id: int, failed: bool, now: float, events: list[Event]
 ) -> None:
     info = scheduler.arrays.get(array_id)
     if info is None:
@@ -239,7 +236,7 @@ def _array_member_ended(
             for job_id in unheld:
                 if job_id in scheduler.pending:
                     scheduler.lives.update(scheduler.pending[job_id].replace(held=True, reason=why))
-            events.append(ArrayHeld(now, array_id, why).to_json())
+            events.append(ArrayHeld(now, array_id, why))
             log.warning("array %d %s", array_id, why)
     done = all(m.state.finished for m in members)
     if info.notify and not info.notified and done:
@@ -290,16 +287,16 @@ def _notify(
     scheduler.after_commit.append(run)  # notify about an outcome only once it is recorded
 
 
-def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[dict[str, Any]], now: float) -> None:
+def requeue(scheduler: SchedulerState, job: Running, reason: str, events: list[Event], now: float) -> None:
     fences.ended(scheduler, job.record.id)
     scheduler.shims.lost(job.record.id)  # still there only if its shim died: nothing to reuse
     # A new run: no time suspended yet (its pause file goes with its exit file).
     run_files = (scheduler.state.exit_file(job.record.id), scheduler.state.pause_file(job.record.id))
     _queue_again(scheduler, job.record.id, reason, run_files)
-    events.append(Again(now, Kind.REQUEUED, job.record.id, reason).to_json())
+    events.append(Again(now, Kind.REQUEUED, job.record.id, reason))
 
 
-def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[dict[str, Any]]) -> None:
+def orphaned(scheduler: SchedulerState, job: Running, now: float, events: list[Event]) -> None:
     """The shim died without an exit file. Stop the job if it still runs; it can no longer be supervised."""
     try:
         info = json.loads(read_bytes(scheduler.state.pid_file(job.record.id)))

@@ -30,13 +30,12 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
 
 from gpuq_scheduler.jobs.model import JobRecord, Launch, Mode
 from gpuq_scheduler.jobs.options import GPU_IDS
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store.atomic import write_atomic
-from gpuq_scheduler.jobs.store.events import Started
+from gpuq_scheduler.jobs.store.events import Event, Started
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon import endings, outcomes
 from gpuq_scheduler.launcher.daemon.lives import Running, Staged
@@ -226,7 +225,7 @@ def settle(
     ended: dict[int, tuple[ExitFile | None, Launch]],
     written: set[str] | None,
     now: float,
-    events: list[dict[str, Any]],
+    events: list[Event],
 ) -> None:
     """Jobs ended this pass (id -> their exit file, None if they left none, and their launch, which names their
     shim): each job staged behind one of them started (its exit file names it) or did not. Started, it runs
@@ -273,7 +272,7 @@ def _started(
     staged: Staged,
     first: Launch,
     started: float,
-    events: list[dict[str, Any]],
+    events: list[Event],
 ) -> None:
     """``record`` started under the shim of the job it followed (``first``) when that one ended."""
     info = Launch(first.shim_pid, first.shim_start, scheduler.boot_id, None, cancel_by=staged.cancel_by)
@@ -288,7 +287,7 @@ def _started(
     scheduler.lives.start(Running(running, info))
     if staged.cancel_by:  # its shim was told; a restarted daemon, with no pipe to that shim, signals it
         scheduler.stop(scheduler.running[record.id])
-    events.append(Started(started, record.id, staged.gpus, staged.after).to_json())
+    events.append(Started(started, record.id, staged.gpus, staged.after))
 
 
 def _forget_record(scheduler: SchedulerState, job_id: int) -> None:

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
@@ -28,7 +28,7 @@ from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import notices, outbox, spool
 from gpuq_scheduler.jobs.store.atomic import write_atomic
-from gpuq_scheduler.jobs.store.events import Rejected, Submitted
+from gpuq_scheduler.jobs.store.events import Event, Rejected, Submitted
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.queue import expand
 from gpuq_scheduler.jobs.store.statedir import StateDir
@@ -65,7 +65,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     found = spool.scan(state)[0] if found is None else found
     if not found:
         return
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     submits = [r for r in found if isinstance(r, spool.SubmitRequest)]
     named: list[tuple[str, int, int, float]] = []
     if shared is not None:
@@ -111,7 +111,7 @@ def ingest(scheduler: SchedulerState, now: float, found: list[spool.Request] | N
     for record in fresh:
         if record.id not in inserted:
             continue  # ingested before a crash that left its request behind
-        events.append(Submitted(now, record.id, record.user).to_json())
+        events.append(Submitted(now, record.id, record.user))
         problem = _impossible(record, inventory)  # the caps, only a shared queue's, were checked in ``_number``
         if problem:
             endings.finish(scheduler, record, Outcome.rejected(problem), now, events)
@@ -135,7 +135,7 @@ def _number(
     shared: Shared,
     submits: list[spool.SubmitRequest],
     now: float,
-    events: list[dict[str, Any]],
+    events: list[Event],
 ) -> tuple[list[spool.SubmitRequest], list[tuple[str, int, int, float]]]:
     """Give a shared queue's submits their ids: (the requests with their ids, (token, uid, id, now) of those
     given one now). A request its user sent again (read before a crash) keeps the id it was given then
@@ -202,9 +202,7 @@ def _prune_answers(state: StateDir, table: JobTable) -> None:
     table.forget_intake(before)
 
 
-def _clashes(
-    table: JobTable, state: StateDir, request: spool.SubmitRequest, now: float, events: list[dict[str, Any]]
-) -> bool:
+def _clashes(table: JobTable, state: StateDir, request: spool.SubmitRequest, now: float, events: list[Event]) -> bool:
     """A personal queue's submit whose id the table already holds: the same request ingested before a crash
     (no clash), or a *different* job because the id counter was rewound (by hand, or from a backup).
     Dropping that as "already ingested" would lose it silently: it is set aside, saying why, and the counter
@@ -226,9 +224,7 @@ def _keep_private(private: PrivateSpecs, submit: spool.SubmitRequest) -> None:
     private.write(submit.job_id, submit.spec, submit.uid, owner.gid if owner else submit.uid)
 
 
-def set_aside(
-    state: StateDir, bad: spool.BadRequest, now: float, events: list[dict[str, Any]], *, answer: bool
-) -> None:
+def set_aside(state: StateDir, bad: spool.BadRequest, now: float, events: list[Event], *, answer: bool) -> None:
     """Move a request out of ``state``'s spool, saying why in the log, the journal and to its owner (`gpuq
     status`). ``answer``: and to its client (``answers/<token>``): a shared queue's, whose clients wait there
     for their ids; not where the token is another user's, whose client may still be about to read the id its
@@ -244,7 +240,7 @@ def set_aside(
         with contextlib.suppress(StateDirError):
             write_atomic(state.answer(token), outbox.REJECTED_ANSWER + bad.reason.encode(), durable=False, mode=0o644)
     log.warning("set aside %s: it %s (moved to %s)", name, bad.reason, where)
-    events.append(Rejected(now, name, bad.reason, owner).to_json())
+    events.append(Rejected(now, name, bad.reason, owner))
     if owner is not None:
         try:
             notices.set_aside(state, owner, name, bad.reason, now)

@@ -16,12 +16,12 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.jobs.store.statedir import SPOOL, StateDir
 from gpuq_scheduler.launcher.daemon import endings, intake
 from gpuq_scheduler.launcher.daemon.lives import Lives
@@ -70,7 +70,7 @@ def ingest(scheduler: SchedulerState, now: float, reload: Callable[[], None]) ->
             _attempt(scheduler, now, [request], reload)
         except INPUT_ERRORS as err:
             reason = f"made the daemon's pass fail ({describe(err)}); fix it and submit again"
-            events: list[dict[str, Any]] = []
+            events: list[Event] = []
             bad = spool.BadRequest(request.path, reason)
             intake.set_aside(scheduler.state, bad, now, events, answer=scheduler.shared is not None)
             scheduler.journal.extend(events)
@@ -148,7 +148,7 @@ def unplaceable(lives: Lives, attempt: Callable[[], object]) -> list[tuple[JobRe
 def fail(scheduler: SchedulerState, bad: list[tuple[JobRecord, BaseException]], now: float) -> None:
     """End each job that placement cannot take, saying why; the others go on (the state is
     ``endings.finish_pending``'s, which takes it whole)."""
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     endings.finish_pending(
         scheduler,
         [(record, Outcome.rejected(f"could not be placed ({describe(err)})")) for record, err in bad],

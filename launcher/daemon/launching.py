@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
 from gpuq_scheduler.jobs.model import JobRecord, JobSpec, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
-from gpuq_scheduler.jobs.store.events import Started
+from gpuq_scheduler.jobs.store.events import Event, Started
 from gpuq_scheduler.jobs.store.private import is_public
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
@@ -49,7 +49,7 @@ class Launching(fences.Fencing, Protocol):
     def table(self) -> JobTable: ...
 
     @property
-    def journal(self) -> list[dict[str, Any]]: ...
+    def journal(self) -> list[Event]: ...
 
     @property
     def on_rollback(self) -> list[Callable[[], None]]: ...
@@ -129,5 +129,5 @@ def launch(
     state.after_commit.append(lambda: supervisor.start(shim_launch))  # the job starts only once recorded running
     running = record.replace(state=JobState.RUNNING, gpus=gpus, gpu_uuids=uuids, started_at=now)
     state.lives.start(Running(running, info))
-    state.journal.append(Started(now, record.id, tuple(gpus)).to_json())
+    state.journal.append(Started(now, record.id, tuple(gpus)))
     return None

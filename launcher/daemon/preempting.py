@@ -230,7 +230,7 @@ def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
         marks.preemptions += 1
         pausefiles.note_preemption(scheduler.state, victim, head.id, why, marks.preemptions)
         suspending.begin_suspend(scheduler, scheduler.running[victim], f"job {head.id}", now)
-        scheduler.journal.append(Preempted(now, victim, why, preemptor=head.id).to_json())
+        scheduler.journal.append(Preempted(now, victim, why, preemptor=head.id))
         log.info("suspending job %d for job %d (%s)", victim, head.id, why)
 
     def undo() -> None:  # the pass failed: none of it was recorded (a suspend begun is undone as after a restart)
@@ -326,7 +326,7 @@ def _requeue(scheduler: SchedulerState, job: Running, preemptor: int | str, why:
     scheduler.on_rollback.append(undo)
     for_job, for_reservation = (None, preemptor) if isinstance(preemptor, str) else (preemptor, None)
     preempted = Preempted(now, record.id, why, preemptor=for_job, reservation=for_reservation, requeue=cannot)
-    scheduler.journal.append(preempted.to_json())
+    scheduler.journal.append(preempted)
     log.info("requeueing job %d for %s (%s): %s", record.id, words, why, cannot)
 
 

@@ -7,10 +7,11 @@ dependency failed never will run: it is cancelled here, saying why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord
 from gpuq_scheduler.jobs.outcome import Outcome
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import endings, fences, learning
 from gpuq_scheduler.launcher.daemon.lives import Lives
@@ -51,7 +52,7 @@ def eligible(scheduler: SchedulerState, now: float) -> tuple[list[JobRecord], di
     for that: ``endings.finish_pending`` takes it whole)."""
     ready: list[JobRecord] = []
     waiting: dict[int, str] = {}
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     deps: dict[int, list[JobRecord]] = {}
     never: list[tuple[JobRecord, Outcome]] = []
     # Read once: the state's tracked fields are data descriptors, which Python reads a third slower than a

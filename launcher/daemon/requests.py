@@ -10,17 +10,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.model import JobRecord
+from gpuq_scheduler.jobs.model import JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import Outcome
 from gpuq_scheduler.jobs.store import spool
+from gpuq_scheduler.jobs.store.action_values import Update
 from gpuq_scheduler.jobs.store.actions import Action
-from gpuq_scheduler.jobs.store.events import Asked, Kind, QueueSet, Refused
-from gpuq_scheduler.jobs.units import parse_duration
+from gpuq_scheduler.jobs.store.events import Asked, Event, Kind, QueueSet, Refused
 from gpuq_scheduler.launcher.daemon import endings, handoff, reserving
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import suspending
@@ -49,7 +48,7 @@ def _named(scheduler: SchedulerState, ids: tuple[int, ...]) -> list[JobRecord]:
     return found
 
 
-def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, events: list[dict[str, Any]]) -> None:
+def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, events: list[Event]) -> None:
     who = user_name(request.uid)
     pending: list[JobRecord] = []
     named = _named(scheduler, request.job_ids)
@@ -59,11 +58,11 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
     for record in named:
         if not _may_act(scheduler, request.uid, record):
             log.warning("refused cancel of job %d (owner %s) from %s", record.id, record.user, who)
-            events.append(Refused(now, Kind.CANCEL_REFUSED, who, record.id).to_json())
+            events.append(Refused(now, Kind.CANCEL_REFUSED, who, record.id))
             continue
         if record.id in scheduler.staged:  # its shim may be starting it: it ends once we know which
             handoff.cancel(scheduler, record.id, who)
-            events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who).to_json())
+            events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who))
             continue
         if record.id in scheduler.pending:
             pending.append(record)
@@ -71,12 +70,12 @@ def cancel(scheduler: SchedulerState, request: spool.CancelRequest, now: float, 
         if record.id in scheduler.suspended:
             suspending.thaw(scheduler, record.id)  # it must run to end: SIGTERM, then SIGKILL after the grace
         scheduler.cancel(scheduler.running.get(record.id) or scheduler.suspended[record.id], who)
-        events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who).to_json())
+        events.append(Asked(now, Kind.CANCEL_REQUESTED, record.id, who))
     if pending:
         endings.finish_pending(scheduler, [(record, Outcome.cancelled(who)) for record in pending], now, events)
 
 
-def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
+def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[Event]) -> None:
     """Apply one control request. Each ``Action`` has its handler below; one without is an error here, never
     taken for another."""
     who = user_name(request.uid)
@@ -96,11 +95,12 @@ def control(scheduler: SchedulerState, request: spool.ControlRequest, now: float
             continue  # already running or ended: hold, release and update apply to pending jobs
         if not _may_act(scheduler, request.uid, record):
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
-            events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
+            events.append(Refused(now, Kind.refused(request.action), who, record.id))
             continue
         handoff.withdraw(scheduler, record.id)  # held or changed, it may no longer be the one to go next
         if on_job(scheduler, record, request, who):
-            events.append(Asked(now, Kind.done(request.action), record.id, who, request.values).to_json())
+            written = {} if request.values is None else request.values.to_json()  # an update's, in its event
+            events.append(Asked(now, Kind.done(request.action), record.id, who, written))
 
 
 def _hold(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
@@ -120,11 +120,11 @@ def _set_held(scheduler: SchedulerState, record: JobRecord, held: bool, reason: 
 def _update(scheduler: SchedulerState, record: JobRecord, request: spool.ControlRequest, who: str) -> bool:
     """Whether the update applied: one the queue's bounds refuse is logged and changes nothing."""
     try:
-        spec = _updated(record, request.values)
+        spec = _updated(record, request.values_as(Update))
         longest = scheduler.shared.max_time if scheduler.shared else None
         if longest is not None and spec.time_limit is not None and spec.time_limit > longest:
             raise BadInput(f"--time is longer than this queue allows (max_time {longest:g}s)")
-    except (BadInput, ValueError, TypeError) as err:
+    except BadInput as err:
         log.warning("refused update of job %d: %s", record.id, err)
         return False
     scheduler.table.update_spec(record.id, spec)
@@ -132,14 +132,10 @@ def _update(scheduler: SchedulerState, record: JobRecord, request: spool.Control
     return True
 
 
-def _updated(record: JobRecord, values: dict[str, Any]) -> Any:
-    changes: dict[str, Any] = {}
-    if "priority" in values:
-        changes["priority"] = int(values["priority"])
-    if "time_limit" in values:
-        limit = values["time_limit"]
-        changes["time_limit"] = parse_duration(limit) if isinstance(limit, str) else float(limit)
-    return dataclasses.replace(record.spec, **changes)
+def _updated(record: JobRecord, update: Update) -> JobSpec:
+    priority = record.spec.priority if update.priority is None else update.priority
+    limit = record.spec.time_limit if update.time_limit is None else update.time_limit
+    return dataclasses.replace(record.spec, priority=priority, time_limit=limit)
 
 
 def _queue_control(
@@ -147,18 +143,18 @@ def _queue_control(
     request: spool.ControlRequest,
     who: str,
     now: float,
-    events: list[dict[str, Any]],
+    events: list[Event],
     apply: Callable[[SchedulerState, tuple[int, ...], str], None],
 ) -> None:
     owner = scheduler.state.owner()
     if not accounts.may_act(request.uid, owner, scheduler.admins, owner):
         log.warning("refused %s from %s", request.action, who)
-        events.append(Refused(now, Kind.refused(request.action), who).to_json())
+        events.append(Refused(now, Kind.refused(request.action), who))
         return
     apply(scheduler, request.ids, who)
     scheduler.table.set_setting("drained", sorted(scheduler.drained))
     scheduler.table.set_setting("paused_by", scheduler.paused_by)
-    events.append(QueueSet(now, Kind.done(request.action), request.ids, who).to_json())
+    events.append(QueueSet(now, Kind.done(request.action), request.ids, who))
 
 
 def _drain(scheduler: SchedulerState, gpus: tuple[int, ...], who: str) -> None:
@@ -190,7 +186,7 @@ JOB_ACTIONS: dict[Action, Callable[[SchedulerState, JobRecord, spool.ControlRequ
     Action.RELEASE: _release,
     Action.UPDATE: _update,
 }
-RUNNING_ACTIONS: dict[Action, Callable[[SchedulerState, spool.ControlRequest, float, list[dict[str, Any]]], None]] = {
+RUNNING_ACTIONS: dict[Action, Callable[[SchedulerState, spool.ControlRequest, float, list[Event]], None]] = {
     Action.SUSPEND: suspending.request,
     Action.RESUME: suspending.request,
     Action.RESERVE: reserving.request,

@@ -21,7 +21,6 @@ import logging
 import pwd
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.accounts import user_name
@@ -30,9 +29,10 @@ from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.model import JobRecord
 from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
-from gpuq_scheduler.jobs.reservations import Reservation, ask_from, cancel_name, clock, gpu_list
+from gpuq_scheduler.jobs.reservations import Ask, Reservation, Unreserve, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
 from gpuq_scheduler.jobs.store.events import (
+    Event,
     Kind,
     Preempted,
     Refused,
@@ -75,12 +75,12 @@ def reservation_of(record: JobRecord) -> str:
     return str(record.spec.options.get(FIELD) or "")
 
 
-def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
+def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[Event]) -> None:
     """A `gpuq reserve` (``reserve``) or `gpuq reserve --cancel` (``unreserve``)."""
     if request.action == "unreserve":
-        _cancel(scheduler, request.uid, cancel_name(request.values), now, events)
+        _cancel(scheduler, request.uid, request.values_as(Unreserve).name, now, events)
         return
-    ask = ask_from(request.values)
+    ask = request.values_as(Ask)
     book = scheduler.booked
     if not scheduler.last_snapshot:  # a request read before the daemon's first look at the GPUs
         scheduler.snapshot()
@@ -99,7 +99,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     if why or gpus is None:
         log.warning("refused a reservation from %s: %s", user_name(request.uid), why)
         book.calendar.refused.append({"token": ask.token, "uid": request.uid, "why": why, "t": now})
-        events.append(Refused(now, Kind.RESERVE_REFUSED, user_name(request.uid), why=why).to_json())
+        events.append(Refused(now, Kind.RESERVE_REFUSED, user_name(request.uid), why=why))
         _save(scheduler)
         return
     uid = request.uid if not ask.user else pwd.getpwnam(ask.user).pw_uid
@@ -108,7 +108,7 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
     made = made.but(said=tuple(rules.conflicts(made, _work(scheduler), _present(scheduler), now)))
     book.calendar.reservations.append(made)
     by = user_name(request.uid)
-    events.append(Reserved(now, name, owner, tuple(gpus), ask.start, ask.end, by, made.said).to_json())
+    events.append(Reserved(now, name, owner, tuple(gpus), ask.start, ask.end, by, made.said))
     log.info("reserved GPU(s) %s for %s as %s", gpu_list(gpus), owner, name)
     for job_id in list(scheduler.staged):  # staged behind a running job, one may start past its start: back
         handoff.withdraw(scheduler, job_id)
@@ -148,22 +148,20 @@ def _refusal(
     return ""
 
 
-def _cancel(scheduler: SchedulerState, uid: int, name: str, now: float, events: list[dict[str, Any]]) -> None:
+def _cancel(scheduler: SchedulerState, uid: int, name: str, now: float, events: list[Event]) -> None:
     found = scheduler.booked.calendar.named(name)
     who = user_name(uid)
     if found is None:
-        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, why="no such reservation", name=name).to_json())
+        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, why="no such reservation", name=name))
         return
     if not accounts.may_act(uid, found.uid, scheduler.admins, scheduler.state.owner()):
         log.warning("refused cancel of reservation %s (owner %s) from %s", name, found.user, who)
-        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, name=name).to_json())
+        events.append(Refused(now, Kind.UNRESERVE_REFUSED, who, name=name))
         return
     _end(scheduler, found, f"cancelled by {who}", now, events)
 
 
-def _end(
-    scheduler: SchedulerState, reservation: Reservation, why: str, now: float, events: list[dict[str, Any]]
-) -> None:
+def _end(scheduler: SchedulerState, reservation: Reservation, why: str, now: float, events: list[Event]) -> None:
     """It ends early (cancelled, released unused) or on time; its victims resume once their GPUs are free."""
     book = scheduler.booked
     book.calendar.reservations = [r for r in book.calendar.reservations if r is not reservation]
@@ -176,7 +174,7 @@ def _end(
             marks.returning = True  # its place is kept until it resumes (``holdings``)
             if job_id in scheduler.suspended:  # before suspends advance: it resumes in this very pass
                 marks.resume_wanted = marks.resume_wanted or "gpuq"
-    events.append(ReservationEnded(now, reservation.name, why or "its time is up").to_json())
+    events.append(ReservationEnded(now, reservation.name, why or "its time is up"))
     log.info("reservation %s ended: %s", reservation.name, why or "its time is up")
     scheduler.changes.mark()
     _save(scheduler)
@@ -208,7 +206,7 @@ def step(scheduler: SchedulerState, now: float) -> None:
         _save(scheduler)
 
 
-def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+def _move_victims(scheduler: SchedulerState, now: float, events: list[Event]) -> None:
     """At (and after) a start: suspend the preemptible jobs still on its GPUs, or requeue them."""
     book = scheduler.booked
     for job_id, marks in scheduler.lives.marked():  # a victim whose suspend was undone (a restart) or failed
@@ -232,7 +230,7 @@ def _move_victims(scheduler: SchedulerState, now: float, events: list[dict[str, 
         scheduler.lives.marks(work.job_id).victim_of = reservation.name
         pausefiles.note_reservation(scheduler.state, work.job_id, reservation.name)
         suspending.begin_suspend(scheduler, job, f"reservation {reservation.name}", now)
-        events.append(Preempted(now, work.job_id, why, reservation=reservation.name).to_json())
+        events.append(Preempted(now, work.job_id, why, reservation=reservation.name))
         log.info("suspending job %d for reservation %s", work.job_id, reservation.name)
 
 
@@ -263,7 +261,7 @@ def label(scheduler: SchedulerState, now: float) -> None:
         job.record = job.record.replace(reason=reason)
 
 
-def _say_ahead(scheduler: SchedulerState, now: float, events: list[dict[str, Any]]) -> None:
+def _say_ahead(scheduler: SchedulerState, now: float, events: list[Event]) -> None:
     """Work that will still be on a reservation's GPUs at its start, or a GPU of it gone: its owner is told
     (its `said`, shown with it, and a journal event) as soon as that is known, not at the start."""
     book = scheduler.booked
@@ -275,7 +273,7 @@ def _say_ahead(scheduler: SchedulerState, now: float, events: list[dict[str, Any
         if said != reservation.said:
             new = [line for line in said if line not in reservation.said]
             if new:
-                events.append(ReservationWarning(now, reservation.name, reservation.user, tuple(new)).to_json())
+                events.append(ReservationWarning(now, reservation.name, reservation.user, tuple(new)))
             _replace(book, reservation, reservation.but(said=said))
 
 

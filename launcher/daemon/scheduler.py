@@ -24,6 +24,7 @@ from gpuq_scheduler.jobs.causes import Cause
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.launcher.daemon import (
     endings,
     fences,
@@ -232,7 +233,7 @@ class Scheduler(SchedulerState):
         """Collect outcomes from exit files; deal with shims that died without writing one."""
         if not self.running and not self.suspended:
             return
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         check_liveness = now >= self._next_liveness
         if check_liveness:
             self._next_liveness = now + LIVENESS_EVERY

@@ -15,7 +15,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from gpuq_scheduler.jobs import accounts
 from gpuq_scheduler.jobs.config import Shared
@@ -23,6 +22,7 @@ from gpuq_scheduler.jobs.model import ArrayInfo, JobRecord, JobSpec
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import calendar, outbox, spool
 from gpuq_scheduler.jobs.store.atomic import write_atomic
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.jobs.store.private import PrivateSpecs
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
@@ -109,7 +109,7 @@ class SchedulerState:
         self.on_rollback: list[Callable[[], None]] = []  # run if it is not
         # This tick's events for events.jsonl, written once what they record is committed (and the launches
         # are sent): one append per tick, off the path from a job's end to the next one's start.
-        self.journal: list[dict[str, Any]] = []
+        self.journal: list[Event] = []
         self.ingested: list[spool.Request] = []  # in the table, to be removed from the spool once synced
         self.touched_arrays: dict[int, bool] = {}  # arrays a member of which ended this tick -> one failed
         # The next id to give: a shared queue's daemon gives them (launcher.daemon.intake), a personal queue's

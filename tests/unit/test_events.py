@@ -151,7 +151,7 @@ def test_a_journal_written_before_events_were_typed_is_read_whole() -> None:
 
 def test_the_journal_reads_the_kinds_and_job_asked_and_skips_what_it_cannot_read(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    journal.append(path, [event.to_json() for event in ONE_OF_EACH])
+    journal.append(path, ONE_OF_EACH)
     with path.open("ab") as handle:
         handle.write(b'{"t": 20.0, "job": 1, "event": "from-a-newer-gpuq"}\n')
         handle.write(b'{"t": 21.0, "job": 1, "event": "suspe')  # a torn last line (a crash mid-write)

@@ -8,7 +8,7 @@ import datetime
 import pytest
 
 from gpuq_scheduler.jobs.errors import BadInput
-from gpuq_scheduler.jobs.reservations import Reservation, ask_from, clock, parse_start
+from gpuq_scheduler.jobs.reservations import Ask, Reservation, clock, parse_start
 from gpuq_scheduler.launcher.policy import reserved as rules
 from gpuq_scheduler.launcher.policy.placement import GpuView, Request, place
 
@@ -180,7 +180,7 @@ def test_a_start_that_cannot_be_read_is_one_line_saying_what_to_write(text: str,
 
 def test_a_reserve_request_written_by_hand_is_held_to_the_same_rules() -> None:
     good = {"token": "a" * 32, "gpus": 2, "start": NOW, "end": NOW + HOUR, "name": "x", "user": ""}
-    assert ask_from(good).gpus == 2
+    assert Ask.from_json(good).gpus == 2
     for bad in (
         {"gpus": 0},
         {"gpus": True},
@@ -192,4 +192,4 @@ def test_a_reserve_request_written_by_hand_is_held_to_the_same_rules() -> None:
         {"end": NOW + 365 * 86400},
     ):
         with pytest.raises(BadInput):
-            ask_from({**good, **bad})
+            Ask.from_json({**good, **bad})

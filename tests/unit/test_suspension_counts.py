@@ -127,7 +127,7 @@ def test_the_journal_is_read_for_the_kinds_and_job_asked(tmp_path: Path) -> None
     from gpuq_scheduler.launcher.views.suspend_costs import read
 
     path = tmp_path / "events.jsonl"
-    journal.append(path, [e.to_json() for e in EVENTS])
+    journal.append(path, EVENTS)
     with path.open("ab") as handle:
         handle.write(b'{"t": 7.0, "job": "junk", "event": "suspended"}\n')  # not an event: left out
         handle.write(b'{"t": 9.0, "job": 1, "event": "suspe')  # a torn last line (a crash mid-write)

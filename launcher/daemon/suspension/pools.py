@@ -22,11 +22,11 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuq_scheduler.jobs.errors import DaemonError
 from gpuq_scheduler.jobs.fastmove_fake import SCALE as FAKE_SCALE
-from gpuq_scheduler.jobs.store.events import PoolGivenBack
+from gpuq_scheduler.jobs.store.events import Event, PoolGivenBack
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.launcher.daemon.lives import Lives, Running
 from gpuq_scheduler.launcher.daemon.owned import Suspensions
@@ -134,7 +134,7 @@ def reclaimable(scheduler: Daemon, but: set[int]) -> dict[int, int]:
     return {job_id: size for job_id, size in pooled(scheduler).items() if job_id not in but}
 
 
-def make_room(scheduler: Daemon, jobs: set[int], need: int, now: float, events: list[dict[str, Any]]) -> bool:
+def make_room(scheduler: Daemon, jobs: set[int], need: int, now: float, events: list[Event]) -> bool:
     """Before suspending ``jobs``, whose copies take ``need`` bytes: if that does not fit in host memory with
     the margin, tell the fewest other jobs to give their pools back that make it fit (pools already being
     given back count as room to come: preemption asks once for all its victims, then each victim's suspend
@@ -153,7 +153,7 @@ def make_room(scheduler: Daemon, jobs: set[int], need: int, now: float, events: 
     return bool(chosen) or (bool(told) and need + spare > available)
 
 
-def tend(scheduler: Daemon, now: float, events: list[dict[str, Any]]) -> None:
+def tend(scheduler: Daemon, now: float, events: list[Event]) -> None:
     """Once a pass: give back each pool whose rule no longer holds (every pool with ``GPUQ_FAST_POOL=off``)."""
     for job_id, marks in scheduler.lives.marked():
         if job_id not in scheduler.lives.running:
@@ -188,7 +188,7 @@ def _told_at(scheduler: Daemon, job_id: int) -> float | None:
     return marks.pool_told if marks is not None else None
 
 
-def _tell(scheduler: Daemon, job_id: int, size: int, why: str, now: float, events: list[dict[str, Any]]) -> None:
+def _tell(scheduler: Daemon, job_id: int, size: int, why: str, now: float, events: list[Event]) -> None:
     """Tell the job to give its pool back, once (again only after TOLD_AGAIN seconds if it still holds it)."""
     told = _told_at(scheduler, job_id)
     if told is not None and time.monotonic() < told + TOLD_AGAIN:
@@ -197,4 +197,4 @@ def _tell(scheduler: Daemon, job_id: int, size: int, why: str, now: float, event
     pids = fastpath.give_back(scheduler.state.fast_dir(job_id), sorted(job.pids))
     scheduler.lives.marks(job_id).pool_told = time.monotonic()
     log.info("job %d told to give back its pool of %.1f GiB: %s", job_id, size / GIB, why)
-    events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)).to_json())
+    events.append(PoolGivenBack(now, job_id, size, why, tuple(pids)))

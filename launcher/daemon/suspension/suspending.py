@@ -33,7 +33,7 @@ from gpuq_scheduler.jobs.model import JobRecord, Mode
 from gpuq_scheduler.jobs.outcome import JobState, Step, in_host_memory
 from gpuq_scheduler.jobs.store import spool
 from gpuq_scheduler.jobs.store.actions import Action
-from gpuq_scheduler.jobs.store.events import Asked, Kind, Refused, Resumed, StepFailed, Suspended
+from gpuq_scheduler.jobs.store.events import Asked, Event, Kind, Refused, Resumed, StepFailed, Suspended
 from gpuq_scheduler.jobs.store.statedir import read_bytes
 from gpuq_scheduler.launcher.daemon.lives import Acting, Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
@@ -53,7 +53,7 @@ log = logging.getLogger("gpuq.suspend")
 RETRY = 5.0  # seconds before a resume that failed (its GPU filled by someone outside gpuq, say) is tried again
 
 
-def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[dict[str, Any]]) -> None:
+def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[Event]) -> None:
     """``gpuq suspend`` or ``gpuq resume`` of the jobs named (an array id: its members in the state to act on)."""
     who = user_name(request.uid)
     pool = scheduler.running if request.action is Action.SUSPEND else scheduler.suspended
@@ -62,23 +62,23 @@ def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float
         record = job.record
         if not accounts.may_act(request.uid, record.uid, scheduler.admins, os.getuid()):
             log.warning("refused %s of job %d (owner %s) from %s", request.action, record.id, record.user, who)
-            events.append(Refused(now, Kind.refused(request.action), who, record.id).to_json())
+            events.append(Refused(now, Kind.refused(request.action), who, record.id))
             continue
         marks = scheduler.lives.marks(record.id)
         if record.id in scheduler.acting or marks.resume_wanted is not None:
             continue  # already under way
         if request.action is Action.RESUME:
             marks.resume_wanted = who
-            events.append(Asked(now, Kind.RESUME_REQUESTED, record.id, who).to_json())
+            events.append(Asked(now, Kind.RESUME_REQUESTED, record.id, who))
             continue
         why = refusal(scheduler, job)
         if why:
             log.warning("refused suspend of job %d: %s", record.id, why)
             scheduler.table.set_reasons({record.id: f"not suspended: {why}"}, state=JobState.RUNNING)
-            events.append(Refused(now, Kind.SUSPEND_REFUSED, who, record.id, why).to_json())
+            events.append(Refused(now, Kind.SUSPEND_REFUSED, who, record.id, why))
             continue
         _begin(scheduler, job, Step.SUSPENDING, Action.SUSPEND, who, now)
-        events.append(Asked(now, Kind.SUSPENDING, record.id, who).to_json())
+        events.append(Asked(now, Kind.SUSPENDING, record.id, who))
 
 
 def _named(pool: Mapping[int, Running], job_id: int) -> list[Running]:
@@ -220,9 +220,7 @@ def _left(scheduler: SchedulerState, job_id: int) -> tuple[int, float]:
     return -1, 0.0
 
 
-def advance(
-    scheduler: SchedulerState, now: float, events: list[dict[str, Any]], claims: Callable[[], list[Holding]]
-) -> None:
+def advance(scheduler: SchedulerState, now: float, events: list[Event], claims: Callable[[], list[Holding]]) -> None:
     """Once a pass: collect the children that finished, start the resumes whose GPUs are free (``claims``:
     placement's holdings, for a job suspended in place: ``inplace.fits``)."""
     for job_id, acting in list(scheduler.acting.items()):
@@ -249,7 +247,7 @@ def _settle(
     acting: Acting,
     result: dict[str, Any],
     now: float,
-    events: list[dict[str, Any]],
+    events: list[Event],
 ) -> None:
     job = scheduler.running[job_id]  # a job with a helper acting holds its GPUs (``lives``)
     steps = {k: round(float(v), 3) for k, v in (result.get("steps") or {}).items()}
@@ -261,7 +259,7 @@ def _settle(
         record = job.record.replace(state=JobState.SUSPENDED, step=None, host_bytes=host_bytes, suspended_at=now)
         job.record = record
         scheduler.lives.suspend(job_id)
-        events.append(Suspended.of(now, job_id, host_bytes, steps, helper, facts).to_json())
+        events.append(Suspended.of(now, job_id, host_bytes, steps, helper, facts))
         marks = scheduler.lives.marks(job_id)
         if marks.preempted_by is not None and job_id in scheduler.suspended:  # it resumes by itself once its
             marks.resume_wanted = "gpuq"  # preemptor is not running
@@ -287,13 +285,13 @@ def _settle(
             reason="",
         )
         pool = int(result.get("pool") or 0)  # pinned host memory it kept for its next suspend (``pools``)
-        events.append(Resumed(now, job_id, steps, helper, pool).to_json())
+        events.append(Resumed(now, job_id, steps, helper, pool))
         return
     if not result.get("ok") and (acting.action is Action.RESUME or result.get("undone") is False):
         # A resume (or a suspend's undo) that failed: it stays on its GPUs, its step recorded, and the
         # resume is tried again next pass.
         log.warning("%s of job %d failed: %s", acting.step.value, job_id, result.get("why"))
-        events.append(StepFailed(now, Kind.RESUME_FAILED, job_id, str(result.get("why"))).to_json())
+        events.append(StepFailed(now, Kind.RESUME_FAILED, job_id, str(result.get("why"))))
         again = Acting(acting.step, acting.by, began=now, retry_at=now + RETRY, again=True)
         if job_id in scheduler.stopped_for:
             scheduler.lives.acted(job_id)  # being stopped: it ends, tried again never
@@ -308,11 +306,11 @@ def _settle(
         why = str(result.get("why") or "a daemon restarted in the middle of it")
         if acting.action is Action.SUSPEND:
             scheduler.table.set_reasons({job_id: f"not suspended: {why}"}, state=JobState.RUNNING)
-        events.append(StepFailed(now, Kind.SUSPEND_UNDONE, job_id, why).to_json())
+        events.append(StepFailed(now, Kind.SUSPEND_UNDONE, job_id, why))
 
 
 def _start_resumes(
-    scheduler: SchedulerState, now: float, events: list[dict[str, Any]], claims: Callable[[], list[Holding]]
+    scheduler: SchedulerState, now: float, events: list[Event], claims: Callable[[], list[Holding]]
 ) -> None:
     """Resume the jobs asked for whose GPUs no running job holds (nor one starting on them); one suspended in
     place once its share fits again there."""
@@ -348,7 +346,7 @@ def _start_resumes(
         scheduler.lives.resume(job_id)  # its GPUs are its own again, from now
         busy |= set(job.record.gpus)
         _begin(scheduler, job, Step.RESUMING, Action.RESUME, who, now)
-        events.append(Asked(now, Kind.RESUMING, job_id, who).to_json())
+        events.append(Asked(now, Kind.RESUMING, job_id, who))
 
 
 def _taking(scheduler: SchedulerState, job_id: int) -> bool:

@@ -11,7 +11,7 @@ from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import notices
-from gpuq_scheduler.jobs.store.events import GpuLost, IdleReleased
+from gpuq_scheduler.jobs.store.events import Event, GpuLost, IdleReleased
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.lives import Running
@@ -59,7 +59,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         else:
             scheduler.monitor.lost_since.pop(gpu.index, None)
     dead = {g.index: g for g in snapshot if g.lost and now - scheduler.monitor.lost_since[g.index] >= LOST_AFTER}
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     for job_id, job in list(scheduler.running.items()):
         gone = [dead[i] for i in job.record.gpus if i in dead]
         if not gone or job_id in scheduler.stopped_for:
@@ -67,7 +67,7 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
         why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
         scheduler.stop_for(job, Outcome.gpu_lost(why))  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
-        events.append(GpuLost(now, job_id, why).to_json())
+        events.append(GpuLost(now, job_id, why))
     scheduler.journal.extend(events)
 
 
@@ -154,7 +154,7 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
         return
     busy = _busy(scheduler, readings.with_shares())
     reasons: dict[int, str] = {}
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     clock = time.monotonic()  # idle time is a duration: a jump of the wall clock must not release a busy job
     for job_id, job in watched:
         record = job.record
@@ -164,7 +164,7 @@ def release_idle(scheduler: SchedulerState, now: float, readings: Readings) -> N
         if limit is not None and idle >= limit:
             who = f"gpuq (its GPUs did no work for {format_duration(idle)})"
             scheduler.cancel(job, who)
-            events.append(IdleReleased(now, job_id, idle).to_json())
+            events.append(IdleReleased(now, job_id, idle))
             continue
         shown = 60.0 if limit is None else min(60.0, limit / 10)
         reason = f"idle {format_duration(idle)}" if idle >= shown else ""

@@ -12,11 +12,12 @@ import os
 import signal
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
+from gpuq_scheduler.jobs.store.events import Event
 from gpuq_scheduler.jobs.store.events import Watchdog as Broken
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import attribution
@@ -64,7 +65,7 @@ class Watch:
         now: float,
         readings: Readings,
         probes: Collection[int] = (),
-    ) -> list[dict[str, Any]]:
+    ) -> list[Event]:
         """One check (``check``); the events it journals. ``probes``: the running ``--mem auto`` probes, whose
         share is placement's figure from their own early peak, not a limit they were given."""
         return check(lives, table, stopping, self, now, readings, probes)
@@ -93,7 +94,7 @@ def check(
     now: float,
     readings: Readings,
     probes: Collection[int] = (),
-) -> list[dict[str, Any]]:
+) -> list[Event]:
     """One check over this pass's snapshot, at most every ``EVERY`` seconds; the events to journal. Energy counters
     are read only while a job holds a GPU: a job is charged from the first check after its start, never for what
     its GPU drew before."""
@@ -128,7 +129,7 @@ def check(
         running[job_id] = rules.Given(staged.gpus, record.spec.mem_per_gpu if record is not None else None)
     findings = rules.check(seen, owners, running, watch.settings)
     stops = rules.to_stop(findings)
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     for finding in findings:
         job = lives.running.get(finding.job)
         if finding.rule is rules.Rule.LEFTOVER and finding.action is rules.Action.STOP:
@@ -198,9 +199,7 @@ def _stop(stopping: Stopping, job: Running, what: str) -> None:
     stopping.stop_for(job, Outcome.stopped_by_watchdog(what))  # SIGTERM to all its processes, SIGKILL after grace
 
 
-def _end_leftover(
-    table: JobTable, watch: Watch, finding: rules.Finding, now: float, events: list[dict[str, Any]]
-) -> None:
+def _end_leftover(table: JobTable, watch: Watch, finding: rules.Finding, now: float, events: list[Event]) -> None:
     """SIGKILL a process of an ended job still on a GPU, through a pidfd opened before its job is read
     again, so a pid reused meanwhile is never the one killed; and say so on the job's record."""
     ended = []
@@ -241,7 +240,7 @@ def _key(finding: rules.Finding) -> str:
     return str(finding.rule.value).replace("-", "_")
 
 
-def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
+def _event(finding: rules.Finding, now: float) -> Broken:
     return Broken(
         now,
         finding.job,
@@ -251,4 +250,4 @@ def _event(finding: rules.Finding, now: float) -> dict[str, Any]:
         finding.pids,
         finding.held,
         finding.what(),
-    ).to_json()
+    )

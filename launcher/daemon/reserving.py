@@ -31,6 +31,7 @@ from gpuq_scheduler.jobs.options import RESERVATION as RESERVE_OPTION
 from gpuq_scheduler.jobs.outcome import JobState, in_host_memory
 from gpuq_scheduler.jobs.reservations import Ask, Reservation, Unreserve, clock, gpu_list
 from gpuq_scheduler.jobs.store import calendar, spool
+from gpuq_scheduler.jobs.store.actions import Action
 from gpuq_scheduler.jobs.store.events import (
     Event,
     Kind,
@@ -77,7 +78,7 @@ def reservation_of(record: JobRecord) -> str:
 
 def request(scheduler: SchedulerState, request: spool.ControlRequest, now: float, events: list[Event]) -> None:
     """A `gpuq reserve` (``reserve``) or `gpuq reserve --cancel` (``unreserve``)."""
-    if request.action == "unreserve":
+    if request.action is Action.UNRESERVE:
         _cancel(scheduler, request.uid, request.values_as(Unreserve).name, now, events)
         return
     ask = request.values_as(Ask)

@@ -301,5 +301,5 @@ class Scheduler(SchedulerState):
 
     def _launch(self, record: JobRecord, gpus: tuple[int, ...], uuids: tuple[str, ...], now: float) -> None:
         refused = launching.launch(self, record, gpus, uuids, now)
-        if refused is not None:  # it cannot start here: it ends failed to spawn, saying why
-            endings.finish(self, record, refused, now, [])
+        if refused is not None:  # it cannot start here: it ends failed to spawn, saying why (journalled)
+            endings.finish(self, record, refused, now, self.journal)

@@ -1,10 +1,15 @@
-"""A pass that fails is rolled back: the table forgets what it did, and the daemon reads its live jobs back
-from the table (``Scheduler.reload``). What the table never held must come through that: a job's marks (how
-often it was preempted, a resume asked for) stay with it while it is live, and a job gpuq is stopping is still
-ending, with the outcome it gets (issue 41, part 1: the decision that let those maps move onto the lives)."""
+"""A real scheduler's pass, on a real job table and state directory, where what it must keep is not on disk.
+
+A pass that fails is rolled back: the table forgets what it did, and the daemon reads its live jobs back from the
+table (``Scheduler.reload``). What the table never held must come through that: a job's marks (how often it was
+preempted, a resume asked for) stay with it while it is live, and a job gpuq is stopping is still ending, with
+the outcome it gets (issue 41, part 1: the decision that let those maps move onto the lives). And a job a pass
+cannot start ends with its end in events.jsonl."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,3 +92,18 @@ def test_a_job_the_rolled_back_table_no_longer_holds_live_takes_its_marks_with_i
     with pytest.raises(RuntimeError):
         scheduler._transaction(_fails)
     assert WAITING not in scheduler.lives and scheduler.lives.peek(WAITING) is None
+
+
+def test_a_job_the_daemon_cannot_start_ends_failed_to_spawn_and_its_end_is_journalled(scheduler: Scheduler) -> None:
+    """A launch refused before any fork (here its --ram, which no controller here enforces) ends the job; its
+    ``ended`` event was written to a list nobody kept, so events.jsonl never said how it ended."""
+    record = scheduler.pending[WAITING]
+    asked = record.replace(spec=dataclasses.replace(record.spec, ram=1 << 30))
+    scheduler.lives.update(asked)
+    if not scheduler.unenforceable(asked.spec):
+        pytest.skip("this host's daemon enforces --ram")
+    scheduler._transaction(lambda: scheduler._launch(asked, (1,), ("GPU-1",), 5.0))
+    row = scheduler.table.get(WAITING)
+    assert row is not None and row.state is JobState.FAILED and row.reason.startswith("could not start: --ram")
+    ended = [json.loads(line) for line in scheduler.state.events.read_text().splitlines()]
+    assert [(e["event"], e["job"]) for e in ended if e.get("job") == WAITING] == [("failed", WAITING)]

@@ -15,23 +15,34 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq_scheduler.jobs.fastsuspend import SUSPEND_SIGNAL, Path
 from gpuq_scheduler.jobs.units import format_size
 from gpuq_scheduler.launcher.daemon.lives import Running
-from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath
 from gpuq_scheduler.launcher.daemon.watching import sight
-from gpuq_scheduler.launcher.policy.placement import Holding, Request, place
+from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
+from gpuq_scheduler.launcher.policy.placement import Holding, Policy, Request, place
 
 
-def is_client(scheduler: SchedulerState, job_id: int) -> bool:
+class Daemon(sight.Seeing, Protocol):
+    """What a suspend in place reads of the daemon's state (``SchedulerState`` is one): what tells our jobs'
+    processes from others' (``sight.Seeing``), the last look at the GPUs, placement's policy."""
+
+    @property
+    def last_snapshot(self) -> list[GpuSnapshot]: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+
+def is_client(scheduler: Daemon, job_id: int) -> bool:
     """Whether the job runs (or is suspended) as a client of one of gpuq's MPS servers."""
     return any(job_id in jobs for jobs in scheduler.mps_jobs.values())
 
 
-def refusal(scheduler: SchedulerState, job: Running) -> str:
+def refusal(scheduler: Daemon, job: Running) -> str:
     """Why this job, if an MPS client, cannot be suspended in place ("" if it may be tried: the helper still
     asks its processes, and one that has not imported torch is left running, its reason saying so)."""
     if not is_client(scheduler, job.record.id):
@@ -49,7 +60,7 @@ def refusal(scheduler: SchedulerState, job: Running) -> str:
     return ""
 
 
-def fits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> bool:
+def fits(scheduler: Daemon, job: Running, claims: Sequence[Holding]) -> bool:
     """Whether the suspended job's share fits again on its GPU beside ``claims`` (placement's holdings: the
     running jobs' reservations, places kept), as placement would start it there now. What its own frozen
     context holds is its own, not a stranger's: counted within its reservation, not beside it."""
@@ -69,13 +80,13 @@ def fits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> 
     return bool(place([request], views, others, time.time(), scheduler.policy).decisions)
 
 
-def waits(scheduler: SchedulerState, job: Running, claims: Sequence[Holding]) -> str:
+def waits(scheduler: Daemon, job: Running, claims: Sequence[Holding]) -> str:
     """What the suspended job waits for to resume, in its reason ("" if its share fits now)."""
     share = format_size(job.record.spec.mem_per_gpu)
     return "" if fits(scheduler, job, claims) else f"its {share} share to fit on GPU(s)"
 
 
-def context_room(scheduler: SchedulerState, job: Running) -> int:
+def context_room(scheduler: Daemon, job: Running) -> int:
     """Bytes a job that is no MPS client may leave on its GPUs, frozen, when its fast release left no more
     (``Path.CONTEXT_KEPT``: its context, a gigabyte at most, whose driver's checkpoint and restore cost seconds).
     What it leaves is outside use to placement while it is suspended (its pids are no running job's), and a

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping, Set
+from typing import Any, Protocol
 
 from gpuq_scheduler.jobs import causes
 from gpuq_scheduler.jobs.causes import OutOfMemory
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.events import Event, GpuLost, IdleReleased
+from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
-from gpuq_scheduler.launcher.daemon.lives import Running
+from gpuq_scheduler.launcher.daemon.controls import Controls
+from gpuq_scheduler.launcher.daemon.lives import Lives, Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
-from gpuq_scheduler.launcher.gpus.mps import server_pids
+from gpuq_scheduler.launcher.gpus.mps import Key, server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import blame
 from gpuq_scheduler.launcher.policy.placement import GpuView
@@ -26,6 +29,30 @@ log = logging.getLogger("gpuq.scheduler")
 
 LOST_AFTER = 5.0  # seconds a GPU must stay lost before its jobs are stopped: one NVML hiccup is not a dead GPU
 SAMPLE_EVERY = 2.0  # seconds between samples of per-process GPU memory (peak memory of each job)
+
+
+class Seeing(Protocol):
+    """What tells our jobs' GPU processes from others' (``views``, ``attribute``; ``SchedulerState`` is one): the
+    jobs on their GPUs, the containment (whose cgroup a process is in), gpuq's MPS servers and the jobs each
+    serves, the state directory (their pipes), the drained GPUs."""
+
+    @property
+    def lives(self) -> Lives: ...
+
+    @property
+    def containment(self) -> containment.Containment: ...
+
+    @property
+    def controls(self) -> Controls | None: ...
+
+    @property
+    def mps_jobs(self) -> Mapping[Key, set[int]]: ...
+
+    @property
+    def state(self) -> StateDir: ...
+
+    @property
+    def drained(self) -> Set[int]: ...
 
 
 class Readings:
@@ -71,15 +98,16 @@ def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuS
     scheduler.journal.extend(events)
 
 
-def views(scheduler: SchedulerState, snapshot: list[GpuSnapshot]) -> list[GpuView]:
+def views(scheduler: Seeing, snapshot: list[GpuSnapshot]) -> list[GpuView]:
     """What placement sees: memory used by processes outside gpuq is told apart from our jobs' own."""
-    ours = {pid for job in scheduler.running.values() for pid in job.pids}
+    running = scheduler.lives.running
+    ours = {pid for job in running.values() for pid in job.pids}
     mps = scheduler.controls is not None
     views = []
     for gpu in snapshot:
         if gpu.processes is not None:
             attribute(scheduler, gpu.processes)
-            ours |= {pid for job in scheduler.running.values() for pid in job.pids}
+            ours |= {pid for job in running.values() for pid in job.pids}
             if scheduler.mps_jobs:  # our MPS servers hold memory for our fence: not a teammate's
                 ours |= server_pids(scheduler.state.mps, set(gpu.processes) - ours)
         external = gpu.outside_use(ours)
@@ -222,21 +250,22 @@ def report_idle_batch(scheduler: SchedulerState, now: float, readings: Readings)
         notices.idle_batch(scheduler.state, idle_now)
 
 
-def attribute(scheduler: SchedulerState, usage: dict[int, int] | Any) -> None:
+def attribute(scheduler: Seeing, usage: dict[int, int] | Any) -> None:
     """Learn which GPU-using pids belong to our jobs, by walking each pid's ancestors up to a shim."""
-    shims = {job.launch.shim_pid: job for job in scheduler.running.values()}
-    for job in scheduler.running.values():  # an interactive job's program runs under its gpuq client
+    running = scheduler.lives.running
+    shims = {job.launch.shim_pid: job for job in running.values()}
+    for job in running.values():  # an interactive job's program runs under its gpuq client
         client = job.record.spec.client
         if client is not None and processes.owner(client) == job.record.uid:
             shims.setdefault(client, job)
-    known = {pid for job in scheduler.running.values() for pid in job.pids}
+    known = {pid for job in running.values() for pid in job.pids}
     group = scheduler.containment.group
     for pid in usage:
         if pid in known:
             continue
         owner = containment.job_of(pid, group)  # a detached grandchild too: its cgroup says whose it is
-        if owner is not None and owner in scheduler.running:
-            scheduler.running[owner].pids.add(pid)
+        if owner is not None and owner in running:
+            running[owner].pids.add(pid)
             continue
         for ancestor in processes.ancestors(pid):
             if ancestor in shims:

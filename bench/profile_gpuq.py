@@ -127,6 +127,14 @@ def serve_traced(home: Path) -> int:
         (f"{daemon_}.watching", "stop_on_lost_gpus"),
         (f"{daemon_}.guarding", "check"),
         (f"{daemon_}.endings", "follow_up_arrays"),
+        # The same steps where #41 part 4 put them (the names above time older revisions).
+        (f"{daemon_}.suspension.suspending", "advance"),
+        (f"{daemon_}.clients", "gone_waiting"),
+        (f"{daemon_}.watching.sight", "sample"),
+        (f"{daemon_}.watching.sight", "release_idle"),
+        (f"{daemon_}.watching.sight", "report_idle_batch"),
+        (f"{daemon_}.watching.sight", "stop_on_lost_gpus"),
+        (f"{daemon_}.watching.watchdog", "check"),
     ):
         wrap_function(where, name)
     exit_ = table_base.Transaction.__exit__

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuq_scheduler.jobs.causes import Cause
+from gpuq_scheduler.jobs.causes import Cause, OutOfMemory
 from gpuq_scheduler.jobs.model import JobRecord, Launch
 from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import journal, spool
@@ -39,6 +39,7 @@ from gpuq_scheduler.launcher.daemon import (
     reserving,
 )
 from gpuq_scheduler.launcher.daemon.clients import gone_waiting, withdraw
+from gpuq_scheduler.launcher.daemon.lives import Running
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.daemon.suspension import fastpath, pools, suspending
 from gpuq_scheduler.launcher.daemon.watching import sight
@@ -104,7 +105,7 @@ class Scheduler(SchedulerState):
         reserving.label(self, now)  # a job just suspended for a reservation says so
         endings.follow_up_arrays(self, now)  # before placement: a failing array must start no more
         snapshot = self.snapshot()
-        sight.stop_on_lost_gpus(self, now, snapshot)
+        self.journal.extend(sight.stop_on_lost_gpus(self.monitor, self.running, self, now, snapshot))
         withdraw(self, gone_waiting(self.monitor, self.lives, now), now)
         self.launch_fenced(now)
         preempting.launch_ready(self, now, self._launch)  # before placement: the victims' GPUs are theirs
@@ -272,7 +273,7 @@ class Scheduler(SchedulerState):
                 else:
                     self.shims.ended(job_id)  # its shim wrote the exit file last: it waits for the next job
                 outcome = outcomes.classify(
-                    exit_data, job.record, job.launch, functools.partial(sight.out_of_memory, self, job)
+                    exit_data, job.record, job.launch, functools.partial(self._out_of_memory, job)
                 )
                 outcome = outcome and outcomes.contained(outcome, exit_data)
                 if job_id in self.suspended and outcome is not None and job.launch.cancel_by is None:
@@ -293,6 +294,10 @@ class Scheduler(SchedulerState):
         if self.staged:
             handoff.settle(self, ended, written, now, events)  # after the ends: a successor follows its first
         self.journal.extend(events)
+
+    def _out_of_memory(self, job: Running) -> OutOfMemory:
+        fenced = self.fence is not fences.NONE
+        return sight.out_of_memory(self.running, self.last_snapshot, self.policy, fenced, job)
 
     def launch_fenced(self, now: float) -> None:
         """Launch jobs that waited for their MPS control daemon, on the GPUs they were given (``daemon.fences``)."""

@@ -14,15 +14,17 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome
 from gpuq_scheduler.jobs.store import notices
 from gpuq_scheduler.jobs.store.events import Event, GpuLost, IdleReleased
 from gpuq_scheduler.jobs.store.statedir import StateDir
+from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.jobs.units import format_duration, format_size
 from gpuq_scheduler.launcher.daemon import fences, learning
 from gpuq_scheduler.launcher.daemon.controls import Controls
 from gpuq_scheduler.launcher.daemon.lives import Lives, Running
+from gpuq_scheduler.launcher.daemon.owned import MemAuto, Monitor
 from gpuq_scheduler.launcher.daemon.state import SchedulerState
 from gpuq_scheduler.launcher.gpus.mps import Key, server_pids
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot, GpuSource
 from gpuq_scheduler.launcher.policy import blame
-from gpuq_scheduler.launcher.policy.placement import GpuView
+from gpuq_scheduler.launcher.policy.placement import GpuView, Policy
 from gpuq_scheduler.launcher.supervisor import containment, processes
 
 log = logging.getLogger("gpuq.scheduler")
@@ -55,6 +57,16 @@ class Seeing(Protocol):
     def drained(self) -> Set[int]: ...
 
 
+class Stopping(Protocol):
+    """The daemon's stops (the state's): the running jobs gpuq is stopping, each with the outcome it gets unless
+    it succeeds first, and the act of stopping one."""
+
+    @property
+    def stopped_for(self) -> Mapping[int, Outcome]: ...
+
+    def stop_for(self, job: Running, outcome: Outcome) -> None: ...
+
+
 class Readings:
     """A pass's GPU snapshot, and what NVML is slow to answer on some GPUs (``GpuSource.snapshot``), read when a
     step that watches the running jobs first asks for it, once a pass: each GPU's energy counter (the
@@ -77,25 +89,27 @@ class Readings:
         return self._shares
 
 
-def stop_on_lost_gpus(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+def stop_on_lost_gpus(
+    monitor: Monitor, running: Mapping[int, Running], stopping: Stopping, now: float, snapshot: list[GpuSnapshot]
+) -> list[Event]:
     """Stop the jobs on a GPU that has stayed lost for LOST_AFTER seconds: their work is gone with it,
-    and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU."""
+    and a multi-GPU job would hold its other GPUs for nothing. They end as lost, naming the GPU. The events."""
     for gpu in snapshot:
         if gpu.lost:
-            scheduler.monitor.lost_since.setdefault(gpu.index, now)
+            monitor.lost_since.setdefault(gpu.index, now)
         else:
-            scheduler.monitor.lost_since.pop(gpu.index, None)
-    dead = {g.index: g for g in snapshot if g.lost and now - scheduler.monitor.lost_since[g.index] >= LOST_AFTER}
+            monitor.lost_since.pop(gpu.index, None)
+    dead = {g.index: g for g in snapshot if g.lost and now - monitor.lost_since[g.index] >= LOST_AFTER}
     events: list[Event] = []
-    for job_id, job in list(scheduler.running.items()):
+    for job_id, job in list(running.items()):
         gone = [dead[i] for i in job.record.gpus if i in dead]
-        if not gone or job_id in scheduler.stopped_for:
+        if not gone or job_id in stopping.stopped_for:
             continue
         why = "; ".join(f"GPU {g.index} ({g.uuid}) was lost: {g.error or 'it stopped answering'}" for g in gone)
-        scheduler.stop_for(job, Outcome.gpu_lost(why))  # SIGTERM, then SIGKILL after the grace period
+        stopping.stop_for(job, Outcome.gpu_lost(why))  # SIGTERM, then SIGKILL after the grace period
         log.warning("stopping job %d: %s", job_id, why)
         events.append(GpuLost(now, job_id, why))
-    scheduler.journal.extend(events)
+    return events
 
 
 def views(scheduler: Seeing, snapshot: list[GpuSnapshot]) -> list[GpuView]:
@@ -116,19 +130,37 @@ def views(scheduler: Seeing, snapshot: list[GpuSnapshot]) -> list[GpuView]:
     return views
 
 
-def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
+class Sampling(Seeing, Protocol):
+    """What a sample of the running jobs' memory reads and writes (``SchedulerState`` is one): what tells our
+    jobs' processes from others', when to sample, the table (their peaks), what ``--mem auto`` learns."""
+
+    @property
+    def monitor(self) -> Monitor: ...
+
+    @property
+    def table(self) -> JobTable: ...
+
+    @property
+    def mem_auto(self) -> MemAuto: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+
+def sample(scheduler: Sampling, now: float, snapshot: list[GpuSnapshot]) -> None:
     """Record each running job's peak GPU memory (the most it held on any one of its GPUs)."""
-    if not scheduler.running or now < scheduler.monitor.next_sample:
+    running = scheduler.lives.running
+    if not running or now < scheduler.monitor.next_sample:
         return
     scheduler.monitor.next_sample = now + SAMPLE_EVERY
     peaks: dict[int, int] = {}
-    for job in scheduler.running.values():
+    for job in running.values():
         job.held = {}
     for gpu in snapshot:
         if not gpu.processes:
             continue
         attribute(scheduler, gpu.processes)
-        for job_id, job in scheduler.running.items():
+        for job_id, job in running.items():
             held = sum(used for pid, used in gpu.processes.items() if pid in job.pids)
             if held:
                 peaks[job_id] = max(peaks.get(job_id, 0), held)
@@ -138,23 +170,26 @@ def sample(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -
     learning.settle(scheduler.mem_auto, scheduler.table, scheduler.policy, scheduler.lives, now, peaks)
 
 
-def out_of_memory(scheduler: SchedulerState, job: Running) -> OutOfMemory:
-    """Which kind of CUDA out of memory a running job's was, from the last sample (``policy.blame``)."""
+def out_of_memory(
+    running: Mapping[int, Running], snapshot: list[GpuSnapshot], policy: Policy, fenced: bool, job: Running
+) -> OutOfMemory:
+    """Which kind of CUDA out of memory a running job's was, from the last sample (``policy.blame``): ``fenced``,
+    whether a fence held the jobs packed beside it to their shares."""
     record = job.record
     share = record.spec.mem_per_gpu if record.spec.gpus else None
     asked = "auto" if record.spec.mem_auto else format_size(share) if share is not None else ""
     others = [
         blame.Sampled(other.record.id, other.record.spec.mem_per_gpu, other.held)
-        for other in scheduler.running.values()
+        for other in running.values()
         if other.record.id != record.id
     ]
-    free = {g.index: g.total - g.used for g in scheduler.last_snapshot}
+    free = {g.index: g.total - g.used for g in snapshot}
     return blame.out_of_memory(
         blame.Sampled(record.id, share, job.held),
         record.gpus,
         others,
-        overhead=scheduler.policy.overhead,
-        fenced=scheduler.fence is not fences.NONE,
+        overhead=policy.overhead,
+        fenced=fenced,
         asked=asked,
         free=free,
     )

@@ -12,7 +12,6 @@ import os
 import signal
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from gpuq_scheduler.jobs.config import Watchdog
 from gpuq_scheduler.jobs.errors import BadInput
@@ -22,7 +21,7 @@ from gpuq_scheduler.jobs.store.events import Watchdog as Broken
 from gpuq_scheduler.jobs.store.table import JobTable
 from gpuq_scheduler.launcher.daemon import attribution
 from gpuq_scheduler.launcher.daemon.lives import Lives, Running
-from gpuq_scheduler.launcher.daemon.watching.sight import Readings
+from gpuq_scheduler.launcher.daemon.watching.sight import Readings, Stopping
 from gpuq_scheduler.launcher.gpus.snapshot import GpuSnapshot
 from gpuq_scheduler.launcher.policy import energy
 from gpuq_scheduler.launcher.policy import watchdog_rules as rules
@@ -30,16 +29,6 @@ from gpuq_scheduler.launcher.policy import watchdog_rules as rules
 log = logging.getLogger("gpuq.watchdog")
 
 EVERY = 2.0  # seconds between checks: one per per-process sample (``watching.SAMPLE_EVERY``)
-
-
-class Stopping(Protocol):
-    """The daemon's stops (the state's): the running jobs gpuq is stopping, each with the outcome it gets unless
-    it succeeds first, and the act of stopping one."""
-
-    @property
-    def stopped_for(self) -> Mapping[int, Outcome]: ...
-
-    def stop_for(self, job: Running, outcome: Outcome) -> None: ...
 
 
 @dataclass

@@ -132,57 +132,43 @@ class StagedLife:
 
 
 @dataclass(frozen=True)
-class RunningLife:
+class OnShim:
+    """A life whose job is on its shim (running, or suspended to host memory): its record is the job's."""
+
+    job: Running
+
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
+
+
+@dataclass(frozen=True)
+class RunningLife(OnShim):
     phase: ClassVar[Phase] = Phase.RUNNING
-    job: Running
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
 
 
 @dataclass(frozen=True)
-class SuspendingLife:
+class SuspendingLife(OnShim):
     phase: ClassVar[Phase] = Phase.SUSPENDING
-    job: Running
     acting: Acting
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
 
 
 @dataclass(frozen=True)
-class SuspendedLife:
+class SuspendedLife(OnShim):
     phase: ClassVar[Phase] = Phase.SUSPENDED
-    job: Running
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
 
 
 @dataclass(frozen=True)
-class ResumingLife:
+class ResumingLife(OnShim):
     phase: ClassVar[Phase] = Phase.RESUMING
-    job: Running
     acting: Acting
 
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
-
 
 @dataclass(frozen=True)
-class EndingLife:
+class EndingLife(OnShim):
     phase: ClassVar[Phase] = Phase.ENDING
-    job: Running
     outcome: Outcome  # what it ends as, unless it succeeds first
     acting: Acting | None = None  # the suspend or resume under way when it was stopped: followed, not begun again
-
-    @property
-    def record(self) -> JobRecord:
-        return self.job.record
 
 
 Life = Pending | StagedLife | RunningLife | SuspendingLife | SuspendedLife | ResumingLife | EndingLife

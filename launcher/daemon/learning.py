@@ -85,21 +85,18 @@ def settle(mem: MemAuto, table: JobTable, policy: Policy, lives: Lives, now: flo
     back with the probe's peak when that is more than twice its share. (The probe itself started with no
     fence; a probe that grows later is the one job of its kind that can still crowd its neighbours.)"""
     probes = set(mem.probes.values())
-    grew_at = mem.grew_at
     for job_id, held in peaks.items():  # sampled from the running jobs
         running = lives.running[job_id]
         if held > running.peak and job_id in probes:
-            grew_at[job_id] = now
+            running.grew_at = now
         running.peak = max(running.peak, held)
-    for job_id in [j for j in grew_at if j not in probes]:
-        del grew_at[job_id]  # no longer a probe (ended, or its kind was learned otherwise)
     for job_id in probes:
         job = lives.running.get(job_id)
         peak = job.peak if job is not None else 0
         if job is None or peak <= 0:
             continue
         ran = now - (job.record.started_at or now)
-        still = now - grew_at[job_id] if job_id in grew_at else None
+        still = now - job.grew_at if job.grew_at is not None else None
         if not memory.counts(ran, still, settle=policy.auto_settle, steady=policy.auto_steady):
             continue
         _teach(mem, table, keys(job.record), memory.Peak(peak, job_id, running=True))

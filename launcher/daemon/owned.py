@@ -35,13 +35,12 @@ class Monitor:
 
 class MemAuto:
     """``daemon.learning`` (--mem auto): what each kind of job has shown and the probe of each kind now (both
-    read by placement), when each probe's peak last grew; the most each running job has held on one GPU so far
-    is its own (``lives.Running``)."""
+    read by placement); the most each running job has held on one GPU so far, and when a probe's peak last
+    grew, are its own (``lives.Running``)."""
 
     def __init__(self, changes: Changes, learned: dict[str, memory.Peak]) -> None:
         self.learned: TrackedDict[str, memory.Peak] = TrackedDict(changes, learned)
         self.probes: TrackedDict[str, int] = TrackedDict(changes)
-        self.grew_at: dict[int, float] = {}  # running probe -> when its peak last grew (a sample's time)
 
 
 class Forks(Protocol):

@@ -39,6 +39,7 @@ class Running:
     held: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes its processes held, the last sample
     peak: int = 0  # the most it held on one GPU in a sample
     active_at: float | None = None  # monotonic: when its GPUs last did work, or this daemon first watched it
+    grew_at: float | None = None  # a --mem auto probe's: when its peak last grew (a sample's time)
 
 
 @dataclass

@@ -106,7 +106,7 @@ def test_a_lost_gpu_gets_no_new_job_shows_as_lost_and_the_queue_goes_on(gpuq: Gp
     holder = gpuq.submit("--gpus", "1", "sleep", "300")
     lost = wait_running(gpuq, [holder])[holder].gpus[0]
     inventory(changed(FOUR_GPUS, lost, lost=True))
-    wait_for(lambda: gpu_rows(gpuq)[lost]["state"].startswith("lost: "), 10, "gpuq gpus to show the GPU lost")
+    wait_for(lambda: gpu_rows(gpuq)[lost]["state"].startswith("lost: "), 60, "gpuq gpus to show the GPU lost")
 
     report = gpuq.cwd / "seen.jsonl"
     late = [gpuq.submit("--gpus", "1", "--mem", "4G", str(REPORT), str(report), "0.1") for _ in range(6)]
@@ -124,7 +124,7 @@ def test_a_lost_gpu_gets_no_new_job_shows_as_lost_and_the_queue_goes_on(gpuq: Gp
 def test_a_job_on_a_gpu_that_is_lost_is_stopped_and_recorded_as_lost(gpuq: Gpuq, inventory: Inventory) -> None:
     job = gpuq.submit("--gpus", "1", "sleep", "300")
     gpu = wait_running(gpuq, [job])[job].gpus[0]
-    pid = json.loads(wait_for(lambda: _read(gpuq.home / "run" / f"{job}.pid"), 10, "the job's pid file"))
+    pid = json.loads(wait_for(lambda: _read(gpuq.home / "run" / f"{job}.pid"), 60, "the job's pid file"))
     inventory(changed(FOUR_GPUS, gpu, lost=True))
     ended = wait_for(lambda: (r := records(gpuq)[job]).state.finished and r, 15, "the job to be stopped")
     assert ended.state is JobState.LOST
@@ -147,7 +147,7 @@ def test_jobs_running_when_the_machine_restarted_are_lost_and_their_gpus_go_to_t
     before = gpuq.submit("--gpus", "4", "sleep", "300")
     after = gpuq.submit("--gpus", "4", str(REPORT), str(report), "0")
     wait_running(gpuq, [before])
-    job = json.loads(wait_for(lambda: _read(gpuq.home / "run" / f"{before}.pid"), 10, "the job's pid file"))
+    job = json.loads(wait_for(lambda: _read(gpuq.home / "run" / f"{before}.pid"), 60, "the job's pid file"))
     gpuq.run("daemon", "stop")
     db = sqlite3.connect(gpuq.home / "jobs.db")
     try:
@@ -201,7 +201,7 @@ def test_output_written_just_before_the_job_ends_is_kept_even_when_a_child_holds
         assert Path(gpuq.job(job)["log"]).read_bytes() == b"last words"
     finally:  # the process that left the job's process group is not gpuq's to stop: stop it here
         with contextlib.suppress(AssertionError, ValueError, ProcessLookupError):
-            os.kill(int(wait_for(lambda: _read(escaped), 10, "the escaped process's pid")), signal.SIGKILL)
+            os.kill(int(wait_for(lambda: _read(escaped), 60, "the escaped process's pid")), signal.SIGKILL)
 
 
 # -- a full disk ------------------------------------------------------------------------------------------

@@ -128,6 +128,13 @@ class Gpuq:
                 wait_for(lambda job=job: "populated 0" in (job / "cgroup.events").read_text(), 10, f"{job} to empty")
                 job.rmdir()
             group.rmdir()
+        # The fake MPS control daemons its packed jobs were clients of: a daemon stopped with jobs running leaves
+        # them for its successor (launcher/gpus/fake_mps.py writes each one's pid there).
+        for pid_file in (self.home / "mps").rglob("control.pid") if (self.home / "mps").is_dir() else []:
+            with contextlib.suppress(Exception):
+                pid = int(pid_file.read_text())
+                if b"fake_mps" in Path(f"/proc/{pid}/cmdline").read_bytes():  # not a pid reused since
+                    os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             import sqlite3
 

@@ -95,6 +95,12 @@ class Gpuq:
 
         return dict(wait_for(reached, timeout, f"job {job_id} {states}"))
 
+    def events(self, job: int | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        """events.jsonl as it is now (none yet: empty), only ``job``'s and only of ``kind`` where given."""
+        path = self.home / "events.jsonl"
+        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return [e for e in found if (job is None or e.get("job") == job) and (kind is None or e.get("event") == kind)]
+
     def daemon_pid(self) -> int | None:
         info = json.loads(self.run("daemon", "status", "--json").stdout)
         return info["pid"] if info["running"] else None
@@ -143,6 +149,11 @@ class Gpuq:
                 with contextlib.suppress(Exception):
                     os.kill(pid, signal.SIGKILL)
             db.close()
+
+
+def counted(path: Path) -> list[int]:
+    """The numbers a counting job (tests/fixtures/fake_counter.py) has written so far, one a line."""
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
 def make_env(home: Path, fake: str | None = "4x80GiB", **extra: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, wait_for
 
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
 
@@ -23,10 +23,6 @@ def _queue(tmp_path: Path, **extra: str) -> Gpuq:
     return queue
 
 
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
 def _counters(queue: Gpuq, last: int, *more: str) -> list[tuple[int, Path]]:
     """A counting job holding 60 GiB on each GPU, both seen counting and holding their memory."""
     jobs = []
@@ -34,7 +30,7 @@ def _counters(queue: Gpuq, last: int, *more: str) -> list[tuple[int, Path]]:
         counts = queue.cwd / f"counts{n}"
         jobs.append((queue.submit(*more, "fake_counter.py", "60", str(counts), str(last)), counts))
     for job, counts in jobs:
-        seen = lambda job=job, counts=counts: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"]  # noqa: E731
+        seen = lambda job=job, counts=counts: len(counted(counts)) > 5 and queue.job(job)["peak_mem"]  # noqa: E731
         wait_for(seen, 30, f"job {job} to count")
     return jobs
 
@@ -42,8 +38,8 @@ def _counters(queue: Gpuq, last: int, *more: str) -> list[tuple[int, Path]]:
 def _untouched(queue: Gpuq, jobs: list[tuple[int, Path]], urgent: int) -> None:
     """The jobs count on, each still running (never suspended), while the urgent job waits."""
     for job, counts in jobs:
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 20, 30, "the job to count on")  # noqa: B023
         assert queue.job(job)["state"] == "running"
     assert queue.job(urgent)["state"] == "pending"
 
@@ -90,7 +86,7 @@ def test_an_urgent_job_takes_a_preemptible_jobs_gpu_which_then_finishes_its_work
         # The victim was suspended, said why, resumed by itself once the urgent job ended, and finishes intact.
         for job, counts in ((first, counts1), (second, counts2)):
             assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
-            assert _counts(counts) == list(range(1, 601))
+            assert counted(counts) == list(range(1, 601))
         events = _events(queue)
         kinds = [e["event"] for e in events if e.get("job") == victim]
         assert kinds.index("suspended") < kinds.index("resumed")
@@ -127,7 +123,7 @@ def test_status_says_who_preempted_whom_and_why_and_the_victims_place_is_kept(tm
     try:
         counts = queue.cwd / "counts"
         victim = queue.submit("--preemptible", "--mem", "40G", "fake_counter.py", "40", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(victim)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(victim)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "--mem", "60G", "fake_cuda.py", "60", "600")
         queue.wait_state(urgent, "running", timeout=60)
         shown = queue.job(victim)
@@ -207,11 +203,11 @@ def test_a_job_that_cannot_be_suspended_is_signalled_requeued_and_goes_on_from_i
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("--preemptible", "--retries", "0", "fake_preemptible.py", "60", str(counts), "400")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
         assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
         assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
+        assert counted(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
         assert counts.with_suffix(".starts").read_text().splitlines() == [" ", "1 1"]
         preempted = [e for e in _events(queue) if e.get("event") == "preempted"]
         assert len(preempted) == 1 and preempted[0]["job"] == job and preempted[0]["for"] == urgent
@@ -231,7 +227,7 @@ def test_a_job_that_ignores_its_signal_is_stopped_after_the_grace_period_and_req
         shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
         ignores = ["sh", "-c", 'trap "" USR2; exec "$@"', "sh", sys.executable, "fake_counter.py"]  # USR2 ignored
         job = queue.submit("--preemptible", "--preempt-signal", "USR2", *ignores, "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "600")
         queue.wait_state(urgent, "running", timeout=60)
         queue.wait_state(job, "pending")  # (and at once staged to follow the urgent job: its place is kept)
@@ -250,11 +246,11 @@ def test_a_job_neither_suspendable_nor_preemptible_is_never_touched(tmp_path: Pa
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("fake_counter.py", "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
         wait_for(lambda: queue.job(urgent)["reason"], 30, "the urgent job's reason to wait")
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 20, 30, "the job to count on")
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 20, 30, "the job to count on")
         assert queue.job(job)["state"] == "running" and queue.job(urgent)["state"] == "pending"
         assert not [e for e in _events(queue) if e.get("event") == "preempted"]
     finally:
@@ -319,7 +315,7 @@ def test_an_executor_functions_checkpoint_gives_the_call_its_requeued_run_makes(
         assert done.returncode == 0, done.stdout + done.stderr
         out = json.loads(done.stdout.strip().splitlines()[-1])
         assert out["result"]["restarts"] == "1" and 20 <= out["result"]["started_at"] < 400
-        assert _counts(counts) == list(range(1, 401))  # the requeued run went on from the checkpoint
+        assert counted(counts) == list(range(1, 401))  # the requeued run went on from the checkpoint
         assert queue.job(out["urgent"])["state"] == "succeeded"
     finally:
         queue.cleanup()
@@ -332,11 +328,11 @@ def test_a_job_whose_suspend_the_driver_refuses_is_requeued_instead(tmp_path: Pa
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("--preemptible", "fake_preemptible.py", "60", str(counts), "400")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "1")
         assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
         assert queue.wait_state(job, "succeeded", "failed", timeout=90)["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 401))
+        assert counted(counts) == list(range(1, 401))
         kinds = [e["event"] for e in _events(queue) if e.get("job") == job]
         assert kinds.count("preempted") == 2 and "suspend-undone" in kinds and "requeued" in kinds
         _never_double_booked(_events(queue))
@@ -361,9 +357,9 @@ def test_a_daemon_killed_while_a_victim_is_suspended_resumes_it_once_its_preempt
         assert queue.job(victim)["reason"].startswith(f"suspended for job {urgent} (priority 10 > 0)")
         queue.run("cancel", str(urgent))
         queue.wait_state(victim, "running", timeout=60)
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the victim to count on")
-        seen = _counts(counts)
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 5, 30, "the victim to count on")
+        seen = counted(counts)
         assert seen == list(range(1, len(seen) + 1))  # on from where it stopped
         _never_double_booked(_events(queue))
     finally:
@@ -380,7 +376,7 @@ def test_a_job_of_several_nccl_processes_is_not_suspended_but_requeued_if_preemp
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("--preemptible", "fake_nccl_pair.py", "20", str(queue.cwd / "libnccl.so.2"), str(counts))
-        wait_for(lambda: set(_counts(counts)) == {0, 1} and queue.job(job)["peak_mem"], 30, "both ranks to count")
+        wait_for(lambda: set(counted(counts)) == {0, 1} and queue.job(job)["peak_mem"], 30, "both ranks to count")
         wait_for(lambda: len(queue.job(job)["gpus"]) == 1 and _fake_cuda_processes(queue) == 2, 30, "both ranks seen")
         queue.run("suspend", str(job))
         refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, wait_for
 
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
 
@@ -17,10 +17,6 @@ def _queue(tmp_path: Path, gpus: str | list[dict[str, Any]] = "2x80GiB", **extra
     queue = fake_cuda_queue(tmp_path, gpus, **{"GPUQ_FAKE_HOST_MEMORY": "256GiB", **extra})
     shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
     return queue
-
-
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
 def _events(queue: Gpuq) -> list[dict[str, Any]]:
@@ -98,7 +94,7 @@ def test_at_the_start_the_preemptible_job_steps_aside_and_the_rest_was_said_ahea
         counts = queue.cwd / "counts"
         counter = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "3000")
         steady = queue.submit("fake_cuda.py", "10", "900")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(counter)["peak_mem"], 30, "the counter to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(counter)["peak_mem"], 30, "the counter to count")
         queue.wait_state(steady, "running")
         made = queue.run("reserve", "--gpus", "2", "--start", "+2s", "--duration", "1h", "--name", "deadline")
         steady_gpu = queue.job(steady)["gpus"][0]
@@ -123,7 +119,7 @@ def test_at_the_start_the_preemptible_job_steps_aside_and_the_rest_was_said_ahea
         assert queue.job(stranger)["state"] == "pending"
         queue.run("reserve", "--cancel", "deadline")
         assert queue.wait_state(counter, "succeeded", "failed", timeout=120)["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 3001))  # stopped where it was, went on from there
+        assert counted(counts) == list(range(1, 3001))  # stopped where it was, went on from there
         assert queue.wait_state(stranger, "succeeded", "failed")["state"] == "succeeded"
         events = _events(queue)
         kinds = [e["event"] for e in events if e.get("job") == counter]
@@ -185,7 +181,7 @@ def test_a_preemptible_job_that_cannot_be_suspended_is_requeued_at_the_start_and
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count")
         queue.run("reserve", "--gpus", "1", "--start", "+1s", "--duration", "1h", "--name", "r")
         queue.wait_state(job, "pending", timeout=60)
         preempted = [e for e in _events(queue) if e.get("job") == job and e.get("event") == "preempted"]
@@ -223,7 +219,7 @@ def test_a_victim_keeps_its_place_when_its_reservation_ends_while_the_owners_job
     try:
         counts = queue.cwd / "counts"
         counter = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1500")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(counter)["peak_mem"], 30, "the counter to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(counter)["peak_mem"], 30, "the counter to count")
         queue.run("reserve", "--gpus", "1", "--start", "+1s", "--duration", "1h", "--name", "r")
         queue.wait_state(counter, "suspended", timeout=60)
         owner = queue.submit("--reservation", "r", "--mem", "10G", "fake_cuda.py", "10", "600")
@@ -235,7 +231,7 @@ def test_a_victim_keeps_its_place_when_its_reservation_ends_while_the_owners_job
         assert queue.job(stranger)["state"] == "pending" and queue.job(counter)["state"] == "suspended"
         queue.run("cancel", str(owner))
         assert queue.wait_state(counter, "succeeded", "failed", timeout=120)["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 1501))
+        assert counted(counts) == list(range(1, 1501))
         assert queue.wait_state(stranger, "succeeded", "failed")["state"] == "succeeded"
         events = _events(queue)
         resumed = next(e["t"] for e in events if e.get("job") == counter and e["event"] == "resuming")

@@ -20,7 +20,7 @@ from gpuq_scheduler.jobs.outcome import JobState, Outcome, Step
 from gpuq_scheduler.jobs.store import schema
 from gpuq_scheduler.jobs.store.statedir import StateDir
 from gpuq_scheduler.jobs.store.table import JobTable
-from tests.conftest import Gpuq, fake_cuda_queue, make_env, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, make_env, wait_for
 
 GiB = 2**30
 COUNTER = Path(__file__).parent / "fixtures" / "fake_counter.py"
@@ -140,10 +140,6 @@ def test_only_a_running_job_is_suspended_and_only_a_suspended_one_resumed(one_gp
     assert unknown.returncode == 2 and "999" in unknown.stderr and unknown.stderr.count("\n") == 1
 
 
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
 def _counting_queue(tmp_path: Path, **extra: str) -> Gpuq:
     queue = fake_cuda_queue(tmp_path, "1x80GiB", **{"GPUQ_FAKE_HOST_MEMORY": "256GiB", **extra})
     shutil.copy(COUNTER, queue.cwd / "fake_counter.py")
@@ -154,7 +150,7 @@ def _suspended_counter(queue: Gpuq, last: int = 100_000, *more: str) -> tuple[in
     """A counting job holding 60 GiB of the one GPU, suspended once it counted and its memory was seen."""
     counts = queue.cwd / "counts"
     job = queue.submit(*more, "fake_counter.py", "60", str(counts), str(last))
-    wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+    wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
     assert queue.run("suspend", str(job)).stdout == f"suspending job {job}\n"
     queue.wait_state(job, "suspended", timeout=60)
     return job, counts
@@ -171,15 +167,15 @@ def test_suspend_frees_the_gpu_for_another_job_and_resume_goes_on_from_where_it_
         shown = queue.job(job)
         assert shown["host_bytes"] == int(60.5 * GiB) and shown["gpus"] == [0] and shown["step"] is None
         assert "60.5 GiB in host memory" in queue.run("status").stdout
-        stopped = _counts(counts)
+        stopped = counted(counts)
         # The GPU is free: a job that needs 70 of its 80 GiB runs there now, and ends.
         other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")
         assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
-        assert _counts(counts) == stopped  # no progress while suspended
+        assert counted(counts) == stopped  # no progress while suspended
         assert queue.run("resume", str(job)).stdout == f"resuming job {job}\n"
         queue.wait_state(job, "running")
-        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
-        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))  # on from where it was
+        wait_for(lambda: len(counted(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))  # on from where it was
         resumed = queue.job(job)
         assert resumed["host_bytes"] is None and resumed["suspended_for"] > 0 and resumed["reason"] == ""
         queue.run("cancel", str(job))
@@ -198,7 +194,7 @@ def test_the_time_limit_does_not_run_while_suspended(tmp_path: Path) -> None:
         wait_for(lambda: time.monotonic() > until and queue.job(job)["state"] == "suspended", 30, "7 s suspended")
         queue.run("resume", str(job))
         assert queue.wait_state(job, "succeeded", "timeout", "failed")["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 151))
+        assert counted(counts) == list(range(1, 151))
     finally:
         queue.cleanup()
 
@@ -210,14 +206,14 @@ def test_a_job_the_driver_cannot_checkpoint_is_left_running_and_says_why(tmp_pat
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("fake_counter.py", "10", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         queue.run("suspend", str(job))
         refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
         assert refused["state"] == "running" and refused["step"] is None
         why = "it runs as a client of an MPS server, which the driver cannot checkpoint"
         assert refused["reason"] == f"not suspended: {why}"
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 5, 30, "the job to count on")
         queue.run("cancel", str(job))
     finally:
         queue.cleanup()
@@ -228,7 +224,7 @@ def test_too_little_host_memory_refuses_the_suspend(tmp_path: Path) -> None:
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("fake_counter.py", "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         queue.run("suspend", str(job))
         refused = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
         assert refused["state"] == "running" and refused["step"] is None
@@ -247,14 +243,14 @@ def test_a_daemon_killed_while_a_job_is_suspended_finds_it_suspended_and_can_res
     queue = _counting_queue(tmp_path)
     try:
         job, counts = _suspended_counter(queue)
-        stopped = _counts(counts)
+        stopped = counted(counts)
         _restart(queue)
         other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")  # its GPU is still free
         assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
-        assert queue.job(job)["state"] == "suspended" and _counts(counts) == stopped
+        assert queue.job(job)["state"] == "suspended" and counted(counts) == stopped
         queue.run("resume", str(job))
-        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
-        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        wait_for(lambda: len(counted(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         queue.run("cancel", str(job))
     finally:
         queue.cleanup()
@@ -268,18 +264,18 @@ def test_a_daemon_killed_in_the_middle_of_a_suspend_undoes_it_and_places_nothing
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("fake_counter.py", "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         queue.run("suspend", str(job))
         wait_for(lambda: queue.job(job)["step"] == "suspending", 30, "the suspend to begin")
         _restart(queue)
         other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")
         wait_for(lambda: (shown := queue.job(job))["state"] == "running" and shown["step"] is None, 60, "the undo")
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 5, 30, "the job to count on")
         assert queue.job(other)["state"] == "pending"
         queue.run("cancel", str(job))
         assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, len(_counts(counts)) + 1))
+        assert counted(counts) == list(range(1, len(counted(counts)) + 1))
     finally:
         queue.cleanup()
 
@@ -288,14 +284,14 @@ def test_a_daemon_killed_in_the_middle_of_a_resume_finishes_it(tmp_path: Path) -
     queue = _counting_queue(tmp_path, GPUQ_FAKE_CHECKPOINT_SECONDS="2")
     try:
         job, counts = _suspended_counter(queue)
-        stopped = _counts(counts)
+        stopped = counted(counts)
         queue.run("resume", str(job))
         wait_for(lambda: queue.job(job)["step"] == "resuming", 30, "the resume to begin")
         _restart(queue)
         other = queue.submit("--gpus", "1", "fake_cuda.py", "70", "0.2")  # the resuming job holds the GPU
         wait_for(lambda: (shown := queue.job(job))["state"] == "running" and shown["step"] is None, 60, "the resume")
-        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
-        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        wait_for(lambda: len(counted(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         assert queue.job(other)["state"] == "pending"
         queue.run("cancel", str(job))
         assert queue.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
@@ -333,7 +329,7 @@ def test_an_mps_fenced_job_is_refused_in_one_line_and_by_the_daemon(tmp_path: Pa
     try:
         counts = queue.cwd / "counts"
         job = queue.submit("--mem", "12G", "fake_counter.py", "5", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         refused = queue.run("suspend", str(job), check=False)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1
         assert f"job {job} runs as a client of an MPS server" in refused.stderr
@@ -342,8 +338,8 @@ def test_an_mps_fenced_job_is_refused_in_one_line_and_by_the_daemon(tmp_path: Pa
         subprocess.run([sys.executable, "-c", HAND_WRITTEN, str(queue.home), str(job)], env=queue.env, check=True)
         refusal = wait_for(lambda: "not suspended" in (shown := queue.job(job))["reason"] and shown, 30, "a refusal")
         assert refusal["state"] == "running" and "client of an MPS server" in refusal["reason"]
-        before = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > before + 5, 30, "the job to count on")
+        before = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > before + 5, 30, "the job to count on")
         queue.run("cancel", str(job))
     finally:
         queue.cleanup()

@@ -13,25 +13,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
 CONTEXT = 512 << 20  # what a fake CUDA process holds for its context (tests/fixtures/fake_cuda.py)
-
-
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
-def _suspended_events(queue: Gpuq, job: int) -> list[dict[str, Any]]:
-    events = queue.home / "events.jsonl"
-    found = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
-    return [e for e in found if e.get("job") == job and e.get("event") == "suspended"]
 
 
 def _counter(queue: Gpuq, counts: Path, *torch: str) -> tuple[int, int]:
@@ -39,7 +28,7 @@ def _counter(queue: Gpuq, counts: Path, *torch: str) -> tuple[int, int]:
     PyTorch), seen counting; its id and its process."""
     shutil.copy(FIXTURES / "fake_counter.py", queue.cwd / "fake_counter.py")
     job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1000000", "torch", *torch)
-    wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+    wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
     return job, int(json.loads((queue.home / "run" / f"{job}.pid").read_text())["pid"])
 
 
@@ -69,7 +58,7 @@ def test_the_driver_checkpoint_is_skipped_only_where_what_the_fast_path_left_fit
         whole = json.loads((usage / f"{pid}.json").read_text())
         queue.run("suspend", str(job))
         queue.wait_state(job, "suspended", timeout=60)
-        event = wait_for(lambda: (found := _suspended_events(queue, job)) and found[-1], 30, "the suspended event")
+        event = wait_for(lambda: (found := queue.events(job, "suspended")) and found[-1], 30, "the suspended event")
         assert (event["path"], event["fallback"], event["fast_bytes"]) == (path, None, 60 * GiB + CONTEXT - left)
         moved = 60 * GiB + CONTEXT - left  # in host memory: the fast path's copy, and the driver's of the rest
         assert event["bytes"] == (moved if path == "fast-context-kept" else 60 * GiB + CONTEXT)
@@ -80,11 +69,11 @@ def test_the_driver_checkpoint_is_skipped_only_where_what_the_fast_path_left_fit
             assert event["steps"]["lock"] < 1 and "left" in event["steps"]
         else:  # the driver's checkpoint took what was left
             assert json.loads((usage / f"{pid}.host").read_text()) == {"0": left}
-        stopped = _counts(counts)
+        stopped = counted(counts)
         queue.run("resume", str(job))
         queue.wait_state(job, "running", timeout=60)
-        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
-        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        wait_for(lambda: len(counted(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         assert json.loads((usage / f"{pid}.json").read_text()) == whole
         assert (json.loads(queue.run("show", "--json", str(job)).stdout)["last_suspend_path"]) == path
         queue.run("cancel", str(job))
@@ -109,7 +98,7 @@ def test_a_kept_context_counts_as_used_so_a_job_that_needs_its_memory_waits_unti
         job, _ = _counter(queue, counts, *([] if kept else ["2"]))
         queue.run("suspend", str(job))
         queue.wait_state(job, "suspended", timeout=60)
-        event = wait_for(lambda: (found := _suspended_events(queue, job)) and found[-1], 30, "the suspended event")
+        event = wait_for(lambda: (found := queue.events(job, "suspended")) and found[-1], 30, "the suspended event")
         assert event["path"] == ("fast-context-kept" if kept else "fast")
         big = queue.submit("--mem", "78.5G", "fake_cuda.py", "1", "600")
         if kept:

@@ -12,24 +12,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import counted, fake_cuda_queue, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
-
-
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
-def _suspended_events(queue: Gpuq, job: int) -> list[dict[str, Any]]:
-    events = queue.home / "events.jsonl"
-    found = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
-    return [e for e in found if e.get("job") == job and e.get("event") == "suspended"]
 
 
 @pytest.mark.parametrize(
@@ -47,18 +36,18 @@ def test_a_job_the_fast_path_cannot_take_is_suspended_by_the_driver_and_the_even
     counts = queue.cwd / "counts"
     try:
         job = queue.submit(*more, "fake_counter.py", "60", str(counts), "100000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         for round_ in (1, 2):  # asked again at the second suspend: a refusal is not kept as an answer
             queue.run("suspend", str(job))
             queue.wait_state(job, "suspended", timeout=60)
-            event = wait_for(lambda n=round_: len(found := _suspended_events(queue, job)) == n and found[-1], 30, "it")
+            event = wait_for(lambda n=round_: len(found := queue.events(job, "suspended")) == n and found[-1], 30, "it")
             assert (event["path"], event["fallback"], event["detail"]) == ("driver", fallback, detail)
-            stopped = _counts(counts)
+            stopped = counted(counts)
             queue.run("resume", str(job))
             queue.wait_state(job, "running")
             at = len(stopped)
-            wait_for(lambda at=at: len(_counts(counts)) > at + 5, 30, "the job to count on")
-            assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+            wait_for(lambda at=at: len(counted(counts)) > at + 5, 30, "the job to count on")
+            assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         said = {
             "not-applicable": "last by the driver's checkpoint (the fast path does not apply: the process has "
             "not imported torch)",
@@ -143,17 +132,17 @@ def test_kill_9_of_the_daemon_while_a_job_is_suspended_on_the_fast_path_loses_no
     fast = queue.home / "run"
     try:
         job = queue.submit("--preemptible", "fake_counter.py", "60", str(counts), "1000000", "torch", *outside)
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         pid = json.loads((fast / f"{job}.pid").read_text())["pid"]
         whole = json.loads((usage / f"{pid}.json").read_text())
         queue.run("suspend", str(job))
         queue.wait_state(job, "suspended", timeout=60)
-        event = wait_for(lambda: (found := _suspended_events(queue, job)) and found[-1], 30, "the suspended event")
+        event = wait_for(lambda: (found := queue.events(job, "suspended")) and found[-1], 30, "the suspended event")
         left = (512 << 20) + (2 * GiB if outside else 0)
         assert (event["path"], event["fallback"], event["fast_bytes"]) == (path, None, 60 * GiB + (512 << 20) - left)
         # what the fast path left: on its GPU still (its context alone), or taken by the fake driver's checkpoint
         assert json.loads((usage / f"{pid}.{'host' if outside else 'json'}").read_text()) == {"0": left}
-        stopped = _counts(counts)
+        stopped = counted(counts)
         stale = fast / "999.fast"
         stale.mkdir()
         (stale / "1.released").write_text('{"ok": true}')
@@ -161,11 +150,11 @@ def test_kill_9_of_the_daemon_while_a_job_is_suspended_on_the_fast_path_loses_no
         queue.run("daemon", "start")
         wait_for(lambda: not stale.exists(), 30, "the stale fast directory to go")
         assert (fast / f"{job}.fast" / f"{pid}.released").exists()
-        assert queue.job(job)["state"] == "suspended" and _counts(counts) == stopped
+        assert queue.job(job)["state"] == "suspended" and counted(counts) == stopped
         queue.run("resume", str(job))
         queue.wait_state(job, "running", timeout=60)
-        wait_for(lambda: len(_counts(counts)) > len(stopped) + 5, 30, "the job to count on")
-        assert _counts(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
+        wait_for(lambda: len(counted(counts)) > len(stopped) + 5, 30, "the job to count on")
+        assert counted(counts)[: len(stopped) + 5] == list(range(1, len(stopped) + 6))
         assert json.loads((usage / f"{pid}.json").read_text()) == whole
         restored = json.loads((fast / f"{job}.fast" / f"{pid}.restored").read_text())
         assert restored["bytes"] == 60 * GiB + (512 << 20) - left
@@ -267,8 +256,8 @@ def test_a_suspend_whose_copy_no_longer_fits_in_host_memory_is_refused_by_its_he
         assert (result["ok"], result["undone"]) == (False, True)
         assert result["why"].startswith("its 30.5 GiB of GPU state would not fit in the host's 31.0 GiB")
         assert not (fast / f"{job.pid}.released").exists() and cuda.state(job.pid) is CudaState.RUNNING
-        at = len(_counts(counts))
-        wait_for(lambda: len(_counts(counts)) > at + 5, 30, "the job to count on")  # never stopped
+        at = len(counted(counts))
+        wait_for(lambda: len(counted(counts)) > at + 5, 30, "the job to count on")  # never stopped
         monkeypatch.setenv("GPUQ_FAKE_HOST_MEMORY", "64GiB")
         result = suspender.suspend(cuda, None, job.pid, str(fast), whole, fake=True)
         assert result["ok"] and (result["path"]["path"], result["path"]["fallback"]) == ("fast", None)

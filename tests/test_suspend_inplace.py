@@ -10,9 +10,8 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
@@ -26,28 +25,18 @@ def _queue(tmp_path: Path, **extra: str) -> Gpuq:
     return queue
 
 
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
 def _counter(queue: Gpuq, name: str, mem: str, holds: str, *more: str) -> tuple[int, Path]:
     """A packed counting job (``--mem mem``, holding ``holds`` GiB), seen counting and holding its memory."""
     counts = queue.cwd / name
     torch = ["torch"] if "--preemptible" in more else []
     job = queue.submit("--mem", mem, *more, "fake_counter.py", holds, str(counts), "1000000", *torch)
-    wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, f"job {job} to count and be seen")
+    wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, f"job {job} to count and be seen")
     return job, counts
 
 
 def _moves_on(counts: Path) -> None:
-    before = len(_counts(counts))
-    wait_for(lambda: len(_counts(counts)) > before + 10, 30, f"{counts.name} to count on")
-
-
-def _events(queue: Gpuq, job: int, kind: str) -> list[dict[str, Any]]:
-    path = queue.home / "events.jsonl"
-    found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [e for e in found if e.get("job") == job and e.get("event") == kind]
+    before = len(counted(counts))
+    wait_for(lambda: len(counted(counts)) > before + 10, 30, f"{counts.name} to count on")
 
 
 def _usage(tmp_path: Path, queue: Gpuq, job: int) -> dict[str, int]:
@@ -63,13 +52,13 @@ def _suspended_in_place(tmp_path: Path, queue: Gpuq) -> tuple[int, Path, int, Pa
     whole = _usage(tmp_path, queue, job)
     assert queue.run("suspend", str(job)).stdout == f"suspending job {job}\n"
     queue.wait_state(job, "suspended", timeout=60)
-    event = wait_for(lambda: (found := _events(queue, job, "suspended")) and found[-1], 30, "the suspended event")
+    event = wait_for(lambda: (found := queue.events(job, "suspended")) and found[-1], 30, "the suspended event")
     assert (event["path"], event["fallback"], event["fast_bytes"]) == ("fast-in-place", None, 38 * GiB)
     assert event["bytes"] == 38 * GiB  # in host memory: what it moved; its context stayed on the GPU
     assert _usage(tmp_path, queue, job) == {"0": CONTEXT}  # only its context is left on its GPU
-    stopped = _counts(counts)
+    stopped = counted(counts)
     _moves_on(theirs)  # its neighbour never noticed
-    assert _counts(counts) == stopped  # it makes no progress
+    assert counted(counts) == stopped  # it makes no progress
     return job, counts, neighbour, theirs, whole
 
 
@@ -85,20 +74,20 @@ def test_a_packed_preemptible_job_is_suspended_in_place_its_share_used_by_anothe
         assert json.loads(queue.run("show", "--json", str(job)).stdout)["last_suspend_path"] == "fast-in-place"
         # Its share is free: a --mem 30G job fits beside the neighbour now (21 + 31 + 41 GiB would not).
         other, other_counts = _counter(queue, "other", "30G", "28")
-        stopped = _counts(counts)
+        stopped = counted(counts)
         queue.run("resume", str(job))
         said = "waiting for its 40.0G share to fit on GPU(s) 0 to resume"
         waiting = wait_for(lambda: said in (shown := queue.job(job))["reason"] and shown, 30, "its reason")
-        assert waiting["state"] == "suspended" and _counts(counts) == stopped
+        assert waiting["state"] == "suspended" and counted(counts) == stopped
         _moves_on(theirs)
         _moves_on(other_counts)
         queue.run("cancel", str(other))
         queue.wait_state(job, "running", timeout=60)
         _moves_on(counts)
-        assert _counts(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))  # on from where it was
+        assert counted(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))  # on from where it was
         assert _usage(tmp_path, queue, job) == whole  # all it held is back
         assert queue.job(neighbour)["state"] == "running" and queue.job(neighbour)["suspended_for"] == 0
-        seen = _counts(theirs)
+        seen = counted(theirs)
         assert seen == list(range(1, len(seen) + 1))
         for each in (job, neighbour):
             queue.run("cancel", str(each))
@@ -129,17 +118,17 @@ def test_kill_9_of_the_daemon_while_a_packed_job_is_suspended_in_place_keeps_its
         assert len(servers) == 1
         queue.run("cancel", str(neighbour))  # it alone is left a client of that server, suspended
         queue.wait_state(neighbour, "cancelled")
-        stopped = _counts(counts)
+        stopped = counted(counts)
         queue.kill_daemon()
         queue.run("daemon", "start")
         other = queue.submit("--gpus", "0", "true")
         queue.wait_state(other, "succeeded")  # a pass or more of the new daemon went by
         assert _control_daemons(queue) == servers
-        assert queue.job(job)["state"] == "suspended" and _counts(counts) == stopped
+        assert queue.job(job)["state"] == "suspended" and counted(counts) == stopped
         queue.run("resume", str(job))
         queue.wait_state(job, "running", timeout=60)
         _moves_on(counts)
-        assert _counts(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))
+        assert counted(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))
         assert _usage(tmp_path, queue, job) == whole
         queue.run("cancel", str(job))
         queue.wait_state(job, "cancelled")
@@ -162,7 +151,7 @@ def test_a_packed_job_the_fast_path_cannot_take_is_refused_in_one_line_and_runs_
         assert not list((queue.home / "spool").glob("control-*"))
         counts = queue.cwd / "no torch"
         job = queue.submit("--mem", "20G", "--preemptible", "fake_counter.py", "18", str(counts), "1000000")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, "the job to count and be seen")
         queue.run("suspend", str(job))
         shown = wait_for(lambda: "not suspended" in (found := queue.job(job))["reason"] and found, 30, "a refusal")
         assert shown["state"] == "running" and shown["step"] is None
@@ -186,19 +175,19 @@ def test_preemption_suspends_a_packed_preemptible_victim_in_place_instead_of_req
         urgent_counts = queue.cwd / "urgent"
         urgent = queue.submit("--priority", "10", "--mem", "30G", "fake_counter.py", "28", str(urgent_counts), "150")
         queue.wait_state(job, "suspended", timeout=60)
-        stopped = _counts(counts)
+        stopped = counted(counts)
         assert queue.wait_state(urgent, "succeeded", "failed", timeout=60)["state"] == "succeeded"
-        assert _counts(urgent_counts) == list(range(1, 151))
+        assert counted(urgent_counts) == list(range(1, 151))
         queue.wait_state(job, "running", timeout=60)
         _moves_on(counts)
-        assert _counts(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))
+        assert counted(counts)[: len(stopped) + 10] == list(range(1, len(stopped) + 11))
         shown = queue.job(job)
         assert shown["attempt"] == 1 and shown["suspended_for"] > 0  # the same run, never requeued
-        preempted = _events(queue, job, "preempted")
+        preempted = queue.events(job, "preempted")
         assert [e["for"] for e in preempted] == [urgent] and "requeue" not in preempted[0]
-        assert _events(queue, job, "suspended")[-1]["path"] == "fast-in-place"
-        assert not _events(queue, job, "requeued") and not _events(queue, neighbour, "preempted")
-        seen = _counts(theirs)
+        assert queue.events(job, "suspended")[-1]["path"] == "fast-in-place"
+        assert not queue.events(job, "requeued") and not queue.events(neighbour, "preempted")
+        seen = counted(theirs)
         assert seen == list(range(1, len(seen) + 1)) and queue.job(neighbour)["state"] == "running"
     finally:
         queue.cleanup()

@@ -16,28 +16,18 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import Gpuq, fake_cuda_queue, wait_for
+from tests.conftest import Gpuq, counted, fake_cuda_queue, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
 MiB = 1 << 20
 
 
-def _counts(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
-
-
-def _events(queue: Gpuq, job: int, kind: str) -> list[dict[str, Any]]:
-    events = queue.home / "events.jsonl"
-    found = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
-    return [e for e in found if e.get("job") == job and e.get("event") == kind]
-
-
 def _start(queue: Gpuq, name: str, gib: int, *more: str) -> tuple[int, int, Path]:
     """A counting fake CUDA job holding ``gib`` GiB on a GPU of its own: its id, its process, its counts."""
     counts = queue.cwd / f"counts-{name}"
     job = queue.submit(*more, "fake_counter.py", str(gib), str(counts), "1000000", *(["torch"] if more else []))
-    wait_for(lambda: len(_counts(counts)) > 5 and queue.job(job)["peak_mem"], 30, f"job {name} to count and be seen")
+    wait_for(lambda: len(counted(counts)) > 5 and queue.job(job)["peak_mem"], 30, f"job {name} to count and be seen")
     pid = int(json.loads((queue.home / "run" / f"{job}.pid").read_text())["pid"])
     return job, pid, counts
 
@@ -49,17 +39,17 @@ def _pool_said(queue: Gpuq, job: int, pid: int) -> int:
 
 def _cycle(queue: Gpuq, job: int) -> dict[str, Any]:
     """Suspend and resume the job through gpuq; its ``resumed`` event."""
-    resumes = len(_events(queue, job, "resumed"))
+    resumes = len(queue.events(job, "resumed"))
     queue.run("suspend", str(job))
     queue.wait_state(job, "suspended", timeout=60)
     queue.run("resume", str(job))
     queue.wait_state(job, "running", timeout=60)
-    return wait_for(lambda: (found := _events(queue, job, "resumed"))[resumes:] and found[-1], 30, "its resume")
+    return wait_for(lambda: (found := queue.events(job, "resumed"))[resumes:] and found[-1], 30, "its resume")
 
 
 def _counts_on(counts: Path) -> None:
-    at = len(_counts(counts))
-    wait_for(lambda: len(_counts(counts)) > at + 5, 30, "the job to count on")
+    at = len(counted(counts))
+    wait_for(lambda: len(counted(counts)) > at + 5, 30, "the job to count on")
 
 
 def test_a_pool_is_kept_by_default_where_the_host_can_afford_it_and_given_back_when_another_jobs_suspend_needs_it(
@@ -81,14 +71,14 @@ def test_a_pool_is_kept_by_default_where_the_host_can_afford_it_and_given_back_w
         _counts_on(a_counts)
         queue.run("suspend", str(b))
         queue.wait_state(b, "suspended", timeout=60)
-        told = wait_for(lambda: _events(queue, a, "pool-given-back"), 30, "A told to give its pool back")
+        told = wait_for(lambda: queue.events(a, "pool-given-back"), 30, "A told to give its pool back")
         assert (told[0]["bytes"], told[0]["why"]) == (60 * GiB, f"job {b}'s suspend needs the room")
         assert len(told) == 1
         wait_for(lambda: _pool_said(queue, a, a_pid) == 0, 30, "A to say its pool is given back")
         assert psutil.Process(a_pid).memory_info().rss < 40 * MiB
-        assert queue.job(a)["state"] == "running" and not _events(queue, a, "suspending")[1:]
+        assert queue.job(a)["state"] == "running" and not queue.events(a, "suspending")[1:]
         _counts_on(a_counts)
-        suspended = _events(queue, b, "suspended")[-1]
+        suspended = queue.events(b, "suspended")[-1]
         assert told[0]["t"] <= suspended["t"] and suspended["path"] == "driver"  # told first, then B's copy
         queue.run("resume", str(b))
         queue.wait_state(b, "running", timeout=60)
@@ -112,9 +102,9 @@ def test_a_pool_is_given_back_once_another_preemptible_jobs_suspend_would_need_t
         assert _cycle(queue, a)["pool"] == 60 * GiB
         c, _, _ = _start(queue, "c", 40, "--preemptible")
         if forced == "on":
-            assert not _events(queue, a, "pool-given-back") and _pool_said(queue, a, a_pid) == 60 * GiB
+            assert not queue.events(a, "pool-given-back") and _pool_said(queue, a, a_pid) == 60 * GiB
             return
-        told = wait_for(lambda: _events(queue, a, "pool-given-back"), 30, "A told to give its pool back")
+        told = wait_for(lambda: queue.events(a, "pool-given-back"), 30, "A told to give its pool back")
         assert "no longer cover the margin of 5.0 GiB and the other preemptible jobs' suspends" in told[0]["why"]
         wait_for(lambda: _pool_said(queue, a, a_pid) == 0, 30, "A to say its pool is given back")
         _counts_on(a_counts)
@@ -147,14 +137,14 @@ def test_a_victim_whose_suspend_needs_another_jobs_pool_is_suspended_once_it_is_
         assert _cycle(queue, a)["pool"] == 60 * GiB
         urgent = queue.submit("--preemptible", "--priority", "10", "fake_cuda.py", "30", "3")
         queue.wait_state(urgent, "succeeded", timeout=60)
-        preempted = wait_for(lambda: _events(queue, b, "preempted"), 30, "B's preemption in the journal")
+        preempted = wait_for(lambda: queue.events(b, "preempted"), 30, "B's preemption in the journal")
         assert preempted[0]["for"] == urgent
-        told = _events(queue, a, "pool-given-back")
+        told = queue.events(a, "pool-given-back")
         assert [(e["bytes"], e["why"]) for e in told] == [(60 * GiB, f"job {b}'s suspend needs the room")]
         assert queue.job(urgent)["gpus"] == queue.job(b)["gpus"]
         queue.wait_state(b, "running", timeout=60)
         _counts_on(b_counts)
-        assert len(_events(queue, a, "suspending")) == 1 and queue.job(a)["state"] == "running"
+        assert len(queue.events(a, "suspending")) == 1 and queue.job(a)["state"] == "running"
         _counts_on(a_counts)
         assert _pool_said(queue, a, a_pid) == 0
     finally:

@@ -143,6 +143,10 @@ class Lives:
         """The jobs a step has marked, with their marks (a list: a loop over it may change them)."""
         return list(self._marks.items())
 
+    def takings(self) -> dict[int, Taking]:
+        """The waiting jobs taking others' GPUs (``daemon.preempting``), each with what it takes."""
+        return {job_id: marks.taking for job_id, marks in self._marks.items() if marks.taking is not None}
+
     def take(self, job_id: int, taking: Taking | None) -> None:
         """A waiting job takes others' GPUs (or no longer does): placement looks again."""
         self.marks(job_id).taking = taking

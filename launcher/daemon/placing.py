@@ -95,7 +95,7 @@ def place_and_launch(
     # A job staged in this pass was in the plan, which gave it a reason to wait: being staged is the reason.
     behind = {job_id: handoff.reason(staged) for job_id, staged in lives.staged.items()}
     fenced = {job_id: fences.waiting_reason(state, job_id) for job_id in state.fence_waits}
-    taking = {job_id: preempting.reason(state, job_id) for job_id in preempting.takings(state)}
+    taking = {job_id: preempting.reason(state, job_id) for job_id in state.lives.takings()}
     _record_reasons(state.table, placement, {**waiting, **planned.waiting, **behind, **fenced, **taking}, now)
 
 

@@ -111,11 +111,6 @@ def holdings(scheduler: SchedulerState) -> list[Holding]:
     return kept
 
 
-def takings(scheduler: SchedulerState) -> dict[int, Taking]:
-    """The waiting jobs taking others' GPUs, each with what it takes."""
-    return {job_id: marks.taking for job_id, marks in scheduler.lives.marked() if marks.taking is not None}
-
-
 def launch_ready(
     scheduler: SchedulerState, now: float, launch: Callable[[JobRecord, tuple[int, ...], tuple[str, ...], float], None]
 ) -> None:
@@ -123,7 +118,7 @@ def launch_ready(
     the requeued victims whose grace period is over."""
     _end_signalled(scheduler)
     lives = scheduler.lives
-    for job_id, taking in takings(scheduler).items():
+    for job_id, taking in scheduler.lives.takings().items():
         record = scheduler.pending.get(job_id)
         still = [v for v in taking.victims if v in scheduler.running]
         # Its suspend was refused or undone: a --preemptible job is requeued instead, any other stays.
@@ -151,7 +146,7 @@ def launch_ready(
 def decide(scheduler: SchedulerState, now: float, snapshot: list[GpuSnapshot]) -> None:
     """Once a pass: may the first waiting job take running jobs' GPUs? If so, begin suspending them."""
     settings = scheduler.preemption.settings
-    if not settings.enabled or not scheduler.pending or not scheduler.running or takings(scheduler):
+    if not settings.enabled or not scheduler.pending or not scheduler.running or scheduler.lives.takings():
         return
     head = _head(scheduler)
     if head is None:

@@ -309,11 +309,12 @@ def test_a_taking_is_a_change_placement_sees() -> None:
     lives = Lives(changes)
     lives.add(_record(1))
     before = changes.count
-    lives.take(1, Taking({2}, (0,), ("GPU-0",)))
-    assert changes.count > before and lives.marks(1).taking is not None
+    taking = Taking({2}, (0,), ("GPU-0",))
+    lives.take(1, taking)
+    assert changes.count > before and lives.marks(1).taking is taking and lives.takings() == {1: taking}
     before = changes.count
     lives.take(1, None)
-    assert changes.count > before and lives.marks(1).taking is None
+    assert changes.count > before and lives.marks(1).taking is None and lives.takings() == {}
 
 
 def test_load_keeps_the_marks_of_the_jobs_still_live_and_drops_the_others() -> None:

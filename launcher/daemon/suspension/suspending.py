@@ -326,7 +326,7 @@ def _start_resumes(
             marks.resume_wanted = None
             continue
         preemptor = marks.preempted_by[0] if marks.preempted_by is not None else None
-        if preemptor is not None and (preemptor in scheduler.running or _taking(scheduler, preemptor)):
+        if preemptor is not None and (preemptor in scheduler.running or preemptor in scheduler.lives.takings()):
             continue  # its place was kept: only its preemptor is on its memory
         if inplace.is_client(scheduler, job_id):
             wait = inplace.waits(scheduler, job, claims())
@@ -347,11 +347,6 @@ def _start_resumes(
         busy |= set(job.record.gpus)
         _begin(scheduler, job, Step.RESUMING, Action.RESUME, who, now)
         events.append(Asked(now, Kind.RESUMING, job_id, who))
-
-
-def _taking(scheduler: SchedulerState, job_id: int) -> bool:
-    """Whether a waiting job is taking others' GPUs (``daemon.preempting``)."""
-    return job_id in scheduler.lives and scheduler.lives.marks(job_id).taking is not None
 
 
 def wants_resumes(scheduler: SchedulerState) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import wait_for
-from tests.test_preemption import _counts, _events, _never_double_booked, _requeue_queue
+from tests.conftest import counted, wait_for
+from tests.test_preemption import _events, _never_double_booked, _requeue_queue
 
 
 def test_a_requeued_victim_gets_its_place_back_ahead_of_jobs_submitted_after_it(tmp_path: Path) -> None:
@@ -18,13 +18,13 @@ def test_a_requeued_victim_gets_its_place_back_ahead_of_jobs_submitted_after_it(
     try:
         counts = queue.cwd / "counts"
         victim = queue.submit("--preemptible", "fake_preemptible.py", "60", str(counts), "200")
-        wait_for(lambda: len(_counts(counts)) > 5 and queue.job(victim)["peak_mem"], 30, "the job to count")
+        wait_for(lambda: len(counted(counts)) > 5 and queue.job(victim)["peak_mem"], 30, "the job to count")
         urgent = queue.submit("--priority", "10", "fake_cuda.py", "70", "2")
         queue.wait_state(urgent, "running", timeout=60)
         later = queue.submit("--preemptible", "fake_cuda.py", "70", "0.5")
         assert queue.wait_state(later, "succeeded", "failed", timeout=90)["state"] == "succeeded"
         assert queue.wait_state(victim, "succeeded", "failed", timeout=90)["state"] == "succeeded"
-        assert _counts(counts) == list(range(1, 201))
+        assert counted(counts) == list(range(1, 201))
         starts = [(e["job"], e["t"]) for e in _events(queue) if e.get("event") == "started"]
         assert [job for job, _ in starts] == [victim, urgent, victim, later]
         _never_double_booked(_events(queue))

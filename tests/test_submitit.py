@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Gpuq
-from tests.test_preemption import _counts, _events, _requeue_queue
+from tests.conftest import Gpuq, counted
+from tests.test_preemption import _events, _requeue_queue
 
 HEADER = """\
 import json, os, sys, time, warnings
@@ -360,14 +360,14 @@ def test_a_preempted_checkpointable_resumes_from_its_own_checkpoint(tmp_path: Pa
         checkpointed = int(saved.read_text()) if saved.exists() else None
         if kind == "declining":
             assert out["error"].startswith("NotRequeued(\"Declining's checkpoint() returned None when the job")
-            assert queue.job(job)["state"] == "failed" and _counts(counts) == list(range(1, checkpointed + 1))
+            assert queue.job(job)["state"] == "failed" and counted(counts) == list(range(1, checkpointed + 1))
             return
         assert out["result"]["job"] == out["id"] and out["result"]["restarts"] == "1"
         assert out["resubmitted"] == type_name[kind]  # the call the checkpoint returned, as the requeued run made it
         assert 20 <= out["result"]["started_at"] < 400
         if kind == "saving":
             assert out["result"]["started_at"] == checkpointed  # from its own checkpoint file
-        assert _counts(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
+        assert counted(counts) == list(range(1, 401))  # nothing lost, nothing counted twice
         assert queue.job(job)["state"] == "succeeded"
     finally:
         queue.cleanup()
